@@ -1,0 +1,204 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+)
+
+// Config is how services reach NATS; services nest it with envPrefix "NATS_".
+type Config struct {
+	URL      string `env:"URL" envDefault:"nats://127.0.0.1:4222"`
+	Creds    string `env:"CREDS"` // a .creds file (JWT and NKey)
+	User     string `env:"USER"`
+	Password string `env:"PASSWORD"`
+	TLSCA    string `env:"TLS_CA"`   // CA bundle to verify the server
+	TLSCert  string `env:"TLS_CERT"` // client certificate, with TLS_KEY
+	TLSKey   string `env:"TLS_KEY"`
+
+	ConnectTimeout time.Duration `env:"CONNECT_TIMEOUT" envDefault:"5s"`
+
+	Streams StreamLimits `envPrefix:"STREAM_"`
+}
+
+// StreamLimits bound what the streams keep. MaxAge 0 keeps each stream's own default
+// (events and samples 3 days, rollups 7 days, alerts 30 days).
+type StreamLimits struct {
+	MaxAge          time.Duration `env:"MAX_AGE" envDefault:"0s"`
+	MaxBytes        int64         `env:"MAX_BYTES" envDefault:"1073741824"`
+	DuplicateWindow time.Duration `env:"DUPLICATE_WINDOW" envDefault:"2m"`
+	Replicas        int           `env:"REPLICAS" envDefault:"1"`
+}
+
+// Validate names the first bad variable.
+func (c Config) Validate() error {
+	u, err := url.Parse(strings.Split(c.URL, ",")[0])
+	switch {
+	case c.URL == "":
+		return errors.New("NATS_URL is empty")
+	case err != nil || u.Host == "":
+		return fmt.Errorf("NATS_URL=%q is not a URL such as nats://127.0.0.1:4222", c.URL)
+	case c.Creds != "" && c.User != "":
+		return errors.New("NATS_CREDS and NATS_USER are both set: choose one")
+	case (c.TLSCert == "") != (c.TLSKey == ""):
+		return errors.New("NATS_TLS_CERT and NATS_TLS_KEY must be set together")
+	case c.ConnectTimeout <= 0:
+		return fmt.Errorf("NATS_CONNECT_TIMEOUT=%s must be positive", c.ConnectTimeout)
+	case c.Streams.MaxAge < 0:
+		return fmt.Errorf("NATS_STREAM_MAX_AGE=%s must not be negative", c.Streams.MaxAge)
+	case c.Streams.MaxBytes < -1 || c.Streams.MaxBytes == 0:
+		return fmt.Errorf("NATS_STREAM_MAX_BYTES=%d must be positive (or -1 for no limit)", c.Streams.MaxBytes)
+	case c.Streams.DuplicateWindow <= 0:
+		return fmt.Errorf("NATS_STREAM_DUPLICATE_WINDOW=%s must be positive", c.Streams.DuplicateWindow)
+	case c.Streams.Replicas < 1 || c.Streams.Replicas > 5:
+		return fmt.Errorf("NATS_STREAM_REPLICAS=%d must be 1 to 5", c.Streams.Replicas)
+	}
+	return nil
+}
+
+// Connect dials NATS with the configured credentials and keeps reconnecting for ever, so a
+// service outlives a NATS restart. Connection state changes are logged once each.
+func Connect(cfg Config, name string, logger *slog.Logger) (*nats.Conn, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	opts := []nats.Option{
+		nats.Name(name),
+		nats.Timeout(cfg.ConnectTimeout),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(time.Second),
+		nats.RetryOnFailedConnect(false),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			logger.Warn("disconnected from NATS", "err", err)
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			logger.Info("reconnected to NATS", "url", nc.ConnectedUrlRedacted())
+		}),
+	}
+	switch {
+	case cfg.Creds != "":
+		opts = append(opts, nats.UserCredentials(cfg.Creds))
+	case cfg.User != "":
+		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
+	}
+	if cfg.TLSCA != "" {
+		opts = append(opts, nats.RootCAs(cfg.TLSCA))
+	}
+	if cfg.TLSCert != "" {
+		opts = append(opts, nats.ClientCert(cfg.TLSCert, cfg.TLSKey))
+	}
+	nc, err := nats.Connect(cfg.URL, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("cannot connect to NATS at %s: %w", redact(cfg.URL), err)
+	}
+	return nc, nil
+}
+
+// redact drops any user:password from a URL list before it is logged or returned.
+func redact(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, p := range parts {
+		if u, err := url.Parse(p); err == nil && u.User != nil {
+			u.User = url.User("redacted")
+			parts[i] = u.String()
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// StreamConfigs returns the configuration of the four streams under the given limits.
+func StreamConfigs(l StreamLimits) []jetstream.StreamConfig {
+	age := func(def time.Duration) time.Duration {
+		if l.MaxAge > 0 {
+			return l.MaxAge
+		}
+		return def
+	}
+	const day = 24 * time.Hour
+	mk := func(name, desc string, subjects []string, maxAge time.Duration) jetstream.StreamConfig {
+		return jetstream.StreamConfig{
+			Name:        name,
+			Description: desc,
+			Subjects:    subjects,
+			Storage:     jetstream.FileStorage,
+			Retention:   jetstream.LimitsPolicy,
+			Discard:     jetstream.DiscardOld,
+			MaxAge:      maxAge,
+			MaxBytes:    l.MaxBytes,
+			Duplicates:  min(l.DuplicateWindow, maxAge),
+			Replicas:    l.Replicas,
+		}
+	}
+	return []jetstream.StreamConfig{
+		mk(events.StreamEvents, "tokenscope request events", []string{events.SubjectRequestsAll}, age(3*day)),
+		mk(events.StreamGPU, "tokenscope GPU samples", []string{events.SubjectGPUSamplesAll}, age(3*day)),
+		mk(events.StreamRollups, "tokenscope token and GPU rollups", []string{events.SubjectRollupsAll}, age(7*day)),
+		mk(events.StreamAlerts, "tokenscope alerts", []string{events.SubjectAlertsAll}, age(30*day)),
+	}
+}
+
+// EnsureStreams creates the named streams, or updates them to the configuration when they
+// exist, so any start order of the services works. With no names it ensures all four.
+func EnsureStreams(ctx context.Context, js jetstream.JetStream, l StreamLimits, names ...string) error {
+	for _, cfg := range StreamConfigs(l) {
+		if len(names) > 0 && !contains(names, cfg.Name) {
+			continue
+		}
+		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
+			return fmt.Errorf("cannot create or update stream %s: %w", cfg.Name, err)
+		}
+	}
+	return nil
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// ConsumerConfig describes a durable pull consumer.
+type ConsumerConfig struct {
+	Stream        string
+	Durable       string
+	FilterSubject string
+	AckPolicy     jetstream.AckPolicy // default AckExplicit
+	AckWait       time.Duration       // default 30s
+	MaxAckPending int                 // default 1000 (the server's); -1 for no limit
+	MaxDeliver    int                 // default unlimited
+	DeliverPolicy jetstream.DeliverPolicy
+	OptStartSeq   uint64
+}
+
+// EnsureConsumer creates or updates a durable pull consumer on its stream.
+func EnsureConsumer(ctx context.Context, js jetstream.JetStream, c ConsumerConfig) (jetstream.Consumer, error) {
+	cfg := jetstream.ConsumerConfig{
+		Durable:       c.Durable,
+		Name:          c.Durable,
+		FilterSubject: c.FilterSubject,
+		AckPolicy:     c.AckPolicy,
+		AckWait:       c.AckWait,
+		MaxAckPending: c.MaxAckPending,
+		MaxDeliver:    c.MaxDeliver,
+		DeliverPolicy: c.DeliverPolicy,
+		OptStartSeq:   c.OptStartSeq,
+		MaxWaiting:    512,
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, c.Stream, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("cannot create or update consumer %s on %s: %w", c.Durable, c.Stream, err)
+	}
+	return cons, nil
+}

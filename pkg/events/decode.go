@@ -1,0 +1,624 @@
+package events
+
+import (
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf16"
+	"unicode/utf8"
+	"unsafe"
+)
+
+// maxDepth bounds the nesting of unknown fields the decoder skips, so hostile input cannot
+// exhaust the stack.
+const maxDepth = 64
+
+// UnmarshalRequest decodes one request event from JSON into ev, replacing its contents.
+// Unknown fields are ignored, null counts as absent, and the fields a schema-less client could
+// omit by mistake (input_tokens, output_tokens, ttft_ms, total_ms) must be present. It
+// allocates once for all of the event's strings. It does not validate: call ValidateAt.
+func UnmarshalRequest(data []byte, ev *RequestEvent) error {
+	d := decodeState{s: string(data)}
+	return d.request(ev)
+}
+
+// Decoder decodes request events without allocating in steady state: label values (model,
+// scene, env, …) are interned in a bounded table, and every other string aliases the input.
+// Data passed to Decode must therefore not be modified while the event is in use (a NATS
+// message's payload never is); clone a string that is kept longer. A Decoder is not safe for
+// concurrent use.
+type Decoder struct {
+	labels map[string]string
+	max    int
+}
+
+// NewDecoder returns a Decoder that interns at most maxLabels distinct label values; past
+// that, labels alias the input like other strings.
+func NewDecoder(maxLabels int) *Decoder {
+	return &Decoder{labels: make(map[string]string, min(maxLabels, 1024)), max: maxLabels}
+}
+
+// Decode decodes one request event into ev; see UnmarshalRequest for the rules and Decoder
+// for the aliasing of strings.
+func (dec *Decoder) Decode(data []byte, ev *RequestEvent) error {
+	d := decodeState{s: unsafe.String(unsafe.SliceData(data), len(data)), dec: dec}
+	return d.request(ev)
+}
+
+func (dec *Decoder) intern(s string) string {
+	if v, ok := dec.labels[s]; ok {
+		return v
+	}
+	if len(dec.labels) >= dec.max {
+		return s
+	}
+	c := strings.Clone(s)
+	dec.labels[c] = c
+	return c
+}
+
+type decodeState struct {
+	s   string
+	i   int
+	dec *Decoder
+}
+
+// required numeric fields, whose absence a zero value cannot show
+const (
+	seenInput = 1 << iota
+	seenOutput
+	seenTTFT
+	seenTotal
+)
+
+func (d *decodeState) request(ev *RequestEvent) error {
+	*ev = RequestEvent{}
+	var seen uint8
+	d.ws()
+	if !d.take('{') {
+		return d.syntax("expected a JSON object")
+	}
+	d.ws()
+	if !d.take('}') {
+		for {
+			d.ws()
+			key, err := d.str()
+			if err != nil {
+				return err
+			}
+			d.ws()
+			if !d.take(':') {
+				return d.syntax("expected ':' after object key")
+			}
+			d.ws()
+			if err := d.requestField(ev, key, &seen); err != nil {
+				return err
+			}
+			d.ws()
+			if d.take(',') {
+				continue
+			}
+			if d.take('}') {
+				break
+			}
+			return d.syntax("expected ',' or '}' in object")
+		}
+	}
+	d.ws()
+	if d.i != len(d.s) {
+		return d.syntax("unexpected data after the object")
+	}
+	switch {
+	case seen&seenInput == 0:
+		return fieldErr("input_tokens", ErrMissingField, "")
+	case seen&seenOutput == 0:
+		return fieldErr("output_tokens", ErrMissingField, "")
+	case seen&seenTTFT == 0:
+		return fieldErr("ttft_ms", ErrMissingField, "")
+	case seen&seenTotal == 0:
+		return fieldErr("total_ms", ErrMissingField, "")
+	}
+	return nil
+}
+
+func (d *decodeState) requestField(ev *RequestEvent, key string, seen *uint8) error {
+	if d.null() {
+		return nil
+	}
+	var err error
+	switch key {
+	case "v":
+		var n int64
+		n, err = d.integer(key)
+		ev.V = int(n)
+	case "event_id":
+		ev.EventID, err = d.strValue(key)
+	case "ts":
+		var s string
+		if s, err = d.strValue(key); err == nil {
+			ev.TS, err = parseTS(key, s)
+		}
+	case "model":
+		ev.Model, err = d.label(key)
+	case "scene":
+		ev.Scene, err = d.label(key)
+	case "env":
+		ev.Env, err = d.label(key)
+	case "instance":
+		ev.Instance, err = d.label(key)
+	case "tenant":
+		ev.Tenant, err = d.label(key)
+	case "provider":
+		ev.Provider, err = d.label(key)
+	case "error_code":
+		ev.ErrorCode, err = d.label(key)
+	case "conversation_id":
+		ev.ConversationID, err = d.strValue(key)
+	case "status":
+		var s string
+		if s, err = d.strValue(key); err == nil {
+			ev.Status = toStatus(s)
+		}
+	case "outcome":
+		var s string
+		if s, err = d.strValue(key); err == nil {
+			ev.Outcome = toOutcome(s)
+		}
+	case "input_tokens":
+		ev.InputTokens, err = d.integer(key)
+		*seen |= seenInput
+	case "output_tokens":
+		ev.OutputTokens, err = d.integer(key)
+		*seen |= seenOutput
+	case "cached_input_tokens":
+		ev.CachedInputTokens, err = d.integer(key)
+	case "ttft_ms":
+		ev.TTFTMs, err = d.float(key)
+		*seen |= seenTTFT
+	case "total_ms":
+		ev.TotalMs, err = d.float(key)
+		*seen |= seenTotal
+	case "max_itl_ms":
+		ev.MaxITLMs, err = d.float(key)
+	case "queue_ms":
+		ev.QueueMs, err = d.float(key)
+	case "stream":
+		ev.Stream, err = d.boolean(key)
+	case "tokens_estimated":
+		ev.TokensEstimated, err = d.boolean(key)
+	case "http_status":
+		var n int64
+		n, err = d.integer(key)
+		ev.HTTPStatus = int(n)
+	case "turn":
+		var n int64
+		n, err = d.integer(key)
+		ev.Turn = int(n)
+	default:
+		err = d.skip(0)
+	}
+	return err
+}
+
+func toStatus(s string) Status {
+	switch s {
+	case "ok":
+		return StatusOK
+	case "error":
+		return StatusError
+	case "timeout":
+		return StatusTimeout
+	case "canceled":
+		return StatusCanceled
+	}
+	return Status(s)
+}
+
+func toOutcome(s string) Outcome {
+	switch s {
+	case "completed":
+		return OutcomeCompleted
+	case "abandoned":
+		return OutcomeAbandoned
+	}
+	return Outcome(s)
+}
+
+func parseTS(field, s string) (time.Time, error) {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return time.Time{}, fieldErr(field, ErrBadTimestamp, quoteBounded(s))
+	}
+	return t.UTC(), nil
+}
+
+func (d *decodeState) syntax(msg string) error { return &SyntaxError{Offset: d.i, Msg: msg} }
+
+func (d *decodeState) ws() {
+	for d.i < len(d.s) {
+		switch d.s[d.i] {
+		case ' ', '\t', '\n', '\r':
+			d.i++
+		default:
+			return
+		}
+	}
+}
+
+func (d *decodeState) take(c byte) bool {
+	if d.i < len(d.s) && d.s[d.i] == c {
+		d.i++
+		return true
+	}
+	return false
+}
+
+func (d *decodeState) literal(lit string) bool {
+	if strings.HasPrefix(d.s[d.i:], lit) {
+		d.i += len(lit)
+		return true
+	}
+	return false
+}
+
+func (d *decodeState) null() bool { return d.literal("null") }
+
+func (d *decodeState) label(field string) (string, error) {
+	s, err := d.strValue(field)
+	if err != nil || d.dec == nil {
+		return s, err
+	}
+	return d.dec.intern(s), nil
+}
+
+func (d *decodeState) strValue(field string) (string, error) {
+	if d.i >= len(d.s) || d.s[d.i] != '"' {
+		if err := d.skip(0); err != nil {
+			return "", err
+		}
+		return "", fieldErr(field, ErrWrongType, "want a string")
+	}
+	return d.str()
+}
+
+// str reads a JSON string at d.i. Without escapes the result is a substring of the input.
+func (d *decodeState) str() (string, error) {
+	if !d.take('"') {
+		return "", d.syntax("expected a string")
+	}
+	start := d.i
+	end := strings.IndexByte(d.s[start:], '"')
+	if end < 0 {
+		return "", d.syntax("unterminated string")
+	}
+	seg := d.s[start : start+end]
+	for i := 0; i < len(seg); i++ {
+		if c := seg[i]; c < 0x20 || c == '\\' {
+			d.i = start + i
+			if c == '\\' {
+				return d.unescape(start)
+			}
+			return "", d.syntax("control character in string")
+		}
+	}
+	d.i = start + end + 1
+	return seg, nil
+}
+
+func (d *decodeState) unescape(start int) (string, error) {
+	buf := make([]byte, 0, d.i-start+16)
+	buf = append(buf, d.s[start:d.i]...)
+	for d.i < len(d.s) {
+		c := d.s[d.i]
+		switch {
+		case c == '"':
+			d.i++
+			return string(buf), nil
+		case c < 0x20:
+			return "", d.syntax("control character in string")
+		case c != '\\':
+			buf = append(buf, c)
+			d.i++
+			continue
+		}
+		d.i++
+		if d.i >= len(d.s) {
+			break
+		}
+		e := d.s[d.i]
+		d.i++
+		switch e {
+		case '"', '\\', '/':
+			buf = append(buf, e)
+		case 'b':
+			buf = append(buf, '\b')
+		case 'f':
+			buf = append(buf, '\f')
+		case 'n':
+			buf = append(buf, '\n')
+		case 'r':
+			buf = append(buf, '\r')
+		case 't':
+			buf = append(buf, '\t')
+		case 'u':
+			r, ok := d.hex4()
+			if !ok {
+				return "", d.syntax("bad \\u escape")
+			}
+			if utf16.IsSurrogate(r) {
+				r2 := rune(-1)
+				if strings.HasPrefix(d.s[d.i:], `\u`) {
+					save := d.i
+					d.i += 2
+					var ok2 bool
+					if r2, ok2 = d.hex4(); !ok2 {
+						return "", d.syntax("bad \\u escape")
+					}
+					if dec := utf16.DecodeRune(r, r2); dec != utf8.RuneError {
+						buf = utf8.AppendRune(buf, dec)
+						continue
+					}
+					d.i = save
+				}
+				r = utf8.RuneError
+			}
+			buf = utf8.AppendRune(buf, r)
+		default:
+			return "", d.syntax("bad escape in string")
+		}
+	}
+	return "", d.syntax("unterminated string")
+}
+
+func (d *decodeState) hex4() (rune, bool) {
+	if d.i+4 > len(d.s) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range []byte(d.s[d.i : d.i+4]) {
+		switch {
+		case '0' <= c && c <= '9':
+			c -= '0'
+		case 'a' <= c && c <= 'f':
+			c = c - 'a' + 10
+		case 'A' <= c && c <= 'F':
+			c = c - 'A' + 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(c)
+	}
+	d.i += 4
+	return r, true
+}
+
+// number reads a JSON number and returns its text.
+func (d *decodeState) number() (string, bool) {
+	start := d.i
+	s := d.s
+	i := d.i
+	if i < len(s) && s[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(s) && s[i] == '0':
+		i++
+	case i < len(s) && '1' <= s[i] && s[i] <= '9':
+		for i < len(s) && '0' <= s[i] && s[i] <= '9' {
+			i++
+		}
+	default:
+		return "", false
+	}
+	if i < len(s) && s[i] == '.' {
+		i++
+		j := i
+		for i < len(s) && '0' <= s[i] && s[i] <= '9' {
+			i++
+		}
+		if i == j {
+			return "", false
+		}
+	}
+	if i < len(s) && (s[i] == 'e' || s[i] == 'E') {
+		i++
+		if i < len(s) && (s[i] == '+' || s[i] == '-') {
+			i++
+		}
+		j := i
+		for i < len(s) && '0' <= s[i] && s[i] <= '9' {
+			i++
+		}
+		if i == j {
+			return "", false
+		}
+	}
+	d.i = i
+	return s[start:i], true
+}
+
+func (d *decodeState) numberField(field string) (string, error) {
+	if d.i < len(d.s) && (d.s[d.i] == '-' || ('0' <= d.s[d.i] && d.s[d.i] <= '9')) {
+		if num, ok := d.number(); ok {
+			return num, nil
+		}
+		return "", d.syntax("bad number")
+	}
+	if err := d.skip(0); err != nil {
+		return "", err
+	}
+	return "", fieldErr(field, ErrWrongType, "want a number")
+}
+
+func (d *decodeState) integer(field string) (int64, error) {
+	num, err := d.numberField(field)
+	if err != nil {
+		return 0, err
+	}
+	if len(num) <= 18 {
+		neg := num[0] == '-'
+		var n int64
+		plain := true
+		for _, c := range []byte(num[b2i(neg):]) {
+			if c < '0' || c > '9' {
+				plain = false
+				break
+			}
+			n = n*10 + int64(c-'0')
+		}
+		if plain {
+			if neg {
+				n = -n
+			}
+			return n, nil
+		}
+	}
+	f, perr := strconv.ParseFloat(num, 64)
+	if perr != nil || f != float64(int64(f)) || f > 1<<62 || f < -(1<<62) {
+		return 0, fieldErr(field, ErrOutOfRange, "want an integer, got "+quoteBounded(num))
+	}
+	return int64(f), nil
+}
+
+func (d *decodeState) float(field string) (float64, error) {
+	num, err := d.numberField(field)
+	if err != nil {
+		return 0, err
+	}
+	f, perr := strconv.ParseFloat(num, 64)
+	if perr != nil {
+		return 0, fieldErr(field, ErrOutOfRange, quoteBounded(num))
+	}
+	return f, nil
+}
+
+func (d *decodeState) boolean(field string) (bool, error) {
+	switch {
+	case d.literal("true"):
+		return true, nil
+	case d.literal("false"):
+		return false, nil
+	}
+	if err := d.skip(0); err != nil {
+		return false, err
+	}
+	return false, fieldErr(field, ErrWrongType, "want true or false")
+}
+
+// skip reads over one JSON value of any kind, checking its syntax.
+func (d *decodeState) skip(depth int) error {
+	if depth > maxDepth {
+		return d.syntax("nested too deeply")
+	}
+	d.ws()
+	if d.i >= len(d.s) {
+		return d.syntax("unexpected end of input")
+	}
+	switch c := d.s[d.i]; {
+	case c == '{':
+		d.i++
+		d.ws()
+		if d.take('}') {
+			return nil
+		}
+		for {
+			d.ws()
+			if err := d.skipString(); err != nil {
+				return err
+			}
+			d.ws()
+			if !d.take(':') {
+				return d.syntax("expected ':' after object key")
+			}
+			if err := d.skip(depth + 1); err != nil {
+				return err
+			}
+			d.ws()
+			if d.take(',') {
+				continue
+			}
+			if d.take('}') {
+				return nil
+			}
+			return d.syntax("expected ',' or '}' in object")
+		}
+	case c == '[':
+		d.i++
+		d.ws()
+		if d.take(']') {
+			return nil
+		}
+		for {
+			if err := d.skip(depth + 1); err != nil {
+				return err
+			}
+			d.ws()
+			if d.take(',') {
+				continue
+			}
+			if d.take(']') {
+				return nil
+			}
+			return d.syntax("expected ',' or ']' in array")
+		}
+	case c == '"':
+		return d.skipString()
+	case c == 't':
+		if d.literal("true") {
+			return nil
+		}
+	case c == 'f':
+		if d.literal("false") {
+			return nil
+		}
+	case c == 'n':
+		if d.null() {
+			return nil
+		}
+	case c == '-' || ('0' <= c && c <= '9'):
+		if _, ok := d.number(); ok {
+			return nil
+		}
+		return d.syntax("bad number")
+	}
+	return d.syntax("unexpected character")
+}
+
+func (d *decodeState) skipString() error {
+	if !d.take('"') {
+		return d.syntax("expected a string")
+	}
+	for d.i < len(d.s) {
+		c := d.s[d.i]
+		d.i++
+		switch {
+		case c == '"':
+			return nil
+		case c < 0x20:
+			return d.syntax("control character in string")
+		case c == '\\':
+			if d.i >= len(d.s) {
+				return d.syntax("unterminated string")
+			}
+			e := d.s[d.i]
+			d.i++
+			switch e {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			case 'u':
+				if _, ok := d.hex4(); !ok {
+					return d.syntax("bad \\u escape")
+				}
+			default:
+				return d.syntax("bad escape in string")
+			}
+		}
+	}
+	return d.syntax("unterminated string")
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

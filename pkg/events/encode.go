@@ -1,0 +1,159 @@
+package events
+
+import (
+	"math"
+	"strconv"
+	"time"
+	"unicode/utf8"
+)
+
+// TimeLayout is how ts travels: RFC 3339 in UTC with milliseconds.
+const TimeLayout = "2006-01-02T15:04:05.000Z07:00"
+
+// AppendRequest appends ev as JSON to dst and returns the extended slice. It writes the
+// same document encoding/json would for the struct tags, without reflection or allocation
+// when dst has room. A non-finite duration is written as null, so the event fails
+// validation instead of carrying a made-up zero.
+func AppendRequest(dst []byte, ev *RequestEvent) []byte {
+	dst = append(dst, `{"v":`...)
+	dst = strconv.AppendInt(dst, int64(ev.V), 10)
+	dst = appendStrField(dst, "event_id", ev.EventID)
+	dst = append(dst, `,"ts":"`...)
+	dst = ev.TS.UTC().AppendFormat(dst, TimeLayout)
+	dst = append(dst, '"')
+	dst = appendStrField(dst, "model", ev.Model)
+	dst = appendStrField(dst, "scene", ev.Scene)
+	dst = appendStrField(dst, "env", ev.Env)
+	dst = appendOptStr(dst, "instance", ev.Instance)
+	dst = appendOptStr(dst, "tenant", ev.Tenant)
+	dst = appendOptStr(dst, "provider", ev.Provider)
+	dst = appendIntField(dst, "input_tokens", ev.InputTokens)
+	dst = appendIntField(dst, "output_tokens", ev.OutputTokens)
+	if ev.CachedInputTokens != 0 {
+		dst = appendIntField(dst, "cached_input_tokens", ev.CachedInputTokens)
+	}
+	if ev.TokensEstimated {
+		dst = append(dst, `,"tokens_estimated":true`...)
+	}
+	dst = appendFloatField(dst, "ttft_ms", ev.TTFTMs)
+	dst = appendFloatField(dst, "total_ms", ev.TotalMs)
+	if ev.MaxITLMs != 0 {
+		dst = appendFloatField(dst, "max_itl_ms", ev.MaxITLMs)
+	}
+	if ev.QueueMs != 0 {
+		dst = appendFloatField(dst, "queue_ms", ev.QueueMs)
+	}
+	dst = appendStrField(dst, "status", string(ev.Status))
+	dst = appendOptStr(dst, "error_code", ev.ErrorCode)
+	if ev.HTTPStatus != 0 {
+		dst = appendIntField(dst, "http_status", int64(ev.HTTPStatus))
+	}
+	if ev.Stream {
+		dst = append(dst, `,"stream":true`...)
+	}
+	dst = appendOptStr(dst, "conversation_id", ev.ConversationID)
+	if ev.Turn != 0 {
+		dst = appendIntField(dst, "turn", int64(ev.Turn))
+	}
+	dst = appendOptStr(dst, "outcome", string(ev.Outcome))
+	return append(dst, '}')
+}
+
+// MarshalJSON encodes the event with AppendRequest.
+func (e RequestEvent) MarshalJSON() ([]byte, error) {
+	return AppendRequest(make([]byte, 0, 384), &e), nil
+}
+
+// UnmarshalJSON decodes with UnmarshalRequest, so encoding/json callers get the same rules.
+func (e *RequestEvent) UnmarshalJSON(data []byte) error {
+	return UnmarshalRequest(data, e)
+}
+
+func appendStrField(dst []byte, name, v string) []byte {
+	dst = append(dst, ',', '"')
+	dst = append(dst, name...)
+	dst = append(dst, '"', ':')
+	return AppendString(dst, v)
+}
+
+func appendOptStr(dst []byte, name, v string) []byte {
+	if v == "" {
+		return dst
+	}
+	return appendStrField(dst, name, v)
+}
+
+func appendIntField(dst []byte, name string, v int64) []byte {
+	dst = append(dst, ',', '"')
+	dst = append(dst, name...)
+	dst = append(dst, '"', ':')
+	return strconv.AppendInt(dst, v, 10)
+}
+
+func appendFloatField(dst []byte, name string, v float64) []byte {
+	dst = append(dst, ',', '"')
+	dst = append(dst, name...)
+	dst = append(dst, '"', ':')
+	return AppendFloat(dst, v)
+}
+
+// AppendFloat writes v as encoding/json does, or null when v is not finite.
+func AppendFloat(dst []byte, v float64) []byte {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return append(dst, "null"...)
+	}
+	abs := math.Abs(v)
+	fmt := byte('f')
+	if abs != 0 && (abs < 1e-6 || abs >= 1e21) {
+		fmt = 'e'
+	}
+	return strconv.AppendFloat(dst, v, fmt, -1, 64)
+}
+
+const hexDigits = "0123456789abcdef"
+
+// AppendString writes s as a JSON string. Invalid UTF-8 becomes U+FFFD, as encoding/json
+// does, so the output is always valid JSON.
+func AppendString(dst []byte, s string) []byte {
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			dst = append(dst, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				dst = append(dst, '\\', c)
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			default:
+				dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
+}
+
+// FormatTS formats t the way ts travels.
+func FormatTS(t time.Time) string { return t.UTC().Format(TimeLayout) }

@@ -1,0 +1,278 @@
+package events_test
+
+import (
+	"encoding/json"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+)
+
+// testNow is the clock for fixtures, so the future-timestamp rule is deterministic.
+var testNow = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+func sampleEvent() events.RequestEvent {
+	return events.RequestEvent{
+		V: 1, EventID: "0192f5c8-7a3e-7c41-9b1a-3f2d4e5a6b7c",
+		TS:    time.Date(2026, 11, 30, 10, 0, 0, 123e6, time.UTC),
+		Model: "qwen2.5-72b-instruct", Scene: "customer-service", Env: "prod", Instance: "gpu-node-3",
+		InputTokens: 812, OutputTokens: 245, CachedInputTokens: 512,
+		TTFTMs: 412.5, TotalMs: 6120.75, MaxITLMs: 80.25,
+		Status: events.StatusOK, Stream: true, ConversationID: "conv-1", Turn: 2,
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	ev := sampleEvent()
+	data := events.AppendRequest(nil, &ev)
+	var got events.RequestEvent
+	if err := events.UnmarshalRequest(data, &got); err != nil {
+		t.Fatalf("UnmarshalRequest(%s): %v", data, err)
+	}
+	if !reflect.DeepEqual(got, ev) {
+		t.Fatalf("round trip changed the event:\n got %+v\nwant %+v", got, ev)
+	}
+	// encoding/json must read what AppendRequest writes into the same struct.
+	var viaStd map[string]any
+	if err := json.Unmarshal(data, &viaStd); err != nil {
+		t.Fatalf("encoding/json cannot read %s: %v", data, err)
+	}
+	if viaStd["ts"] != "2026-11-30T10:00:00.123Z" || viaStd["ttft_ms"] != 412.5 {
+		t.Fatalf("unexpected document %s", data)
+	}
+}
+
+func TestDecodeRequest(t *testing.T) {
+	f := func(name, doc string, wantErr error, check func(*events.RequestEvent) bool) {
+		t.Helper()
+		for _, decode := range []func([]byte, *events.RequestEvent) error{
+			events.UnmarshalRequest,
+			events.NewDecoder(16).Decode,
+		} {
+			var ev events.RequestEvent
+			err := decode([]byte(doc), &ev)
+			if err == nil {
+				err = ev.ValidateAt(testNow)
+			}
+			if !errors.Is(err, wantErr) {
+				t.Fatalf("%s: error %v, want %v", name, err, wantErr)
+			}
+			if err != nil && !errors.Is(err, events.ErrInvalidEvent) {
+				t.Fatalf("%s: error %v does not wrap ErrInvalidEvent", name, err)
+			}
+			if check != nil && err == nil && !check(&ev) {
+				t.Fatalf("%s: decoded %+v", name, ev)
+			}
+		}
+	}
+	base := `"v":1,"event_id":"x","ts":"2026-11-30T10:00:00Z","model":"m","scene":"s","env":"e","status":"ok"`
+	f("ok", `{`+base+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3}`, nil,
+		func(e *events.RequestEvent) bool { tp, ok := e.TPOT(); return ok && tp == 2 })
+	f("whitespace", " \n{ "+strings.ReplaceAll(base, ",", " ,\t")+` , "input_tokens" : 1 , "output_tokens":0,"ttft_ms":0,"total_ms":0 } `, nil, nil)
+	f("exponent", `{`+base+`,"input_tokens":1e3,"output_tokens":2,"ttft_ms":1.5e2,"total_ms":3E3}`, nil,
+		func(e *events.RequestEvent) bool {
+			return e.InputTokens == 1000 && e.TTFTMs == 150 && e.TotalMs == 3000
+		})
+	f("fractional tokens", `{`+base+`,"input_tokens":1.5,"output_tokens":2,"ttft_ms":1,"total_ms":3}`, events.ErrOutOfRange, nil)
+	f("surrogate pair", `{`+strings.Replace(base, `"m"`, `"\ud83d\ude00"`, 1)+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3}`, nil,
+		func(e *events.RequestEvent) bool { return e.Model == "😀" })
+	f("lone surrogate", `{`+strings.Replace(base, `"m"`, `"\ud83d"`, 1)+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3}`, nil,
+		func(e *events.RequestEvent) bool { return e.Model == "\uFFFD" })
+	f("trailing data", `{`+base+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3} {}`, events.ErrMalformed, nil)
+	f("trailing comma", `{`+base+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3,}`, events.ErrMalformed, nil)
+	f("leading zero", `{`+base+`,"input_tokens":01,"output_tokens":2,"ttft_ms":1,"total_ms":3}`, events.ErrMalformed, nil)
+	f("NaN", `{`+base+`,"input_tokens":1,"output_tokens":2,"ttft_ms":NaN,"total_ms":3}`, events.ErrMalformed, nil)
+	f("deep nesting", `{`+base+`,"x":`+strings.Repeat("[", 100)+strings.Repeat("]", 100)+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3}`, events.ErrMalformed, nil)
+	f("control char", "{"+strings.Replace(base, `"m"`, "\"m\x01\"", 1)+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3}`, events.ErrMalformed, nil)
+	f("empty", ``, events.ErrMalformed, nil)
+	f("huge number", `{`+base+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1e999,"total_ms":3}`, events.ErrOutOfRange, nil)
+	f("bool as string", `{`+base+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3,"stream":"yes"}`, events.ErrWrongType, nil)
+	f("missing ttft", `{`+base+`,"input_tokens":1,"output_tokens":2,"total_ms":3}`, events.ErrMissingField, nil)
+	f("null required", `{`+base+`,"input_tokens":null,"output_tokens":2,"ttft_ms":1,"total_ms":3}`, events.ErrMissingField, nil)
+	f("missing v", `{`+strings.Replace(base, `"v":1,`, ``, 1)+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3}`, events.ErrMissingField, nil)
+	f("bad outcome", `{`+base+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3,"outcome":"won"}`, events.ErrUnknownStatus, nil)
+	f("old ts", `{`+strings.Replace(base, "2026-11-30", "1970-01-01", 1)+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3}`, events.ErrOutOfRange, nil)
+	f("itl above total", `{`+base+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3,"max_itl_ms":4}`, events.ErrOutOfRange, nil)
+}
+
+func TestFieldErrorNamesField(t *testing.T) {
+	ev := sampleEvent()
+	ev.TTFTMs = 9000
+	err := ev.ValidateAt(testNow)
+	var fe *events.FieldError
+	if !errors.As(err, &fe) || fe.Field != "ttft_ms" || !errors.Is(err, events.ErrTTFTAboveTotal) {
+		t.Fatalf("got %v, want a FieldError on ttft_ms wrapping ErrTTFTAboveTotal", err)
+	}
+	if want := "invalid event: ttft_ms: ttft_ms is above total_ms (9000 > 6120.75)"; err.Error() != want {
+		t.Fatalf("message %q, want %q", err.Error(), want)
+	}
+	if r := events.Reason(err); r != "ttft_above_total" {
+		t.Fatalf("Reason = %q", r)
+	}
+}
+
+func TestTPOT(t *testing.T) {
+	f := func(ttft, total float64, out int64, want float64, wantOK bool) {
+		t.Helper()
+		got, ok := events.TPOT(ttft, total, out)
+		if ok != wantOK || (ok && math.Abs(got-want) > 1e-9) {
+			t.Fatalf("TPOT(%v, %v, %d) = %v, %v; want %v, %v", ttft, total, out, got, ok, want, wantOK)
+		}
+	}
+	f(100, 1100, 11, 100, true)
+	f(100, 100, 1, 0, false)
+	f(0, 0, 0, 0, false)
+	f(200, 1200, 2, 1000, true)
+}
+
+func TestRateLimited(t *testing.T) {
+	for _, ev := range []events.RequestEvent{{HTTPStatus: 429}, {ErrorCode: "rate_limit_error"}, {ErrorCode: "429"}} {
+		if !ev.RateLimited() {
+			t.Fatalf("%+v should be rate-limited", ev)
+		}
+	}
+	if (&events.RequestEvent{HTTPStatus: 500, ErrorCode: "overloaded"}).RateLimited() {
+		t.Fatal("500 is not rate-limited")
+	}
+}
+
+func TestBuckets(t *testing.T) {
+	b, err := events.ParseBuckets(events.DefaultBuckets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(b, events.DefaultBucketBounds()) {
+		t.Fatal("DefaultBucketBounds differs from ParseBuckets(DefaultBuckets)")
+	}
+	f := func(in int64, want string) {
+		t.Helper()
+		if got := b.Label(b.Index(in)); got != want {
+			t.Fatalf("bucket of %d = %s, want %s", in, got, want)
+		}
+	}
+	f(0, "0-499")
+	f(499, "0-499")
+	f(500, "500-1999")
+	f(7999, "2000-7999")
+	f(8000, "8000-31999")
+	f(32000, "32000+")
+	f(10_000_000, "32000+")
+	f(-5, "0-499")
+	if b.String() != events.DefaultBuckets || b.Len() != 5 || b.Lower(2) != 2000 {
+		t.Fatalf("String %q Len %d Lower(2) %d", b.String(), b.Len(), b.Lower(2))
+	}
+	for _, bad := range []string{"", "1,2", "0,500,500", "0,a", "0,-1", strings.Repeat("0,", 40) + "1"} {
+		if _, err := events.ParseBuckets(bad); err == nil {
+			t.Fatalf("ParseBuckets(%q) accepted", bad)
+		}
+	}
+	var zero events.Buckets
+	if zero.Index(123) != 0 || zero.Label(0) != "0+" || zero.Len() != 1 {
+		t.Fatal("zero Buckets must hold everything in one bucket")
+	}
+}
+
+func TestSubjects(t *testing.T) {
+	f := func(got, want string) {
+		t.Helper()
+		if got != want {
+			t.Fatalf("got %q, want %q", got, want)
+		}
+	}
+	f(events.RequestSubject("prod", "customer-service"), "llm.req.prod.customer-service")
+	f(events.RequestSubject("prod.eu", "a*b>c d\te"), "llm.req.prod_eu.a_b_c_d_e")
+	f(events.RequestSubject("", "客服"), "llm.req._.__")
+	f(events.RequestSubject("x\x00y", ">"), "llm.req.x_y._")
+	f(events.GPUSampleSubject("gpu-node-3.dc1"), "gpu.sample.gpu-node-3_dc1")
+	f(events.TokenRollupSubject("prod", "chat"), "rollup.tokens.prod.chat")
+	f(events.GPURollupSubject("h"), "rollup.gpu.h")
+	f(events.AlertSubject("critical", "ttft_p95_sla"), "alerts.critical.ttft_p95_sla")
+	long := events.Token(strings.Repeat("a", 500))
+	if len(long) != events.MaxTokenLen {
+		t.Fatalf("token of a long label has %d bytes", len(long))
+	}
+	// No label can add or remove a token.
+	for _, label := range []string{"a.b.c", "*", ">", "a b", "\n", "..", "\xff\xfe", strings.Repeat("é", 100)} {
+		s := events.RequestSubject(label, label)
+		if n := strings.Count(s, "."); n != 3 || strings.ContainsAny(s, "*> \t\n") {
+			t.Fatalf("label %q made subject %q", label, s)
+		}
+	}
+}
+
+func TestNewEventIDSortable(t *testing.T) {
+	prev := events.NewEventID()
+	for range 1000 {
+		id := events.NewEventID()
+		if len(id) != 36 || id[14] != '7' {
+			t.Fatalf("%q is not a UUIDv7", id)
+		}
+		if id[:13] < prev[:13] {
+			t.Fatalf("ids not time-ordered: %s after %s", id, prev)
+		}
+		prev = id
+	}
+}
+
+func TestAppendStringMatchesEncodingJSON(t *testing.T) {
+	for _, s := range []string{"", "plain", `q"uote\back`, "tab\tnl\nctl\x01\x1f", "é😀客服", "bad\xffutf8", "<html>&"} {
+		got := events.AppendString(nil, s)
+		var back string
+		if err := json.Unmarshal(got, &back); err != nil {
+			t.Fatalf("AppendString(%q) = %s: not JSON: %v", s, got, err)
+		}
+		want := strings.ToValidUTF8(s, "\uFFFD")
+		if back != want {
+			t.Fatalf("AppendString(%q) decodes to %q, want %q", s, back, want)
+		}
+	}
+}
+
+func TestAppendFloatNonFinite(t *testing.T) {
+	ev := sampleEvent()
+	ev.TTFTMs = math.NaN()
+	var got events.RequestEvent
+	err := events.UnmarshalRequest(events.AppendRequest(nil, &ev), &got)
+	if !errors.Is(err, events.ErrMissingField) {
+		t.Fatalf("a NaN ttft must not decode as a valid event: %v", err)
+	}
+}
+
+func TestGPUSampleValidate(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("testdata", "gpu", "valid", "h200.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s events.GPUSample
+	if err := events.UnmarshalGPUSample(raw, &s); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ValidateAt(testNow); err != nil {
+		t.Fatal(err)
+	}
+	if s.PowerW == nil || *s.PowerW != 689.2 || s.ThrottleReasons == nil || *s.ThrottleReasons != 4 {
+		t.Fatalf("decoded %+v", s)
+	}
+	out, _ := json.Marshal(events.GPUSample{V: 1, TS: testNow, Host: "h", GPUUUID: "u"})
+	if strings.Contains(string(out), "power_w") {
+		t.Fatalf("an unsupported reading must be absent, got %s", out)
+	}
+}
+
+func TestReasonsBounded(t *testing.T) {
+	seen := map[string]bool{}
+	for _, r := range events.Reasons() {
+		seen[r] = true
+	}
+	for _, err := range []error{events.ErrMalformed, events.ErrTTFTAboveTotal, errors.New("x"), &events.SyntaxError{}} {
+		if r := events.Reason(err); !seen[r] {
+			t.Fatalf("Reason(%v) = %q is not in Reasons()", err, r)
+		}
+	}
+}

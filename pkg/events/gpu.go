@@ -1,0 +1,119 @@
+package events
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+)
+
+// GPU sample sources.
+const (
+	SourceNVML      = "nvml"
+	SourceReplay    = "replay"
+	SourceSynthetic = "synthetic"
+)
+
+// GPUSample is one reading of one GPU. A reading the GPU does not support, or that failed,
+// is nil and absent from the JSON — never zero.
+type GPUSample struct {
+	V        int       `json:"v"`
+	TS       time.Time `json:"ts"`
+	Host     string    `json:"host"`
+	GPUIndex int       `json:"gpu_index"`
+	GPUUUID  string    `json:"gpu_uuid"`
+	GPUName  string    `json:"gpu_name,omitempty"`
+	Source   string    `json:"source,omitempty"` // nvml, replay or synthetic
+
+	UtilGPUPct      *float64 `json:"util_gpu_pct,omitempty"`
+	UtilMemPct      *float64 `json:"util_mem_pct,omitempty"`
+	MemUsedBytes    *uint64  `json:"mem_used_bytes,omitempty"`
+	MemTotalBytes   *uint64  `json:"mem_total_bytes,omitempty"`
+	PowerW          *float64 `json:"power_w,omitempty"`
+	PowerLimitW     *float64 `json:"power_limit_w,omitempty"`
+	EnergyJ         *float64 `json:"energy_j,omitempty"` // monotonic counter since the driver loaded
+	TempC           *float64 `json:"temp_c,omitempty"`
+	SMClockMHz      *float64 `json:"sm_clock_mhz,omitempty"`
+	MemClockMHz     *float64 `json:"mem_clock_mhz,omitempty"`
+	PCIeTxBps       *float64 `json:"pcie_tx_bps,omitempty"`
+	PCIeRxBps       *float64 `json:"pcie_rx_bps,omitempty"`
+	ThrottleReasons *uint64  `json:"throttle_reasons,omitempty"` // NVML clocks-event reasons bitmask
+	ECCUncorrected  *uint64  `json:"ecc_uncorrected,omitempty"`
+}
+
+// UnmarshalGPUSample decodes one GPU sample, rejecting unknown JSON types with an error
+// that wraps ErrInvalidEvent. It does not validate: call ValidateAt.
+func UnmarshalGPUSample(data []byte, s *GPUSample) error {
+	*s = GPUSample{}
+	if err := json.Unmarshal(data, s); err != nil {
+		if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
+			return fieldErr(te.Field, ErrWrongType, "want "+te.Type.String())
+		}
+		return &SyntaxError{Msg: err.Error()}
+	}
+	return nil
+}
+
+// ValidateAt checks the sample against the contract; see RequestEvent.ValidateAt.
+func (s *GPUSample) ValidateAt(now time.Time) error {
+	if s.V != Version {
+		if s.V == 0 {
+			return fieldErr("v", ErrMissingField, "")
+		}
+		return fieldErr("v", ErrUnsupportedVersion, strconv.Itoa(s.V))
+	}
+	if err := checkTime("ts", s.TS, now); err != nil {
+		return err
+	}
+	if err := checkLabel("host", s.Host, true); err != nil {
+		return err
+	}
+	if err := checkLabel("gpu_uuid", s.GPUUUID, true); err != nil {
+		return err
+	}
+	if err := checkLabel("gpu_name", s.GPUName, false); err != nil {
+		return err
+	}
+	switch s.Source {
+	case "", SourceNVML, SourceReplay, SourceSynthetic:
+	default:
+		return fieldErr("source", ErrUnknownStatus, quoteBounded(s.Source))
+	}
+	if s.GPUIndex < 0 || s.GPUIndex > 1023 {
+		return fieldErr("gpu_index", ErrOutOfRange, strconv.Itoa(s.GPUIndex))
+	}
+	for _, f := range [...]struct {
+		name string
+		v    *float64
+		max  float64
+	}{
+		{"util_gpu_pct", s.UtilGPUPct, 100},
+		{"util_mem_pct", s.UtilMemPct, 100},
+		{"power_w", s.PowerW, 100_000},
+		{"power_limit_w", s.PowerLimitW, 100_000},
+		{"energy_j", s.EnergyJ, math.MaxFloat64},
+		{"temp_c", s.TempC, 1000},
+		{"sm_clock_mhz", s.SMClockMHz, 100_000},
+		{"mem_clock_mhz", s.MemClockMHz, 100_000},
+		{"pcie_tx_bps", s.PCIeTxBps, 1e15},
+		{"pcie_rx_bps", s.PCIeRxBps, 1e15},
+	} {
+		if f.v == nil {
+			continue
+		}
+		switch v := *f.v; {
+		case math.IsNaN(v) || math.IsInf(v, 0):
+			return fieldErr(f.name, ErrOutOfRange, "not a finite number")
+		case v < 0 && f.name != "temp_c":
+			return fieldErr(f.name, ErrNegative, formatMs(v))
+		case v > f.max:
+			return fieldErr(f.name, ErrOutOfRange, fmt.Sprintf("%g > %g", v, f.max))
+		}
+	}
+	if s.MemUsedBytes != nil && s.MemTotalBytes != nil && *s.MemUsedBytes > *s.MemTotalBytes {
+		return fieldErr("mem_used_bytes", ErrOutOfRange, "above mem_total_bytes")
+	}
+	return nil
+}

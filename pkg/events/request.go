@@ -1,0 +1,90 @@
+package events
+
+import (
+	"time"
+)
+
+// Version is the value of the v field of every message this package writes.
+const Version = 1
+
+// Status is how a request ended. Timeouts and cancels are kept apart from errors: a client
+// hanging up is not the service failing, and a stalled stream is not a success.
+type Status string
+
+// The statuses a request event may carry.
+const (
+	StatusOK       Status = "ok"
+	StatusError    Status = "error"
+	StatusTimeout  Status = "timeout"
+	StatusCanceled Status = "canceled"
+)
+
+// Outcome is the business-layer result an app reports on a conversation's last request.
+type Outcome string
+
+// The outcomes a request event may carry; empty means not reported.
+const (
+	OutcomeCompleted Outcome = "completed"
+	OutcomeAbandoned Outcome = "abandoned"
+)
+
+// RequestEvent is one LLM request as measured at the edge. Optional numeric fields use 0 for
+// "not measured" and are omitted from the JSON when 0.
+type RequestEvent struct {
+	V       int       `json:"v"`
+	EventID string    `json:"event_id"`
+	TS      time.Time `json:"ts"` // request start
+
+	Model    string `json:"model"`
+	Scene    string `json:"scene"`
+	Env      string `json:"env"`
+	Instance string `json:"instance,omitempty"` // inference replica or upstream; equals gpuwatch's host
+	Tenant   string `json:"tenant,omitempty"`
+	Provider string `json:"provider,omitempty"`
+
+	InputTokens       int64 `json:"input_tokens"`
+	OutputTokens      int64 `json:"output_tokens"`
+	CachedInputTokens int64 `json:"cached_input_tokens,omitempty"` // prefix-cache hits
+	TokensEstimated   bool  `json:"tokens_estimated,omitempty"`    // no usage was reported; counts are estimates
+
+	TTFTMs   float64 `json:"ttft_ms"`  // time to the first content token
+	TotalMs  float64 `json:"total_ms"` // time to the last content token (or the end of the response)
+	MaxITLMs float64 `json:"max_itl_ms,omitempty"`
+	QueueMs  float64 `json:"queue_ms,omitempty"`
+
+	Status     Status `json:"status"`
+	ErrorCode  string `json:"error_code,omitempty"`
+	HTTPStatus int    `json:"http_status,omitempty"`
+	Stream     bool   `json:"stream,omitempty"`
+
+	ConversationID string  `json:"conversation_id,omitempty"`
+	Turn           int     `json:"turn,omitempty"`
+	Outcome        Outcome `json:"outcome,omitempty"`
+}
+
+// TPOT is the time per output token after the first, as vLLM's benchmark and genai-perf
+// define it: (total − TTFT) / (output_tokens − 1). It is defined only when at least two
+// output tokens were produced; ok is false otherwise.
+func (e *RequestEvent) TPOT() (ms float64, ok bool) {
+	return TPOT(e.TTFTMs, e.TotalMs, e.OutputTokens)
+}
+
+// TPOT computes (total − TTFT) / (outputTokens − 1); ok is false when outputTokens < 2.
+func TPOT(ttftMs, totalMs float64, outputTokens int64) (ms float64, ok bool) {
+	if outputTokens < 2 {
+		return 0, false
+	}
+	return (totalMs - ttftMs) / float64(outputTokens-1), true
+}
+
+// RateLimited reports whether the upstream refused the request for rate (HTTP 429).
+func (e *RequestEvent) RateLimited() bool {
+	if e.HTTPStatus == 429 {
+		return true
+	}
+	switch e.ErrorCode {
+	case "429", "rate_limited", "rate_limit_error", "rate_limit_exceeded":
+		return true
+	}
+	return false
+}

@@ -1,0 +1,179 @@
+package events
+
+import (
+	"math"
+	"strconv"
+	"time"
+	"unicode/utf8"
+)
+
+// Limits that Validate enforces. They are generous: they reject garbage (a counter sent as
+// a token count, a timestamp from a clock set years ahead), not unusual traffic.
+const (
+	MaxTokens       = 100_000_000     // per request, input or output
+	MaxDurationMs   = 7 * 24 * 3600e3 // a week; anything longer is a unit mistake
+	MaxClockSkew    = 5 * time.Minute // how far in the future ts may be
+	MaxIDLen        = 128             // event_id, conversation_id
+	MaxLabelLen     = 256             // model, scene, env and the other labels
+	MaxTurn         = 1_000_000       // turns per conversation
+	minTimestampStr = "2000-01-01T00:00:00Z"
+)
+
+var minTimestamp, _ = time.Parse(time.RFC3339, minTimestampStr)
+
+// Validate checks the event against the contract using the current time for the
+// future-timestamp rule. See ValidateAt.
+func (e *RequestEvent) Validate() error { return e.ValidateAt(time.Now()) }
+
+// ValidateAt checks the event against the contract; now bounds how far in the future ts may
+// be. The error names the field and wraps ErrInvalidEvent and the reason's sentinel.
+func (e *RequestEvent) ValidateAt(now time.Time) error {
+	if e.V != Version {
+		if e.V == 0 {
+			return fieldErr("v", ErrMissingField, "")
+		}
+		return fieldErr("v", ErrUnsupportedVersion, strconv.Itoa(e.V))
+	}
+	if err := checkID("event_id", e.EventID, true); err != nil {
+		return err
+	}
+	if err := checkTime("ts", e.TS, now); err != nil {
+		return err
+	}
+	for _, l := range [...]struct {
+		name, v  string
+		required bool
+	}{
+		{"model", e.Model, true},
+		{"scene", e.Scene, true},
+		{"env", e.Env, true},
+		{"instance", e.Instance, false},
+		{"tenant", e.Tenant, false},
+		{"provider", e.Provider, false},
+		{"error_code", e.ErrorCode, false},
+	} {
+		if err := checkLabel(l.name, l.v, l.required); err != nil {
+			return err
+		}
+	}
+	if err := checkID("conversation_id", e.ConversationID, false); err != nil {
+		return err
+	}
+	if err := checkTokens("input_tokens", e.InputTokens); err != nil {
+		return err
+	}
+	if err := checkTokens("output_tokens", e.OutputTokens); err != nil {
+		return err
+	}
+	if err := checkTokens("cached_input_tokens", e.CachedInputTokens); err != nil {
+		return err
+	}
+	if e.CachedInputTokens > e.InputTokens {
+		return fieldErr("cached_input_tokens", ErrOutOfRange, "above input_tokens")
+	}
+	for _, d := range [...]struct {
+		name string
+		v    float64
+	}{{"ttft_ms", e.TTFTMs}, {"total_ms", e.TotalMs}, {"max_itl_ms", e.MaxITLMs}, {"queue_ms", e.QueueMs}} {
+		if err := checkDuration(d.name, d.v); err != nil {
+			return err
+		}
+	}
+	if e.TTFTMs > e.TotalMs {
+		return fieldErr("ttft_ms", ErrTTFTAboveTotal, formatMs(e.TTFTMs)+" > "+formatMs(e.TotalMs))
+	}
+	if e.MaxITLMs > e.TotalMs {
+		return fieldErr("max_itl_ms", ErrOutOfRange, "above total_ms")
+	}
+	switch e.Status {
+	case StatusOK, StatusError, StatusTimeout, StatusCanceled:
+	case "":
+		return fieldErr("status", ErrMissingField, "")
+	default:
+		return fieldErr("status", ErrUnknownStatus, quoteBounded(string(e.Status)))
+	}
+	switch e.Outcome {
+	case "", OutcomeCompleted, OutcomeAbandoned:
+	default:
+		return fieldErr("outcome", ErrUnknownStatus, quoteBounded(string(e.Outcome)))
+	}
+	if e.HTTPStatus < 0 || e.HTTPStatus > 999 {
+		return fieldErr("http_status", ErrOutOfRange, strconv.Itoa(e.HTTPStatus))
+	}
+	if e.Turn < 0 {
+		return fieldErr("turn", ErrNegative, strconv.Itoa(e.Turn))
+	}
+	if e.Turn > MaxTurn {
+		return fieldErr("turn", ErrOutOfRange, strconv.Itoa(e.Turn))
+	}
+	return nil
+}
+
+func checkID(name, v string, required bool) error {
+	switch {
+	case v == "" && required:
+		return fieldErr(name, ErrMissingField, "")
+	case len(v) > MaxIDLen:
+		return fieldErr(name, ErrTooLong, "over "+strconv.Itoa(MaxIDLen)+" bytes")
+	case !utf8.ValidString(v):
+		return fieldErr(name, ErrNotUTF8, "")
+	}
+	return nil
+}
+
+func checkLabel(name, v string, required bool) error {
+	switch {
+	case v == "" && required:
+		return fieldErr(name, ErrMissingField, "")
+	case len(v) > MaxLabelLen:
+		return fieldErr(name, ErrTooLong, "over "+strconv.Itoa(MaxLabelLen)+" bytes")
+	case !utf8.ValidString(v):
+		return fieldErr(name, ErrNotUTF8, "")
+	}
+	return nil
+}
+
+func checkTime(name string, ts, now time.Time) error {
+	switch {
+	case ts.IsZero():
+		return fieldErr(name, ErrMissingField, "")
+	case ts.Before(minTimestamp):
+		return fieldErr(name, ErrOutOfRange, "before "+minTimestampStr)
+	case ts.Sub(now) > MaxClockSkew:
+		return fieldErr(name, ErrFutureTimestamp, ts.UTC().Format(time.RFC3339Nano)+" is more than "+MaxClockSkew.String()+" ahead")
+	}
+	return nil
+}
+
+func checkTokens(name string, v int64) error {
+	switch {
+	case v < 0:
+		return fieldErr(name, ErrNegative, strconv.FormatInt(v, 10))
+	case v > MaxTokens:
+		return fieldErr(name, ErrOutOfRange, strconv.FormatInt(v, 10)+" > "+strconv.Itoa(MaxTokens))
+	}
+	return nil
+}
+
+func checkDuration(name string, v float64) error {
+	switch {
+	case math.IsNaN(v) || math.IsInf(v, 0):
+		return fieldErr(name, ErrOutOfRange, "not a finite number")
+	case v < 0:
+		return fieldErr(name, ErrNegative, formatMs(v))
+	case v > MaxDurationMs:
+		return fieldErr(name, ErrOutOfRange, formatMs(v)+" ms is over a week")
+	}
+	return nil
+}
+
+func formatMs(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }
+
+// quoteBounded quotes a bad value for an error message without letting a huge or
+// binary value through.
+func quoteBounded(s string) string {
+	if len(s) > 64 {
+		s = s[:64] + "…"
+	}
+	return strconv.QuoteToASCII(s)
+}

@@ -1,0 +1,27 @@
+// Package schemas embeds tokenscope's message schemas (JSON Schema, draft 2020-12) and
+// ClickHouse DDL, so that Go code validates against, and migrates to, exactly the files
+// other languages read.
+package schemas
+
+import (
+	"embed"
+	"io/fs"
+)
+
+// JSON holds the message schemas: request_event, gpu_sample, token_rollup, gpu_rollup and
+// alert, each as <name>.schema.json.
+//
+//go:embed *.schema.json
+var JSON embed.FS
+
+// ClickHouse holds the DDL under clickhouse/, applied in file-name order by the migrator.
+//
+//go:embed clickhouse/*.sql
+var ClickHouse embed.FS
+
+// Migrations returns the DDL files at the root of a file system, as chdb's Migrate reads
+// them.
+func Migrations() fs.FS {
+	sub, _ := fs.Sub(ClickHouse, "clickhouse") // a constant, valid path: Sub cannot fail
+	return sub
+}

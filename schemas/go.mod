@@ -1,0 +1,3 @@
+module github.com/tokenscope/tokenscope/schemas
+
+go 1.26
