@@ -66,6 +66,7 @@ type GPURollup struct {
 	V             int       `json:"v"`
 	WindowStart   time.Time `json:"window_start"`
 	WindowSeconds int       `json:"window_seconds"`
+	Kind          string    `json:"kind"`
 	Host          string    `json:"host"`
 	GPUIndex      int       `json:"gpu_index"`
 	GPUUUID       string    `json:"gpu_uuid"`

@@ -1,0 +1,113 @@
+package bus_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tokenscope/tokenscope/pkg/bus"
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/pkg/testbed"
+)
+
+// TestPublisherSurvivesNATSRestart publishes while NATS is down: nothing blocks, the buffer
+// holds what fits, the overflow is counted, and everything buffered lands once NATS is back
+// (including duplicates dropped by Nats-Msg-Id).
+func TestPublisherSurvivesNATSRestart(t *testing.T) {
+	dir := t.TempDir()
+	srv := testbed.StartNATS(t, filepath.Join(dir, "js"), -1)
+	port := srv.Addr().(*net.TCPAddr).Port
+	url := srv.ClientURL()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if err := bus.EnsureStreams(ctx, js, bus.StreamLimits{MaxBytes: 64 << 20, DuplicateWindow: time.Minute, Replicas: 1}, events.StreamEvents); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	p := bus.NewPublisher(js, bus.PublisherOptions{Buffer: 100, Batch: 16, AckTimeout: 200 * time.Millisecond, Namespace: "t"}, reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- p.Run(runCtx) }()
+
+	for i := range 10 {
+		p.Publish("llm.req.prod.chat", fmt.Sprint("id-", i), []byte(`{}`))
+	}
+	waitFor(t, func() bool { return metric(reg, "t_published_total") == 10 })
+
+	// NATS goes away; a new server on the same port and store comes back later.
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	start := time.Now()
+	accepted := 0
+	for i := 10; i < 300; i++ {
+		if p.Publish("llm.req.prod.chat", fmt.Sprint("id-", i), []byte(`{}`)) {
+			accepted++
+		}
+	}
+	dupAccepted := p.Publish("llm.req.prod.chat", "id-3", []byte(`{}`)) // a retry of an already stored event
+	if time.Since(start) > time.Second {
+		t.Fatalf("Publish blocked for %s while NATS was down", time.Since(start))
+	}
+	if accepted < 100 || accepted > 100+2*16 { // the buffer, plus the batches Run holds in hand
+		t.Fatalf("accepted %d while NATS was down with a buffer of 100", accepted)
+	}
+	testbed.StartNATS(t, filepath.Join(dir, "js"), port)
+	waitFor(t, func() bool {
+		return metric(reg, "t_published_total") == float64(10+accepted)
+	})
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	s, _ := js.Stream(ctx, events.StreamEvents)
+	info, _ := s.Info(ctx)
+	if info.State.Msgs != uint64(10+accepted) {
+		t.Fatalf("stream holds %d messages, want %d", info.State.Msgs, 10+accepted)
+	}
+	wantDropped, wantDup := 291-accepted, 0.0
+	if dupAccepted {
+		wantDropped, wantDup = 290-accepted, 1
+	}
+	if d := metric(reg, "t_publish_dropped_total"); int(d) != wantDropped {
+		t.Fatalf("dropped %v, want %d", d, wantDropped)
+	}
+	if d := metric(reg, "t_published_duplicate_total"); d != wantDup {
+		t.Fatalf("duplicates %v, want %v", d, wantDup)
+	}
+}
+
+func metric(reg *prometheus.Registry, name string) float64 {
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return -1
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 30s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

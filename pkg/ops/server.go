@@ -1,0 +1,136 @@
+package ops
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Check reports whether one dependency is ready; nil means ready.
+type Check func(ctx context.Context) error
+
+// Server is a service's HTTP listener: /healthz (the process runs), /readyz (every check
+// passes) and /metrics, plus any routes the service adds with Handle.
+type Server struct {
+	addr     string
+	mux      *http.ServeMux
+	registry *prometheus.Registry
+	logger   *slog.Logger
+
+	mu     sync.Mutex
+	checks []namedCheck
+
+	ln net.Listener
+}
+
+type namedCheck struct {
+	name  string
+	check Check
+}
+
+// NewServer returns a server for addr with a fresh registry holding the Go and process
+// collectors.
+func NewServer(addr string, logger *slog.Logger) *Server {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	s := &Server{addr: addr, mux: http.NewServeMux(), registry: reg, logger: logger}
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	s.mux.HandleFunc("GET /readyz", s.readyz)
+	s.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	return s
+}
+
+// Registry is where the service registers its metrics.
+func (s *Server) Registry() *prometheus.Registry { return s.registry }
+
+// Handle adds a route, such as the emitter's proxy and ingest.
+func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
+
+// AddCheck adds a readiness check, such as "the streams exist" or "ClickHouse answers".
+func (s *Server) AddCheck(name string, c Check) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.checks = append(s.checks, namedCheck{name, c})
+}
+
+// Ready runs every check and returns the failures by name; an empty map means ready.
+func (s *Server) Ready(ctx context.Context) map[string]string {
+	s.mu.Lock()
+	checks := append([]namedCheck(nil), s.checks...)
+	s.mu.Unlock()
+	failed := map[string]string{}
+	for _, c := range checks {
+		if err := c.check(ctx); err != nil {
+			failed[c.name] = err.Error()
+		}
+	}
+	return failed
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+	defer cancel()
+	failed := s.Ready(ctx)
+	w.Header().Set("Content-Type", "application/json")
+	if len(failed) > 0 {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_ = json.NewEncoder(w).Encode(map[string]any{"ready": false, "failed": failed})
+		return
+	}
+	_ = json.NewEncoder(w).Encode(map[string]any{"ready": true})
+}
+
+// Listen binds the address now, so a start-up error is reported before anything runs
+// and Addr knows the port when HTTP_ADDR asks for port 0.
+func (s *Server) Listen() error {
+	ln, err := net.Listen("tcp", s.addr)
+	if err != nil {
+		return fmt.Errorf("cannot listen on HTTP_ADDR=%s: %w", s.addr, err)
+	}
+	s.ln = ln
+	return nil
+}
+
+// Addr returns the bound address once Listen has run.
+func (s *Server) Addr() string {
+	if s.ln == nil {
+		return s.addr
+	}
+	return s.ln.Addr().String()
+}
+
+// Run serves until ctx ends, then shuts down, giving open requests up to grace to finish.
+func (s *Server) Run(ctx context.Context, grace time.Duration) error {
+	if s.ln == nil {
+		if err := s.Listen(); err != nil {
+			return err
+		}
+	}
+	srv := &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(s.ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("HTTP server on %s stopped: %w", s.Addr(), err)
+	case <-ctx.Done():
+	}
+	shutCtx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	if err := srv.Shutdown(shutCtx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("cannot shut down the HTTP server: %w", err)
+	}
+	return nil
+}
