@@ -213,4 +213,3 @@ func (p *Publisher) flushFrom(pending []*nats.Msg) error {
 		}
 	}
 }
-
