@@ -287,6 +287,20 @@ func (d *decodeState) str() (string, error) {
 		return "", d.syntax("expected a string")
 	}
 	start := d.i
+	// Keys and labels are short: a plain loop beats IndexByte's set-up for them.
+	for i := start; i < len(d.s) && i < start+24; i++ {
+		switch c := d.s[i]; {
+		case c == '"':
+			d.i = i + 1
+			return d.s[start:i], nil
+		case c == '\\':
+			d.i = i
+			return d.unescape(start)
+		case c < 0x20:
+			d.i = i
+			return "", d.syntax("control character in string")
+		}
+	}
 	end := strings.IndexByte(d.s[start:], '"')
 	if end < 0 {
 		return "", d.syntax("unterminated string")
