@@ -9,7 +9,7 @@ import (
 )
 
 // Rollups turns a unit into one rollup per key.
-func (a *Aggregator) Rollups(u *Unit, dst []events.TokenRollup) []events.TokenRollup {
+func (a *Aggregator) Rollups(u *TokenUnit, dst []events.TokenRollup) []events.TokenRollup {
 	kind := events.KindWindow
 	if u.Correction {
 		kind = events.KindCorrection

@@ -1,6 +1,9 @@
 package window
 
 import (
+	"cmp"
+	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -49,33 +52,210 @@ func (s *Stats) reset() {
 // stream positions it holds. Ack is whatever the caller passed with the message processed
 // just before the unit's first one: acknowledging it (cumulatively) releases everything
 // before this unit.
-type Unit struct {
+type Unit[K comparable, S any] struct {
 	Start      time.Time
 	Correction bool
 	MinSeq     uint64
 	Ack        any
-	Keys       map[Key]*Stats
+	Keys       map[K]*S
 }
 
-// Aggregator holds the open windows. It is not safe for concurrent use.
-type Aggregator struct {
-	cfg    Config
+// windows is the bookkeeping every kind of window shares: which are open, which closed
+// windows have a pending correction, what a restart must skip, and the watermark.
+type windows[K comparable, S any] struct {
 	window int64 // ns
 	late   int64 // ns
 
-	open map[int64]*Unit // window start (unix ns) → the window
-	corr map[int64]*Unit // window start → its pending correction
+	open map[int64]*Unit[K, S] // window start (unix ns) → the window
+	corr map[int64]*Unit[K, S] // window start → its pending correction
 
 	// done records, per window start, the highest stream sequence whose events are already
 	// in ClickHouse (learnt at start from the rows' seq_through, and from every flush).
 	done map[int64]uint64
 
-	maxEnd      int64 // latest request end seen, unix ns, clamped to the clock
+	maxEnd      int64 // latest event end seen, unix ns, clamped to the clock
 	lastArrival int64 // clock when an event last arrived
 
+	newStats   func() *S
+	resetStats func(*S)
+	free       []*S
+	units      []*Unit[K, S]
+}
+
+func newWindows[K comparable, S any](window, lateness time.Duration, done map[time.Time]uint64, newStats func() *S, reset func(*S)) windows[K, S] {
+	w := windows[K, S]{
+		window: int64(window), late: int64(lateness),
+		open: map[int64]*Unit[K, S]{}, corr: map[int64]*Unit[K, S]{}, done: map[int64]uint64{},
+		newStats: newStats, resetStats: reset,
+	}
+	for t, seq := range done {
+		w.done[t.UnixNano()] = seq
+	}
+	return w
+}
+
+// route finds the unit for an event at ts (unix ns) ending at end, at stream position seq.
+func (w *windows[K, S]) route(ts, end int64, seq uint64, ack any, clock int64) (*Unit[K, S], Result) {
+	start := floorDiv(ts, w.window) * w.window
+	if seq <= w.done[start] {
+		return nil, Skipped
+	}
+	w.lastArrival = clock
+	if end > w.maxEnd {
+		w.maxEnd = min(end, clock)
+	}
+	if u := w.open[start]; u != nil {
+		return u, Added
+	}
+	if start+w.window+w.late <= w.watermark(clock) {
+		u := w.corr[start]
+		if u == nil {
+			u = w.newUnit(start, true, seq, ack)
+			w.corr[start] = u
+		}
+		return u, AddedLate
+	}
+	_, restarted := w.done[start]
+	u := w.newUnit(start, restarted, seq, ack)
+	w.open[start] = u
+	return u, Added
+}
+
+// stats returns the unit's stats for k, creating them from the free list.
+func (w *windows[K, S]) stats(u *Unit[K, S], k K, clone func(K) K) *S {
+	s := u.Keys[k]
+	if s == nil {
+		if n := len(w.free); n > 0 {
+			s, w.free = w.free[n-1], w.free[:n-1]
+		} else {
+			s = w.newStats()
+		}
+		u.Keys[clone(k)] = s
+	}
+	return s
+}
+
+// watermark is how far event time has surely progressed: the latest event end seen, moved
+// on by the time since the last arrival, never ahead of the clock.
+func (w *windows[K, S]) watermark(clock int64) int64 {
+	if w.maxEnd == 0 {
+		return 0
+	}
+	return min(clock, w.maxEnd+max(0, clock-w.lastArrival))
+}
+
+// Watermark returns the current watermark for the clock now.
+func (w *windows[K, S]) Watermark(now time.Time) time.Time {
+	return time.Unix(0, w.watermark(now.UnixNano())).UTC()
+}
+
+// Advance closes every window the watermark has passed, and hands out every pending
+// correction, oldest first. The caller turns units into rollups and then Releases them.
+func (w *windows[K, S]) Advance(now time.Time) []*Unit[K, S] {
+	wm := w.watermark(now.UnixNano())
+	var out []*Unit[K, S]
+	for start, u := range w.open {
+		if start+w.window+w.late <= wm {
+			out = append(out, u)
+			delete(w.open, start)
+		}
+	}
+	for start, u := range w.corr {
+		out = append(out, u)
+		delete(w.corr, start)
+	}
+	slices.SortFunc(out, func(a, b *Unit[K, S]) int {
+		if c := a.Start.Compare(b.Start); c != 0 {
+			return c
+		}
+		return cmp.Compare(b2i(a.Correction), b2i(b.Correction))
+	})
+	return out
+}
+
+// Drain hands out every unit, open or not, for a final flush (tests and tools; the
+// service leaves open windows to the next start instead).
+func (w *windows[K, S]) Drain() []*Unit[K, S] {
+	w.maxEnd = math.MaxInt64
+	w.lastArrival = math.MaxInt64
+	out := w.Advance(time.Unix(0, math.MaxInt64))
+	w.maxEnd, w.lastArrival = 0, 0
+	return out
+}
+
+// Flushed records that the units' events through seq are stored, so that events of those
+// windows redelivered after a restart are skipped. Old entries are forgotten once the
+// watermark is far past them.
+func (w *windows[K, S]) Flushed(units []*Unit[K, S], seq uint64, now time.Time) {
+	for _, u := range units {
+		start := u.Start.UnixNano()
+		w.done[start] = max(w.done[start], seq)
+	}
+	horizon := w.watermark(now.UnixNano()) - 2*(w.window+w.late) - int64(time.Hour)
+	for start := range w.done {
+		if start < horizon {
+			delete(w.done, start)
+		}
+	}
+}
+
+// Held returns the lowest stream position held by a unit not yet handed out by Advance,
+// with its unit's Ack, and false when nothing is held.
+func (w *windows[K, S]) Held() (minSeq uint64, ack any, ok bool) {
+	for _, m := range []map[int64]*Unit[K, S]{w.open, w.corr} {
+		for _, u := range m {
+			if !ok || u.MinSeq < minSeq {
+				minSeq, ack, ok = u.MinSeq, u.Ack, true
+			}
+		}
+	}
+	return minSeq, ack, ok
+}
+
+// OpenWindows returns how many windows and corrections are held, and their keys.
+func (w *windows[K, S]) OpenWindows() (units, keys int) {
+	for _, m := range []map[int64]*Unit[K, S]{w.open, w.corr} {
+		for _, u := range m {
+			units++
+			keys += len(u.Keys)
+		}
+	}
+	return units, keys
+}
+
+// Release returns a unit's storage for reuse once its rollups are built.
+func (w *windows[K, S]) Release(u *Unit[K, S]) {
+	for k, s := range u.Keys {
+		w.resetStats(s)
+		w.free = append(w.free, s)
+		delete(u.Keys, k)
+	}
+	u.Ack = nil
+	w.units = append(w.units, u)
+}
+
+func (w *windows[K, S]) newUnit(start int64, correction bool, seq uint64, ack any) *Unit[K, S] {
+	var u *Unit[K, S]
+	if n := len(w.units); n > 0 {
+		u, w.units = w.units[n-1], w.units[:n-1]
+	} else {
+		u = &Unit[K, S]{Keys: map[K]*S{}}
+	}
+	u.Start = time.Unix(0, start).UTC()
+	u.Correction = correction
+	u.MinSeq = seq
+	u.Ack = ack
+	return u
+}
+
+// TokenUnit is a unit of request-event windows.
+type TokenUnit = Unit[Key, Stats]
+
+// Aggregator keeps request-event windows. It is not safe for concurrent use.
+type Aggregator struct {
+	windows[Key, Stats]
+	cfg    Config
 	series *seriesLimit
-	free   []*Stats
-	units  []*Unit
 }
 
 // New returns an Aggregator. done lists, per window start, the stream sequence through which
@@ -84,19 +264,14 @@ func New(cfg Config, done map[time.Time]uint64) *Aggregator {
 	if cfg.Compression <= 0 {
 		cfg.Compression = digest.DefaultCompression
 	}
-	a := &Aggregator{
+	c := cfg.Compression
+	return &Aggregator{
+		windows: newWindows[Key, Stats](cfg.Window, cfg.Lateness, done,
+			func() *Stats { return &Stats{TTFT: digest.New(c), TPOT: digest.New(c), Total: digest.New(c)} },
+			(*Stats).reset),
 		cfg:    cfg,
-		window: int64(cfg.Window),
-		late:   int64(cfg.Lateness),
-		open:   map[int64]*Unit{},
-		corr:   map[int64]*Unit{},
-		done:   map[int64]uint64{},
 		series: newSeriesLimit(cfg.MaxSeries),
 	}
-	for t, seq := range done {
-		a.done[t.UnixNano()] = seq
-	}
-	return a
 }
 
 // Result says what Add did with an event.
@@ -113,43 +288,29 @@ const (
 // message processed before this one (see Unit.Ack); now is the clock.
 func (a *Aggregator) Add(ev *events.RequestEvent, seq uint64, ack any, now time.Time) Result {
 	ts := ev.TS.UnixNano()
-	start := floorDiv(ts, a.window) * a.window
-	if seq <= a.done[start] {
-		return Skipped
-	}
 	clock := now.UnixNano()
-	a.lastArrival = clock
-	if end := ts + int64(ev.TotalMs*1e6); end > a.maxEnd {
-		a.maxEnd = min(end, clock)
-	}
-	res := Added
-	u := a.open[start]
-	if u == nil {
-		if start+a.window+a.late <= a.watermark(clock) {
-			res = AddedLate
-			if u = a.corr[start]; u == nil {
-				u = a.newUnit(start, true, seq, ack)
-				a.corr[start] = u
-			}
-		} else {
-			_, restarted := a.done[start]
-			u = a.newUnit(start, restarted, seq, ack)
-			a.open[start] = u
-		}
+	u, res := a.route(ts, ts+int64(ev.TotalMs*1e6), seq, ack, clock)
+	if res == Skipped {
+		return res
 	}
 	k := Key{Env: ev.Env, Scene: ev.Scene, Model: ev.Model, Instance: ev.Instance, Bucket: a.cfg.Buckets.Index(ev.InputTokens)}
 	k.Env, k.Scene, k.Model, k.Instance = a.series.admit(k.Env, k.Scene, k.Model, k.Instance, clock)
-	s := u.Keys[k]
-	if s == nil {
-		s = a.newStats()
-		k.Env, k.Scene, k.Model, k.Instance = strings.Clone(k.Env), strings.Clone(k.Scene), strings.Clone(k.Model), strings.Clone(k.Instance)
-		u.Keys[k] = s
-	}
+	s := a.stats(u, k, cloneKey)
 	a.count(s, ev)
 	if res == AddedLate {
 		s.Late++
 	}
 	return res
+}
+
+// Advance closes the windows the watermark has passed; see windows.Advance.
+func (a *Aggregator) Advance(now time.Time) []*TokenUnit {
+	a.series.expire(now.UnixNano())
+	return a.windows.Advance(now)
+}
+
+func cloneKey(k Key) Key {
+	return Key{Env: strings.Clone(k.Env), Scene: strings.Clone(k.Scene), Model: strings.Clone(k.Model), Instance: strings.Clone(k.Instance), Bucket: k.Bucket}
 }
 
 func (a *Aggregator) count(s *Stats, ev *events.RequestEvent) {
@@ -194,117 +355,8 @@ func (a *Aggregator) count(s *Stats, ev *events.RequestEvent) {
 	}
 }
 
-// watermark is how far event time has surely progressed: the latest request end seen,
-// moved on by the time since the last arrival, never ahead of the clock.
-func (a *Aggregator) watermark(clock int64) int64 {
-	if a.maxEnd == 0 {
-		return 0
-	}
-	return min(clock, a.maxEnd+max(0, clock-a.lastArrival))
-}
-
-// Watermark returns the current watermark for the clock now.
-func (a *Aggregator) Watermark(now time.Time) time.Time {
-	return time.Unix(0, a.watermark(now.UnixNano())).UTC()
-}
-
-// Advance closes every window the watermark has passed, and hands out every pending
-// correction, oldest first. The caller turns units into rollups and then Releases them.
-func (a *Aggregator) Advance(now time.Time) []*Unit {
-	wm := a.watermark(now.UnixNano())
-	var out []*Unit
-	for start, u := range a.open {
-		if start+a.window+a.late <= wm {
-			out = append(out, u)
-			delete(a.open, start)
-		}
-	}
-	for start, u := range a.corr {
-		out = append(out, u)
-		delete(a.corr, start)
-	}
-	sortUnits(out)
-	a.series.expire(now.UnixNano())
-	return out
-}
-
-// Flushed records that the units' events through seq are stored, so that events of those
-// windows redelivered after a restart are skipped. Old entries are forgotten once the
-// watermark is far past them.
-func (a *Aggregator) Flushed(units []*Unit, seq uint64, now time.Time) {
-	for _, u := range units {
-		start := u.Start.UnixNano()
-		a.done[start] = max(a.done[start], seq)
-	}
-	horizon := a.watermark(now.UnixNano()) - 2*(a.window+a.late) - int64(time.Hour)
-	for start := range a.done {
-		if start < horizon {
-			delete(a.done, start)
-		}
-	}
-}
-
-// Held returns the unit with the lowest stream position still held open (not handed out
-// by Advance), and false when none is.
-func (a *Aggregator) Held() (minSeq uint64, ack any, ok bool) {
-	for _, m := range []map[int64]*Unit{a.open, a.corr} {
-		for _, u := range m {
-			if !ok || u.MinSeq < minSeq {
-				minSeq, ack, ok = u.MinSeq, u.Ack, true
-			}
-		}
-	}
-	return minSeq, ack, ok
-}
-
-// OpenWindows returns how many windows and corrections are held, and their keys.
-func (a *Aggregator) OpenWindows() (units, keys int) {
-	for _, m := range []map[int64]*Unit{a.open, a.corr} {
-		for _, u := range m {
-			units++
-			keys += len(u.Keys)
-		}
-	}
-	return units, keys
-}
-
-// Release returns a unit's storage for reuse once its rollups are built.
-func (a *Aggregator) Release(u *Unit) {
-	for k, s := range u.Keys {
-		s.reset()
-		a.free = append(a.free, s)
-		delete(u.Keys, k)
-	}
-	u.Ack = nil
-	a.units = append(a.units, u)
-}
-
 // Folded returns how many events were folded into "other" series.
 func (a *Aggregator) Folded() uint64 { return a.series.folded }
-
-func (a *Aggregator) newUnit(start int64, correction bool, seq uint64, ack any) *Unit {
-	var u *Unit
-	if n := len(a.units); n > 0 {
-		u, a.units = a.units[n-1], a.units[:n-1]
-	} else {
-		u = &Unit{Keys: map[Key]*Stats{}}
-	}
-	u.Start = time.Unix(0, start).UTC()
-	u.Correction = correction
-	u.MinSeq = seq
-	u.Ack = ack
-	return u
-}
-
-func (a *Aggregator) newStats() *Stats {
-	if n := len(a.free); n > 0 {
-		s := a.free[n-1]
-		a.free = a.free[:n-1]
-		return s
-	}
-	c := a.cfg.Compression
-	return &Stats{TTFT: digest.New(c), TPOT: digest.New(c), Total: digest.New(c)}
-}
 
 func floorDiv(a, b int64) int64 {
 	q := a / b
@@ -314,17 +366,9 @@ func floorDiv(a, b int64) int64 {
 	return q
 }
 
-func sortUnits(us []*Unit) {
-	for i := 1; i < len(us); i++ {
-		for j := i; j > 0 && less(us[j], us[j-1]); j-- {
-			us[j], us[j-1] = us[j-1], us[j]
-		}
+func b2i(b bool) int {
+	if b {
+		return 1
 	}
-}
-
-func less(a, b *Unit) bool {
-	if !a.Start.Equal(b.Start) {
-		return a.Start.Before(b.Start)
-	}
-	return !a.Correction && b.Correction
+	return 0
 }

@@ -26,7 +26,7 @@ func ev(at time.Duration, status events.Status, in, out int64, ttft, total float
 		InputTokens: in, OutputTokens: out, TTFTMs: ttft, TotalMs: total, Status: status}
 }
 
-func rollups(a *window.Aggregator, units []*window.Unit) map[string]events.TokenRollup {
+func rollups(a *window.Aggregator, units []*window.TokenUnit) map[string]events.TokenRollup {
 	out := map[string]events.TokenRollup{}
 	for _, u := range units {
 		for _, r := range a.Rollups(u, nil) {

@@ -1,0 +1,176 @@
+package window
+
+import (
+	"strings"
+	"time"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+)
+
+// GPUKey identifies one GPU.
+type GPUKey struct {
+	Host     string
+	GPUIndex int
+	GPUUUID  string
+}
+
+// GPUStats are one GPU's aggregates in one window.
+type GPUStats struct {
+	Name                      string
+	Samples                   uint64
+	utilSum                   float64
+	utilN                     uint64
+	UtilMax                   float64
+	MemUsedMax, MemTotal      uint64
+	powerSum                  float64
+	powerN                    uint64
+	PowerMaxW                 float64
+	EnergyJ                   float64
+	TempMaxC                  float64
+	clockSum                  float64
+	clockN                    uint64
+	Throttled                 uint64
+	hasUtil, hasPower, hasTmp bool
+}
+
+// GPUUnit is a unit of GPU-sample windows.
+type GPUUnit = Unit[GPUKey, GPUStats]
+
+type lastReading struct {
+	ts     int64
+	energy float64 // the counter, when the GPU has one
+	hasE   bool
+}
+
+// GPUAggregator keeps GPU-sample windows. Energy used in a window comes from the deltas of
+// the GPU's energy counter between consecutive samples, each delta going to the window of the
+// later sample, so no energy falls between windows; a GPU without the counter gets power
+// integrated over the sample interval instead. It is not safe for concurrent use.
+type GPUAggregator struct {
+	windows[GPUKey, GPUStats]
+	cfg  Config
+	last map[GPUKey]lastReading
+}
+
+// NewGPU returns a GPUAggregator; done is as for New.
+func NewGPU(cfg Config, done map[time.Time]uint64) *GPUAggregator {
+	return &GPUAggregator{
+		windows: newWindows[GPUKey, GPUStats](cfg.Window, cfg.Lateness, done,
+			func() *GPUStats { return &GPUStats{} },
+			func(s *GPUStats) { *s = GPUStats{} }),
+		cfg:  cfg,
+		last: map[GPUKey]lastReading{},
+	}
+}
+
+// idleReason is NVML's "GPU idle" clocks-event reason: not a throttle.
+const idleReason = 0x1
+
+// maxIntegrationGap bounds the interval over which power is integrated when a GPU has no
+// energy counter: longer gaps are missing samples, not energy to guess.
+const maxIntegrationGap = int64(time.Minute)
+
+// Add routes one valid sample at stream position seq; see Aggregator.Add.
+func (a *GPUAggregator) Add(s *events.GPUSample, seq uint64, ack any, now time.Time) Result {
+	ts := s.TS.UnixNano()
+	u, res := a.route(ts, ts, seq, ack, now.UnixNano())
+	if res == Skipped {
+		return res
+	}
+	k := GPUKey{Host: s.Host, GPUIndex: s.GPUIndex, GPUUUID: s.GPUUUID}
+	st := a.stats(u, k, func(k GPUKey) GPUKey {
+		return GPUKey{Host: strings.Clone(k.Host), GPUIndex: k.GPUIndex, GPUUUID: strings.Clone(k.GPUUUID)}
+	})
+	if st.Name == "" && s.GPUName != "" {
+		st.Name = strings.Clone(s.GPUName)
+	}
+	st.Samples++
+	if v := s.UtilGPUPct; v != nil {
+		st.utilSum += *v
+		st.utilN++
+		st.UtilMax = max(st.UtilMax, *v)
+	}
+	if v := s.MemUsedBytes; v != nil {
+		st.MemUsedMax = max(st.MemUsedMax, *v)
+	}
+	if v := s.MemTotalBytes; v != nil {
+		st.MemTotal = max(st.MemTotal, *v)
+	}
+	if v := s.PowerW; v != nil {
+		st.powerSum += *v
+		st.powerN++
+		st.PowerMaxW = max(st.PowerMaxW, *v)
+	}
+	if v := s.TempC; v != nil {
+		if !st.hasTmp || *v > st.TempMaxC {
+			st.TempMaxC = *v
+		}
+		st.hasTmp = true
+	}
+	if v := s.SMClockMHz; v != nil {
+		st.clockSum += *v
+		st.clockN++
+	}
+	if v := s.ThrottleReasons; v != nil && *v&^idleReason != 0 {
+		st.Throttled++
+	}
+	prev, seen := a.last[k]
+	if seen && ts > prev.ts {
+		switch {
+		case s.EnergyJ != nil && prev.hasE:
+			if d := *s.EnergyJ - prev.energy; d >= 0 { // a negative delta is a counter reset
+				st.EnergyJ += d
+			}
+		case s.EnergyJ == nil && s.PowerW != nil && ts-prev.ts <= maxIntegrationGap:
+			st.EnergyJ += *s.PowerW * float64(ts-prev.ts) / 1e9
+		}
+	}
+	if !seen || ts > prev.ts {
+		r := lastReading{ts: ts}
+		if s.EnergyJ != nil {
+			r.energy, r.hasE = *s.EnergyJ, true
+		}
+		if !seen {
+			k = GPUKey{Host: strings.Clone(k.Host), GPUIndex: k.GPUIndex, GPUUUID: strings.Clone(k.GPUUUID)}
+		}
+		a.last[k] = r
+	}
+	return res
+}
+
+// Rollups turns a unit into one rollup per GPU.
+func (a *GPUAggregator) Rollups(u *GPUUnit, dst []events.GPURollup) []events.GPURollup {
+	kind := events.KindWindow
+	if u.Correction {
+		kind = events.KindCorrection
+	}
+	for k, s := range u.Keys {
+		r := events.GPURollup{
+			V: events.Version, WindowStart: u.Start, WindowSeconds: int(a.cfg.Window / time.Second), Kind: kind,
+			Host: k.Host, GPUIndex: k.GPUIndex, GPUUUID: k.GPUUUID, GPUName: s.Name, Samples: s.Samples,
+			UtilMax: s.UtilMax, MemUsedMax: s.MemUsedMax, MemTotal: s.MemTotal, PowerMaxW: s.PowerMaxW,
+			EnergyJ: s.EnergyJ, TempMaxC: s.TempMaxC, Throttled: s.Throttled,
+		}
+		if s.utilN > 0 {
+			r.UtilAvg = s.utilSum / float64(s.utilN)
+		}
+		if s.powerN > 0 {
+			r.PowerAvgW = s.powerSum / float64(s.powerN)
+		}
+		if s.clockN > 0 {
+			r.SMClockAvg = s.clockSum / float64(s.clockN)
+		}
+		dst = append(dst, r)
+	}
+	return dst
+}
+
+// ForgetIdle drops the last readings of GPUs silent for an hour.
+func (a *GPUAggregator) ForgetIdle(now time.Time) {
+	horizon := now.UnixNano() - int64(time.Hour)
+	for k, r := range a.last {
+		if r.ts < horizon {
+			delete(a.last, k)
+		}
+	}
+}
