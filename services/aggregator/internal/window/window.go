@@ -72,6 +72,8 @@ type windows[K comparable, S any] struct {
 	// done records, per window start, the highest stream sequence whose events are already
 	// in ClickHouse (learnt at start from the rows' seq_through, and from every flush).
 	done map[int64]uint64
+	// written marks the windows this process wrote: what arrives for them is late.
+	written map[int64]bool
 
 	maxEnd      int64 // latest event end seen, unix ns, clamped to the clock
 	lastArrival int64 // clock when an event last arrived
@@ -85,7 +87,7 @@ type windows[K comparable, S any] struct {
 func newWindows[K comparable, S any](window, lateness time.Duration, done map[time.Time]uint64, newStats func() *S, reset func(*S)) windows[K, S] {
 	w := windows[K, S]{
 		window: int64(window), late: int64(lateness),
-		open: map[int64]*Unit[K, S]{}, corr: map[int64]*Unit[K, S]{}, done: map[int64]uint64{},
+		open: map[int64]*Unit[K, S]{}, corr: map[int64]*Unit[K, S]{}, done: map[int64]uint64{}, written: map[int64]bool{},
 		newStats: newStats, resetStats: reset,
 	}
 	for t, seq := range done {
@@ -100,6 +102,7 @@ func (w *windows[K, S]) route(ts, end int64, seq uint64, ack any, clock int64) (
 	if seq <= w.done[start] {
 		return nil, Skipped
 	}
+	wm := w.watermark(clock) // as it was before this event
 	w.lastArrival = clock
 	if end > w.maxEnd {
 		w.maxEnd = min(end, clock)
@@ -107,7 +110,7 @@ func (w *windows[K, S]) route(ts, end int64, seq uint64, ack any, clock int64) (
 	if u := w.open[start]; u != nil {
 		return u, Added
 	}
-	if start+w.window+w.late <= w.watermark(clock) {
+	if start+w.window+w.late <= wm || w.written[start] {
 		u := w.corr[start]
 		if u == nil {
 			u = w.newUnit(start, true, seq, ack)
@@ -115,6 +118,7 @@ func (w *windows[K, S]) route(ts, end int64, seq uint64, ack any, clock int64) (
 		}
 		return u, AddedLate
 	}
+	// A window stored before a restart gets its remainder as a correction, not counted late.
 	_, restarted := w.done[start]
 	u := w.newUnit(start, restarted, seq, ack)
 	w.open[start] = u
@@ -183,18 +187,20 @@ func (w *windows[K, S]) Drain() []*Unit[K, S] {
 	return out
 }
 
-// Flushed records that the units' events through seq are stored, so that events of those
+// Flushed records that the events through seq of the windows starting at starts are stored, so that events of those
 // windows redelivered after a restart are skipped. Old entries are forgotten once the
 // watermark is far past them.
-func (w *windows[K, S]) Flushed(units []*Unit[K, S], seq uint64, now time.Time) {
-	for _, u := range units {
-		start := u.Start.UnixNano()
+func (w *windows[K, S]) Flushed(starts []time.Time, seq uint64, now time.Time) {
+	for _, t := range starts {
+		start := t.UnixNano()
 		w.done[start] = max(w.done[start], seq)
+		w.written[start] = true
 	}
 	horizon := w.watermark(now.UnixNano()) - 2*(w.window+w.late) - int64(time.Hour)
 	for start := range w.done {
 		if start < horizon {
 			delete(w.done, start)
+			delete(w.written, start)
 		}
 	}
 }

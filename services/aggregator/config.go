@@ -1,0 +1,110 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+
+	"github.com/tokenscope/tokenscope/pkg/bus"
+	"github.com/tokenscope/tokenscope/pkg/chdb"
+	"github.com/tokenscope/tokenscope/pkg/events"
+)
+
+// Config is the aggregator's configuration, from the environment.
+type Config struct {
+	HTTPAddr   string      `env:"HTTP_ADDR" envDefault:"127.0.0.1:9103"`
+	LogLevel   string      `env:"AGG_LOG_LEVEL" envDefault:"info"`
+	NATS       bus.Config  `envPrefix:"NATS_"`
+	ClickHouse chdb.Config `envPrefix:"CLICKHOUSE_"`
+	Agg        AggConfig   `envPrefix:"AGG_"`
+}
+
+// AggConfig holds the AGG_ variables.
+type AggConfig struct {
+	Window        time.Duration `env:"WINDOW" envDefault:"15s"`
+	Lateness      time.Duration `env:"LATENESS" envDefault:"30s"`
+	Buckets       string        `env:"BUCKETS" envDefault:"0,500,2000,8000,32000"`
+	Prices        string        `env:"PRICES"` // JSON price table; empty: every model unpriced
+	MaxSeries     int           `env:"MAX_SERIES" envDefault:"10000"`
+	StoreRequests bool          `env:"STORE_REQUESTS" envDefault:"true"`
+	GPU           bool          `env:"GPU" envDefault:"true"`
+	Consumer      string        `env:"CONSUMER" envDefault:"aggregator"`
+	FlushInterval time.Duration `env:"FLUSH_INTERVAL" envDefault:"1s"`
+	AckWait       time.Duration `env:"ACK_WAIT" envDefault:"10m"`
+	MaxAckPending int           `env:"MAX_ACK_PENDING" envDefault:"-1"`
+	MaxBuffered   int           `env:"MAX_BUFFERED" envDefault:"1000000"`
+	PullBatch     int           `env:"PULL_BATCH" envDefault:"10000"`
+	Compression   float64       `env:"COMPRESSION" envDefault:"200"`
+}
+
+func loadConfig(getenv func(string) string) (Config, error) {
+	var cfg Config
+	params, err := env.GetFieldParams(&cfg)
+	if err != nil {
+		return cfg, fmt.Errorf("cannot list the configuration variables: %w", err)
+	}
+	vars := map[string]string{}
+	for _, p := range params {
+		if v := getenv(p.Key); v != "" {
+			vars[p.Key] = v
+		}
+	}
+	if err := env.ParseWithOptions(&cfg, env.Options{Environment: vars}); err != nil {
+		return cfg, fmt.Errorf("bad configuration: %w", err)
+	}
+	return cfg, cfg.Validate()
+}
+
+// Validate names the first bad variable.
+func (c Config) Validate() error {
+	if err := c.NATS.Validate(); err != nil {
+		return err
+	}
+	if err := c.ClickHouse.Validate(); err != nil {
+		return err
+	}
+	if _, err := parseLevel(c.LogLevel); err != nil {
+		return err
+	}
+	a := c.Agg
+	if _, err := events.ParseBuckets(a.Buckets); err != nil {
+		return fmt.Errorf("AGG_BUCKETS: %w", err)
+	}
+	switch {
+	case c.HTTPAddr == "":
+		return errors.New("HTTP_ADDR is empty")
+	case a.Window < time.Second || a.Window%time.Second != 0:
+		return fmt.Errorf("AGG_WINDOW=%s must be a whole number of seconds, at least 1s", a.Window)
+	case a.Lateness < 0:
+		return fmt.Errorf("AGG_LATENESS=%s must not be negative", a.Lateness)
+	case a.MaxSeries < 1:
+		return fmt.Errorf("AGG_MAX_SERIES=%d must be at least 1", a.MaxSeries)
+	case a.Consumer == "" || strings.ContainsAny(a.Consumer, ".*> \t\n"):
+		return fmt.Errorf("AGG_CONSUMER=%q must be a non-empty name without '.', '*', '>' or spaces", a.Consumer)
+	case a.FlushInterval < 10*time.Millisecond:
+		return fmt.Errorf("AGG_FLUSH_INTERVAL=%s is too short (at least 10ms)", a.FlushInterval)
+	case a.AckWait <= a.Window+a.Lateness+a.FlushInterval:
+		return fmt.Errorf("AGG_ACK_WAIT=%s must exceed AGG_WINDOW + AGG_LATENESS + AGG_FLUSH_INTERVAL (%s)", a.AckWait, a.Window+a.Lateness+a.FlushInterval)
+	case a.MaxAckPending == 0 || a.MaxAckPending < -1:
+		return fmt.Errorf("AGG_MAX_ACK_PENDING=%d must be positive, or -1 for no limit", a.MaxAckPending)
+	case a.MaxBuffered < 1000:
+		return fmt.Errorf("AGG_MAX_BUFFERED=%d is too small (at least 1000)", a.MaxBuffered)
+	case a.PullBatch < 1:
+		return fmt.Errorf("AGG_PULL_BATCH=%d must be positive", a.PullBatch)
+	case a.Compression < 20 || a.Compression > 1000:
+		return fmt.Errorf("AGG_COMPRESSION=%g must be between 20 and 1000", a.Compression)
+	}
+	return nil
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return l, fmt.Errorf("AGG_LOG_LEVEL=%q must be debug, info, warn or error", s)
+	}
+	return l, nil
+}

@@ -1,0 +1,390 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tokenscope/tokenscope/pkg/bus"
+	"github.com/tokenscope/tokenscope/pkg/chdb"
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/pkg/testbed"
+)
+
+func TestMain(m *testing.M) { testbed.Main(m) }
+
+// traceFile is the real production trace shared with the project (never copied into it).
+var traceFile = filepath.Join("..", "..", "..", "shared", "traces", "AzureLLMInferenceTrace_conv.csv")
+
+type traceRow struct {
+	offset        time.Duration
+	input, output int64
+}
+
+func readTrace(t testing.TB, limit int) []traceRow {
+	t.Helper()
+	f, err := os.Open(traceFile)
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("the shared trace is missing: %v", err)
+		}
+		t.Skipf("the shared trace is missing (%v); it lives in ../shared/traces beside the project", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Scan() // header
+	var rows []traceRow
+	var first time.Time
+	for sc.Scan() && len(rows) < limit {
+		parts := strings.Split(sc.Text(), ",")
+		ts, err := time.Parse("2006-01-02 15:04:05.9999999", parts[0])
+		if err != nil {
+			t.Fatalf("bad trace line %q: %v", sc.Text(), err)
+		}
+		if first.IsZero() {
+			first = ts
+		}
+		in, _ := strconv.ParseInt(parts[1], 10, 64)
+		out, _ := strconv.ParseInt(parts[2], 10, 64)
+		rows = append(rows, traceRow{offset: ts.Sub(first), input: in, output: out})
+	}
+	return rows
+}
+
+// latencyModel gives each trace request latencies: TTFT grows with input tokens (prefill),
+// TPOT is lognormal around 25 ms, with 1 % errors, 0.5 % timeouts and 0.3 % cancels.
+func buildEvents(rows []traceRow, base time.Time, seed uint64) []events.RequestEvent {
+	r := rand.New(rand.NewPCG(seed, seed+1))
+	models := []string{"qwen2.5-72b-instruct", "llama-3.1-8b"}
+	scenes := []string{"customer-service", "content-gen"}
+	out := make([]events.RequestEvent, len(rows))
+	for i, row := range rows {
+		ttft := (40 + 0.12*float64(row.input)) * math.Exp(0.3*r.NormFloat64())
+		tpot := 25 * math.Exp(0.25*r.NormFloat64())
+		total := ttft + tpot*float64(max(row.output-1, 0))
+		e := events.RequestEvent{V: 1, EventID: events.NewEventID(), TS: base.Add(row.offset).Truncate(time.Millisecond),
+			Model: models[r.IntN(2)], Scene: scenes[r.IntN(2)], Env: "prod", InputTokens: row.input, OutputTokens: row.output,
+			TTFTMs: math.Round(ttft*1000) / 1000, TotalMs: math.Round(total*1000) / 1000, Status: events.StatusOK, Stream: true}
+		switch p := r.Float64(); {
+		case p < 0.01:
+			e.Status, e.OutputTokens, e.TTFTMs, e.TotalMs, e.HTTPStatus = events.StatusError, 0, 0, 30, 500
+		case p < 0.015:
+			e.Status = events.StatusTimeout
+		case p < 0.018:
+			e.Status = events.StatusCanceled
+		}
+		out[i] = e
+	}
+	return out
+}
+
+type envVars map[string]string
+
+func (e envVars) get(k string) string { return e[k] }
+
+// startAggregator runs the service in-process until the returned stop is called.
+func startAggregator(t *testing.T, vars envVars) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, vars.get, testWriter{t}) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("aggregator: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	if testing.Verbose() {
+		w.t.Log(strings.TrimSpace(string(p)))
+	}
+	return len(p), nil
+}
+
+type bed struct {
+	natsURL string
+	ch      chdb.Config
+	db      *chdb.DB
+	js      jetstream.JetStream
+	nc      *nats.Conn
+}
+
+func newBed(t *testing.T) *bed {
+	t.Helper()
+	srv := testbed.NATS(t)
+	chCfg := testbed.ClickHouse(t)
+	ctx := context.Background()
+	db, err := chdb.Open(ctx, chCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	if err := bus.EnsureStreams(ctx, js, bus.StreamLimits{MaxBytes: 1 << 30, DuplicateWindow: 2 * time.Minute, Replicas: 1}); err != nil {
+		t.Fatal(err)
+	}
+	return &bed{natsURL: srv.ClientURL(), ch: chCfg, db: db, js: js, nc: nc}
+}
+
+func (b *bed) env(extra envVars) envVars {
+	e := envVars{"NATS_URL": b.natsURL, "CLICKHOUSE_ADDR": b.ch.Addr, "CLICKHOUSE_DB": b.ch.DB, "HTTP_ADDR": "127.0.0.1:0",
+		"AGG_WINDOW": "15s", "AGG_LATENESS": "2s", "AGG_FLUSH_INTERVAL": "200ms", "AGG_LOG_LEVEL": "debug"}
+	for k, v := range extra {
+		e[k] = v
+	}
+	return e
+}
+
+func (b *bed) publish(t *testing.T, evs []events.RequestEvent) {
+	t.Helper()
+	ctx := context.Background()
+	var futures []jetstream.PubAckFuture
+	for i := range evs {
+		e := &evs[i]
+		msg := nats.NewMsg(events.RequestSubject(e.Env, e.Scene))
+		msg.Data = events.AppendRequest(nil, e)
+		msg.Header.Set(jetstream.MsgIDHeader, e.EventID)
+		f, err := b.js.PublishMsgAsync(msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		futures = append(futures, f)
+		if len(futures) == 1000 {
+			waitAcks(t, futures)
+			futures = futures[:0]
+		}
+	}
+	waitAcks(t, futures)
+	_ = ctx
+}
+
+func (b *bed) publishRaw(t *testing.T, subject string, data []byte) {
+	t.Helper()
+	if _, err := b.js.Publish(context.Background(), subject, data); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitAcks(t *testing.T, fs []jetstream.PubAckFuture) {
+	t.Helper()
+	for _, f := range fs {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			t.Fatal(err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("publish ack timed out")
+		}
+	}
+}
+
+func (b *bed) scalar(t *testing.T, q string, args ...any) uint64 {
+	t.Helper()
+	var n uint64
+	if err := b.db.Conn().QueryRow(context.Background(), q, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", q, err)
+	}
+	return n
+}
+
+// waitRows polls until q returns want, failing after timeout.
+func (b *bed) waitRows(t *testing.T, timeout time.Duration, want uint64, q string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		var got uint64
+		_ = b.db.Conn().QueryRow(context.Background(), q).Scan(&got)
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s = %d after %s, want %d", q, got, timeout, want)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+type rollupKey struct {
+	start                       time.Time
+	scene, model, bucket string
+}
+
+type expected struct {
+	requests, ok, errors, timeouts, canceled, in, out uint64
+	ttft, total                                        []float64
+}
+
+// TestTraceThroughAggregator sends 6,000 events built from the real conversation trace
+// through the aggregator: every rollup's counts match exactly, and its percentiles match
+// the exact ones within tolerance (they are exact below the digest's compression).
+func TestTraceThroughAggregator(t *testing.T) {
+	b := newBed(t)
+	rows := readTrace(t, 6000)
+	base := time.Now().UTC().Add(-rows[len(rows)-1].offset - 20*time.Second).Truncate(15 * time.Second)
+	evs := buildEvents(rows, base, 1)
+	startAggregator(t, b.env(nil))
+	b.publish(t, evs)
+	b.waitRows(t, 60*time.Second, uint64(len(evs)), "SELECT sum(requests) FROM token_rollups")
+	b.waitRows(t, 30*time.Second, uint64(len(evs)), "SELECT count() FROM requests")
+
+	buckets := events.DefaultBucketBounds()
+	want := map[rollupKey]*expected{}
+	for _, e := range evs {
+		k := rollupKey{e.TS.Truncate(15 * time.Second), e.Scene, e.Model, buckets.Label(buckets.Index(e.InputTokens))}
+		x := want[k]
+		if x == nil {
+			x = &expected{}
+			want[k] = x
+		}
+		x.requests++
+		x.in += uint64(e.InputTokens)
+		x.out += uint64(e.OutputTokens)
+		switch e.Status {
+		case events.StatusOK:
+			x.ok++
+			x.total = append(x.total, e.TotalMs)
+		case events.StatusError:
+			x.errors++
+		case events.StatusTimeout:
+			x.timeouts++
+		case events.StatusCanceled:
+			x.canceled++
+		}
+		if e.Status == events.StatusOK || e.OutputTokens > 0 {
+			x.ttft = append(x.ttft, e.TTFTMs)
+		}
+	}
+	rs, err := b.db.Conn().Query(context.Background(), `SELECT window_start, scene, model, bucket,
+		sum(requests), sum(ok), sum(errors), sum(timeouts), sum(canceled), sum(input_tokens), sum(output_tokens),
+		any(ttft_p50), any(ttft_p99), any(total_p95), count()
+		FROM token_rollups GROUP BY window_start, scene, model, bucket`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+	seen := 0
+	for rs.Next() {
+		var k rollupKey
+		var reqs, ok, errs, tos, canc, in, out, n uint64
+		var p50, p99, tp95 float64
+		if err := rs.Scan(&k.start, &k.scene, &k.model, &k.bucket, &reqs, &ok, &errs, &tos, &canc, &in, &out, &p50, &p99, &tp95, &n); err != nil {
+			t.Fatal(err)
+		}
+		k.start = k.start.UTC()
+		x := want[k]
+		if x == nil {
+			t.Fatalf("unexpected rollup %+v", k)
+		}
+		seen++
+		if reqs != x.requests || ok != x.ok || errs != x.errors || tos != x.timeouts || canc != x.canceled || in != x.in || out != x.out {
+			t.Fatalf("%+v: got requests %d ok %d errors %d timeouts %d canceled %d in %d out %d; want %+v", k, reqs, ok, errs, tos, canc, in, out, x)
+		}
+		if n != 1 {
+			continue // percentiles of a window split over rows are checked in SQL by the cookbook test
+		}
+		slices.Sort(x.ttft)
+		slices.Sort(x.total)
+		check := func(name string, got float64, xs []float64, q float64) {
+			if len(xs) == 0 {
+				return
+			}
+			if w := nearestRank(xs, q); math.Abs(got-w) > 0.01*w+1e-9 {
+				t.Errorf("%+v %s: %v, exact %v", k, name, got, w)
+			}
+		}
+		check("ttft p50", p50, x.ttft, 0.5)
+		check("ttft p99", p99, x.ttft, 0.99)
+		check("total p95", tp95, x.total, 0.95)
+	}
+	if seen != len(want) {
+		t.Fatalf("%d rollup keys in ClickHouse, want %d", seen, len(want))
+	}
+}
+
+func nearestRank(sorted []float64, q float64) float64 {
+	idx := int(math.Ceil(q*float64(len(sorted)))) - 1
+	return sorted[max(idx, 0)]
+}
+
+// TestInvalidLateAndSeriesOverflow: invalid events are dead-lettered with their reason and
+// never stall the good ones beside them; a late event lands in a correction row; series past
+// AGG_MAX_SERIES fold into "other"; totals stay exact.
+func TestInvalidLateAndSeriesOverflow(t *testing.T) {
+	b := newBed(t)
+	dead, err := b.nc.SubscribeSync(events.SubjectInvalid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	startAggregator(t, b.env(envVars{"AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_MAX_SERIES": "5"}))
+	now := time.Now().UTC()
+	mk := func(model string, at time.Time) events.RequestEvent {
+		return events.RequestEvent{V: 1, EventID: events.NewEventID(), TS: at, Model: model, Scene: "chat", Env: "prod",
+			InputTokens: 100, OutputTokens: 10, TTFTMs: 100, TotalMs: 400, Status: events.StatusOK}
+	}
+	var good []events.RequestEvent
+	for i := range 20 {
+		good = append(good, mk(fmt.Sprint("model-", i), now))
+	}
+	b.publish(t, good[:10])
+	b.publishRaw(t, "llm.req.prod.chat", []byte(`{"v":1,"event_id":"bad-ttft","ts":"`+events.FormatTS(now)+`","model":"m","scene":"chat","env":"prod","input_tokens":1,"output_tokens":1,"ttft_ms":500,"total_ms":100,"status":"ok"}`))
+	b.publishRaw(t, "llm.req.prod.chat", []byte(`not json at all`))
+	b.publish(t, good[10:])
+	b.waitRows(t, 30*time.Second, 20, "SELECT sum(requests) FROM token_rollups")
+	var reasons []string
+	for range 2 {
+		m, err := dead.NextMsg(10 * time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var dl struct {
+			Reason, Error string
+			StreamSeq     uint64 `json:"stream_seq"`
+		}
+		if err := json.Unmarshal(m.Data, &dl); err != nil {
+			t.Fatal(err)
+		}
+		reasons = append(reasons, dl.Reason)
+	}
+	slices.Sort(reasons)
+	if strings.Join(reasons, ",") != "malformed,ttft_above_total" {
+		t.Fatalf("dead-letter reasons %v", reasons)
+	}
+	if n := b.scalar(t, "SELECT sum(requests) FROM token_rollups WHERE model = 'other'"); n != 15 {
+		t.Fatalf("%d requests folded into other, want 15 (20 models, 5 series allowed)", n)
+	}
+	// The window is written; an event for it now arrives late and is corrected, not lost.
+	late := mk("model-0", now)
+	b.publish(t, []events.RequestEvent{late})
+	b.waitRows(t, 30*time.Second, 1, "SELECT sum(late) FROM token_rollups WHERE kind = 'correction'")
+	if n := b.scalar(t, "SELECT sum(requests) FROM token_rollups"); n != 21 {
+		t.Fatalf("total %d, want 21", n)
+	}
+}

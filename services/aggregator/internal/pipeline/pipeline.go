@@ -1,0 +1,341 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tokenscope/tokenscope/pkg/bus"
+	"github.com/tokenscope/tokenscope/pkg/events"
+)
+
+// Options tune a pipeline.
+type Options struct {
+	Stream        string
+	Filter        string
+	Consumer      string        // durable consumer name; one aggregator per name
+	AckWait       time.Duration // must exceed window + lateness + the longest ClickHouse outage tolerated
+	MaxAckPending int           // -1: no limit (the pipeline bounds its memory itself)
+	PullBatch     int           // messages nats.go buffers ahead
+	FlushEvery    time.Duration // how often closed windows and request events are written
+	MaxBuffered   int           // buffered request events and unwritten rows before pulling pauses
+	Clock         func() time.Time
+}
+
+// stage is what differs between the token and GPU pipelines.
+type stage interface {
+	// handle decodes, validates and routes one message. ack is the message before it.
+	handle(data []byte, seq uint64, ack jetstream.Msg, now time.Time) (result, error)
+	// cut moves every closed window (and buffered request events) into a flush.
+	cut(now time.Time, seqThrough uint64) flush
+	// held returns the lowest stream position still held, with the message before it.
+	held() (uint64, jetstream.Msg, bool)
+	// buffered returns how many events or rows wait in memory.
+	buffered() int
+	// observe updates gauges; called under the lock on each flush.
+	observe(now time.Time)
+}
+
+// flush is one cut: rows to write, then to publish.
+type flush interface {
+	empty() bool
+	write(ctx context.Context, now time.Time) error
+	publish(p *bus.Publisher)
+	done(now time.Time) // the rows are stored: record it so a redelivery is skipped
+	count() int         // rows to write
+}
+
+type result int
+
+const (
+	resAdded result = iota
+	resLate
+	resSkipped
+)
+
+// Pipeline consumes one stream.
+type Pipeline struct {
+	opts      Options
+	js        jetstream.JetStream
+	nc        *nats.Conn
+	cons      jetstream.Consumer
+	stage     stage
+	publisher *bus.Publisher
+	m         *metrics
+	logger    *slog.Logger
+
+	mu       sync.Mutex
+	room     *sync.Cond
+	prev     jetstream.Msg // the last message processed
+	lastSeq  uint64
+	ackedSeq uint64
+	failing  bool
+	// abandoned is set when a flush could not be written before shutdown: its events are
+	// no longer held by any window, so nothing may be acknowledged any more.
+	abandoned bool
+}
+
+// resetConsumer makes the durable consumer deliver again, in order, everything after its
+// ack floor, and returns that floor. A consumer redelivers unacknowledged messages only
+// after AckWait and after newer ones; starting over from the floor keeps stream order,
+// which the ledger relies on.
+func resetConsumer(ctx context.Context, js jetstream.JetStream, o Options) (jetstream.Consumer, uint64, error) {
+	var floor uint64
+	if c, err := js.Consumer(ctx, o.Stream, o.Consumer); err == nil {
+		floor = c.CachedInfo().AckFloor.Stream
+		if err := js.DeleteConsumer(ctx, o.Stream, o.Consumer); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return nil, 0, fmt.Errorf("cannot reset consumer %s: %w", o.Consumer, err)
+		}
+	} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil, 0, fmt.Errorf("cannot look up consumer %s on %s: %w", o.Consumer, o.Stream, err)
+	}
+	cc := bus.ConsumerConfig{
+		Stream: o.Stream, Durable: o.Consumer, FilterSubject: o.Filter,
+		AckPolicy: jetstream.AckAllPolicy, AckWait: o.AckWait, MaxAckPending: o.MaxAckPending,
+	}
+	if floor > 0 {
+		cc.DeliverPolicy, cc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, floor+1
+	}
+	cons, err := bus.EnsureConsumer(ctx, js, cc)
+	if err != nil {
+		return nil, 0, err
+	}
+	return cons, floor, nil
+}
+
+func newPipeline(o Options, js jetstream.JetStream, nc *nats.Conn, cons jetstream.Consumer, floor uint64, st stage, pub *bus.Publisher, m *metrics, logger *slog.Logger) *Pipeline {
+	if o.Clock == nil {
+		o.Clock = time.Now
+	}
+	p := &Pipeline{opts: o, js: js, nc: nc, cons: cons, stage: st, publisher: pub, m: m, logger: logger, lastSeq: floor, ackedSeq: floor}
+	p.room = sync.NewCond(&p.mu)
+	return p
+}
+
+// Run consumes until ctx ends, then stops pulling, writes what is closed, acknowledges it
+// and returns. Windows still open are left unacknowledged for the next start.
+func (p *Pipeline) Run(ctx context.Context) error {
+	it, err := p.cons.Messages(jetstream.PullMaxMessages(p.opts.PullBatch))
+	if err != nil {
+		return fmt.Errorf("cannot consume %s: %w", p.opts.Stream, err)
+	}
+	consumed := make(chan error, 1)
+	go func() { consumed <- p.consume(ctx, it) }()
+	go func() {
+		<-ctx.Done()
+		it.Stop()
+		p.mu.Lock()
+		p.room.Broadcast()
+		p.mu.Unlock()
+	}()
+	tick := time.NewTicker(p.opts.FlushEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-tick.C:
+			p.cycle(ctx)
+		case <-ctx.Done():
+			cerr := <-consumed
+			final, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			p.cycle(final)
+			cancel()
+			return cerr
+		}
+	}
+}
+
+func (p *Pipeline) consume(ctx context.Context, it jetstream.MessagesContext) error {
+	for {
+		p.mu.Lock()
+		for p.stage.buffered() >= p.opts.MaxBuffered && ctx.Err() == nil {
+			p.m.paused.Set(1)
+			p.room.Wait()
+		}
+		p.m.paused.Set(0)
+		p.mu.Unlock()
+		msg, err := it.Next()
+		if err != nil {
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
+				return nil
+			}
+			p.m.consumeErrors.Inc()
+			continue
+		}
+		p.process(msg)
+	}
+}
+
+func (p *Pipeline) process(msg jetstream.Msg) {
+	seq, ok := streamSeq(msg)
+	if !ok {
+		p.m.invalid.WithLabelValues("no_metadata").Inc()
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if seq <= p.lastSeq {
+		// A redelivery of a message already held (AckWait passed while ClickHouse was away).
+		p.m.events.WithLabelValues("redelivered").Inc()
+		return
+	}
+	res, err := p.stage.handle(msg.Data(), seq, p.prev, p.opts.Clock())
+	switch {
+	case err != nil:
+		p.deadLetter(msg, seq, err)
+	case res == resAdded:
+		p.m.added.Inc()
+	case res == resLate:
+		p.m.events.WithLabelValues("late").Inc()
+	case res == resSkipped:
+		p.m.events.WithLabelValues("skipped").Inc()
+	}
+	p.prev, p.lastSeq = msg, seq
+}
+
+// deadLetter publishes an invalid message with its reason on llm.invalid and counts it.
+func (p *Pipeline) deadLetter(msg jetstream.Msg, seq uint64, err error) {
+	reason := events.Reason(err)
+	p.m.invalid.WithLabelValues(reason).Inc()
+	body := make([]byte, 0, 256+len(msg.Data()))
+	body = append(body, `{"v":1,"reason":`...)
+	body = events.AppendString(body, reason)
+	body = append(body, `,"error":`...)
+	body = events.AppendString(body, err.Error())
+	body = append(body, `,"stream":`...)
+	body = events.AppendString(body, p.opts.Stream)
+	body = append(body, `,"stream_seq":`...)
+	body = strconv.AppendUint(body, seq, 10)
+	body = append(body, `,"subject":`...)
+	body = events.AppendString(body, msg.Subject())
+	body = append(body, `,"consumer":`...)
+	body = events.AppendString(body, p.opts.Consumer)
+	body = append(body, `,"data":`...)
+	body = events.AppendString(body, string(msg.Data()))
+	body = append(body, '}')
+	if perr := p.nc.Publish(events.SubjectInvalid, body); perr != nil {
+		p.m.deadLetterErrors.Inc()
+	}
+}
+
+// cycle cuts what is closed, writes it (retrying until it is stored or ctx ends), publishes
+// it, and acknowledges everything no window holds any more.
+func (p *Pipeline) cycle(ctx context.Context) {
+	p.mu.Lock()
+	now := p.opts.Clock()
+	f := p.stage.cut(now, p.lastSeq)
+	p.stage.observe(now)
+	p.mu.Unlock()
+	if !f.empty() {
+		if !p.write(ctx, f) {
+			p.mu.Lock()
+			p.abandoned = true // its messages stay unacknowledged for the next start
+			p.mu.Unlock()
+			return
+		}
+		f.publish(p.publisher)
+		p.mu.Lock()
+		f.done(p.opts.Clock())
+		p.mu.Unlock()
+	}
+	p.mu.Lock()
+	p.ack()
+	p.room.Broadcast()
+	p.mu.Unlock()
+}
+
+func (p *Pipeline) write(ctx context.Context, f flush) bool {
+	backoff := 100 * time.Millisecond
+	for {
+		start := time.Now()
+		err := f.write(ctx, p.opts.Clock())
+		if err == nil {
+			p.m.flushDuration.Observe(time.Since(start).Seconds())
+			p.m.rowsWritten.Add(float64(f.count()))
+			if p.failing {
+				p.logger.Info("writing to ClickHouse again")
+				p.failing = false
+			}
+			return true
+		}
+		p.m.flushErrors.Inc()
+		if !p.failing {
+			p.logger.Warn("cannot write to ClickHouse; holding the windows and retrying", "err", err)
+			p.failing = true
+		}
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return false
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// ack acknowledges, cumulatively, every message before the oldest one still held.
+func (p *Pipeline) ack() {
+	if p.abandoned {
+		return
+	}
+	var target jetstream.Msg
+	var seq uint64
+	if minSeq, before, ok := p.stage.held(); ok {
+		if before == nil {
+			return
+		}
+		target, seq = before, minSeq-1
+	} else if p.prev != nil {
+		target, seq = p.prev, p.lastSeq
+	}
+	if target == nil || seq <= p.ackedSeq {
+		return
+	}
+	if err := target.Ack(); err != nil {
+		p.m.ackErrors.Inc()
+		return
+	}
+	p.ackedSeq = seq
+	p.m.ackFloor.Set(float64(seq))
+}
+
+// streamSeq reads the stream sequence from a JetStream reply subject without allocating:
+// $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.… (or the longer form with domain and
+// account hash, where it is the eighth token).
+func streamSeq(msg jetstream.Msg) (uint64, bool) {
+	reply := msg.Reply()
+	var tokens [12]string
+	n := 0
+	for n < len(tokens) {
+		i := strings.IndexByte(reply, '.')
+		if i < 0 {
+			tokens[n] = reply
+			n++
+			break
+		}
+		tokens[n] = reply[:i]
+		reply = reply[i+1:]
+		n++
+	}
+	var s string
+	switch {
+	case n == 9:
+		s = tokens[5]
+	case n >= 11:
+		s = tokens[7]
+	default:
+		md, err := msg.Metadata()
+		if err != nil {
+			return 0, false
+		}
+		return md.Sequence.Stream, true
+	}
+	v, err := strconv.ParseUint(s, 10, 64)
+	return v, err == nil
+}

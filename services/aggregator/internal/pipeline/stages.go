@@ -1,0 +1,335 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tokenscope/tokenscope/pkg/bus"
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/aggregator/internal/price"
+	"github.com/tokenscope/tokenscope/services/aggregator/internal/sink"
+	"github.com/tokenscope/tokenscope/services/aggregator/internal/window"
+)
+
+// keyWeight is how many buffered request events one held window key counts for in the
+// memory bound: a key holds three digests (up to ~50 KB), an event ~250 bytes.
+const keyWeight = 100
+
+// Deps are what a pipeline runs on.
+type Deps struct {
+	JS        jetstream.JetStream
+	NC        *nats.Conn
+	CH        driver.Conn
+	Publisher *bus.Publisher
+	Metrics   *Metrics
+	Logger    *slog.Logger
+}
+
+// NewTokens resets the request-event consumer to its ack floor, reads the ledger back from
+// ClickHouse, and returns the pipeline from LLM_EVENTS to token_rollups (and requests, when
+// storeRequests is set).
+func NewTokens(ctx context.Context, o Options, cfg window.Config, prices *price.Table, storeRequests bool, d Deps) (*Pipeline, error) {
+	cons, floor, err := resetConsumer(ctx, d.JS, o)
+	if err != nil {
+		return nil, err
+	}
+	sk := sink.New(d.CH, o.Consumer)
+	done, err := sk.Done(ctx, "token_rollups", floor)
+	if err != nil {
+		return nil, err
+	}
+	var reqThrough uint64
+	if storeRequests {
+		if reqThrough, err = sk.RequestsThrough(ctx); err != nil {
+			return nil, err
+		}
+	}
+	cfg.Prices = prices
+	m := d.Metrics.forStream("tokens")
+	st := &tokenStage{
+		agg: window.New(cfg, done), dec: events.NewDecoder(4096), cfg: cfg, prices: prices,
+		store: storeRequests, reqThrough: reqThrough, reqs: &sink.Requests{}, spare: &sink.Requests{},
+		sink: sk, m: m,
+	}
+	d.Logger.Info("consuming", "stream", o.Stream, "consumer", o.Consumer, "ack_floor", floor, "windows_already_stored", len(done), "requests_stored_through", reqThrough)
+	return newPipeline(o, d.JS, d.NC, cons, floor, st, d.Publisher, m, d.Logger.With("stream", o.Stream)), nil
+}
+
+type tokenStage struct {
+	agg    *window.Aggregator
+	dec    *events.Decoder
+	ev     events.RequestEvent
+	cfg    window.Config
+	prices *price.Table
+
+	store       bool
+	reqThrough  uint64
+	reqs, spare *sink.Requests
+	reqMin      uint64
+	reqAck      jetstream.Msg
+
+	sink       *sink.ClickHouse
+	m          *metrics
+	lastFolded uint64
+}
+
+func (s *tokenStage) handle(data []byte, seq uint64, ack jetstream.Msg, now time.Time) (result, error) {
+	if err := s.dec.Decode(data, &s.ev); err != nil {
+		return 0, err
+	}
+	if err := s.ev.ValidateAt(now); err != nil {
+		return 0, err
+	}
+	var before any
+	if ack != nil {
+		before = ack
+	}
+	res := s.agg.Add(&s.ev, seq, before, now)
+	if s.store && seq > s.reqThrough {
+		if s.reqs.Len() == 0 {
+			s.reqMin, s.reqAck = seq, ack
+		}
+		cost, _ := s.prices.Cost(s.ev.Model, s.ev.InputTokens, s.ev.CachedInputTokens, s.ev.OutputTokens)
+		s.reqs.Add(&s.ev, s.cfg.Buckets.Label(s.cfg.Buckets.Index(s.ev.InputTokens)), cost, seq)
+	}
+	switch res {
+	case window.AddedLate:
+		return resLate, nil
+	case window.Skipped:
+		return resSkipped, nil
+	}
+	return resAdded, nil
+}
+
+func (s *tokenStage) held() (uint64, jetstream.Msg, bool) {
+	seq, before, ok := s.agg.Held()
+	ack, _ := before.(jetstream.Msg)
+	if s.reqs.Len() > 0 && (!ok || s.reqMin < seq) {
+		return s.reqMin, s.reqAck, true
+	}
+	return seq, ack, ok
+}
+
+func (s *tokenStage) buffered() int {
+	_, keys := s.agg.OpenWindows()
+	return s.reqs.Len() + keyWeight*keys
+}
+
+func (s *tokenStage) observe(now time.Time) {
+	units, keys := s.agg.OpenWindows()
+	s.m.buffered.Set(float64(s.reqs.Len()))
+	s.m.openWindows.Set(float64(units))
+	s.m.activeKeys.Set(float64(keys))
+	if wm := s.agg.Watermark(now); !wm.IsZero() && wm.Unix() > 0 {
+		s.m.watermarkDelay.Set(now.Sub(wm).Seconds())
+	}
+	if f := s.agg.Folded(); f > s.lastFolded {
+		s.m.folded.Add(float64(f - s.lastFolded))
+		s.lastFolded = f
+	}
+}
+
+func (s *tokenStage) cut(now time.Time, seqThrough uint64) flush {
+	f := &tokenFlush{stage: s, ledger: sink.Ledger{SeqThrough: seqThrough, FlushID: events.NewEventID()}}
+	for _, u := range s.agg.Advance(now) {
+		f.rows = s.agg.Rollups(u, f.rows)
+		f.starts = append(f.starts, u.Start)
+		s.agg.Release(u)
+	}
+	if s.reqs.Len() > 0 {
+		f.reqs = s.reqs
+		s.reqs, s.spare = s.spare, nil
+		if s.reqs == nil { // the last flush was abandoned with its buffer
+			s.reqs = &sink.Requests{}
+		}
+	}
+	return f
+}
+
+type tokenFlush struct {
+	stage       *tokenStage
+	ledger      sink.Ledger
+	rows        []events.TokenRollup
+	starts      []time.Time
+	reqs        *sink.Requests
+	reqsWritten bool
+}
+
+func (f *tokenFlush) empty() bool { return len(f.rows) == 0 && f.reqs == nil }
+func (f *tokenFlush) count() int {
+	n := len(f.rows)
+	if f.reqs != nil {
+		n += f.reqs.Len()
+	}
+	return n
+}
+
+func (f *tokenFlush) write(ctx context.Context, now time.Time) error {
+	sk := f.stage.sink
+	if f.reqs != nil && !f.reqsWritten {
+		if err := sk.WriteRequests(ctx, f.reqs); err != nil {
+			lo, hi := f.reqs.SeqRange()
+			if n, cerr := sk.RequestsIn(ctx, lo, hi); cerr != nil || n != uint64(f.reqs.Len()) {
+				return err
+			}
+		}
+		f.reqsWritten = true
+	}
+	if err := sk.WriteTokenRollups(ctx, f.rows, f.stage.agg.BucketLower, f.ledger, now); err != nil {
+		if n, cerr := sk.RowsOfFlush(ctx, "token_rollups", f.ledger.FlushID); cerr != nil || n != uint64(len(f.rows)) {
+			return err
+		}
+	}
+	return nil
+}
+
+func (f *tokenFlush) publish(p *bus.Publisher) {
+	for i := range f.rows {
+		r := &f.rows[i]
+		data, err := json.Marshal(r)
+		if err != nil {
+			continue // a rollup of finite numbers always encodes
+		}
+		p.Publish(events.TokenRollupSubject(r.Env, r.Scene), f.ledger.FlushID+"-"+strconv.Itoa(i), data)
+	}
+}
+
+func (f *tokenFlush) done(now time.Time) {
+	s := f.stage
+	s.agg.Flushed(f.starts, f.ledger.SeqThrough, now)
+	window := s.cfg.Window
+	for i := range f.rows {
+		if f.rows[i].Kind == events.KindWindow {
+			s.m.writeDelay.Observe(now.Sub(f.rows[i].WindowStart.Add(window)).Seconds())
+		}
+	}
+	if f.reqs != nil {
+		f.reqs.Reset()
+		s.spare = f.reqs
+		f.reqs = nil
+	}
+}
+
+// NewGPU returns the pipeline from GPU_SAMPLES to gpu_rollups; see NewTokens.
+func NewGPU(ctx context.Context, o Options, cfg window.Config, d Deps) (*Pipeline, error) {
+	cons, floor, err := resetConsumer(ctx, d.JS, o)
+	if err != nil {
+		return nil, err
+	}
+	sk := sink.New(d.CH, o.Consumer)
+	done, err := sk.Done(ctx, "gpu_rollups", floor)
+	if err != nil {
+		return nil, err
+	}
+	m := d.Metrics.forStream("gpu")
+	st := &gpuStage{agg: window.NewGPU(cfg, done), cfg: cfg, sink: sk, m: m}
+	d.Logger.Info("consuming", "stream", o.Stream, "consumer", o.Consumer, "ack_floor", floor, "windows_already_stored", len(done))
+	return newPipeline(o, d.JS, d.NC, cons, floor, st, d.Publisher, m, d.Logger.With("stream", o.Stream)), nil
+}
+
+type gpuStage struct {
+	agg    *window.GPUAggregator
+	sample events.GPUSample
+	cfg    window.Config
+	sink   *sink.ClickHouse
+	m      *metrics
+}
+
+func (s *gpuStage) handle(data []byte, seq uint64, ack jetstream.Msg, now time.Time) (result, error) {
+	if err := events.UnmarshalGPUSample(data, &s.sample); err != nil {
+		return 0, err
+	}
+	if err := s.sample.ValidateAt(now); err != nil {
+		return 0, err
+	}
+	var before any
+	if ack != nil {
+		before = ack
+	}
+	switch s.agg.Add(&s.sample, seq, before, now) {
+	case window.AddedLate:
+		return resLate, nil
+	case window.Skipped:
+		return resSkipped, nil
+	}
+	return resAdded, nil
+}
+
+func (s *gpuStage) held() (uint64, jetstream.Msg, bool) {
+	seq, before, ok := s.agg.Held()
+	ack, _ := before.(jetstream.Msg)
+	return seq, ack, ok
+}
+
+func (s *gpuStage) buffered() int {
+	_, keys := s.agg.OpenWindows()
+	return keys
+}
+
+func (s *gpuStage) observe(now time.Time) {
+	units, keys := s.agg.OpenWindows()
+	s.m.openWindows.Set(float64(units))
+	s.m.activeKeys.Set(float64(keys))
+	if wm := s.agg.Watermark(now); wm.Unix() > 0 {
+		s.m.watermarkDelay.Set(now.Sub(wm).Seconds())
+	}
+	s.agg.ForgetIdle(now)
+}
+
+func (s *gpuStage) cut(now time.Time, seqThrough uint64) flush {
+	f := &gpuFlush{stage: s, ledger: sink.Ledger{SeqThrough: seqThrough, FlushID: events.NewEventID()}}
+	for _, u := range s.agg.Advance(now) {
+		f.rows = s.agg.Rollups(u, f.rows)
+		f.starts = append(f.starts, u.Start)
+		s.agg.Release(u)
+	}
+	return f
+}
+
+type gpuFlush struct {
+	stage  *gpuStage
+	ledger sink.Ledger
+	rows   []events.GPURollup
+	starts []time.Time
+}
+
+func (f *gpuFlush) empty() bool { return len(f.rows) == 0 }
+func (f *gpuFlush) count() int  { return len(f.rows) }
+
+func (f *gpuFlush) write(ctx context.Context, now time.Time) error {
+	sk := f.stage.sink
+	if err := sk.WriteGPURollups(ctx, f.rows, f.ledger, now); err != nil {
+		if n, cerr := sk.RowsOfFlush(ctx, "gpu_rollups", f.ledger.FlushID); cerr != nil || n != uint64(len(f.rows)) {
+			return err
+		}
+	}
+	return nil
+}
+
+func (f *gpuFlush) publish(p *bus.Publisher) {
+	for i := range f.rows {
+		r := &f.rows[i]
+		data, err := json.Marshal(r)
+		if err != nil {
+			continue
+		}
+		p.Publish(events.GPURollupSubject(r.Host), f.ledger.FlushID+"-"+strconv.Itoa(i), data)
+	}
+}
+
+func (f *gpuFlush) done(now time.Time) {
+	s := f.stage
+	s.agg.Flushed(f.starts, f.ledger.SeqThrough, now)
+	for i := range f.rows {
+		if f.rows[i].Kind == events.KindWindow {
+			s.m.writeDelay.Observe(now.Sub(f.rows[i].WindowStart.Add(s.cfg.Window)).Seconds())
+		}
+	}
+}

@@ -1,0 +1,191 @@
+package sink
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+)
+
+// ClickHouse writes to tokenscope's tables on behalf of one consumer, whose name marks the
+// rows so that a restart can find what it already wrote.
+type ClickHouse struct {
+	conn     driver.Conn
+	consumer string
+}
+
+// New returns a writer for consumer.
+func New(conn driver.Conn, consumer string) *ClickHouse {
+	return &ClickHouse{conn: conn, consumer: consumer}
+}
+
+// Ledger is a flush's place in the stream: every event of its windows with a stream position
+// up to SeqThrough is in its rows or earlier ones. FlushID names the flush's rows.
+type Ledger struct {
+	SeqThrough uint64
+	FlushID    string
+}
+
+const tokenColumns = `window_start, window_seconds, kind, env, scene, model, instance, bucket, bucket_lo,
+requests, ok, errors, timeouts, canceled, rate_limited, late, estimated, unpriced,
+input_tokens, output_tokens, cached_input_tokens, cost_usd, max_itl_ms,
+ttft_count, ttft_min, ttft_max, ttft_p50, ttft_p90, ttft_p95, ttft_p99, ttft_means, ttft_weights,
+tpot_count, tpot_min, tpot_max, tpot_p50, tpot_p90, tpot_p95, tpot_p99, tpot_means, tpot_weights,
+total_count, total_min, total_max, total_p50, total_p90, total_p95, total_p99, total_means, total_weights,
+consumer, seq_through, flush_id, written_at`
+
+// WriteTokenRollups inserts rows into token_rollups in one batch; bucketLo gives each
+// bucket label's lower bound.
+func (c *ClickHouse) WriteTokenRollups(ctx context.Context, rows []events.TokenRollup, bucketLo func(string) int64, l Ledger, now time.Time) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	b, err := c.conn.PrepareBatch(ctx, "INSERT INTO token_rollups ("+tokenColumns+")")
+	if err != nil {
+		return fmt.Errorf("cannot prepare insert into token_rollups: %w", err)
+	}
+	for i := range rows {
+		r := &rows[i]
+		args := []any{r.WindowStart, uint32(r.WindowSeconds), r.Kind, r.Env, r.Scene, r.Model, r.Instance, r.Bucket, uint32(bucketLo(r.Bucket)),
+			r.Requests, r.OK, r.Errors, r.Timeouts, r.Canceled, r.RateLimited, r.Late, r.Estimated, r.Unpriced,
+			r.InputTokens, r.OutputTokens, r.CachedInputTokens, r.CostUSD, r.MaxITLMs}
+		for _, lat := range []*events.Latency{&r.TTFT, &r.TPOT, &r.Total} {
+			args = append(args, lat.Count, lat.Min, lat.Max, lat.P50, lat.P90, lat.P95, lat.P99, lat.Means, lat.Weights)
+		}
+		args = append(args, c.consumer, l.SeqThrough, l.FlushID, now)
+		if err := b.Append(args...); err != nil {
+			_ = b.Abort()
+			return fmt.Errorf("cannot add a row to the token_rollups batch: %w", err)
+		}
+	}
+	if err := b.Send(); err != nil {
+		return fmt.Errorf("cannot insert %d rows into token_rollups: %w", len(rows), err)
+	}
+	return nil
+}
+
+const gpuColumns = `window_start, window_seconds, kind, host, gpu_index, gpu_uuid, gpu_name, samples,
+util_avg, util_max, mem_used_max, mem_total, power_avg_w, power_max_w, energy_j, temp_max_c,
+sm_clock_avg_mhz, throttled_samples, consumer, seq_through, flush_id, written_at`
+
+// WriteGPURollups inserts rows into gpu_rollups in one batch.
+func (c *ClickHouse) WriteGPURollups(ctx context.Context, rows []events.GPURollup, l Ledger, now time.Time) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	b, err := c.conn.PrepareBatch(ctx, "INSERT INTO gpu_rollups ("+gpuColumns+")")
+	if err != nil {
+		return fmt.Errorf("cannot prepare insert into gpu_rollups: %w", err)
+	}
+	for i := range rows {
+		r := &rows[i]
+		if err := b.Append(r.WindowStart, uint32(r.WindowSeconds), r.Kind, r.Host, uint16(r.GPUIndex), r.GPUUUID, r.GPUName, r.Samples,
+			r.UtilAvg, r.UtilMax, r.MemUsedMax, r.MemTotal, r.PowerAvgW, r.PowerMaxW, r.EnergyJ, r.TempMaxC,
+			r.SMClockAvg, r.Throttled, c.consumer, l.SeqThrough, l.FlushID, now); err != nil {
+			_ = b.Abort()
+			return fmt.Errorf("cannot add a row to the gpu_rollups batch: %w", err)
+		}
+	}
+	if err := b.Send(); err != nil {
+		return fmt.Errorf("cannot insert %d rows into gpu_rollups: %w", len(rows), err)
+	}
+	return nil
+}
+
+const requestColumns = `ts, event_id, env, scene, model, instance, tenant, provider, bucket,
+input_tokens, output_tokens, cached_input_tokens, tokens_estimated, ttft_ms, total_ms, tpot_ms,
+max_itl_ms, queue_ms, status, error_code, http_status, stream, conversation_id, turn, outcome,
+cost_usd, consumer, stream_seq`
+
+// WriteRequests inserts the buffered events into requests in one batch, column by column.
+func (c *ClickHouse) WriteRequests(ctx context.Context, r *Requests) error {
+	n := r.Len()
+	if n == 0 {
+		return nil
+	}
+	b, err := c.conn.PrepareBatch(ctx, "INSERT INTO requests ("+requestColumns+")")
+	if err != nil {
+		return fmt.Errorf("cannot prepare insert into requests: %w", err)
+	}
+	tpot := make([]*float64, n)
+	for i := range tpot {
+		if r.hasTPOT[i] {
+			tpot[i] = &r.tpot[i]
+		}
+	}
+	consumer := make([]string, n)
+	for i := range consumer {
+		consumer[i] = c.consumer
+	}
+	cols := []any{r.ts, r.eventID, r.env, r.scene, r.model, r.instance, r.tenant, r.provider, r.bucket,
+		r.input, r.output, r.cached, r.estimated, r.ttft, r.total, tpot,
+		r.maxITL, r.queue, r.status, r.errorCode, r.httpStatus, r.stream, r.conversationID, r.turn, r.outcome,
+		r.cost, consumer, r.seq}
+	for i, col := range cols {
+		if err := b.Column(i).Append(col); err != nil {
+			_ = b.Abort()
+			return fmt.Errorf("cannot fill column %d of the requests batch: %w", i+1, err)
+		}
+	}
+	if err := b.Send(); err != nil {
+		return fmt.Errorf("cannot insert %d rows into requests: %w", n, err)
+	}
+	return nil
+}
+
+// RowsOfFlush counts the rows a flush left in table, to settle an insert whose outcome is
+// unknown (the connection broke after sending): a batch insert is one part, all or nothing.
+func (c *ClickHouse) RowsOfFlush(ctx context.Context, table, flushID string) (uint64, error) {
+	var n uint64
+	q := "SELECT count() FROM " + table + " WHERE consumer = ? AND flush_id = ?"
+	if err := c.conn.QueryRow(ctx, q, c.consumer, flushID).Scan(&n); err != nil {
+		return 0, fmt.Errorf("cannot count the rows of flush %s in %s: %w", flushID, table, err)
+	}
+	return n, nil
+}
+
+// RequestsIn counts this consumer's stored requests with stream positions in [lo, hi].
+func (c *ClickHouse) RequestsIn(ctx context.Context, lo, hi uint64) (uint64, error) {
+	var n uint64
+	q := "SELECT count() FROM requests WHERE consumer = ? AND stream_seq >= ? AND stream_seq <= ?"
+	if err := c.conn.QueryRow(ctx, q, c.consumer, lo, hi).Scan(&n); err != nil {
+		return 0, fmt.Errorf("cannot count stored requests: %w", err)
+	}
+	return n, nil
+}
+
+// Done reads the ledger of table back: per window start, the highest stream position whose
+// events its rows cover, for rows past afterSeq (the consumer's ack floor).
+func (c *ClickHouse) Done(ctx context.Context, table string, afterSeq uint64) (map[time.Time]uint64, error) {
+	q := "SELECT window_start, max(seq_through) FROM " + table + " WHERE consumer = ? AND seq_through > ? GROUP BY window_start"
+	rows, err := c.conn.Query(ctx, q, c.consumer, afterSeq)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read the ledger of %s: %w", table, err)
+	}
+	defer rows.Close()
+	done := map[time.Time]uint64{}
+	for rows.Next() {
+		var start time.Time
+		var seq uint64
+		if err := rows.Scan(&start, &seq); err != nil {
+			return nil, fmt.Errorf("cannot read the ledger of %s: %w", table, err)
+		}
+		done[start.UTC()] = seq
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("cannot read the ledger of %s: %w", table, err)
+	}
+	return done, nil
+}
+
+// RequestsThrough returns the highest stream position of this consumer's stored requests.
+func (c *ClickHouse) RequestsThrough(ctx context.Context) (uint64, error) {
+	var n uint64
+	if err := c.conn.QueryRow(ctx, "SELECT max(stream_seq) FROM requests WHERE consumer = ?", c.consumer).Scan(&n); err != nil {
+		return 0, fmt.Errorf("cannot read the requests ledger: %w", err)
+	}
+	return n, nil
+}

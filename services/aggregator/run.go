@@ -1,0 +1,138 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/tokenscope/tokenscope/pkg/bus"
+	"github.com/tokenscope/tokenscope/pkg/chdb"
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/pkg/ops"
+	"github.com/tokenscope/tokenscope/schemas"
+	"github.com/tokenscope/tokenscope/services/aggregator/internal/pipeline"
+	"github.com/tokenscope/tokenscope/services/aggregator/internal/price"
+	"github.com/tokenscope/tokenscope/services/aggregator/internal/window"
+)
+
+// run serves until ctx ends: it stops pulling, writes and acknowledges every closed window,
+// and leaves open windows unacknowledged for the next start, so nothing is lost.
+func run(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
+	cfg, err := loadConfig(getenv)
+	if err != nil {
+		return err
+	}
+	level, _ := parseLevel(cfg.LogLevel)
+	logger := slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: level})).With("service", "aggregator")
+
+	prices, err := price.Load(cfg.Agg.Prices)
+	if err != nil {
+		return err
+	}
+	buckets, _ := events.ParseBuckets(cfg.Agg.Buckets)
+
+	srv := ops.NewServer(cfg.HTTPAddr, logger)
+	if err := srv.Listen(); err != nil {
+		return err
+	}
+
+	nc, err := bus.Connect(cfg.NATS, "tokenscope-aggregator", logger)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("cannot use JetStream: %w", err)
+	}
+	if err := bus.EnsureStreams(ctx, js, cfg.NATS.Streams, events.StreamEvents, events.StreamGPU, events.StreamRollups); err != nil {
+		return err
+	}
+
+	db, err := chdb.Open(ctx, cfg.ClickHouse)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if applied, err := db.Migrate(ctx, schemas.Migrations()); err != nil {
+		return err
+	} else if len(applied) > 0 {
+		logger.Info("migrated ClickHouse", "applied", applied, "server", db.Version().String())
+	}
+
+	pub := bus.NewPublisher(js, bus.PublisherOptions{Namespace: "aggregator"}, srv.Registry(), logger)
+	deps := pipeline.Deps{JS: js, NC: nc, CH: db.Conn(), Publisher: pub, Metrics: pipeline.NewMetrics(srv.Registry()), Logger: logger}
+	wcfg := window.Config{Window: cfg.Agg.Window, Lateness: cfg.Agg.Lateness, Buckets: buckets, MaxSeries: cfg.Agg.MaxSeries, Compression: cfg.Agg.Compression}
+	opts := func(stream, filter string) pipeline.Options {
+		return pipeline.Options{
+			Stream: stream, Filter: filter, Consumer: cfg.Agg.Consumer,
+			AckWait: cfg.Agg.AckWait, MaxAckPending: cfg.Agg.MaxAckPending, PullBatch: cfg.Agg.PullBatch,
+			FlushEvery: cfg.Agg.FlushInterval, MaxBuffered: cfg.Agg.MaxBuffered,
+		}
+	}
+	pipes := []*pipeline.Pipeline{}
+	tokens, err := pipeline.NewTokens(ctx, opts(events.StreamEvents, events.SubjectRequestsAll), wcfg, prices, cfg.Agg.StoreRequests, deps)
+	if err != nil {
+		return err
+	}
+	pipes = append(pipes, tokens)
+	if cfg.Agg.GPU {
+		gpu, err := pipeline.NewGPU(ctx, opts(events.StreamGPU, events.SubjectGPUSamplesAll), wcfg, deps)
+		if err != nil {
+			return err
+		}
+		pipes = append(pipes, gpu)
+	}
+
+	srv.AddCheck("nats", func(context.Context) error {
+		if !nc.IsConnected() {
+			return errors.New("not connected to NATS")
+		}
+		return nil
+	})
+	srv.AddCheck("clickhouse", db.Ping)
+	logger.Info("aggregating", "http", srv.Addr(), "window", cfg.Agg.Window, "lateness", cfg.Agg.Lateness, "buckets", buckets.String())
+
+	// The publisher outlives the pipelines so that the last flush's rollups go out.
+	pubCtx, stopPub := context.WithCancel(context.Background())
+	pubDone := make(chan error, 1)
+	go func() { pubDone <- pub.Run(pubCtx) }()
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return srv.Run(gctx, 5*time.Second) })
+	for _, p := range pipes {
+		g.Go(func() error { return p.Run(gctx) })
+	}
+	err = g.Wait()
+	stopPub()
+	if perr := <-pubDone; perr != nil {
+		logger.Warn("rollups left unpublished at shutdown", "err", perr)
+	}
+	if derr := drain(nc); derr != nil {
+		logger.Warn("cannot drain the NATS connection", "err", derr)
+	}
+	logger.Info("stopped")
+	return err
+}
+
+// drain flushes what the connection still holds (acknowledgements included) and waits for
+// it to close, up to a bound.
+func drain(nc interface {
+	Drain() error
+	IsClosed() bool
+}) error {
+	if err := nc.Drain(); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !nc.IsClosed() && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	return nil
+}
