@@ -6,7 +6,9 @@ require (
 	github.com/NVIDIA/go-nvml v0.13.4-1
 	github.com/caarlos0/env/v11 v11.4.2
 	github.com/prometheus/client_golang v1.25.0
+	github.com/santhosh-tekuri/jsonschema/v6 v6.0.3
 	github.com/tokenscope/tokenscope/pkg v0.0.0
+	github.com/tokenscope/tokenscope/schemas v0.0.0
 )
 
 require (
@@ -22,9 +24,9 @@ require (
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
-	github.com/tokenscope/tokenscope/schemas v0.0.0 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/text v0.43.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
 
