@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sort"
 	"strings"
 	"time"
 
@@ -62,7 +63,7 @@ func parseConfig(getenv func(string) string, hostname func() (string, error)) (C
 		return cfg, err
 	}
 	if err := env.ParseWithOptions(&cfg, env.Options{Environment: vars}); err != nil {
-		return cfg, fmt.Errorf("cannot parse the configuration: %w", err)
+		return cfg, nameBadVariable(vars, err)
 	}
 	if cfg.Host == "" {
 		h, err := hostname()
@@ -72,6 +73,27 @@ func parseConfig(getenv func(string) string, hostname func() (string, error)) (C
 		cfg.Host = h
 	}
 	return cfg, cfg.Validate()
+}
+
+// nameBadVariable finds which variable made parsing fail: caarlos0/env names the struct
+// field, which is not what a person sets.
+func nameBadVariable(vars map[string]string, err error) error {
+	keys := make([]string, 0, len(vars))
+	for k := range vars {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		var c Config
+		if kerr := env.ParseWithOptions(&c, env.Options{Environment: map[string]string{k: vars[k]}}); kerr != nil {
+			var pe env.ParseError
+			if errors.As(kerr, &pe) {
+				kerr = pe.Err
+			}
+			return fmt.Errorf("%s=%q cannot be parsed: %w", k, vars[k], kerr)
+		}
+	}
+	return fmt.Errorf("cannot parse the configuration: %w", err)
 }
 
 // environ turns getenv into the map caarlos0/env reads, for every variable gpuwatch knows.

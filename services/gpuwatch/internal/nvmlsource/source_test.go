@@ -130,20 +130,22 @@ func TestUnsupportedReadingsAreAbsentAndRechecked(t *testing.T) {
 func TestFailingReadingsAreAbsentAndCounted(t *testing.T) {
 	tests := []struct {
 		name    string
-		break_  func(d *server.Device)
+		fault   func(d *server.Device)
 		reading string
 		code    string
 		absent  func(s events.GPUSample) bool
 	}{
 		{
-			name:    "power fails",
-			break_:  func(d *server.Device) { d.GetPowerUsageFunc = func() (uint32, nvml.Return) { return 0, nvml.ERROR_UNKNOWN } },
+			name: "power fails",
+			fault: func(d *server.Device) {
+				d.GetPowerUsageFunc = func() (uint32, nvml.Return) { return 0, nvml.ERROR_UNKNOWN }
+			},
 			reading: "power_w", code: "ERROR_UNKNOWN",
 			absent: func(s events.GPUSample) bool { return s.PowerW == nil },
 		},
 		{
 			name: "GPU lost",
-			break_: func(d *server.Device) {
+			fault: func(d *server.Device) {
 				d.GetTotalEnergyConsumptionFunc = func() (uint64, nvml.Return) { return 0, nvml.ERROR_GPU_IS_LOST }
 			},
 			reading: "energy_j", code: "ERROR_GPU_IS_LOST",
@@ -151,7 +153,7 @@ func TestFailingReadingsAreAbsentAndCounted(t *testing.T) {
 		},
 		{
 			name: "utilisation over 100",
-			break_: func(d *server.Device) {
+			fault: func(d *server.Device) {
 				d.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) { return nvml.Utilization{Gpu: 101}, nvml.SUCCESS }
 			},
 			reading: "util", code: codeOutOfRange,
@@ -159,7 +161,7 @@ func TestFailingReadingsAreAbsentAndCounted(t *testing.T) {
 		},
 		{
 			name: "more memory used than there is",
-			break_: func(d *server.Device) {
+			fault: func(d *server.Device) {
 				d.GetMemoryInfo_v2Func = func() (nvml.Memory_v2, nvml.Return) { return nvml.Memory_v2{Total: 1, Used: 2}, nvml.SUCCESS }
 			},
 			reading: "memory", code: codeOutOfRange,
@@ -169,7 +171,7 @@ func TestFailingReadingsAreAbsentAndCounted(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			srv, devs := h200(t, 1)
-			tt.break_(devs[0])
+			tt.fault(devs[0])
 			s, err := New(srv, Options{Recheck: time.Minute}, prometheus.NewRegistry(), discard())
 			if err != nil {
 				t.Fatal(err)
@@ -257,35 +259,35 @@ func TestSlowPCIeNeverDelaysATick(t *testing.T) {
 func TestNew(t *testing.T) {
 	tests := []struct {
 		name    string
-		break_  func(srv *server.Server, devs []*server.Device)
+		fault   func(srv *server.Server, devs []*server.Device)
 		wantN   int
 		wantErr string
 	}{
-		{name: "all GPUs", break_: func(*server.Server, []*server.Device) {}, wantN: 3},
+		{name: "all GPUs", fault: func(*server.Server, []*server.Device) {}, wantN: 3},
 		{
 			name: "a GPU without UUID is left out",
-			break_: func(_ *server.Server, d []*server.Device) {
+			fault: func(_ *server.Server, d []*server.Device) {
 				d[1].GetUUIDFunc = func() (string, nvml.Return) { return "", nvml.ERROR_UNKNOWN }
 			},
 			wantN: 2,
 		},
 		{
 			name: "a GPU without name keeps its place",
-			break_: func(_ *server.Server, d []*server.Device) {
+			fault: func(_ *server.Server, d []*server.Device) {
 				d[1].GetNameFunc = func() (string, nvml.Return) { return "", nvml.ERROR_NOT_SUPPORTED }
 			},
 			wantN: 3,
 		},
 		{
 			name: "count fails",
-			break_: func(srv *server.Server, _ []*server.Device) {
+			fault: func(srv *server.Server, _ []*server.Device) {
 				srv.DeviceGetCountFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_DRIVER_NOT_LOADED }
 			},
 			wantErr: "cannot count GPUs through NVML: ERROR_DRIVER_NOT_LOADED",
 		},
 		{
 			name: "no GPU",
-			break_: func(srv *server.Server, _ []*server.Device) {
+			fault: func(srv *server.Server, _ []*server.Device) {
 				srv.DeviceGetCountFunc = func() (int, nvml.Return) { return 0, nvml.SUCCESS }
 			},
 			wantErr: "NVML lists 0 GPUs and none can be read",
@@ -294,7 +296,7 @@ func TestNew(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			srv, devs := h200(t, 3)
-			tt.break_(srv, devs)
+			tt.fault(srv, devs)
 			s, err := New(srv, Options{}, prometheus.NewRegistry(), discard())
 			if tt.wantErr != "" {
 				if err == nil || err.Error() != tt.wantErr {
