@@ -1,0 +1,168 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+
+	"github.com/tokenscope/tokenscope/pkg/bus"
+	"github.com/tokenscope/tokenscope/pkg/events"
+)
+
+// Config is gpuwatch's whole configuration, read from the environment.
+type Config struct {
+	// Interval is how often every GPU is sampled; ticks fall on wall-clock multiples of it,
+	// so samples from different hosts line up.
+	Interval time.Duration `env:"GPUWATCH_INTERVAL" envDefault:"1s"`
+	// Host names this machine in subjects and samples; empty means the hostname. It must
+	// match the instance label the emitter puts on request events.
+	Host string `env:"GPUWATCH_HOST"`
+	// Source is where samples come from: nvml, replay or synthetic.
+	Source string `env:"GPUWATCH_SOURCE" envDefault:"nvml"`
+	// NVMLLibrary is the NVML shared library dlopen loads.
+	NVMLLibrary string `env:"GPUWATCH_NVML_LIBRARY" envDefault:"libnvidia-ml.so.1"`
+	// PCIeInterval is how often PCIe throughput is read on its own goroutine per GPU; each
+	// read blocks about 20 ms inside NVML. 0 turns PCIe readings off.
+	PCIeInterval time.Duration `env:"GPUWATCH_PCIE_INTERVAL" envDefault:"1s"`
+	// Recheck is how long a reading that NVML said is unsupported is skipped before it is
+	// tried again.
+	Recheck time.Duration `env:"GPUWATCH_RECHECK" envDefault:"5m"`
+	// ReplayFile is the recorded samples (JSON lines) that GPUWATCH_SOURCE=replay plays.
+	ReplayFile string `env:"GPUWATCH_REPLAY_FILE"`
+	// Synthetic tunes GPUWATCH_SOURCE=synthetic.
+	Synthetic SyntheticConfig `envPrefix:"GPUWATCH_SYNTHETIC_"`
+	// PublishBuffer is how many samples are held while NATS is away; older ones are kept
+	// and new ones dropped (and counted) once it is full.
+	PublishBuffer int `env:"GPUWATCH_PUBLISH_BUFFER" envDefault:"100000"`
+	// LogLevel is debug, info, warn or error.
+	LogLevel string `env:"GPUWATCH_LOG_LEVEL" envDefault:"info"`
+
+	HTTPAddr string     `env:"HTTP_ADDR" envDefault:"127.0.0.1:9102"`
+	NATS     bus.Config `envPrefix:"NATS_"`
+}
+
+// SyntheticConfig is the model GPUWATCH_SOURCE=synthetic runs.
+type SyntheticConfig struct {
+	GPUs   int           `env:"GPUS" envDefault:"2"`
+	Seed   uint64        `env:"SEED" envDefault:"1"`
+	Period time.Duration `env:"PERIOD" envDefault:"10m"`
+}
+
+// parseConfig reads the configuration from getenv and fills in the defaults that need the
+// machine (the hostname).
+func parseConfig(getenv func(string) string, hostname func() (string, error)) (Config, error) {
+	var cfg Config
+	vars, err := environ(getenv)
+	if err != nil {
+		return cfg, err
+	}
+	if err := env.ParseWithOptions(&cfg, env.Options{Environment: vars}); err != nil {
+		return cfg, nameBadVariable(vars, err)
+	}
+	if cfg.Host == "" {
+		h, err := hostname()
+		if err != nil {
+			return cfg, fmt.Errorf("cannot read the hostname for GPUWATCH_HOST (set it explicitly): %w", err)
+		}
+		cfg.Host = h
+	}
+	return cfg, cfg.Validate()
+}
+
+// nameBadVariable finds which variable made parsing fail: caarlos0/env names the struct
+// field, which is not what a person sets.
+func nameBadVariable(vars map[string]string, err error) error {
+	keys := make([]string, 0, len(vars))
+	for k := range vars {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		var c Config
+		if kerr := env.ParseWithOptions(&c, env.Options{Environment: map[string]string{k: vars[k]}}); kerr != nil {
+			var pe env.ParseError
+			if errors.As(kerr, &pe) {
+				kerr = pe.Err
+			}
+			return fmt.Errorf("%s=%q cannot be parsed: %w", k, vars[k], kerr)
+		}
+	}
+	return fmt.Errorf("cannot parse the configuration: %w", err)
+}
+
+// environ turns getenv into the map caarlos0/env reads, for every variable gpuwatch knows.
+func environ(getenv func(string) string) (map[string]string, error) {
+	params, err := env.GetFieldParams(&Config{})
+	if err != nil {
+		return nil, fmt.Errorf("cannot list the configuration variables: %w", err)
+	}
+	m := make(map[string]string, len(params))
+	for _, p := range params {
+		if v := getenv(p.Key); v != "" {
+			m[p.Key] = v
+		}
+	}
+	return m, nil
+}
+
+// Validate names the first bad variable.
+func (c Config) Validate() error {
+	switch {
+	case c.Interval < 10*time.Millisecond || c.Interval > time.Hour:
+		return fmt.Errorf("GPUWATCH_INTERVAL=%s must be between 10ms and 1h", c.Interval)
+	case strings.TrimSpace(c.Host) == "":
+		return errors.New("GPUWATCH_HOST is blank")
+	case len(c.Host) > events.MaxLabelLen:
+		return fmt.Errorf("GPUWATCH_HOST is %d bytes, over the %d a label may have", len(c.Host), events.MaxLabelLen)
+	case c.PCIeInterval < 0:
+		return fmt.Errorf("GPUWATCH_PCIE_INTERVAL=%s must not be negative (0 turns PCIe readings off)", c.PCIeInterval)
+	case c.PCIeInterval > 0 && c.PCIeInterval < 50*time.Millisecond:
+		return fmt.Errorf("GPUWATCH_PCIE_INTERVAL=%s must be at least 50ms: each PCIe read takes about 20ms", c.PCIeInterval)
+	case c.Recheck <= 0:
+		return fmt.Errorf("GPUWATCH_RECHECK=%s must be positive", c.Recheck)
+	case c.PublishBuffer < 1:
+		return fmt.Errorf("GPUWATCH_PUBLISH_BUFFER=%d must be at least 1", c.PublishBuffer)
+	case c.HTTPAddr == "":
+		return errors.New("HTTP_ADDR is empty")
+	}
+	if _, err := parseLevel(c.LogLevel); err != nil {
+		return err
+	}
+	switch c.Source {
+	case events.SourceNVML:
+		if c.NVMLLibrary == "" {
+			return errors.New("GPUWATCH_NVML_LIBRARY is empty")
+		}
+	case events.SourceReplay:
+		if c.ReplayFile == "" {
+			return errors.New("GPUWATCH_REPLAY_FILE is empty: GPUWATCH_SOURCE=replay needs a recorded samples file")
+		}
+		if _, err := os.Stat(c.ReplayFile); err != nil {
+			return fmt.Errorf("GPUWATCH_REPLAY_FILE=%s cannot be read: %w", c.ReplayFile, err)
+		}
+	case events.SourceSynthetic:
+		switch {
+		case c.Synthetic.GPUs < 1 || c.Synthetic.GPUs > 1024:
+			return fmt.Errorf("GPUWATCH_SYNTHETIC_GPUS=%d must be 1 to 1024", c.Synthetic.GPUs)
+		case c.Synthetic.Period < time.Second:
+			return fmt.Errorf("GPUWATCH_SYNTHETIC_PERIOD=%s must be at least 1s", c.Synthetic.Period)
+		}
+	default:
+		return fmt.Errorf("GPUWATCH_SOURCE=%q must be nvml, replay or synthetic", c.Source)
+	}
+	return c.NATS.Validate()
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return l, fmt.Errorf("GPUWATCH_LOG_LEVEL=%q must be debug, info, warn or error", s)
+	}
+	return l, nil
+}

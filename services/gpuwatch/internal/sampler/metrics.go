@@ -1,0 +1,45 @@
+package sampler
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+)
+
+type metrics struct {
+	ticks    prometheus.Counter
+	skipped  prometheus.Counter
+	lateness prometheus.Histogram
+	duration prometheus.Histogram
+	samples  prometheus.Counter
+	invalid  *prometheus.CounterVec
+	gpus     prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	fine := []float64{.0001, .0005, .001, .002, .005, .01, .02, .05, .1, .5, 1}
+	m := &metrics{
+		ticks: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "gpuwatch", Name: "ticks_total", Help: "Ticks taken: each samples every GPU once."}),
+		skipped: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "gpuwatch", Name: "ticks_skipped_total", Help: "Ticks skipped because the tick before ran past them."}),
+		lateness: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "gpuwatch", Name: "tick_lateness_seconds", Help: "How late a tick woke after its wall-clock time (jitter).", Buckets: fine}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "gpuwatch", Name: "tick_duration_seconds", Help: "How long a tick took to read, encode and queue every GPU's sample.", Buckets: fine}),
+		samples: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "gpuwatch", Name: "samples_total", Help: "Samples queued for publishing."}),
+		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gpuwatch", Name: "samples_invalid_total", Help: "Samples not published because they break the contract, by reason."},
+			[]string{"reason"}),
+		gpus: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "gpuwatch", Name: "gpus", Help: "GPUs in the last tick."}),
+	}
+	for _, r := range events.Reasons() {
+		m.invalid.WithLabelValues(r)
+	}
+	if reg != nil {
+		reg.MustRegister(m.ticks, m.skipped, m.lateness, m.duration, m.samples, m.invalid, m.gpus)
+	}
+	return m
+}

@@ -1,0 +1,244 @@
+package sampler
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"io/fs"
+	"log/slog"
+	"reflect"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/santhosh-tekuri/jsonschema/v6"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/schemas"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+var t0 = time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
+
+func h200(i int) events.GPUSample {
+	return events.GPUSample{
+		GPUIndex: i, GPUUUID: "GPU-5e6f7a8b-1111-2222-3333-44445555666" + string(rune('0'+i)), GPUName: "NVIDIA H200", Source: events.SourceNVML,
+		UtilGPUPct: ptr(100.0), UtilMemPct: ptr(71.0),
+		MemUsedBytes: ptr(uint64(120000000000)), MemTotalBytes: ptr(uint64(150754820096)),
+		PowerW: ptr(689.2), PowerLimitW: ptr(700.0), EnergyJ: ptr(123456789.5), TempC: ptr(54.0),
+		SMClockMHz: ptr(1410.0), MemClockMHz: ptr(3201.0), PCIeTxBps: ptr(1.2e9), PCIeRxBps: ptr(3.4e8),
+		ThrottleReasons: ptr(uint64(4)), ECCUncorrected: ptr(uint64(0)),
+	}
+}
+
+// fakeSource returns its samples, copied, at every tick, and records the tick times.
+type fakeSource struct {
+	mu      sync.Mutex
+	samples []events.GPUSample
+	ticks   []time.Time
+}
+
+func (f *fakeSource) Sample(_ context.Context, now time.Time, dst []events.GPUSample) []events.GPUSample {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ticks = append(f.ticks, now)
+	return append(dst, f.samples...)
+}
+
+type published struct{ subject, id, data string }
+
+type fakePublisher struct {
+	mu   sync.Mutex
+	msgs []published
+}
+
+func (p *fakePublisher) Publish(subject, msgID string, data []byte) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.msgs = append(p.msgs, published{subject, msgID, string(data)})
+	return true
+}
+
+type fakeExporter struct{ got []events.GPUSample }
+
+func (e *fakeExporter) Update(s []events.GPUSample) { e.got = append(e.got[:0], s...) }
+
+func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+func TestTick(t *testing.T) {
+	bad := h200(1)
+	bad.UtilGPUPct = ptr(150.0) // a source bug must not reach the wire
+	sparse := events.GPUSample{GPUIndex: 2, GPUUUID: "GPU-0", Source: events.SourceSynthetic, UtilGPUPct: ptr(12.5)}
+	src := &fakeSource{samples: []events.GPUSample{h200(0), bad, sparse}}
+	pub := &fakePublisher{}
+	exp := &fakeExporter{}
+	reg := prometheus.NewRegistry()
+	s := New(src, pub, exp, Options{Host: "gpu-node.3", Interval: time.Second}, reg, discard())
+	s.Tick(context.Background(), t0)
+
+	if len(pub.msgs) != 2 {
+		t.Fatalf("published %d, want 2", len(pub.msgs))
+	}
+	for i, want := range []events.GPUSample{h200(0), sparse} {
+		m := pub.msgs[i]
+		if m.subject != "gpu.sample.gpu-node_3" {
+			t.Errorf("subject %q", m.subject)
+		}
+		if wantID := "gpu-node.3/" + want.GPUUUID + "/2026-11-30T10:00:00.000Z"; m.id != wantID {
+			t.Errorf("msg id %q, want %q", m.id, wantID)
+		}
+		var got events.GPUSample
+		if err := events.UnmarshalGPUSample([]byte(m.data), &got); err != nil {
+			t.Fatal(err)
+		}
+		want.V, want.TS, want.Host = events.Version, t0, "gpu-node.3"
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("decoded\n%+v\nwant\n%+v", got, want)
+		}
+	}
+	if v := testutil.ToFloat64(s.m.invalid.WithLabelValues("out_of_range")); v != 1 {
+		t.Errorf("invalid{out_of_range} = %v, want 1", v)
+	}
+	if len(exp.got) != 2 || exp.got[1].GPUUUID != "GPU-0" || exp.got[0].Host != "gpu-node.3" {
+		t.Errorf("exporter got %+v", exp.got)
+	}
+	if v := testutil.ToFloat64(s.m.samples); v != 2 {
+		t.Errorf("samples_total = %v", v)
+	}
+	if s.LastTick().IsZero() {
+		t.Error("LastTick not set")
+	}
+}
+
+// TestEncode checks the hand-written encoder against encoding/json, the Go decoder and the
+// JSON Schema other languages read.
+func TestEncode(t *testing.T) {
+	raw, err := fs.ReadFile(schemas.JSON, "gpu_sample.schema.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := jsonschema.NewCompiler()
+	c.AssertFormat()
+	if err := c.AddResource("gpu_sample.schema.json", doc); err != nil {
+		t.Fatal(err)
+	}
+	sch, err := c.Compile("gpu_sample.schema.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	quoted := h200(0)
+	quoted.GPUName = "NVIDIA \"H200\"\n\x01é"
+	for name, s := range map[string]events.GPUSample{
+		"full":   h200(0),
+		"sparse": {GPUIndex: 0, GPUUUID: "GPU-0"},
+		"quoted": quoted,
+		"tiny":   {GPUIndex: 1023, GPUUUID: "GPU-1", PCIeTxBps: ptr(1e-7), EnergyJ: ptr(1e300)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s.V, s.TS, s.Host = events.Version, t0.Add(123*time.Millisecond), "h"
+			got := appendSample(nil, &s)
+			want, err := json.Marshal(&s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var a, b map[string]any
+			if err := json.Unmarshal(got, &a); err != nil {
+				t.Fatalf("not JSON: %s: %v", got, err)
+			}
+			if err := json.Unmarshal(want, &b); err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(a, b) {
+				t.Fatalf("appendSample\n%s\nencoding/json\n%s", got, want)
+			}
+			inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(got))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := sch.Validate(inst); err != nil {
+				t.Fatalf("schema rejects %s: %v", got, err)
+			}
+		})
+	}
+}
+
+// TestRun runs the loop at 20 ms: ticks fall on multiples of the interval, in order.
+func TestRun(t *testing.T) {
+	src := &fakeSource{samples: []events.GPUSample{h200(0)}}
+	pub := &fakePublisher{}
+	const interval = 20 * time.Millisecond
+	s := New(src, pub, &fakeExporter{}, Options{Host: "h", Interval: interval}, prometheus.NewRegistry(), discard())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		src.mu.Lock()
+		n := len(src.ticks)
+		src.mu.Unlock()
+		if n >= 5 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d ticks in 10s", n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	src.mu.Lock()
+	defer src.mu.Unlock()
+	for i, tk := range src.ticks {
+		if !tk.Equal(tk.Truncate(interval)) {
+			t.Errorf("tick %d at %s is not a multiple of %s", i, tk.Format(time.RFC3339Nano), interval)
+		}
+		if i > 0 && !tk.After(src.ticks[i-1]) {
+			t.Errorf("tick %d at %s not after the one before", i, tk)
+		}
+	}
+	if got := testutil.ToFloat64(s.m.ticks); int(got) != len(src.ticks) {
+		t.Errorf("ticks_total %v, source saw %d", got, len(src.ticks))
+	}
+}
+
+func TestNextTick(t *testing.T) {
+	f := func(at string, d time.Duration, want string) {
+		t.Helper()
+		now, _ := time.Parse(time.RFC3339Nano, at)
+		if got := nextTick(now, d).Format(time.RFC3339Nano); got != want {
+			t.Errorf("nextTick(%s, %s) = %s, want %s", at, d, got, want)
+		}
+	}
+	f("2026-11-30T10:00:00.3Z", time.Second, "2026-11-30T10:00:01Z")
+	f("2026-11-30T10:00:00Z", time.Second, "2026-11-30T10:00:01Z")
+	f("2026-11-30T10:00:07.9Z", 5*time.Second, "2026-11-30T10:00:10Z")
+}
+
+func BenchmarkTick8GPUs(b *testing.B) {
+	src := &fakeSource{}
+	for i := range 8 {
+		src.samples = append(src.samples, h200(i))
+	}
+	s := New(src, nopPublisher{}, &fakeExporter{}, Options{Host: "gpu-node-3", Interval: time.Second}, nil, discard())
+	now := t0
+	b.ReportAllocs()
+	for b.Loop() {
+		src.ticks = src.ticks[:0]
+		now = now.Add(time.Second)
+		s.Tick(context.Background(), now)
+	}
+}
+
+type nopPublisher struct{}
+
+func (nopPublisher) Publish(string, string, []byte) bool { return true }

@@ -1,0 +1,295 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/pkg/testbed"
+)
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func getenvFrom(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+// start runs gpuwatch with env until the test ends.
+func start(t *testing.T, env map[string]string) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, getenvFrom(env), io.Discard) }()
+	stopped := false
+	stop = func() error {
+		if stopped {
+			return nil
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(30 * time.Second):
+			return errors.New("run did not return 30s after its context ended")
+		}
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 20s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// fetchAll returns every sample in the GPU_SAMPLES stream with its Nats-Msg-Id.
+func fetchAll(t *testing.T, js jetstream.JetStream) ([]events.GPUSample, []string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cons, err := js.OrderedConsumer(ctx, events.StreamGPU, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := js.Stream(ctx, events.StreamGPU)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := int(info.CachedInfo().State.Msgs)
+	var samples []events.GPUSample
+	var ids []string
+	for len(samples) < n {
+		msg, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			t.Fatalf("after %d of %d messages: %v", len(samples), n, err)
+		}
+		var s events.GPUSample
+		if err := events.UnmarshalGPUSample(msg.Data(), &s); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.ValidateAt(time.Now()); err != nil {
+			t.Fatalf("published sample breaks the contract: %v: %s", err, msg.Data())
+		}
+		samples = append(samples, s)
+		ids = append(ids, msg.Headers().Get(jetstream.MsgIDHeader))
+	}
+	return samples, ids
+}
+
+func streamMsgs(t *testing.T, js jetstream.JetStream) int {
+	st, err := js.Stream(context.Background(), events.StreamGPU)
+	if err != nil {
+		return 0
+	}
+	return int(st.CachedInfo().State.Msgs)
+}
+
+func TestRunSyntheticEndToEnd(t *testing.T) {
+	ns := testbed.NATS(t)
+	addr := freeAddr(t)
+	stop := start(t, map[string]string{
+		"NATS_URL":                ns.ClientURL(),
+		"HTTP_ADDR":               addr,
+		"GPUWATCH_SOURCE":         "synthetic",
+		"GPUWATCH_SYNTHETIC_GPUS": "3",
+		"GPUWATCH_INTERVAL":       "100ms",
+		"GPUWATCH_HOST":           "gpu-node.3",
+	})
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	eventually(t, "9 samples in GPU_SAMPLES", func() bool { return streamMsgs(t, js) >= 9 })
+	eventually(t, "/readyz 200", func() bool { code, _ := get(t, "http://"+addr+"/readyz"); return code == 200 })
+	code, body := get(t, "http://"+addr+"/metrics")
+	if code != 200 {
+		t.Fatalf("/metrics %d", code)
+	}
+	for _, want := range []string{
+		`DCGM_FI_DEV_GPU_UTIL{Hostname="gpu-node.3",UUID="GPU-`,
+		`DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{`,
+		`gpuwatch_ticks_total `,
+		`gpuwatch_published_total `,
+		`gpuwatch_publish_dropped_total 0`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	samples, ids := fetchAll(t, js)
+	seen := map[string]bool{}
+	for i, s := range samples {
+		if s.Host != "gpu-node.3" || s.Source != events.SourceSynthetic || s.UtilGPUPct == nil || s.EnergyJ == nil {
+			t.Fatalf("sample %d: %+v", i, s)
+		}
+		if want := fmt.Sprintf("gpu-node.3/%s/%s", s.GPUUUID, events.FormatTS(s.TS)); ids[i] != want {
+			t.Fatalf("Nats-Msg-Id %q, want %q", ids[i], want)
+		}
+		if seen[ids[i]] {
+			t.Fatalf("two messages with id %s", ids[i])
+		}
+		seen[ids[i]] = true
+	}
+}
+
+// TestRunBuffersWhileNATSIsAway stops NATS for a while: the samples of the ticks in
+// between are published once it is back.
+func TestRunBuffersWhileNATSIsAway(t *testing.T) {
+	dir := t.TempDir()
+	port := 0
+	{
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port = ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+	}
+	ns := testbed.StartNATS(t, dir, port)
+	addr := freeAddr(t)
+	stop := start(t, map[string]string{
+		"NATS_URL":                ns.ClientURL(),
+		"HTTP_ADDR":               addr,
+		"GPUWATCH_SOURCE":         "synthetic",
+		"GPUWATCH_SYNTHETIC_GPUS": "1",
+		"GPUWATCH_INTERVAL":       "100ms",
+		"GPUWATCH_HOST":           "h",
+	})
+	nc, err := nats.Connect(ns.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	eventually(t, "first samples", func() bool { return streamMsgs(t, js) >= 2 })
+
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	away := time.Now()
+	eventually(t, "/readyz says NATS is away", func() bool {
+		code, body := get(t, "http://"+addr+"/readyz")
+		return code == 503 && strings.Contains(body, "not connected to NATS")
+	})
+	time.Sleep(500 * time.Millisecond)
+	back := time.Now()
+	testbed.StartNATS(t, dir, port)
+	eventually(t, "samples after NATS is back", func() bool {
+		return streamMsgs(t, js) > 0 && lastTS(t, js).After(back)
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	samples, _ := fetchAll(t, js)
+	during := 0
+	for _, s := range samples {
+		if s.TS.After(away) && s.TS.Before(back) {
+			during++
+		}
+	}
+	if during < 3 {
+		t.Fatalf("%d samples from the %s NATS was away, want at least 3", during, back.Sub(away).Round(time.Millisecond))
+	}
+}
+
+func lastTS(t *testing.T, js jetstream.JetStream) time.Time {
+	st, err := js.Stream(context.Background(), events.StreamGPU)
+	if err != nil {
+		return time.Time{}
+	}
+	m, err := st.GetLastMsgForSubject(context.Background(), events.SubjectGPUSamplesAll)
+	if err != nil {
+		return time.Time{}
+	}
+	var s events.GPUSample
+	if events.UnmarshalGPUSample(m.Data, &s) != nil {
+		return time.Time{}
+	}
+	return s.TS
+}
+
+func TestRunStartErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		env  map[string]string
+		want string
+	}{
+		{"no NVML", map[string]string{"GPUWATCH_NVML_LIBRARY": "/nonexistent/libnvidia-ml.so.1"},
+			"NVML library not found: /nonexistent/libnvidia-ml.so.1"},
+		{"bad interval", map[string]string{"GPUWATCH_INTERVAL": "0s"}, "GPUWATCH_INTERVAL=0s"},
+		{"unparsable interval", map[string]string{"GPUWATCH_INTERVAL": "soon"}, "GPUWATCH_INTERVAL"},
+		{"bad source", map[string]string{"GPUWATCH_SOURCE": "dcgm"}, `GPUWATCH_SOURCE="dcgm"`},
+		{"replay without file", map[string]string{"GPUWATCH_SOURCE": "replay"}, "GPUWATCH_REPLAY_FILE is empty"},
+		{"replay file missing", map[string]string{"GPUWATCH_SOURCE": "replay", "GPUWATCH_REPLAY_FILE": "/nonexistent.jsonl"},
+			"GPUWATCH_REPLAY_FILE=/nonexistent.jsonl cannot be read"},
+		{"PCIe too often", map[string]string{"GPUWATCH_PCIE_INTERVAL": "10ms"}, "GPUWATCH_PCIE_INTERVAL=10ms"},
+		{"bad log level", map[string]string{"GPUWATCH_LOG_LEVEL": "loud"}, "GPUWATCH_LOG_LEVEL"},
+		{"bad NATS URL", map[string]string{"GPUWATCH_SOURCE": "synthetic", "NATS_URL": "::"}, "NATS_URL"},
+		{"no NATS", map[string]string{"GPUWATCH_SOURCE": "synthetic", "NATS_URL": "nats://127.0.0.1:1", "HTTP_ADDR": "127.0.0.1:0"},
+			"cannot connect to NATS"},
+		{"bad HTTP_ADDR", map[string]string{"GPUWATCH_SOURCE": "synthetic", "HTTP_ADDR": "256.0.0.1:1"}, "HTTP_ADDR"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := run(context.Background(), getenvFrom(tt.env), io.Discard)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want it to say %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestHostDefaultsToHostname(t *testing.T) {
+	cfg, err := parseConfig(getenvFrom(nil), func() (string, error) { return "node-7", nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Host != "node-7" || cfg.Interval != time.Second || cfg.HTTPAddr != "127.0.0.1:9102" || cfg.Source != "nvml" {
+		t.Fatalf("defaults: %+v", cfg)
+	}
+	_, err = parseConfig(getenvFrom(nil), func() (string, error) { return "", errors.New("no uts") })
+	if err == nil || !strings.Contains(err.Error(), "GPUWATCH_HOST") {
+		t.Fatalf("hostname failure: %v", err)
+	}
+}
