@@ -214,22 +214,31 @@ func (e *Engine) checkSeries(key SeriesKey, a *seriesAgg, h *baseline.History, p
 		}
 		eligible := e.checkDynamic(r, m, lk, h, plan, vals[m], a.requests)
 		st := r.Static[m]
-		if !st.Enabled || (eligible && !st.Always) || a.requests < st.MinRequests {
+		if !st.Enabled {
 			continue
 		}
-		if !eligible {
+		primary := !eligible || st.Always
+		if primary && !eligible {
 			e.counts.StaticFallback++
 		}
 		for _, lvl := range st.Levels() {
 			lk.Rule, lk.Severity = rules.StaticName(m), lvl.Severity
-			e.life.Observe(lk, lifecycle.Observation{
+			o := lifecycle.Observation{
 				Value:     vals[m],
 				Threshold: lvl.Threshold,
 				ResolveAt: lvl.Threshold * (1 - r.Hysteresis),
 				HighIsBad: true,
 				Method:    rules.Static,
 				For:       r.For, KeepFiringFor: r.KeepFiringFor,
-			})
+			}
+			switch {
+			case a.requests < st.MinRequests:
+				e.life.Hold(lk)
+			case primary:
+				e.life.Observe(lk, o)
+			default:
+				e.life.Update(lk, o)
+			}
 		}
 	}
 }
@@ -238,7 +247,12 @@ func (e *Engine) checkSeries(key SeriesKey, a *seriesAgg, h *baseline.History, p
 // traffic) and reports whether it was.
 func (e *Engine) checkDynamic(r *rules.Rules, m rules.Metric, lk lifecycle.Key, h *baseline.History, plan baseline.Plan, v float64, requests uint64) bool {
 	d := &r.Dynamic[m]
-	if !d.Enabled || requests < d.MinRequests {
+	if !d.Enabled {
+		return false
+	}
+	lk.Rule, lk.Severity = rules.DynamicName(m), d.Severity
+	if requests < d.MinRequests {
+		e.life.Hold(lk)
 		return false
 	}
 	var st baseline.Stats
@@ -270,7 +284,6 @@ func (e *Engine) checkDynamic(r *rules.Rules, m rules.Metric, lk lifecycle.Key, 
 	} else {
 		o.Threshold, o.ResolveAt = center-dist, center-resolveDist
 	}
-	lk.Rule, lk.Severity = rules.DynamicName(m), d.Severity
 	e.life.Observe(lk, o)
 	return true
 }

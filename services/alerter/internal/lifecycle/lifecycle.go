@@ -134,6 +134,24 @@ func (t *Tracker) Count() (firingN, pendingN int) {
 	return firingN, pendingN
 }
 
+// Hold marks key as seen in this window without judging it: its rule had too little
+// traffic to decide, so a pending or firing alert keeps its state instead of counting a
+// normal window (which would make an alert on a thin series flap).
+func (t *Tracker) Hold(k Key) {
+	if s, ok := t.states[k]; ok {
+		s.seen = t.window
+	}
+}
+
+// Update observes key only when it is already pending or firing: a static SLA alert raised
+// while its series had too little baseline keeps being judged, and resolves, after the
+// dynamic rule has taken over.
+func (t *Tracker) Update(k Key, o Observation) {
+	if _, ok := t.states[k]; ok {
+		t.Observe(k, o)
+	}
+}
+
 // Observe records the window's observation for key and reports whether it breached. A
 // normal observation for a key that is neither pending nor firing costs one map lookup.
 func (t *Tracker) Observe(k Key, o Observation) bool {

@@ -157,18 +157,26 @@ func Defaults() Rules {
 			MinRequests: 20,
 		}
 	}
-	// Rates near zero: an extra error in a small window is not an incident.
-	r.Dynamic[ErrorRate].MinDelta = 0.02
-	r.Dynamic[TimeoutRate].MinDelta = 0.02
+	// A latency percentile must be 30 % worse than usual, whatever σ says: with k = 2 and
+	// for = 2, Gaussian noise alone would breach a few times a week per series.
+	for _, m := range []Metric{TTFTP95, TPOTP95, TotalP99} {
+		r.Dynamic[m].MinChange = 0.3
+		r.Dynamic[m].MinRequests = 100 // a p95 of fewer requests is too noisy to alert on
+	}
+	// Rates near zero: a few extra errors in a small window are not an incident.
+	for _, m := range []Metric{ErrorRate, TimeoutRate} {
+		r.Dynamic[m].MinDelta = 0.03
+		r.Dynamic[m].MinRequests = 100
+	}
+	r.Dynamic[OutputTPS].MinChange = 0.3
 	// Efficiency must fall clearly, not wobble with load.
-	r.Dynamic[GPUEfficiency].MinChange = 0.15
-	r.Dynamic[TokensPerJoule].MinChange = 0.15
-	r.Dynamic[OutputTPS].MinChange = 0.2
+	r.Dynamic[GPUEfficiency].MinChange = 0.2
+	r.Dynamic[TokensPerJoule].MinChange = 0.2
 
-	r.Static[TTFTP95] = StaticRule{Enabled: true, Warning: 2000, Critical: 5000, MinRequests: 5}
-	r.Static[TPOTP95] = StaticRule{Enabled: true, Warning: 100, Critical: 200, MinRequests: 5}
-	r.Static[ErrorRate] = StaticRule{Enabled: true, Warning: 0.05, Critical: 0.2, MinRequests: 20}
-	r.Static[TimeoutRate] = StaticRule{Enabled: true, Warning: 0.02, Critical: 0.1, MinRequests: 20}
+	r.Static[TTFTP95] = StaticRule{Enabled: true, Warning: 2000, Critical: 5000, MinRequests: 20}
+	r.Static[TPOTP95] = StaticRule{Enabled: true, Warning: 100, Critical: 200, MinRequests: 20}
+	r.Static[ErrorRate] = StaticRule{Enabled: true, Warning: 0.05, Critical: 0.2, MinRequests: 100}
+	r.Static[TimeoutRate] = StaticRule{Enabled: true, Warning: 0.02, Critical: 0.1, MinRequests: 100}
 	r.Saturation = Saturation{Enabled: true, UtilPct: 95, Severity: "warning"}
 	return r
 }
