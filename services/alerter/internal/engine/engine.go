@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"math"
+	"sync"
 	"time"
 
 	"github.com/influxdata/tdigest"
@@ -55,6 +56,9 @@ type Engine struct {
 	learnedThrough time.Time
 	counts         Counts
 
+	mu   sync.Mutex // guards snap, which metrics read from other goroutines
+	snap Counts
+
 	agg     map[SeriesKey]*seriesAgg
 	hostAgg map[string]*hostAgg
 	digest  *tdigest.TDigest
@@ -81,7 +85,8 @@ func New(rs *rules.Set, opts baseline.Options, resend time.Duration) (*Engine, e
 	}, nil
 }
 
-// Counts returns the engine's counters and sizes.
+// Counts returns the engine's counters and sizes; only the goroutine that evaluates may
+// call it.
 func (e *Engine) Counts() Counts {
 	c := e.counts
 	c.BaselineSeries, c.BaselineHosts = e.series.Len(), e.hosts.Len()
@@ -118,7 +123,20 @@ func (e *Engine) Evaluate(w Window) []events.Alert {
 	e.counts.Windows++
 	e.life.Begin(w.Start)
 	e.process(w, true)
-	return e.life.End(w.End())
+	out := e.life.End(w.End())
+	c := e.Counts()
+	e.mu.Lock()
+	e.snap = c
+	e.mu.Unlock()
+	return out
+}
+
+// Snapshot returns the counts as of the latest evaluated window; it is safe to call from
+// any goroutine.
+func (e *Engine) Snapshot() Counts {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.snap
 }
 
 // Learn adds a window to the baselines without evaluating it: a window that arrived after
