@@ -268,11 +268,16 @@ func (st *fileStatic) apply(r *StaticRule, at string, m Metric) error {
 	if st.Always != nil {
 		r.Always = *st.Always
 	}
+	if m == ErrorRate || m == TimeoutRate {
+		if r.Warning > 1 {
+			return invalid(at, "warning", "%s is a fraction of requests: must be at most 1 (got %v)", m, r.Warning)
+		}
+		if r.Critical > 1 {
+			return invalid(at, "critical", "%s is a fraction of requests: must be at most 1 (got %v)", m, r.Critical)
+		}
+	}
 	if r.Warning > 0 && r.Critical > 0 && r.Critical < r.Warning {
 		return invalid(at, "critical", "%v is below the warning threshold %v", r.Critical, r.Warning)
-	}
-	if (m == ErrorRate || m == TimeoutRate) && (r.Warning > 1 || r.Critical > 1) {
-		return invalid(at, "warning", "%s is a fraction of requests: thresholds must be at most 1", m)
 	}
 	return nil
 }
