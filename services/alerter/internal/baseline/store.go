@@ -79,10 +79,16 @@ type Store[K comparable] struct {
 	scratch   []float64
 }
 
-// New returns an empty store for series with the given number of metrics.
+// maxMetrics bounds the metrics of one series, so a baseline pass needs no allocation.
+const maxMetrics = 16
+
+// New returns an empty store for series with the given number of metrics (1 to 16).
 func New[K comparable](opts Options, metrics int) (*Store[K], error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
+	}
+	if metrics < 1 || metrics > maxMetrics {
+		return nil, fmt.Errorf("cannot keep %d metrics per series: 1 to %d", metrics, maxMetrics)
 	}
 	stepSec := int64(opts.Step / time.Second)
 	spd := 86400 / stepSec
@@ -178,10 +184,7 @@ func (s *Store[K]) Sweep(t time.Time) int {
 }
 
 func (s *Store[K]) cellAt(h *History, step int64, create bool) []cell {
-	idx := step / blockSize
-	if step < 0 {
-		idx = (step - blockSize + 1) / blockSize
-	}
+	idx := floorDiv(step, blockSize)
 	slot := ((idx % s.ringLen) + s.ringLen) % s.ringLen
 	b := h.ring[slot]
 	if b == nil || b.idx != idx {
@@ -205,7 +208,23 @@ func (s *Store[K]) Add(h *History, step int64, m int, v float64) {
 	if math.IsNaN(v) || math.IsInf(v, 0) {
 		return
 	}
-	c := &s.cellAt(h, step, true)[m]
+	addCell(&s.cellAt(h, step, true)[m], v, uint64(step)*31+uint64(m))
+	s.touch(h, step)
+}
+
+// AddAll records one window's value of every metric whose ok is true, at step.
+func (s *Store[K]) AddAll(h *History, step int64, vals []float64, ok []bool) {
+	cs := s.cellAt(h, step, true)
+	for m := range cs {
+		if m >= len(vals) || !ok[m] || math.IsNaN(vals[m]) || math.IsInf(vals[m], 0) {
+			continue
+		}
+		addCell(&cs[m], vals[m], uint64(step)*31+uint64(m))
+	}
+	s.touch(h, step)
+}
+
+func addCell(c *cell, v float64, seed uint64) {
 	c.n++
 	delta := v - float64(c.mean)
 	mean := float64(c.mean) + delta/float64(c.n)
@@ -213,10 +232,9 @@ func (s *Store[K]) Add(h *History, step int64, m int, v float64) {
 	c.mean = float32(mean)
 	if c.n <= reservoir {
 		c.sample[c.n-1] = float32(v)
-	} else if j := mix(uint64(step)*31+uint64(m), uint64(c.n)) % uint64(c.n); j < reservoir {
+	} else if j := mix(seed, uint64(c.n)) % uint64(c.n); j < reservoir {
 		c.sample[j] = float32(v)
 	}
-	s.touch(h, step)
 }
 
 // Merge records a cell aggregated elsewhere (loaded from ClickHouse): n windows with this
@@ -262,20 +280,67 @@ func mix(a, b uint64) uint64 {
 }
 
 // Stats returns the baseline of metric m for the plan's window; robust asks for the
-// median and MAD as well as the mean and σ.
+// median and MAD as well as the mean and σ. The first call for a window's step computes
+// the mean and σ of every metric of the series in one pass over its cells; later calls in
+// the same step are answered from the cache.
 func (s *Store[K]) Stats(h *History, p Plan, m int, robust bool) Stats {
 	if h.cacheAt != p.Step {
-		clear(h.cached)
-		h.cacheAt = p.Step
+		s.pooled(h, p)
 	}
-	want := uint8(1)
-	if robust {
-		want = 2
+	if robust && h.cached[m] < 2 {
+		s.robust(h, p, m)
 	}
-	if h.cached[m] >= want {
-		return h.cache[m]
+	return h.cache[m]
+}
+
+// pooled computes the mean and population σ of every metric, merging the cells' Welford
+// sums (Chan et al.).
+func (s *Store[K]) pooled(h *History, p Plan) {
+	M := s.metrics
+	var acc [maxMetrics]struct{ n, mean, m2 float64 }
+	lastIdx := int64(math.MinInt64)
+	var b *block
+	for _, step := range p.cells {
+		idx := floorDiv(step, blockSize)
+		if idx != lastIdx {
+			lastIdx = idx
+			b = h.ring[((idx%s.ringLen)+s.ringLen)%s.ringLen]
+			if b != nil && b.idx != idx {
+				b = nil
+			}
+		}
+		if b == nil {
+			continue
+		}
+		cs := b.cells[int(step-idx*blockSize)*M:][:M]
+		for m := range cs {
+			c := &cs[m]
+			if c.n == 0 {
+				continue
+			}
+			a := &acc[m]
+			nb := float64(c.n)
+			delta := float64(c.mean) - a.mean
+			tot := a.n + nb
+			a.mean += delta * nb / tot
+			a.m2 += float64(c.m2) + delta*delta*a.n*nb/tot
+			a.n = tot
+		}
 	}
-	var n, mean, m2 float64
+	for m := range M {
+		a := acc[m]
+		st := Stats{N: int(a.n), Mean: a.mean}
+		if a.n > 0 {
+			st.Std = math.Sqrt(max(a.m2, 0) / a.n)
+		}
+		h.cache[m] = st
+		h.cached[m] = 1
+	}
+	h.cacheAt = p.Step
+}
+
+// robust adds the median and MAD of metric m's sampled values.
+func (s *Store[K]) robust(h *History, p Plan, m int) {
 	samples := s.scratch[:0]
 	for _, step := range p.cells {
 		cs := s.cellAt(h, step, false)
@@ -283,26 +348,12 @@ func (s *Store[K]) Stats(h *History, p Plan, m int, robust bool) Stats {
 			continue
 		}
 		c := &cs[m]
-		if c.n == 0 {
-			continue
-		}
-		nb := float64(c.n)
-		delta := float64(c.mean) - mean
-		tot := n + nb
-		mean += delta * nb / tot
-		m2 += float64(c.m2) + delta*delta*n*nb/tot
-		n = tot
-		if robust {
-			for i := 0; i < int(min(c.n, reservoir)); i++ {
-				samples = append(samples, float64(c.sample[i]))
-			}
+		for i := 0; i < int(min(c.n, reservoir)); i++ {
+			samples = append(samples, float64(c.sample[i]))
 		}
 	}
-	st := Stats{N: int(n), Mean: mean}
-	if n > 0 {
-		st.Std = math.Sqrt(max(m2, 0) / n)
-	}
-	if robust && len(samples) > 0 {
+	st := &h.cache[m]
+	if len(samples) > 0 {
 		st.Median = median(samples)
 		for i, v := range samples {
 			samples[i] = math.Abs(v - st.Median)
@@ -310,9 +361,15 @@ func (s *Store[K]) Stats(h *History, p Plan, m int, robust bool) Stats {
 		st.MAD = 1.4826 * median(samples)
 	}
 	s.scratch = samples
-	h.cache[m] = st
-	h.cached[m] = want
-	return st
+	h.cached[m] = 2
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a < 0) != (b < 0) {
+		q--
+	}
+	return q
 }
 
 func median(v []float64) float64 {

@@ -156,23 +156,23 @@ func (e *Engine) process(w Window, evaluate bool) {
 			continue
 		}
 		vals, ok := a.values(e.digest)
-		h := e.series.Series(key)
+		if a.hist == nil {
+			a.hist = e.series.Series(key)
+		}
+		h := a.hist
 		if evaluate {
 			e.checkSeries(key, a, h, plan, &vals, &ok)
 		}
 		if learn {
-			for m := range rules.NumSeriesMetrics {
-				if ok[m] {
-					e.series.Add(h, plan.Step, m, vals[m])
-				}
-			}
+			e.series.AddAll(h, plan.Step, vals[:], ok[:])
 		}
 		a.reset()
 	}
 	e.processHosts(w, plan, evaluate, learn)
-	if evaluate && e.counts.Windows%256 == 0 {
-		e.series.Sweep(w.Start)
-		e.hosts.Sweep(w.Start)
+	if evaluate && e.counts.Windows%256 == 0 && (e.series.Sweep(w.Start)+e.hosts.Sweep(w.Start)) > 0 {
+		// Histories were dropped: scratch entries may point at them.
+		clear(e.agg)
+		clear(e.hostAgg)
 	}
 }
 
@@ -239,7 +239,8 @@ func (e *Engine) checkSeries(key SeriesKey, a *seriesAgg, h *baseline.History, p
 		if primary && !eligible {
 			e.counts.StaticFallback++
 		}
-		for _, lvl := range st.Levels() {
+		levels, nl := st.Levels()
+		for _, lvl := range levels[:nl] {
 			lk.Rule, lk.Severity = rules.StaticName(m), lvl.Severity
 			o := lifecycle.Observation{
 				Value:     vals[m],
@@ -342,11 +343,7 @@ func (e *Engine) processHosts(w Window, plan baseline.Plan, evaluate, learn bool
 			e.checkSaturation(r, name, ha, util)
 		}
 		if learn && ha.requests > 0 {
-			for i := range vals {
-				if ok[i] {
-					e.hosts.Add(h, plan.Step, i, vals[i])
-				}
-			}
+			e.hosts.AddAll(h, plan.Step, vals[:], ok[:])
 		}
 		ha.reset()
 	}

@@ -4,11 +4,13 @@ import (
 	"github.com/influxdata/tdigest"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/alerter/internal/baseline"
 	"github.com/tokenscope/tokenscope/services/alerter/internal/rules"
 )
 
 // seriesAgg sums one series' rows of a window (one per instance, or one without).
 type seriesAgg struct {
+	hist                               *baseline.History // the series' history, looked up once
 	rows                               int
 	requests, errors, timeouts, output uint64
 	seconds                            int

@@ -95,16 +95,17 @@ type StaticRule struct {
 	Always bool
 }
 
-// Levels returns the enabled levels, critical last.
-func (s StaticRule) Levels() []Level {
-	var out []Level
+// Levels returns the enabled levels, critical last, without allocating.
+func (s StaticRule) Levels() (lv [2]Level, n int) {
 	if s.Warning > 0 {
-		out = append(out, Level{"warning", s.Warning})
+		lv[n] = Level{"warning", s.Warning}
+		n++
 	}
 	if s.Critical > 0 {
-		out = append(out, Level{"critical", s.Critical})
+		lv[n] = Level{"critical", s.Critical}
+		n++
 	}
-	return out
+	return lv, n
 }
 
 // Saturation fires for a host whose mean GPU utilisation is at least UtilPct while a series
@@ -132,11 +133,20 @@ type Rules struct {
 	Saturation Saturation
 }
 
-// Rule names as they appear in alerts and subjects.
-func DynamicName(m Metric) string { return m.String() + "_dynamic" }
+var dynamicNames, staticNames [NumMetrics]string
+
+func init() {
+	for m := Metric(0); m < NumMetrics; m++ {
+		dynamicNames[m] = m.String() + "_dynamic"
+		staticNames[m] = m.String() + "_sla"
+	}
+}
+
+// DynamicName returns the dynamic rule's name for m, as alerts and subjects spell it.
+func DynamicName(m Metric) string { return dynamicNames[m] }
 
 // StaticName returns the static SLA rule's name for m.
-func StaticName(m Metric) string { return m.String() + "_sla" }
+func StaticName(m Metric) string { return staticNames[m] }
 
 // SaturationName is the saturation rule's name.
 const SaturationName = "gpu_saturation"
