@@ -61,6 +61,17 @@ func parseConfig(getenv func(string) string) (Config, error) {
 		}
 	}
 	if err := env.ParseWithOptions(&cfg, env.Options{Environment: environ}); err != nil {
+		// caarlos0/env names the Go field; people set the variable, so find it.
+		for _, p := range params {
+			v, ok := environ[p.Key]
+			if !ok {
+				continue
+			}
+			var one Config
+			if perr := env.ParseWithOptions(&one, env.Options{Environment: map[string]string{p.Key: v}}); perr != nil {
+				return cfg, fmt.Errorf("%s=%q is not valid: %w", p.Key, v, perr)
+			}
+		}
 		return cfg, fmt.Errorf("cannot parse the configuration: %w", err)
 	}
 	return cfg, cfg.Validate()
