@@ -139,8 +139,8 @@ func (e *Engine) Snapshot() Counts {
 	return e.snap
 }
 
-// Learn adds a window to the baselines without evaluating it: a window that arrived after
-// later ones were evaluated.
+// Learn adds a window to the baselines without evaluating it, as history: a replay of
+// past rollups, or a simulation's first week.
 func (e *Engine) Learn(w Window) { e.process(w, false) }
 
 func (e *Engine) process(w Window, evaluate bool) {
