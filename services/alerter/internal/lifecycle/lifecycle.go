@@ -1,0 +1,314 @@
+package lifecycle
+
+import (
+	"encoding/hex"
+	"fmt"
+	"hash/fnv"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+)
+
+// Key identifies one alert: a rule at one severity on one series or host.
+type Key struct {
+	Rule, Severity            string
+	Env, Scene, Model, Bucket string
+	Instance                  string
+}
+
+// Labels returns the alert's labels: alertname, severity and the series' non-empty labels.
+func (k Key) Labels() map[string]string {
+	l := map[string]string{"alertname": k.Rule, "severity": k.Severity}
+	for name, v := range map[string]string{"env": k.Env, "scene": k.Scene, "model": k.Model, "bucket": k.Bucket, "instance": k.Instance} {
+		if v != "" {
+			l[name] = v
+		}
+	}
+	return l
+}
+
+// KeyOf rebuilds a Key from an alert's labels.
+func KeyOf(a *events.Alert) Key {
+	l := a.Labels
+	return Key{Rule: a.Rule, Severity: a.Severity, Env: l["env"], Scene: l["scene"], Model: l["model"], Bucket: l["bucket"], Instance: l["instance"]}
+}
+
+// Fingerprint hashes sorted labels (FNV-1a, 64 bits, hex), as Alertmanager identifies alerts.
+func Fingerprint(labels map[string]string) string {
+	names := make([]string, 0, len(labels))
+	for n := range labels {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	h := fnv.New64a()
+	for _, n := range names {
+		h.Write([]byte(n))
+		h.Write([]byte{0xff})
+		h.Write([]byte(labels[n]))
+		h.Write([]byte{0xff})
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Observation is one window's value of a rule's metric on one key, and the thresholds it
+// is judged by: Threshold for an inactive or pending alert, ResolveAt (closer to normal,
+// the hysteresis) for a firing one. HighIsBad gives the bad direction.
+type Observation struct {
+	Value     float64
+	Threshold float64
+	ResolveAt float64
+	HighIsBad bool
+	Method    string // rules.MeanSigma, rules.MedianMAD or rules.Static
+	Center    float64
+	Spread    float64
+	Note      string // extra context for people, such as the SLA a saturated host breaks
+	// For and KeepFiringFor of the rule that produced it.
+	For, KeepFiringFor int
+}
+
+func (o *Observation) breach(thr float64) bool {
+	if o.HighIsBad {
+		return o.Value > thr
+	}
+	return o.Value < thr
+}
+
+type phase uint8
+
+const (
+	pending phase = iota + 1
+	firing
+)
+
+type state struct {
+	key      Key
+	labels   map[string]string
+	fp       string
+	phase    phase
+	breaches int
+	normals  int
+	seen     uint64
+	startsAt time.Time
+	lastSent time.Time
+	last     Observation
+	window   time.Time
+	keepFor  int
+}
+
+// Tracker holds the pending and firing alerts.
+type Tracker struct {
+	resend time.Duration
+	states map[Key]*state
+	window uint64
+	start  time.Time
+}
+
+// New returns a tracker that re-sends firing alerts every resend.
+func New(resend time.Duration) *Tracker {
+	return &Tracker{resend: resend, states: make(map[Key]*state)}
+}
+
+// Begin starts a window: observations until End belong to it.
+func (t *Tracker) Begin(windowStart time.Time) {
+	t.window++
+	t.start = windowStart
+}
+
+// Active reports whether key is pending or firing.
+func (t *Tracker) Active(k Key) bool {
+	_, ok := t.states[k]
+	return ok
+}
+
+// Count returns how many alerts are firing and pending.
+func (t *Tracker) Count() (firingN, pendingN int) {
+	for _, s := range t.states {
+		if s.phase == firing {
+			firingN++
+		} else {
+			pendingN++
+		}
+	}
+	return firingN, pendingN
+}
+
+// Hold marks key as seen in this window without judging it: its rule had too little
+// traffic to decide, so a pending or firing alert keeps its state instead of counting a
+// normal window (which would make an alert on a thin series flap).
+func (t *Tracker) Hold(k Key) {
+	if s, ok := t.states[k]; ok {
+		s.seen = t.window
+	}
+}
+
+// Update observes key only when it is already pending or firing: a static SLA alert raised
+// while its series had too little baseline keeps being judged, and resolves, after the
+// dynamic rule has taken over.
+func (t *Tracker) Update(k Key, o Observation) {
+	if _, ok := t.states[k]; ok {
+		t.Observe(k, o)
+	}
+}
+
+// Observe records the window's observation for key and reports whether it breached. A
+// normal observation for a key that is neither pending nor firing costs one map lookup.
+func (t *Tracker) Observe(k Key, o Observation) bool {
+	s, ok := t.states[k]
+	thr := o.Threshold
+	if ok && s.phase == firing {
+		thr = o.ResolveAt
+	}
+	br := o.breach(thr)
+	if !ok {
+		if !br {
+			return false
+		}
+		labels := k.Labels()
+		s = &state{key: k, labels: labels, fp: Fingerprint(labels), phase: pending}
+		t.states[k] = s
+	}
+	s.seen = t.window
+	s.keepFor = o.KeepFiringFor
+	if br {
+		s.breaches++
+		s.normals = 0
+		s.last = o
+		s.window = t.start
+		if s.phase == pending && s.breaches >= max(o.For, 1) {
+			s.phase = firing
+		}
+		return true
+	}
+	s.normals++
+	s.breaches = 0
+	if s.phase == firing {
+		s.last.Value = o.Value // the resolved alert carries the value that resolved it
+	}
+	return false
+}
+
+// End closes the window at `at` (its end): keys not observed count as normal, and the
+// state changes to send are returned, firing first and in fingerprint order.
+func (t *Tracker) End(at time.Time) []events.Alert {
+	var out []events.Alert
+	for k, s := range t.states {
+		if s.seen != t.window {
+			s.normals++
+			s.breaches = 0
+		}
+		switch {
+		case s.phase == pending && s.breaches == 0:
+			delete(t.states, k)
+		case s.phase == firing && s.normals >= max(s.keepFor, 1):
+			a := s.alert(events.AlertResolved, at)
+			a.EndsAt = at
+			out = append(out, a)
+			delete(t.states, k)
+		case s.phase == firing && s.breaches > 0 && s.startsAt.IsZero():
+			s.startsAt = at
+			s.lastSent = at
+			out = append(out, s.alert(events.AlertFiring, at))
+		case s.phase == firing && t.resend > 0 && at.Sub(s.lastSent) >= t.resend:
+			s.lastSent = at
+			out = append(out, s.alert(events.AlertFiring, at))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].State != out[j].State {
+			return out[i].State == events.AlertFiring
+		}
+		return out[i].Fingerprint < out[j].Fingerprint
+	})
+	return out
+}
+
+func (s *state) alert(st string, at time.Time) events.Alert {
+	labels := make(map[string]string, len(s.labels))
+	for k, v := range s.labels {
+		labels[k] = v
+	}
+	return events.Alert{
+		V:              1,
+		Fingerprint:    s.fp,
+		Rule:           s.key.Rule,
+		State:          st,
+		Severity:       s.key.Severity,
+		Labels:         labels,
+		Value:          s.last.Value,
+		Threshold:      s.last.Threshold,
+		BaselineMethod: s.last.Method,
+		BaselineCenter: s.last.Center,
+		BaselineSpread: s.last.Spread,
+		WindowStart:    s.window.UTC(),
+		StartsAt:       s.startsAt.UTC(),
+		At:             at.UTC(),
+		Summary:        s.summary(st),
+	}
+}
+
+func (s *state) summary(st string) string {
+	o := &s.last
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s: %.4g", s.key.Rule, st, o.Value)
+	if st == events.AlertFiring {
+		if o.HighIsBad {
+			b.WriteString(" above ")
+		} else {
+			b.WriteString(" below ")
+		}
+		fmt.Fprintf(&b, "%.4g", o.Threshold)
+	}
+	switch o.Method {
+	case "mean_sigma":
+		fmt.Fprintf(&b, " (baseline mean %.4g, σ %.4g)", o.Center, o.Spread)
+	case "median_mad":
+		fmt.Fprintf(&b, " (baseline median %.4g, MAD %.4g)", o.Center, o.Spread)
+	}
+	var where []string
+	for _, v := range []string{s.key.Env, s.key.Scene, s.key.Model, s.key.Bucket, s.key.Instance} {
+		if v != "" {
+			where = append(where, v)
+		}
+	}
+	if len(where) > 0 {
+		b.WriteString(" on ")
+		b.WriteString(strings.Join(where, "/"))
+	}
+	if o.Note != "" {
+		b.WriteString("; ")
+		b.WriteString(o.Note)
+	}
+	return b.String()
+}
+
+// Restore makes a firing alert read back after a restart firing again without sending it:
+// it will be re-sent at its resend time and resolved once. A resolved alert clears its key.
+func (t *Tracker) Restore(a events.Alert) {
+	k := KeyOf(&a)
+	if a.State != events.AlertFiring {
+		delete(t.states, k)
+		return
+	}
+	labels := k.Labels()
+	if a.StartsAt.IsZero() {
+		a.StartsAt = a.At
+	}
+	t.states[k] = &state{
+		key:      k,
+		labels:   labels,
+		fp:       Fingerprint(labels),
+		phase:    firing,
+		breaches: 1,
+		seen:     t.window,
+		startsAt: a.StartsAt,
+		lastSent: a.At,
+		window:   a.WindowStart,
+		keepFor:  1,
+		last: Observation{
+			Value: a.Value, Threshold: a.Threshold, Method: a.BaselineMethod,
+			Center: a.BaselineCenter, Spread: a.BaselineSpread,
+		},
+	}
+}

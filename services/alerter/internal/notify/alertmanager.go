@@ -1,0 +1,181 @@
+package notify
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+)
+
+// amAlert is one alert in Alertmanager's /api/v2/alerts format (postableAlert).
+type amAlert struct {
+	Labels       map[string]string `json:"labels"`
+	Annotations  map[string]string `json:"annotations,omitempty"`
+	StartsAt     time.Time         `json:"startsAt"`
+	EndsAt       time.Time         `json:"endsAt,omitzero"`
+	GeneratorURL string            `json:"generatorURL,omitempty"`
+}
+
+// Alertmanager posts alerts to an Alertmanager from its own goroutine, so a slow or absent
+// Alertmanager never holds up evaluation. A failed post is retried with backoff while newer
+// alerts wait in a bounded queue; past it the oldest are dropped and counted.
+type Alertmanager struct {
+	url     string
+	client  *http.Client
+	resend  time.Duration
+	in      chan []events.Alert
+	logger  *slog.Logger
+	posted  prometheus.Counter
+	failed  prometheus.Counter
+	dropped prometheus.Counter
+}
+
+// NewAlertmanager returns a client for the Alertmanager at base (such as
+// http://127.0.0.1:9093). Firing alerts carry endsAt = at + 4 × resend, as Prometheus
+// does, so Alertmanager resolves them by itself if the alerter goes away.
+func NewAlertmanager(base string, timeout, resend time.Duration, reg prometheus.Registerer, logger *slog.Logger) *Alertmanager {
+	c := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "alerter", Name: name, Help: help})
+	}
+	a := &Alertmanager{
+		url:     strings.TrimRight(base, "/") + "/api/v2/alerts",
+		client:  &http.Client{Timeout: timeout},
+		resend:  resend,
+		in:      make(chan []events.Alert, 1024),
+		logger:  logger.With("component", "alertmanager"),
+		posted:  c("alertmanager_alerts_posted_total", "Alerts Alertmanager accepted."),
+		failed:  c("alertmanager_post_errors_total", "Posts to Alertmanager that failed (and were retried)."),
+		dropped: c("alertmanager_alerts_dropped_total", "Alerts dropped because Alertmanager was away too long."),
+	}
+	reg.MustRegister(a.posted, a.failed, a.dropped)
+	return a
+}
+
+// Enqueue queues alerts for posting; it never blocks.
+func (a *Alertmanager) Enqueue(alerts []events.Alert) {
+	batch := append([]events.Alert(nil), alerts...)
+	select {
+	case a.in <- batch:
+	default:
+		a.dropped.Add(float64(len(batch)))
+	}
+}
+
+// Run posts queued alerts until ctx ends, then makes one last attempt at what is queued.
+func (a *Alertmanager) Run(ctx context.Context) error {
+	backoff := time.Duration(0)
+	failing := false
+	for {
+		var batch []events.Alert
+		select {
+		case batch = <-a.in:
+		case <-ctx.Done():
+			a.drain()
+			return nil
+		}
+		for {
+			err := a.post(ctx, batch)
+			if err == nil {
+				a.posted.Add(float64(len(batch)))
+				if failing {
+					a.logger.Info("posting to Alertmanager again")
+					failing = false
+				}
+				backoff = 0
+				break
+			}
+			a.failed.Inc()
+			if !failing {
+				a.logger.Warn("cannot post alerts to Alertmanager; retrying", "err", err)
+				failing = true
+			}
+			backoff = min(max(2*backoff, 100*time.Millisecond), 30*time.Second)
+			select {
+			case <-time.After(backoff):
+			case <-ctx.Done():
+				a.dropped.Add(float64(len(batch)))
+				a.drain()
+				return nil
+			}
+		}
+	}
+}
+
+func (a *Alertmanager) drain() {
+	ctx, cancel := context.WithTimeout(context.Background(), a.client.Timeout)
+	defer cancel()
+	for {
+		select {
+		case batch := <-a.in:
+			if err := a.post(ctx, batch); err != nil {
+				a.dropped.Add(float64(len(batch)))
+			} else {
+				a.posted.Add(float64(len(batch)))
+			}
+		default:
+			return
+		}
+	}
+}
+
+// Body returns the /api/v2/alerts body for alerts.
+func (a *Alertmanager) Body(alerts []events.Alert) ([]byte, error) {
+	out := make([]amAlert, 0, len(alerts))
+	for i := range alerts {
+		al := &alerts[i]
+		ann := map[string]string{
+			"summary":     al.Summary,
+			"value":       strconv.FormatFloat(al.Value, 'g', 6, 64),
+			"threshold":   strconv.FormatFloat(al.Threshold, 'g', 6, 64),
+			"fingerprint": al.Fingerprint,
+		}
+		if al.BaselineMethod != "" {
+			ann["baseline_method"] = al.BaselineMethod
+			ann["baseline_center"] = strconv.FormatFloat(al.BaselineCenter, 'g', 6, 64)
+			ann["baseline_spread"] = strconv.FormatFloat(al.BaselineSpread, 'g', 6, 64)
+		}
+		if !al.WindowStart.IsZero() {
+			ann["window_start"] = al.WindowStart.UTC().Format(time.RFC3339)
+		}
+		x := amAlert{Labels: al.Labels, Annotations: ann, StartsAt: al.StartsAt.UTC()}
+		if al.State == events.AlertResolved {
+			x.EndsAt = al.At.UTC()
+		} else {
+			x.EndsAt = al.At.Add(4 * a.resend).UTC()
+		}
+		out = append(out, x)
+	}
+	return json.Marshal(out)
+}
+
+func (a *Alertmanager) post(ctx context.Context, alerts []events.Alert) error {
+	body, err := a.Body(alerts)
+	if err != nil {
+		return fmt.Errorf("cannot encode alerts for Alertmanager: %w", err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.url, bytes.NewReader(body))
+	if err != nil {
+		return fmt.Errorf("cannot make a request to %s: %w", a.url, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := a.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("cannot post to %s: %w", a.url, err)
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("cannot post to %s: %s: %s", a.url, resp.Status, bytes.TrimSpace(msg))
+	}
+	return nil
+}

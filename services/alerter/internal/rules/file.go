@@ -1,0 +1,299 @@
+package rules
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"sort"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// ErrInvalidRules is wrapped by every error that rejects a rules file.
+var ErrInvalidRules = errors.New("invalid rules")
+
+// The rules file: every field is optional and overrides the built-in default; a scene's
+// section overrides the file's defaults for that scene.
+//
+//	defaults:
+//	  for: 2
+//	  keep_firing_for: 2
+//	  dynamic:
+//	    ttft_p95: {k: 2, method: median_mad, min_points: 60, min_requests: 20}
+//	  static:
+//	    ttft_p95: {warning: 2000, critical: 5000}
+//	  saturation: {util_pct: 95}
+//	scenes:
+//	  customer-service:
+//	    static:
+//	      ttft_p95: {warning: 1000, critical: 3000}
+type fileRules struct {
+	Defaults *fileSection            `yaml:"defaults"`
+	Scenes   map[string]*fileSection `yaml:"scenes"`
+}
+
+type fileSection struct {
+	For           *int                    `yaml:"for"`
+	KeepFiringFor *int                    `yaml:"keep_firing_for"`
+	Hysteresis    *float64                `yaml:"hysteresis"`
+	Dynamic       map[string]*fileDynamic `yaml:"dynamic"`
+	Static        map[string]*fileStatic  `yaml:"static"`
+	Saturation    *fileSaturation         `yaml:"saturation"`
+}
+
+type fileDynamic struct {
+	Enabled     *bool    `yaml:"enabled"`
+	Method      *string  `yaml:"method"`
+	K           *float64 `yaml:"k"`
+	Severity    *string  `yaml:"severity"`
+	MinChange   *float64 `yaml:"min_change"`
+	MinDelta    *float64 `yaml:"min_delta"`
+	MinPoints   *int     `yaml:"min_points"`
+	MinRequests *int64   `yaml:"min_requests"`
+}
+
+type fileStatic struct {
+	Enabled     *bool    `yaml:"enabled"`
+	Warning     *float64 `yaml:"warning"`
+	Critical    *float64 `yaml:"critical"`
+	MinRequests *int64   `yaml:"min_requests"`
+	Always      *bool    `yaml:"always"`
+}
+
+type fileSaturation struct {
+	Enabled  *bool    `yaml:"enabled"`
+	UtilPct  *float64 `yaml:"util_pct"`
+	Severity *string  `yaml:"severity"`
+}
+
+// Load reads the rules file at path; an empty path returns the built-in defaults.
+func Load(path string) (*Set, error) {
+	if path == "" {
+		return NewSet(), nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read rules file ALERTER_RULES=%s: %w", path, err)
+	}
+	s, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("rules file %s: %w", path, err)
+	}
+	s.Source = path
+	return s, nil
+}
+
+// Parse parses a rules file's YAML. Unknown fields, metrics or scenes' host rules are
+// errors naming the rule and field, such as "scenes.chat.dynamic.ttft_p95.k: must be
+// positive (got -1)".
+func Parse(data []byte) (*Set, error) {
+	var f fileRules
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%w: %s", ErrInvalidRules, strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	s := NewSet()
+	if f.Defaults != nil {
+		if err := f.Defaults.apply(&s.Default, "defaults", false); err != nil {
+			return nil, err
+		}
+	}
+	names := make([]string, 0, len(f.Scenes))
+	for name := range f.Scenes {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if name == "" {
+			return nil, fmt.Errorf("%w: scenes: a scene name is empty", ErrInvalidRules)
+		}
+		r := s.Default // scenes start from the file's defaults
+		if sec := f.Scenes[name]; sec != nil {
+			if err := sec.apply(&r, "scenes."+name, true); err != nil {
+				return nil, err
+			}
+		}
+		s.Scenes[name] = &r
+	}
+	return s, nil
+}
+
+func invalid(at, field, format string, args ...any) error {
+	return fmt.Errorf("%w: %s.%s: %s", ErrInvalidRules, at, field, fmt.Sprintf(format, args...))
+}
+
+func (sec *fileSection) apply(r *Rules, at string, scene bool) error {
+	if sec.For != nil {
+		if *sec.For < 1 || *sec.For > 1000 {
+			return invalid(at, "for", "must be 1 to 1000 windows (got %d)", *sec.For)
+		}
+		r.For = *sec.For
+	}
+	if sec.KeepFiringFor != nil {
+		if *sec.KeepFiringFor < 1 || *sec.KeepFiringFor > 1000 {
+			return invalid(at, "keep_firing_for", "must be 1 to 1000 windows (got %d)", *sec.KeepFiringFor)
+		}
+		r.KeepFiringFor = *sec.KeepFiringFor
+	}
+	if sec.Hysteresis != nil {
+		if !(*sec.Hysteresis >= 0 && *sec.Hysteresis < 1) {
+			return invalid(at, "hysteresis", "must be at least 0 and below 1 (got %v)", *sec.Hysteresis)
+		}
+		r.Hysteresis = *sec.Hysteresis
+	}
+	for _, name := range sortedKeys(sec.Dynamic) {
+		m, ok := ParseMetric(name)
+		if !ok {
+			return invalid(at, "dynamic."+name, "unknown metric (want one of %s)", strings.Join(metricNames[:], ", "))
+		}
+		if scene && m.HostMetric() {
+			return invalid(at, "dynamic."+name, "is a per-host rule: set it under defaults, not per scene")
+		}
+		if d := sec.Dynamic[name]; d != nil {
+			if err := d.apply(&r.Dynamic[m], at+".dynamic."+name); err != nil {
+				return err
+			}
+		}
+	}
+	for _, name := range sortedKeys(sec.Static) {
+		m, ok := ParseMetric(name)
+		if !ok || Defaults().Static[m] == (StaticRule{}) {
+			return invalid(at, "static."+name, "no static rule for this metric (want ttft_p95, tpot_p95, error_rate or timeout_rate)")
+		}
+		if st := sec.Static[name]; st != nil {
+			if err := st.apply(&r.Static[m], at+".static."+name, m); err != nil {
+				return err
+			}
+		}
+	}
+	if sat := sec.Saturation; sat != nil {
+		if scene {
+			return invalid(at, "saturation", "is a per-host rule: set it under defaults, not per scene")
+		}
+		if sat.Enabled != nil {
+			r.Saturation.Enabled = *sat.Enabled
+		}
+		if sat.UtilPct != nil {
+			if !(*sat.UtilPct > 0 && *sat.UtilPct <= 100) {
+				return invalid(at, "saturation.util_pct", "must be above 0 and at most 100 (got %v)", *sat.UtilPct)
+			}
+			r.Saturation.UtilPct = *sat.UtilPct
+		}
+		if sat.Severity != nil {
+			if err := checkSeverity(*sat.Severity); err != nil {
+				return invalid(at, "saturation.severity", "%v", err)
+			}
+			r.Saturation.Severity = *sat.Severity
+		}
+	}
+	return nil
+}
+
+func (d *fileDynamic) apply(r *Dynamic, at string) error {
+	if d.Enabled != nil {
+		r.Enabled = *d.Enabled
+	}
+	if d.Method != nil {
+		if *d.Method != MeanSigma && *d.Method != MedianMAD {
+			return invalid(at, "method", "must be %s or %s (got %q)", MeanSigma, MedianMAD, *d.Method)
+		}
+		r.Method = *d.Method
+	}
+	if d.K != nil {
+		if !(*d.K > 0 && *d.K <= 100) {
+			return invalid(at, "k", "must be positive and at most 100 (got %v)", *d.K)
+		}
+		r.K = *d.K
+	}
+	if d.Severity != nil {
+		if err := checkSeverity(*d.Severity); err != nil {
+			return invalid(at, "severity", "%v", err)
+		}
+		r.Severity = *d.Severity
+	}
+	if d.MinChange != nil {
+		if !(*d.MinChange >= 0 && *d.MinChange < 10) {
+			return invalid(at, "min_change", "must be at least 0 and below 10 (got %v)", *d.MinChange)
+		}
+		r.MinChange = *d.MinChange
+	}
+	if d.MinDelta != nil {
+		if !(*d.MinDelta >= 0) || math.IsInf(*d.MinDelta, 0) {
+			return invalid(at, "min_delta", "must be a finite value of at least 0 (got %v)", *d.MinDelta)
+		}
+		r.MinDelta = *d.MinDelta
+	}
+	if d.MinPoints != nil {
+		if *d.MinPoints < 1 {
+			return invalid(at, "min_points", "must be at least 1 (got %d)", *d.MinPoints)
+		}
+		r.MinPoints = *d.MinPoints
+	}
+	if d.MinRequests != nil {
+		if *d.MinRequests < 0 {
+			return invalid(at, "min_requests", "must not be negative (got %d)", *d.MinRequests)
+		}
+		r.MinRequests = uint64(*d.MinRequests)
+	}
+	return nil
+}
+
+func (st *fileStatic) apply(r *StaticRule, at string, m Metric) error {
+	if st.Enabled != nil {
+		r.Enabled = *st.Enabled
+	}
+	if st.Warning != nil {
+		if !(*st.Warning >= 0) || math.IsInf(*st.Warning, 0) {
+			return invalid(at, "warning", "must be a finite value of at least 0, 0 for off (got %v)", *st.Warning)
+		}
+		r.Warning = *st.Warning
+	}
+	if st.Critical != nil {
+		if !(*st.Critical >= 0) || math.IsInf(*st.Critical, 0) {
+			return invalid(at, "critical", "must be a finite value of at least 0, 0 for off (got %v)", *st.Critical)
+		}
+		r.Critical = *st.Critical
+	}
+	if st.MinRequests != nil {
+		if *st.MinRequests < 0 {
+			return invalid(at, "min_requests", "must not be negative (got %d)", *st.MinRequests)
+		}
+		r.MinRequests = uint64(*st.MinRequests)
+	}
+	if st.Always != nil {
+		r.Always = *st.Always
+	}
+	if m == ErrorRate || m == TimeoutRate {
+		if r.Warning > 1 {
+			return invalid(at, "warning", "%s is a fraction of requests: must be at most 1 (got %v)", m, r.Warning)
+		}
+		if r.Critical > 1 {
+			return invalid(at, "critical", "%s is a fraction of requests: must be at most 1 (got %v)", m, r.Critical)
+		}
+	}
+	if r.Warning > 0 && r.Critical > 0 && r.Critical < r.Warning {
+		return invalid(at, "critical", "%v is below the warning threshold %v", r.Critical, r.Warning)
+	}
+	return nil
+}
+
+func checkSeverity(s string) error {
+	if s != "warning" && s != "critical" {
+		return fmt.Errorf("must be warning or critical (got %q)", s)
+	}
+	return nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,212 @@
+package rules
+
+// Metric is one figure the alerter watches. The first NumSeriesMetrics are computed per
+// env × scene × model × input bucket from token rollups; the rest per host, joining token
+// rollups by instance with GPU rollups by host.
+type Metric int
+
+// The watched metrics.
+const (
+	TTFTP95     Metric = iota // ms, merged over the series' instances
+	TPOTP95                   // ms
+	TotalP99                  // ms
+	ErrorRate                 // errors / requests
+	TimeoutRate               // timeouts / requests (timeouts are never errors)
+	OutputTPS                 // output tokens / window seconds
+
+	GPUEfficiency  // output tokens/s ÷ mean GPU utilisation (%)
+	TokensPerJoule // output tokens ÷ GPU energy used in the window
+
+	NumMetrics
+)
+
+// NumSeriesMetrics is how many metrics belong to token series; the rest belong to hosts.
+const NumSeriesMetrics = int(GPUEfficiency)
+
+var metricNames = [NumMetrics]string{
+	"ttft_p95", "tpot_p95", "total_p99", "error_rate", "timeout_rate", "output_tps",
+	"gpu_efficiency", "tokens_per_joule",
+}
+
+// String returns the metric's name as the rules file and alert names spell it.
+func (m Metric) String() string {
+	if m < 0 || m >= NumMetrics {
+		return "unknown"
+	}
+	return metricNames[m]
+}
+
+// HostMetric reports whether m is computed per host rather than per token series.
+func (m Metric) HostMetric() bool { return m >= GPUEfficiency && m < NumMetrics }
+
+// HighIsBad reports the bad direction: latencies and rates alert when high, throughput
+// and efficiency when low.
+func (m Metric) HighIsBad() bool { return m <= TimeoutRate }
+
+// ParseMetric returns the metric named s.
+func ParseMetric(s string) (Metric, bool) {
+	for i, n := range metricNames {
+		if n == s {
+			return Metric(i), true
+		}
+	}
+	return 0, false
+}
+
+// Baseline methods.
+const (
+	MeanSigma = "mean_sigma" // mean ± k·σ, the seed article's rule
+	MedianMAD = "median_mad" // median ± k·MAD (MAD scaled by 1.4826 to estimate σ), robust to skew
+	Static    = "static"     // a fixed threshold
+)
+
+// Dynamic is a seasonal threshold on one metric: fire when the value is beyond the
+// baseline center by k spreads in the bad direction.
+type Dynamic struct {
+	Enabled  bool
+	Method   string  // MeanSigma or MedianMAD
+	K        float64 // spreads from the center
+	Severity string
+	// The threshold is never closer to the center than MinChange·|center| nor than MinDelta,
+	// so a near-constant baseline (σ ≈ 0) does not fire on noise.
+	MinChange float64
+	MinDelta  float64
+	// A dynamic rule may fire only with at least MinPoints baseline windows and MinRequests
+	// requests in the evaluated window; below either, the static rule applies.
+	MinPoints   int
+	MinRequests uint64
+}
+
+// Level is one static threshold and the severity it fires with.
+type Level struct {
+	Severity  string
+	Threshold float64
+}
+
+// StaticRule is a fixed SLA threshold on a high-is-bad metric, with a warning and a
+// critical level (a level at 0 is off).
+type StaticRule struct {
+	Enabled     bool
+	Warning     float64
+	Critical    float64
+	MinRequests uint64
+	// Always evaluates the SLA even where the dynamic rule is eligible; by default the
+	// static rule is the fallback for series without enough baseline or traffic.
+	Always bool
+}
+
+// Levels returns the enabled levels, critical last, without allocating.
+func (s StaticRule) Levels() (lv [2]Level, n int) {
+	if s.Warning > 0 {
+		lv[n] = Level{"warning", s.Warning}
+		n++
+	}
+	if s.Critical > 0 {
+		lv[n] = Level{"critical", s.Critical}
+		n++
+	}
+	return lv, n
+}
+
+// Saturation fires for a host whose mean GPU utilisation is at least UtilPct while a series
+// served by it breaks its TTFT p95 SLA (warning level): 100 % busy is a warning sign,
+// not efficiency.
+type Saturation struct {
+	Enabled  bool
+	UtilPct  float64
+	Severity string
+}
+
+// Rules is the full rule set for one scene (or, for host rules, for every host).
+type Rules struct {
+	// For is how many consecutive breaching windows turn pending into firing.
+	For int
+	// KeepFiringFor is how many consecutive normal windows resolve a firing alert.
+	KeepFiringFor int
+	// Hysteresis moves the threshold of a firing alert toward normal by this fraction of its
+	// distance from the baseline center (static: of the threshold), so a value hovering at
+	// the threshold does not flap.
+	Hysteresis float64
+
+	Dynamic    [NumMetrics]Dynamic
+	Static     [NumMetrics]StaticRule
+	Saturation Saturation
+}
+
+var dynamicNames, staticNames [NumMetrics]string
+
+func init() {
+	for m := Metric(0); m < NumMetrics; m++ {
+		dynamicNames[m] = m.String() + "_dynamic"
+		staticNames[m] = m.String() + "_sla"
+	}
+}
+
+// DynamicName returns the dynamic rule's name for m, as alerts and subjects spell it.
+func DynamicName(m Metric) string { return dynamicNames[m] }
+
+// StaticName returns the static SLA rule's name for m.
+func StaticName(m Metric) string { return staticNames[m] }
+
+// SaturationName is the saturation rule's name.
+const SaturationName = "gpu_saturation"
+
+// Defaults returns the built-in rules: k = 2 on every metric (the seed article's rule), and
+// its SLA thresholds: TTFT p95 over 2 s warning, 5 s critical; TPOT p95 over 100 ms / 200 ms;
+// error rate over 5 % / 20 %; timeout rate over 2 % / 10 %.
+func Defaults() Rules {
+	r := Rules{For: 2, KeepFiringFor: 2, Hysteresis: 0.2}
+	for m := Metric(0); m < NumMetrics; m++ {
+		r.Dynamic[m] = Dynamic{
+			Enabled:     true,
+			Method:      MeanSigma,
+			K:           2,
+			Severity:    "warning",
+			MinChange:   0.1,
+			MinPoints:   60,
+			MinRequests: 20,
+		}
+	}
+	// A latency percentile must be 30 % worse than usual, whatever σ says: with k = 2 and
+	// for = 2, Gaussian noise alone would breach a few times a week per series.
+	for _, m := range []Metric{TTFTP95, TPOTP95, TotalP99} {
+		r.Dynamic[m].MinChange = 0.3
+		r.Dynamic[m].MinRequests = 100 // a p95 of fewer requests is too noisy to alert on
+	}
+	// Rates near zero: a few extra errors in a small window are not an incident.
+	for _, m := range []Metric{ErrorRate, TimeoutRate} {
+		r.Dynamic[m].MinDelta = 0.03
+		r.Dynamic[m].MinRequests = 100
+	}
+	r.Dynamic[OutputTPS].MinChange = 0.3
+	// Efficiency must fall clearly, not wobble with load.
+	r.Dynamic[GPUEfficiency].MinChange = 0.2
+	r.Dynamic[TokensPerJoule].MinChange = 0.2
+
+	r.Static[TTFTP95] = StaticRule{Enabled: true, Warning: 2000, Critical: 5000, MinRequests: 20}
+	r.Static[TPOTP95] = StaticRule{Enabled: true, Warning: 100, Critical: 200, MinRequests: 20}
+	r.Static[ErrorRate] = StaticRule{Enabled: true, Warning: 0.05, Critical: 0.2, MinRequests: 100}
+	r.Static[TimeoutRate] = StaticRule{Enabled: true, Warning: 0.02, Critical: 0.1, MinRequests: 100}
+	r.Saturation = Saturation{Enabled: true, UtilPct: 95, Severity: "warning"}
+	return r
+}
+
+// Set is the rules in force: the defaults, and per-scene overrides of them.
+type Set struct {
+	Default Rules
+	Scenes  map[string]*Rules
+	Source  string // the file they came from, or "built-in"
+}
+
+// NewSet returns a set with the built-in defaults and no scene overrides.
+func NewSet() *Set {
+	return &Set{Default: Defaults(), Scenes: map[string]*Rules{}, Source: "built-in"}
+}
+
+// For returns the rules of scene: its overrides, or the defaults.
+func (s *Set) For(scene string) *Rules {
+	if r, ok := s.Scenes[scene]; ok {
+		return r
+	}
+	return &s.Default
+}

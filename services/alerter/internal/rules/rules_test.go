@@ -1,0 +1,107 @@
+package rules
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestDefaults(t *testing.T) {
+	d := Defaults()
+	if d.For != 2 || d.KeepFiringFor < 1 {
+		t.Errorf("for %d keep_firing_for %d, want 2 and ≥ 1", d.For, d.KeepFiringFor)
+	}
+	for m := Metric(0); m < NumMetrics; m++ {
+		if dy := d.Dynamic[m]; !dy.Enabled || dy.K != 2 || dy.Method != MeanSigma || dy.MinPoints < 1 {
+			t.Errorf("%s: dynamic %+v, want enabled, k = 2, mean_sigma", m, dy)
+		}
+	}
+	// The seed article's SLA thresholds.
+	if s := d.Static[TTFTP95]; s.Warning != 2000 || s.Critical != 5000 {
+		t.Errorf("ttft_p95 SLA %+v, want 2000/5000 ms", s)
+	}
+	if s := d.Static[TPOTP95]; s.Warning != 100 || s.Critical != 200 {
+		t.Errorf("tpot_p95 SLA %+v, want 100/200 ms", s)
+	}
+	if !d.Static[TimeoutRate].Enabled || !d.Static[ErrorRate].Enabled {
+		t.Error("error and timeout rate SLAs must be on, separately")
+	}
+	if d.Saturation.UtilPct != 95 {
+		t.Errorf("saturation at %v %%, want 95", d.Saturation.UtilPct)
+	}
+}
+
+func TestLoadFile(t *testing.T) {
+	s, err := Load(filepath.Join("testdata", "rules.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Default.For != 3 || s.Default.KeepFiringFor != 4 {
+		t.Errorf("defaults for %d keep %d, want 3 and 4", s.Default.For, s.Default.KeepFiringFor)
+	}
+	if d := s.Default.Dynamic[TTFTP95]; d.Method != MedianMAD || d.K != 3 || d.MinChange != 0.3 {
+		t.Errorf("default ttft dynamic %+v, want median_mad k 3 and the built-in min_change", d)
+	}
+	if s.Default.Dynamic[GPUEfficiency].Enabled {
+		t.Error("gpu_efficiency should be disabled")
+	}
+	if s.Default.Saturation.UtilPct != 97 || s.Default.Saturation.Severity != "critical" {
+		t.Errorf("saturation %+v", s.Default.Saturation)
+	}
+	cs := s.For("customer-service")
+	if cs.Static[TTFTP95].Warning != 1000 || cs.Static[TTFTP95].Critical != 3000 {
+		t.Errorf("customer-service ttft SLA %+v", cs.Static[TTFTP95])
+	}
+	if cs.For != 3 || cs.Dynamic[TTFTP95].Method != MedianMAD {
+		t.Error("a scene must inherit the file's defaults")
+	}
+	if cs.Dynamic[ErrorRate].MinDelta != 0.01 || cs.Dynamic[ErrorRate].Severity != "critical" {
+		t.Errorf("customer-service error rate %+v", cs.Dynamic[ErrorRate])
+	}
+	if other := s.For("chat"); other.Static[TTFTP95].Warning != 2000 {
+		t.Errorf("an unlisted scene gets the defaults, got %+v", other.Static[TTFTP95])
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name, yaml, want string
+	}{
+		{"unknown metric", "defaults:\n  dynamic:\n    ttft_p50: {k: 2}\n", "defaults.dynamic.ttft_p50: unknown metric"},
+		{"negative k", "scenes:\n  chat:\n    dynamic:\n      ttft_p95: {k: -1}\n", "scenes.chat.dynamic.ttft_p95.k: must be positive"},
+		{"bad method", "defaults:\n  dynamic:\n    tpot_p95: {method: p99}\n", "defaults.dynamic.tpot_p95.method"},
+		{"bad severity", "defaults:\n  dynamic:\n    tpot_p95: {severity: page}\n", "defaults.dynamic.tpot_p95.severity"},
+		{"critical below warning", "scenes:\n  chat:\n    static:\n      ttft_p95: {warning: 3000, critical: 1000}\n", "scenes.chat.static.ttft_p95.critical"},
+		{"rate above 1", "defaults:\n  static:\n    error_rate: {warning: 5}\n", "defaults.static.error_rate.warning"},
+		{"no static rule", "defaults:\n  static:\n    output_tps: {warning: 5}\n", "defaults.static.output_tps: no static rule"},
+		{"host rule per scene", "scenes:\n  chat:\n    dynamic:\n      gpu_efficiency: {k: 3}\n", "scenes.chat.dynamic.gpu_efficiency: is a per-host rule"},
+		{"saturation per scene", "scenes:\n  chat:\n    saturation: {util_pct: 90}\n", "scenes.chat.saturation"},
+		{"for zero", "defaults:\n  for: 0\n", "defaults.for"},
+		{"unknown field", "defaults:\n  dynamic:\n    ttft_p95: {kk: 2}\n", "field kk not found"},
+		{"not yaml", "defaults: [", "invalid rules"},
+		{"util above 100", "defaults:\n  saturation: {util_pct: 120}\n", "defaults.saturation.util_pct"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.yaml))
+			if !errors.Is(err, ErrInvalidRules) {
+				t.Fatalf("err = %v, want ErrInvalidRules", err)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("err = %q, want it to name %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestLoadMissingFile(t *testing.T) {
+	_, err := Load(filepath.Join(t.TempDir(), "none.yaml"))
+	if !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), "ALERTER_RULES") {
+		t.Errorf("err = %v, want a not-exist error naming ALERTER_RULES", err)
+	}
+	s, err := Load("")
+	if err != nil || s.Source != "built-in" {
+		t.Errorf("no file: %v, %v; want the built-in rules", s, err)
+	}
+}

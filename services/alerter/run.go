@@ -1,0 +1,167 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/tokenscope/tokenscope/pkg/bus"
+	"github.com/tokenscope/tokenscope/pkg/chdb"
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/pkg/ops"
+	"github.com/tokenscope/tokenscope/schemas"
+	"github.com/tokenscope/tokenscope/services/alerter/internal/engine"
+	"github.com/tokenscope/tokenscope/services/alerter/internal/history"
+	"github.com/tokenscope/tokenscope/services/alerter/internal/intake"
+	"github.com/tokenscope/tokenscope/services/alerter/internal/notify"
+	"github.com/tokenscope/tokenscope/services/alerter/internal/rules"
+)
+
+// run starts the alerter and serves until ctx ends.
+func run(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
+	cfg, err := parseConfig(getenv)
+	if err != nil {
+		return err
+	}
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.LogLevel)) // validated
+	logger := slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: level})).With("service", "alerter")
+
+	rs, err := rules.Load(cfg.Rules)
+	if err != nil {
+		return err
+	}
+	bopts, err := cfg.BaselineOptions()
+	if err != nil {
+		return err
+	}
+	eng, err := engine.New(rs, bopts, cfg.Resend)
+	if err != nil {
+		return err
+	}
+
+	srv := ops.NewServer(cfg.HTTPAddr, logger)
+	if err := srv.Listen(); err != nil {
+		return err
+	}
+	reg := srv.Registry()
+
+	nc, err := bus.Connect(cfg.NATS, "tokenscope-alerter", logger)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("cannot use JetStream: %w", err)
+	}
+	if err := bus.EnsureStreams(ctx, js, cfg.NATS.Streams, events.StreamRollups, events.StreamAlerts); err != nil {
+		return err
+	}
+	db, err := chdb.Open(ctx, cfg.ClickHouse)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if _, err := db.Migrate(ctx, schemas.Migrations()); err != nil {
+		return err
+	}
+
+	now := time.Now()
+	restored, err := history.RestoreAlerts(ctx, js, now.Add(-cfg.RestoreLookback))
+	if err != nil {
+		return err
+	}
+	eng.Restore(restored)
+	since := now.Add(-time.Duration(cfg.BaselineDays)*24*time.Hour - cfg.Slot)
+	loaded, err := history.LoadBaselines(ctx, db.Conn(), eng, since, now.Add(time.Minute), cfg.BaselineStep)
+	if err != nil {
+		return err
+	}
+	eng.SetLearnedThrough(loaded.Through)
+	logger.Info("state restored", "rules", rs.Source, "firing_alerts", len(restored),
+		"series_cells", loaded.SeriesCells, "host_cells", loaded.HostCells, "baseline_through", loaded.Through)
+
+	cons, err := bus.EnsureConsumer(ctx, js, bus.ConsumerConfig{
+		Stream:        events.StreamRollups,
+		Durable:       cfg.Consumer,
+		FilterSubject: events.SubjectRollupsAll,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       cfg.Settle + 2*time.Minute,
+		MaxAckPending: cfg.MaxAckPending,
+		DeliverPolicy: jetstream.DeliverNewPolicy,
+	})
+	if err != nil {
+		return err
+	}
+
+	pub := bus.NewPublisher(js, bus.PublisherOptions{Namespace: "alerter"}, reg, logger.With("component", "publisher"))
+	var am *notify.Alertmanager
+	if cfg.AlertmanagerURL != "" {
+		am = notify.NewAlertmanager(cfg.AlertmanagerURL, cfg.AlertmanagerTimeout, cfg.Resend, reg, logger)
+	}
+	sink := notify.New(pub, notify.NewStore(db.Conn()), am, reg, logger)
+	in := intake.New(cons, eng, sink, nc, intake.Options{Settle: cfg.Settle}, reg, logger)
+	registerEngineMetrics(reg, eng)
+
+	srv.AddCheck("nats", func(context.Context) error {
+		if nc.Status() != nats.CONNECTED {
+			return fmt.Errorf("NATS is %s", nc.Status())
+		}
+		return nil
+	})
+	srv.AddCheck("clickhouse", db.Ping)
+
+	// The publisher and Alertmanager outlive the intake, so what its last window sends
+	// still goes out.
+	outCtx, stopOut := context.WithCancel(context.Background())
+	defer stopOut()
+	out, _ := errgroup.WithContext(outCtx)
+	out.Go(func() error { return pub.Run(outCtx) })
+	if am != nil {
+		out.Go(func() error { return am.Run(outCtx) })
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return srv.Run(gctx, 5*time.Second) })
+	g.Go(func() error { return in.Run(gctx) })
+	logger.Info("alerter started", "http", srv.Addr(), "nats", nc.ConnectedUrlRedacted(), "clickhouse", cfg.ClickHouse.Addr)
+	err = g.Wait()
+	stopOut()
+	if oerr := out.Wait(); oerr != nil {
+		err = errors.Join(err, oerr)
+	}
+	logger.Info("alerter stopped")
+	return err
+}
+
+// registerEngineMetrics exposes the engine's counts as of its latest window.
+func registerEngineMetrics(reg prometheus.Registerer, eng *engine.Engine) {
+	counter := func(name, help string, f func(engine.Counts) uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "alerter", Name: name, Help: help},
+			func() float64 { return float64(f(eng.Snapshot())) })
+	}
+	gauge := func(name, help string, f func(engine.Counts) int) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "alerter", Name: name, Help: help},
+			func() float64 { return float64(f(eng.Snapshot())) })
+	}
+	reg.MustRegister(
+		counter("series_evaluations_total", "Series × window evaluations.", func(c engine.Counts) uint64 { return c.Series }),
+		counter("host_evaluations_total", "Host × window efficiency evaluations.", func(c engine.Counts) uint64 { return c.Hosts }),
+		counter("dynamic_checks_total", "Metric checks decided by a dynamic threshold.", func(c engine.Counts) uint64 { return c.Dynamic }),
+		counter("static_fallback_checks_total", "Metric checks decided by a static SLA rule because the dynamic one lacked baseline or traffic.", func(c engine.Counts) uint64 { return c.StaticFallback }),
+		counter("hosts_without_gpu_total", "Instances with traffic but no GPU rollup in the window (no efficiency figure).", func(c engine.Counts) uint64 { return c.HostsWithoutGPU }),
+		gauge("baseline_series", "Token series with a baseline.", func(c engine.Counts) int { return c.BaselineSeries }),
+		gauge("baseline_hosts", "Hosts with an efficiency baseline.", func(c engine.Counts) int { return c.BaselineHosts }),
+		gauge("alerts_firing", "Alerts firing.", func(c engine.Counts) int { return c.Firing }),
+		gauge("alerts_pending", "Alerts pending (breaching, not yet for long enough).", func(c engine.Counts) int { return c.Pending }),
+	)
+}
