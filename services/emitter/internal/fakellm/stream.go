@@ -60,13 +60,12 @@ func (s *Server) streamOut(w http.ResponseWriter, r *http.Request, p *plan) {
 		defer sw.zw.Close()
 	}
 	w.WriteHeader(http.StatusOK)
-	if !sw.send(nil) || !sleep(r, p.ttft-p.ttft/2) {
+	// As vLLM and the providers do, the opening events (role, message_start) go out at once
+	// and the first token only after prefill: a proxy timing the first byte gets TTFT wrong.
+	if !s.open(sw, p) || !sleep(r, p.ttft-p.ttft/2) {
 		return
 	}
 	cut := p.output / 2
-	if !s.open(sw, p) {
-		return
-	}
 	for i := range p.output {
 		if i > 0 && !sleep(r, p.tpot) {
 			return
@@ -102,6 +101,8 @@ func (s *Server) open(sw *sseWriter, p *plan) bool {
 	case chat:
 		return sw.data(`{"id":%q,"object":"chat.completion.chunk","created":%d,"model":%q,"system_fingerprint":"fp_fake","choices":[{"index":0,"delta":{"role":"assistant","content":"","refusal":null},"logprobs":null,"finish_reason":null}]}`,
 			p.id, p.created, p.model)
+	case completions:
+		return sw.send(nil)
 	case messages:
 		return sw.event("message_start", `{"type":"message_start","message":{"id":%q,"type":"message","role":"assistant","model":%q,"content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":%d,"cache_creation_input_tokens":0,"cache_read_input_tokens":%d,"output_tokens":1}}}`,
 			p.id, p.model, p.input-p.cached, p.cached) &&

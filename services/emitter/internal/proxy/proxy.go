@@ -147,7 +147,7 @@ func (p *Proxy) readBody(r *http.Request) (head []byte, rest io.Reader, err erro
 // withUsage adds stream_options.include_usage=true to an OpenAI request body, keeping the
 // client's bytes otherwise. It reports false when the client asked for usage itself.
 func withUsage(body []byte, opts json.RawMessage) ([]byte, bool) {
-	if len(opts) == 0 || string(opts) == "null" {
+	if len(opts) == 0 {
 		end := bytes.LastIndexByte(body, '}')
 		if end < 0 {
 			return body, false
@@ -160,6 +160,9 @@ func withUsage(body []byte, opts json.RawMessage) ([]byte, bool) {
 	var o map[string]json.RawMessage
 	if json.Unmarshal(opts, &o) != nil {
 		return body, false
+	}
+	if o == nil { // "stream_options":null
+		o = map[string]json.RawMessage{}
 	}
 	if v, ok := o["include_usage"]; ok && string(v) == "true" {
 		return body, false
@@ -422,6 +425,13 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	} else if tail := m.Flush(end, fwd[:0]); len(tail) > 0 && writeErr == nil {
 		if _, writeErr = w.Write(tail); writeErr == nil {
 			_ = rc.Flush()
+		}
+	}
+	if readErr != nil && writeErr == nil && r.Context().Err() == nil {
+		// The upstream broke off: break the client's connection too, so its SDK sees the
+		// failure it would have seen talking to the upstream directly.
+		if conn, _, err := rc.Hijack(); err == nil {
+			_ = conn.Close()
 		}
 	}
 	res := m.Result(end)
