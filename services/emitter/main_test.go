@@ -87,20 +87,27 @@ func serveRig(t testing.TB, extra ...string) (base string, js jetstream.JetStrea
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js := connectJS(t, ns.ClientURL())
 	t.Cleanup(nc.Close)
-	if js, err = jetstream.New(nc); err != nil {
-		t.Fatal(err)
-	}
 	return base, js, func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("run: %v", err)
 		}
 	}
+}
+
+func connectJS(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
 }
 
 func waitMsgs(t testing.TB, js jetstream.JetStream, want uint64) {

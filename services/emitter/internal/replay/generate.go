@@ -21,16 +21,18 @@ type Shape struct {
 	MinOutput, MaxOutput    int64
 }
 
-// Shapes fitted to AzureLLMInferenceTrace_conv.csv and _code.csv (Nov 2023): conversation has
-// median input 1,020 and output 129 tokens at about 5.5 requests/s; code completion has
-// longer inputs (median 1,469) and very short outputs (median 13) at about 2.6 requests/s.
+// Shapes fitted to AzureLLMInferenceTrace_conv.csv and _code.csv (Nov 2023): mu is the log of
+// the trace's median and sigma the standard deviation of its log token counts, the bounds are
+// the trace's. Conversation has median input 1,020 and output 129 tokens at about 5.5
+// requests/s; code completion has longer inputs (median 1,469) and very short outputs
+// (median 13) at about 2.6 requests/s.
 var (
 	Conversation = Shape{Name: "conversation", Rate: 5.5, BurstFactor: 3, BurstEvery: 5 * time.Minute, BurstLength: 20 * time.Second,
 		SwellPeriod: 20 * time.Minute, SwellDepth: 0.25,
-		InputMu: 6.63, InputSigma: 0.99, OutputMu: 5.02, OutputSigma: 0.86, MinInput: 1, MaxInput: 14_050, MinOutput: 7, MaxOutput: 1_000}
+		InputMu: 6.93, InputSigma: 0.99, OutputMu: 4.86, OutputSigma: 0.86, MinInput: 1, MaxInput: 14_050, MinOutput: 7, MaxOutput: 1_000}
 	Code = Shape{Name: "code", Rate: 2.6, BurstFactor: 4, BurstEvery: 4 * time.Minute, BurstLength: 15 * time.Second,
 		SwellPeriod: 20 * time.Minute, SwellDepth: 0.3,
-		InputMu: 7.0, InputSigma: 1.36, OutputMu: 2.79, OutputSigma: 0.85, MinInput: 1, MaxInput: 7_437, MinOutput: 6, MaxOutput: 1_899}
+		InputMu: 7.29, InputSigma: 1.36, OutputMu: 2.565, OutputSigma: 0.85, MinInput: 1, MaxInput: 7_437, MinOutput: 6, MaxOutput: 1_899}
 )
 
 // rate is the arrival rate at t.

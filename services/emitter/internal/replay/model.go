@@ -23,7 +23,9 @@ import (
 // Prefill is linear in the prompt, so long prompts get long TTFTs; decode steps slow down as
 // the batch grows, so TPOT rises with load. jitter is log-normal with σ = Jitter. A request
 // fails with probability ErrorRate (half of them 429, half 500), and one whose total would pass
-// Timeout ends as a timeout at Timeout. Incidents change all of these for a while.
+// Timeout ends as a timeout at Timeout. Incidents change all of these for a while. The
+// longest gap between two tokens (max_itl_ms) is reported as three TPOTs, the usual spread
+// of a decode step that waits for a prefill batched alongside it.
 type Model struct {
 	BaseTTFT        time.Duration
 	PrefillPerToken time.Duration
