@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -49,6 +50,18 @@ func TestConfig(t *testing.T) {
 	}
 }
 
+// upstreams maps a rig's proxy address to its fake LLM's.
+var upstreams sync.Map
+
+func fakeUpstream(t testing.TB, base string) string {
+	t.Helper()
+	u, ok := upstreams.Load(base)
+	if !ok {
+		t.Fatalf("no fake upstream for %s", base)
+	}
+	return u.(string)
+}
+
 func freeAddr(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -66,6 +79,7 @@ func serveRig(t testing.TB, extra ...string) (base string, js jetstream.JetStrea
 	fake := httptest.NewServer(fakellm.New(fakellm.Options{TTFT: 5 * time.Millisecond, Tokens: 4}))
 	t.Cleanup(fake.Close)
 	addr := freeAddr(t)
+	upstreams.Store("http://"+addr, fake.URL)
 	environ := append([]string{"HTTP_ADDR=" + addr, "NATS_URL=" + ns.ClientURL(), "EMITTER_UPSTREAM_URL=" + fake.URL,
 		"EMITTER_DEFAULT_ENV=test", "LOG_LEVEL=warn"}, extra...)
 	ctx, cancel := context.WithCancel(context.Background())
