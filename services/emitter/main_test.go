@@ -75,8 +75,13 @@ func freeAddr(t testing.TB) string {
 // serveRig starts the whole service against an in-process NATS and a fake LLM.
 func serveRig(t testing.TB, extra ...string) (base string, js jetstream.JetStream, stop func()) {
 	t.Helper()
+	return serveRigWith(t, fakellm.Options{TTFT: 5 * time.Millisecond, Tokens: 4}, extra...)
+}
+
+func serveRigWith(t testing.TB, opts fakellm.Options, extra ...string) (base string, js jetstream.JetStream, stop func()) {
+	t.Helper()
 	ns := testbed.NATS(t)
-	fake := httptest.NewServer(fakellm.New(fakellm.Options{TTFT: 5 * time.Millisecond, Tokens: 4}))
+	fake := httptest.NewServer(fakellm.New(opts))
 	t.Cleanup(fake.Close)
 	addr := freeAddr(t)
 	upstreams.Store("http://"+addr, fake.URL)

@@ -303,6 +303,12 @@ func (m *Meter) openAIEvent(data []byte, now time.Time) (keep bool) {
 		m.done = true
 		return true
 	}
+	if n, ok := openAIFast(data); ok {
+		if n > 0 {
+			m.content(now, n)
+		}
+		return true
+	}
 	var c openAIChunk
 	if err := json.Unmarshal(data, &c); err != nil {
 		m.malformed++
@@ -375,6 +381,16 @@ type anthropicEvent struct {
 }
 
 func (m *Meter) anthropicEvent(name, data []byte, now time.Time) {
+	// The frequent events need no decoding: a delta is content whatever it holds.
+	if wellFormed(data) {
+		switch string(name) {
+		case "content_block_delta":
+			m.content(now, len(data))
+			return
+		case "ping", "content_block_start", "content_block_stop":
+			return
+		}
+	}
 	var e anthropicEvent
 	if err := json.Unmarshal(data, &e); err != nil {
 		m.malformed++
@@ -412,3 +428,54 @@ func (m *Meter) anthropicEvent(name, data []byte, now time.Time) {
 
 // Stripping reports whether Feed drops the usage chunk.
 func (m *Meter) Stripping() bool { return m.strip }
+
+// Byte patterns of the keys the fast path looks for. JSON escapes every quote inside a string,
+// so `"key":` can only match a real key, never text inside a value.
+var (
+	keyUsage     = []byte(`"usage":{`)
+	keyError     = []byte(`"error":`)
+	keyToolCalls = []byte(`"tool_calls":`)
+	keyFunction  = []byte(`"function_call":`)
+	contentKeys  = [][]byte{[]byte(`"content":"`), []byte(`"text":"`), []byte(`"reasoning_content":"`), []byte(`"refusal":"`), []byte(`"reasoning":"`)}
+)
+
+// wellFormed is the cheap check the fast path makes instead of a full parse: a JSON object,
+// cut nowhere. A data line that fails it is parsed fully, and counted if it is not JSON.
+func wellFormed(data []byte) bool {
+	return len(data) >= 2 && data[0] == '{' && data[len(data)-1] == '}'
+}
+
+// openAIFast measures the common OpenAI chunk (content, role or finish only) without decoding
+// it. It reports ok=false for anything else: usage, errors, tool calls, or odd shapes, which
+// the full decoder then handles.
+func openAIFast(data []byte) (n int, ok bool) {
+	if !wellFormed(data) || bytes.Contains(data, keyUsage) || bytes.Contains(data, keyError) ||
+		bytes.Contains(data, keyToolCalls) || bytes.Contains(data, keyFunction) {
+		return 0, false
+	}
+	for _, k := range contentKeys {
+		rest := data
+		for {
+			i := bytes.Index(rest, k)
+			if i < 0 {
+				break
+			}
+			rest = rest[i+len(k):]
+			if len(rest) > 0 && rest[0] != '"' {
+				end := bytes.IndexByte(rest, '"')
+				for end > 0 && rest[end-1] == '\\' {
+					next := bytes.IndexByte(rest[end+1:], '"')
+					if next < 0 {
+						return 0, false
+					}
+					end += next + 1
+				}
+				if end < 0 {
+					return 0, false
+				}
+				n += end
+			}
+		}
+	}
+	return n, true
+}

@@ -196,3 +196,28 @@ func BenchmarkMeterStream(b *testing.B) {
 		_ = m.Result(t0)
 	}
 }
+
+func TestOpenAIFastAgreesWithDecoder(t *testing.T) {
+	f := func(data string, wantContent, wantFast bool) {
+		t.Helper()
+		n, ok := openAIFast([]byte(data))
+		if ok != wantFast || (ok && (n > 0) != wantContent) {
+			t.Fatalf("openAIFast(%s) = %d %v, want content %v fast %v", data, n, ok, wantContent, wantFast)
+		}
+		m := New(OpenAIChat, true, t0)
+		m.openAIEvent([]byte(data), t0) // the full path, when the fast one declines
+		if !ok && m.SeenContent() != wantContent {
+			t.Fatalf("decoder on %s: content %v, want %v", data, m.SeenContent(), wantContent)
+		}
+	}
+	f(`{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}`, false, true)
+	f(`{"choices":[{"index":0,"delta":{"content":"hi"}}]}`, true, true)
+	f(`{"choices":[{"index":0,"delta":{"content":"say \"usage\":{ and \"error\": here"}}]}`, true, true)
+	f(`{"choices":[{"index":0,"delta":{"content":null,"reasoning_content":"hmm"}}]}`, true, true)
+	f(`{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`, false, true)
+	f(`{"choices":[{"text":"x","index":0}]}`, true, true)
+	f(`{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}`, false, false)
+	f(`{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}}]}`, true, false)
+	f(`{"error":{"type":"server_error"}}`, false, false)
+	f(`{"choices": [oops`, false, false)
+}
