@@ -168,6 +168,8 @@ func BenchmarkOpenStreams(b *testing.B) {
 	goMem := (after["go_memstats_heap_inuse_bytes"] + after["go_memstats_stack_inuse_bytes"]) -
 		(before["go_memstats_heap_inuse_bytes"] + before["go_memstats_stack_inuse_bytes"])
 	b.ReportMetric(goMem/streams/1024, "go-KB/stream")
+	b.ReportMetric((after["go_memstats_stack_inuse_bytes"]-before["go_memstats_stack_inuse_bytes"])/streams/1024, "stack-KB/stream")
+	b.ReportMetric(float64(after["go_goroutines"]-before["go_goroutines"])/streams, "goroutines/stream")
 	b.ReportMetric((after["rss"]-before["rss"])/streams/1024, "rss-KB/stream")
 	b.ReportMetric(streams, "streams")
 	release()

@@ -108,3 +108,40 @@ func TestOfficialSDKs(t *testing.T) {
 		t.Fatalf("statuses %v", statuses)
 	}
 }
+
+// TestCurl checks the proxy with curl, streamed (-N, no buffering) and not, with and without
+// compression: the bytes curl prints must equal a direct call's.
+func TestCurl(t *testing.T) {
+	if _, err := exec.LookPath("curl"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("curl is required under CI")
+		}
+		t.Skip("curl not found")
+	}
+	base, js, stop := serveRig(t)
+	defer stop()
+	fake := fakeUpstream(t, base)
+	curl := func(url string, args ...string) []byte {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, "curl", append([]string{"-sS", "-N", "--fail-with-body", url}, args...)...).Output()
+		if err != nil {
+			t.Fatalf("curl %s %v: %v\n%s", url, args, err, out)
+		}
+		return out
+	}
+	cases := [][]string{
+		{"/v1/chat/completions", "-H", "Authorization: Bearer sk-x", "-d", `{"model":"gpt-4o","stream":true,"max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`},
+		{"/v1/messages", "-H", "x-api-key: sk-ant", "-H", "anthropic-version: 2023-06-01", "-d", `{"model":"claude-x","stream":true,"max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`},
+		{"/v1/chat/completions", "--compressed", "-H", "X-Fakellm-Mode: gzip", "-d", `{"model":"gpt-4o","max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`},
+	}
+	for _, c := range cases {
+		direct := curl(fake+c[0], c[1:]...)
+		via := curl(base+c[0], c[1:]...)
+		if !bytes.Equal(direct, via) || len(via) == 0 {
+			t.Fatalf("curl %v via proxy:\n%s\ndirect:\n%s", c, via, direct)
+		}
+	}
+	waitMsgs(t, js, uint64(len(cases)))
+}

@@ -143,9 +143,12 @@ func (h *Handler) ingest(body []byte, now time.Time) result {
 	if len(trimmed) == 0 {
 		return res
 	}
+	// The decoder interns the few label values of a batch; its other strings alias body,
+	// which outlives every event: each is encoded again before publishing.
+	dec := events.NewDecoder(64)
 	item := func(i int, raw []byte) {
 		var ev events.RequestEvent
-		err := events.UnmarshalRequest(raw, &ev)
+		err := dec.Decode(raw, &ev)
 		if err == nil {
 			err = h.emit.Emit(&ev, now)
 		}

@@ -84,11 +84,12 @@ func New(cfg Config, emit Emitter, reg prometheus.Registerer, logger *slog.Logge
 		ExpectContinueTimeout: time.Second,
 		// The client gets the upstream's bytes as they are: never ask for or undo gzip on its behalf.
 		DisableCompression: true,
-		WriteBufferSize:    16 << 10,
-		ReadBufferSize:     4 << 10,
+		// Small buffers: thousands of streams stay open at once, each mostly idle.
+		WriteBufferSize: 1 << 10,
+		ReadBufferSize:  1 << 10,
 	}
 	p := &Proxy{cfg: cfg, transport: t, emit: emit, logger: logger.With("component", "proxy"), m: newMetrics(reg, cfg.MaxLabels)}
-	p.bufs.New = func() any { b := make([]byte, 4<<10); return &b }
+	p.bufs.New = func() any { b := make([]byte, 2<<10); return &b }
 	p.meters.New = func() any { return &meter.Meter{} }
 	return p
 }
