@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -286,16 +287,25 @@ func BenchmarkIngestNATS(b *testing.B) {
 			k++
 			body := mkBatch(k)
 			mu.Unlock()
-			resp, err := client.Post(base+"/v1/events", "application/x-ndjson", strings.NewReader(body))
-			if err != nil {
-				b.Error(err)
-				return
-			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != 202 {
-				b.Errorf("status %d", resp.StatusCode)
-				return
+			// A 503, or a 202 with items dropped, means the publish buffer is full: back off
+			// and send the batch again, as a client would; JetStream drops what got through twice.
+			for {
+				resp, err := client.Post(base+"/v1/events", "application/x-ndjson", strings.NewReader(body))
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				var a struct{ Rejected int }
+				_ = json.NewDecoder(resp.Body).Decode(&a)
+				resp.Body.Close()
+				if resp.StatusCode == 202 && a.Rejected == 0 {
+					break
+				}
+				if resp.StatusCode != 202 && resp.StatusCode != 503 {
+					b.Errorf("status %d", resp.StatusCode)
+					return
+				}
+				time.Sleep(50 * time.Millisecond)
 			}
 		}
 	})

@@ -131,7 +131,7 @@ func connectJS(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
 
 func waitMsgs(t testing.TB, js jetstream.JetStream, want uint64) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for {
 		s, err := js.Stream(context.Background(), events.StreamEvents)
 		if err != nil {
