@@ -1,0 +1,314 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/pkg/testbed"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/fakellm"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/meter"
+)
+
+// TestMain lets a benchmark start this test binary as the emitter in its own process, so
+// that the proxy's memory can be measured apart from the client's and the fake LLM's.
+func TestMain(m *testing.M) {
+	if os.Getenv("EMITTER_TEST_CHILD") == "serve" {
+		if err := run(context.Background(), nil, os.Environ(), os.Stdout, os.Stderr); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// timing is one streamed request seen from the client.
+type timing struct{ ttft, total time.Duration }
+
+func streamOnce(client *http.Client, url, body string) (timing, error) {
+	start := time.Now()
+	resp, err := client.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		return timing{}, err
+	}
+	defer resp.Body.Close()
+	m := meter.New(meter.OpenAIChat, true, start)
+	buf := make([]byte, 4096)
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			m.Feed(buf[:n], time.Now(), nil)
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return timing{}, err
+		}
+	}
+	r := m.Result(time.Now())
+	if st, code := r.Status(true); st != events.StatusOK {
+		return timing{}, fmt.Errorf("status %s %s", st, code)
+	}
+	return timing{r.TTFT, r.Total}, nil
+}
+
+func pct(v []time.Duration, p float64) time.Duration {
+	slices.Sort(v)
+	return v[min(int(p*float64(len(v))), len(v)-1)]
+}
+
+// BenchmarkProxyAddedLatency runs streaming requests through the proxy and, side by side, as
+// many straight to the fake LLM, and reports the difference of the client-seen TTFT and total
+// percentiles. Each iteration starts one request of each; the rate is per path. Client, fake
+// LLM, NATS and proxy share the machine. Run it with -benchtime=3000x.
+func BenchmarkProxyAddedLatency(b *testing.B) {
+	base, _, stop := serveRigWith(b, fakellm.Options{TTFT: 20 * time.Millisecond, TPOT: 2 * time.Millisecond, Tokens: 20})
+	defer stop()
+	for _, rate := range []int{1000, 250} {
+		b.Run(fmt.Sprintf("rate=%d", rate), func(b *testing.B) { addedLatency(b, base, time.Second/time.Duration(rate)) })
+	}
+}
+
+func addedLatency(b *testing.B, base string, every time.Duration) {
+	direct := fakeUpstream(b, base)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2000, DisableCompression: true}}
+	body := `{"model":"gpt-4o","stream":true,"max_tokens":20,"messages":[{"role":"user","content":"measure the proxy"}]}`
+	var mu sync.Mutex
+	var viaT, dirT []timing
+	var failures int
+	var wg sync.WaitGroup
+	one := func(url string, into *[]timing) {
+		defer wg.Done()
+		t, err := streamOnce(client, url, body)
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			failures++
+			return
+		}
+		*into = append(*into, t)
+	}
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	b.ReportAllocs()
+	for b.Loop() {
+		wg.Add(2)
+		go one(base+"/v1/chat/completions", &viaT)
+		go one(direct+"/v1/chat/completions", &dirT)
+		<-tick.C
+	}
+	wg.Wait()
+	if failures > 0 || len(viaT) == 0 {
+		b.Fatalf("%d requests failed", failures)
+	}
+	split := func(ts []timing) (ttft, total []time.Duration) {
+		for _, t := range ts {
+			ttft, total = append(ttft, t.ttft), append(total, t.total)
+		}
+		return
+	}
+	vt, vtot := split(viaT)
+	dt, dtot := split(dirT)
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	b.ReportMetric(ms(pct(vt, .5)-pct(dt, .5)), "added-ttft-p50-ms")
+	b.ReportMetric(ms(pct(vt, .99)-pct(dt, .99)), "added-ttft-p99-ms")
+	b.ReportMetric(ms(pct(vtot, .5)-pct(dtot, .5)), "added-total-p50-ms")
+	b.ReportMetric(ms(pct(vtot, .99)-pct(dtot, .99)), "added-total-p99-ms")
+	b.ReportMetric(ms(pct(dt, .99)), "direct-ttft-p99-ms")
+}
+
+// BenchmarkOpenStreams holds 5,000 streams open through an emitter running in its own process
+// and reports its memory per stream: Go heap and stacks in use, and resident set size.
+// Run it with -benchtime=1x.
+func BenchmarkOpenStreams(b *testing.B) {
+	const streams = 5000
+	ns := testbed.NATS(b)
+	// The first token comes at once, the next only after an hour: every stream stays open.
+	fake := httptest.NewServer(fakellm.New(fakellm.Options{TPOT: time.Hour, Tokens: 2}))
+	defer fake.Close()
+	addr := freeAddr(b)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "EMITTER_TEST_CHILD=serve", "HTTP_ADDR="+addr, "NATS_URL="+ns.ClientURL(),
+		"EMITTER_UPSTREAM_URL="+fake.URL, "EMITTER_STREAM_IDLE_TIMEOUT=1h", "LOG_LEVEL=error", "EMITTER_SHUTDOWN_GRACE=1s")
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	base := "http://" + addr
+	waitReady(b, base)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: streams, DisableCompression: true}}
+	body := `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hold on"}]}`
+	// Warm up: connection pools, buffers and the first event.
+	holdStreams(b, client, base, body, 50)()
+	before := childMemory(b, base, cmd.Process.Pid)
+	release := holdStreams(b, client, base, body, streams)
+	time.Sleep(time.Second)
+	after := childMemory(b, base, cmd.Process.Pid)
+	if after["emitter_proxy_inflight_streams"] != streams {
+		b.Fatalf("inflight_streams = %v, want %d", after["emitter_proxy_inflight_streams"], streams)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+	}
+	goMem := (after["go_memstats_heap_inuse_bytes"] + after["go_memstats_stack_inuse_bytes"]) -
+		(before["go_memstats_heap_inuse_bytes"] + before["go_memstats_stack_inuse_bytes"])
+	b.ReportMetric(goMem/streams/1024, "go-KB/stream")
+	b.ReportMetric((after["go_memstats_stack_inuse_bytes"]-before["go_memstats_stack_inuse_bytes"])/streams/1024, "stack-KB/stream")
+	b.ReportMetric(float64(after["go_goroutines"]-before["go_goroutines"])/streams, "goroutines/stream")
+	b.ReportMetric((after["rss"]-before["rss"])/streams/1024, "rss-KB/stream")
+	b.ReportMetric(streams, "streams")
+	release()
+}
+
+func waitReady(b testing.TB, base string) {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		resp, err := http.Get(base + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("emitter not ready: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// holdStreams opens n streams, waits for each one's first bytes, and returns a function that
+// closes them all.
+func holdStreams(b testing.TB, client *http.Client, base, body string, n int) func() {
+	ctx, cancel := context.WithCancel(context.Background())
+	var opened, done sync.WaitGroup
+	errs := make(chan error, n)
+	for range n {
+		opened.Add(1)
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
+			resp, err := client.Do(req)
+			if err != nil {
+				errs <- err
+				opened.Done()
+				return
+			}
+			defer resp.Body.Close()
+			buf := make([]byte, 1024)
+			_, err = resp.Body.Read(buf)
+			if err != nil {
+				errs <- err
+			}
+			opened.Done()
+			<-ctx.Done()
+		}()
+	}
+	opened.Wait()
+	select {
+	case err := <-errs:
+		cancel()
+		b.Fatalf("cannot open the streams: %v", err)
+	default:
+	}
+	return func() { cancel(); done.Wait() }
+}
+
+// childMemory reads the child's Go memory metrics from /metrics and its resident set size.
+func childMemory(b testing.TB, base string, pid int) map[string]float64 {
+	out := map[string]float64{}
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		name, v, ok := strings.Cut(sc.Text(), " ")
+		if !ok || strings.HasPrefix(name, "#") {
+			continue
+		}
+		if f, err := strconv.ParseFloat(v, 64); err == nil {
+			out[name] = f
+		}
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err == nil {
+		for _, line := range strings.Split(string(status), "\n") {
+			if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+				kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+				out["rss"] = kb * 1024
+			}
+		}
+	}
+	return out
+}
+
+// BenchmarkIngestNATS posts NDJSON batches of 1,000 events to POST /v1/events and counts the
+// events per second until all of them are stored in LLM_EVENTS by the real NATS.
+func BenchmarkIngestNATS(b *testing.B) {
+	base, js, stop := serveRig(b, "EMITTER_PUBLISH_BUFFER=1000000")
+	defer stop()
+	const batch = 1000
+	ts := time.Now().UTC().Format(events.TimeLayout)
+	mkBatch := func(k int) string {
+		var sb strings.Builder
+		for i := range batch {
+			fmt.Fprintf(&sb, `{"v":1,"event_id":"b%d-%d","ts":%q,"model":"llama-3-70b","scene":"chat","env":"prod","input_tokens":1024,"output_tokens":128,"ttft_ms":210.5,"total_ms":3300.25,"status":"ok","stream":true}`+"\n", k, i, ts)
+		}
+		return sb.String()
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
+	var mu sync.Mutex
+	k := 0
+	start := time.Now()
+	b.SetParallelism(2)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			mu.Lock()
+			k++
+			body := mkBatch(k)
+			mu.Unlock()
+			// A 503, or a 202 with items dropped, means the publish buffer is full: back off
+			// and send the batch again, as a client would; JetStream drops what got through twice.
+			for {
+				resp, err := client.Post(base+"/v1/events", "application/x-ndjson", strings.NewReader(body))
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				var a struct{ Rejected int }
+				_ = json.NewDecoder(resp.Body).Decode(&a)
+				resp.Body.Close()
+				if resp.StatusCode == 202 && a.Rejected == 0 {
+					break
+				}
+				if resp.StatusCode != 202 && resp.StatusCode != 503 {
+					b.Errorf("status %d", resp.StatusCode)
+					return
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+	})
+	waitMsgs(b, js, uint64(k*batch))
+	b.ReportMetric(float64(k*batch)/time.Since(start).Seconds(), "events/s")
+}

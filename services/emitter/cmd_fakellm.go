@@ -1,0 +1,60 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/tokenscope/tokenscope/services/emitter/internal/fakellm"
+)
+
+func runFakeLLM(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("fakellm", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", "127.0.0.1:8081", "listen address")
+	var o fakellm.Options
+	fs.DurationVar(&o.TTFT, "ttft", 200*time.Millisecond, "time to the first token")
+	fs.DurationVar(&o.PrefillPer1K, "prefill-per-1k", 20*time.Millisecond, "TTFT added per 1,000 input tokens")
+	fs.DurationVar(&o.TPOT, "tpot", 20*time.Millisecond, "time per output token")
+	fs.IntVar(&o.Tokens, "tokens", 64, "output tokens when the request sets no max_tokens")
+	fs.Float64Var(&o.ErrorRate, "error-rate", 0, "fraction of requests answered 500")
+	fs.Float64Var(&o.RateLimitRate, "rate-limit-rate", 0, "fraction of requests answered 429")
+	fs.Float64Var(&o.StallRate, "stall-rate", 0, "fraction of streams that hang halfway")
+	fs.Float64Var(&o.DisconnectRate, "disconnect-rate", 0, "fraction of streams cut halfway")
+	fs.Uint64Var(&o.Seed, "seed", 1, "random seed for the failure draws")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	for name, v := range map[string]float64{"error-rate": o.ErrorRate, "rate-limit-rate": o.RateLimitRate, "stall-rate": o.StallRate, "disconnect-rate": o.DisconnectRate} {
+		if v < 0 || v > 1 {
+			return fmt.Errorf("-%s=%g must be between 0 and 1", name, v)
+		}
+	}
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		return fmt.Errorf("cannot listen on %s: %w", *addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/v1/", fakellm.New(o))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	fmt.Fprintf(stdout, "fake LLM on http://%s (OpenAI: /v1/chat/completions, /v1/completions; Anthropic: /v1/messages)\n", ln.Addr())
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("fake LLM stopped: %w", err)
+	case <-ctx.Done():
+	}
+	shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shut); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("cannot shut down the fake LLM: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,147 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/tokenscope/tokenscope/services/emitter/internal/llmclient"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/replay"
+)
+
+type incidentFlags []replay.Incident
+
+func (f *incidentFlags) String() string { return fmt.Sprint(len(*f)) }
+func (f *incidentFlags) Set(s string) error {
+	in, err := replay.ParseIncident(s)
+	if err == nil {
+		*f = append(*f, in)
+	}
+	return err
+}
+
+func runReplay(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	tracePath := fs.String("trace", "", "Azure trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens); empty generates a workload")
+	shape := fs.String("shape", "conversation", "generated workload shape: conversation or code")
+	duration := fs.Duration("duration", 10*time.Minute, "length of a generated workload (trace time)")
+	speed := fs.Float64("speed", 1, "speed factor: 10 plays ten times faster than recorded")
+	loop := fs.Bool("loop", false, "start over at the end until interrupted (demo load)")
+	limit := fs.Int("limit", 0, "play only the first N requests (0: all)")
+	simulate := fs.Bool("simulate", false, "do not call an endpoint: publish events from the latency model")
+	url := fs.String("url", "http://127.0.0.1:8080", "endpoint base URL when not simulating")
+	protocol := fs.String("protocol", "openai", "openai, openai-completions or anthropic")
+	stream := fs.Bool("stream", true, "stream the responses (SSE)")
+	concurrency := fs.Int("concurrency", 512, "requests in flight at most when not simulating")
+	model := fs.String("model", "llama-3-70b", "model name of the requests and events")
+	scene := fs.String("scene", "", "scene of the events (default: the shape's or the trace's name)")
+	envName := fs.String("env", "dev", "env of the events")
+	instance := fs.String("instance", "", "instance of the events (default sim-1 when simulating)")
+	seed := fs.Uint64("seed", 1, "random seed of the generator and the model")
+	publish := fs.Bool("publish", true, "publish events to NATS (NATS_* variables)")
+	m := replay.DefaultModel
+	fs.DurationVar(&m.BaseTTFT, "model-ttft", m.BaseTTFT, "model: base TTFT")
+	fs.DurationVar(&m.PrefillPerToken, "model-prefill", m.PrefillPerToken, "model: TTFT per input token")
+	fs.DurationVar(&m.BaseTPOT, "model-tpot", m.BaseTPOT, "model: base TPOT")
+	fs.Float64Var(&m.QueuePerLoad, "model-queue", m.QueuePerLoad, "model: TTFT growth per request in flight")
+	fs.Float64Var(&m.DecodePerLoad, "model-decode", m.DecodePerLoad, "model: TPOT growth per request in flight")
+	fs.Float64Var(&m.ErrorRate, "model-errors", m.ErrorRate, "model: error rate")
+	var incidents incidentFlags
+	fs.Var(&incidents, "incident", "inject an incident: start=10m,for=2m,ttft=4,tpot=2,errors=0.1 (repeatable)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *speed <= 0 {
+		return fmt.Errorf("-speed=%g must be positive", *speed)
+	}
+	var (
+		records []replay.Record
+		name    string
+	)
+	if *tracePath != "" {
+		f, err := os.Open(*tracePath)
+		if err != nil {
+			return fmt.Errorf("cannot open -trace: %w", err)
+		}
+		records, err = replay.ReadTrace(f)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("cannot read %s: %w", *tracePath, err)
+		}
+		name = "conversation"
+		if strings.Contains(strings.ToLower(*tracePath), "code") {
+			name = "code"
+		}
+	} else {
+		s := replay.Conversation
+		switch *shape {
+		case "conversation":
+		case "code":
+			s = replay.Code
+		default:
+			return fmt.Errorf("-shape=%q is not conversation or code", *shape)
+		}
+		records, name = replay.Generate(s, *duration, *seed), s.Name
+	}
+	if *limit > 0 && *limit < len(records) {
+		records = records[:*limit]
+	}
+	if *scene == "" {
+		*scene = name
+	}
+	opts := replay.Options{Speed: *speed, Loop: *loop, Model: *model, Scene: *scene, Env: *envName, Instance: *instance}
+	if *simulate {
+		opts.Simulator = replay.NewSimulator(m, incidents, *seed)
+		if opts.Instance == "" {
+			opts.Instance = "sim-1"
+		}
+	} else {
+		proto, err := llmclient.ParseProtocol(*protocol)
+		if err != nil {
+			return fmt.Errorf("-protocol: %w", err)
+		}
+		key := environ["OPENAI_API_KEY"]
+		if proto.Provider() == "anthropic" {
+			key = environ["ANTHROPIC_API_KEY"]
+		}
+		tr := &http.Transport{MaxIdleConnsPerHost: *concurrency, DisableCompression: true}
+		opts.Target = &replay.Target{Stream: *stream, Concurrency: *concurrency,
+			Client: &llmclient.Client{BaseURL: *url, APIKey: key, Protocol: proto, HTTP: &http.Client{Transport: tr, Timeout: 600 * time.Second}}}
+	}
+	em, stop, err := publishing(ctx, environ, *publish, stderr)
+	if err != nil {
+		return fmt.Errorf("%w (run with -publish=false to replay without NATS)", err)
+	}
+	var stats replay.Stats
+	fmt.Fprintf(stderr, "replaying %d requests (%s, scene %s) at %gx\n", len(records), name, *scene, *speed)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		replay.Run(ctx, records, opts, em, &stats)
+	}()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	line := func() string {
+		return fmt.Sprintf("sent %d  ok %d  errors %d  timeouts %d  canceled %d  skipped %d  unpublished %d",
+			stats.Sent.Load(), stats.OK.Load(), stats.Errors.Load(), stats.Timeouts.Load(), stats.Canceled.Load(),
+			stats.Skipped.Load(), stats.Unpublished.Load())
+	}
+wait:
+	for {
+		select {
+		case <-done:
+			break wait
+		case <-tick.C:
+			fmt.Fprintf(stderr, "\r%s", line())
+		}
+	}
+	fmt.Fprintf(stderr, "\r")
+	fmt.Fprintln(stdout, line())
+	return stop()
+}

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tokenscope/tokenscope/pkg/testbed"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/fakellm"
+)
+
+func TestBenchCommand(t *testing.T) {
+	fake := httptest.NewServer(fakellm.New(fakellm.Options{TTFT: time.Millisecond}))
+	defer fake.Close()
+	dir := t.TempDir()
+	first, second := filepath.Join(dir, "a.json"), filepath.Join(dir, "b.json")
+	args := []string{"bench", "-url", fake.URL, "-protocol", "anthropic", "-publish=false", "-requests", "3", "-prompts", "short=20,long=2000", "-max-tokens", "4"}
+	var out bytes.Buffer
+	if err := run(context.Background(), append(args, "-out", first), nil, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if err := run(context.Background(), append(args, "-out", second, "-compare", first), nil, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"TTFT p50", "2000-7999", "Δ", "result written to " + second} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if _, err := os.Stat(second); err != nil {
+		t.Fatal(err)
+	}
+	err := run(context.Background(), []string{"bench", "-protocol", "grpc"}, nil, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "-protocol") {
+		t.Fatalf("bad protocol: %v", err)
+	}
+}
+
+func TestReplayCommandPublishes(t *testing.T) {
+	ns := testbed.NATS(t)
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"replay", "-simulate", "-duration", "1m", "-limit", "40", "-speed", "1000", "-seed", "3",
+		"-incident", "start=0s,for=10s,ttft=3"}, []string{"NATS_URL=" + ns.ClientURL()}, &out, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "sent 40") || !strings.Contains(out.String(), "unpublished 0") {
+		t.Fatalf("output %q", out.String())
+	}
+	nc, js := connectJS(t, ns.ClientURL())
+	defer nc.Close()
+	waitMsgs(t, js, 40)
+
+	for _, bad := range [][]string{{"replay", "-speed", "0"}, {"replay", "-shape", "chat"}, {"replay", "-incident", "start=1m"}, {"replay", "-trace", "/nonexistent.csv"}} {
+		if err := run(context.Background(), bad, nil, io.Discard, io.Discard); err == nil {
+			t.Errorf("%v: no error", bad)
+		}
+	}
+}
+
+func TestReplayRealTrace(t *testing.T) {
+	path := "../../../shared/traces/AzureLLMInferenceTrace_code.csv"
+	if _, err := os.Stat(path); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal(err)
+		}
+		t.Skipf("no trace: %v", err)
+	}
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"replay", "-trace", path, "-simulate", "-publish=false", "-limit", "500", "-speed", "100000"}, nil, &out, io.Discard)
+	if err != nil || !strings.Contains(out.String(), "sent 500") {
+		t.Fatalf("%v %q", err, out.String())
+	}
+}
+
+func TestUnknownCommand(t *testing.T) {
+	if err := run(context.Background(), []string{"frobnicate"}, nil, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "usage") {
+		t.Fatalf("error %v", err)
+	}
+}

@@ -1,0 +1,112 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+
+	"github.com/tokenscope/tokenscope/pkg/bus"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/proxy"
+)
+
+// Config is the emitter's configuration, from the environment.
+type Config struct {
+	HTTPAddr string     `env:"HTTP_ADDR" envDefault:"127.0.0.1:8080"`
+	LogLevel slog.Level `env:"LOG_LEVEL" envDefault:"info"`
+	NATS     bus.Config `envPrefix:"NATS_"`
+
+	UpstreamURL       string        `env:"EMITTER_UPSTREAM_URL" envDefault:"http://127.0.0.1:8081"`
+	Upstreams         string        `env:"EMITTER_UPSTREAMS"` // model-prefix routes: claude-=https://api.anthropic.com,gpt-=https://api.openai.com
+	UpstreamTimeout   time.Duration `env:"EMITTER_UPSTREAM_TIMEOUT" envDefault:"600s"`
+	StreamIdleTimeout time.Duration `env:"EMITTER_STREAM_IDLE_TIMEOUT" envDefault:"60s"`
+	DefaultScene      string        `env:"EMITTER_DEFAULT_SCENE" envDefault:"default"`
+	DefaultEnv        string        `env:"EMITTER_DEFAULT_ENV" envDefault:"dev"`
+	MaxParseBytes     int64         `env:"EMITTER_MAX_PARSE_BYTES" envDefault:"33554432"`
+	MaxLabels         int           `env:"EMITTER_MAX_LABELS" envDefault:"200"`
+
+	IngestToken    string `env:"EMITTER_INGEST_TOKEN"`
+	IngestMaxBytes int64  `env:"EMITTER_INGEST_MAX_BYTES" envDefault:"16777216"`
+
+	PublishBuffer int           `env:"EMITTER_PUBLISH_BUFFER" envDefault:"100000"`
+	ShutdownGrace time.Duration `env:"EMITTER_SHUTDOWN_GRACE" envDefault:"30s"`
+}
+
+func parseConfig(environ map[string]string) (Config, error) {
+	var cfg Config
+	if err := env.ParseWithOptions(&cfg, env.Options{Environment: environ}); err != nil {
+		var pe env.ParseError
+		if errors.As(err, &pe) {
+			if name := envName(reflect.TypeOf(cfg), "", pe.Name); name != "" {
+				return cfg, fmt.Errorf("cannot parse %s=%q: %w", name, environ[name], pe.Err)
+			}
+		}
+		return cfg, fmt.Errorf("cannot parse the configuration: %w", err)
+	}
+	return cfg, cfg.Validate()
+}
+
+// envName finds the variable of the struct field called field, since caarlos0/env's parse
+// errors name the Go field only.
+func envName(t reflect.Type, prefix, field string) string {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if p, ok := f.Tag.Lookup("envPrefix"); ok && f.Type.Kind() == reflect.Struct {
+			if name := envName(f.Type, prefix+p, field); name != "" {
+				return name
+			}
+			continue
+		}
+		if f.Name == field {
+			return prefix + f.Tag.Get("env")
+		}
+	}
+	return ""
+}
+
+// Validate names the first variable with a bad value.
+func (c Config) Validate() error {
+	if c.HTTPAddr == "" {
+		return errors.New("HTTP_ADDR is empty")
+	}
+	if err := c.NATS.Validate(); err != nil {
+		return err
+	}
+	if _, err := proxy.ParseUpstream(c.UpstreamURL); err != nil {
+		return fmt.Errorf("EMITTER_UPSTREAM_URL: %w", err)
+	}
+	if _, err := proxy.ParseRoutes(c.Upstreams); err != nil {
+		return fmt.Errorf("EMITTER_UPSTREAMS: %w", err)
+	}
+	switch {
+	case c.UpstreamTimeout <= 0:
+		return fmt.Errorf("EMITTER_UPSTREAM_TIMEOUT=%s must be positive", c.UpstreamTimeout)
+	case c.StreamIdleTimeout <= 0:
+		return fmt.Errorf("EMITTER_STREAM_IDLE_TIMEOUT=%s must be positive", c.StreamIdleTimeout)
+	case c.DefaultScene == "":
+		return errors.New("EMITTER_DEFAULT_SCENE is empty")
+	case c.DefaultEnv == "":
+		return errors.New("EMITTER_DEFAULT_ENV is empty")
+	case c.MaxParseBytes < 1024:
+		return fmt.Errorf("EMITTER_MAX_PARSE_BYTES=%d must be at least 1024", c.MaxParseBytes)
+	case c.MaxLabels < 1:
+		return fmt.Errorf("EMITTER_MAX_LABELS=%d must be at least 1", c.MaxLabels)
+	case c.IngestMaxBytes < 1024:
+		return fmt.Errorf("EMITTER_INGEST_MAX_BYTES=%d must be at least 1024", c.IngestMaxBytes)
+	case c.PublishBuffer < 1:
+		return fmt.Errorf("EMITTER_PUBLISH_BUFFER=%d must be at least 1", c.PublishBuffer)
+	case c.ShutdownGrace <= 0:
+		return fmt.Errorf("EMITTER_SHUTDOWN_GRACE=%s must be positive", c.ShutdownGrace)
+	}
+	return nil
+}
+
+func (c Config) proxyConfig() proxy.Config {
+	up, _ := proxy.ParseUpstream(c.UpstreamURL)
+	routes, _ := proxy.ParseRoutes(c.Upstreams)
+	return proxy.Config{Upstream: up, Routes: routes, UpstreamTimeout: c.UpstreamTimeout, IdleTimeout: c.StreamIdleTimeout,
+		DefaultScene: c.DefaultScene, DefaultEnv: c.DefaultEnv, MaxParseBytes: c.MaxParseBytes, MaxLabels: c.MaxLabels}
+}

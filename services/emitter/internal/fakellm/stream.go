@@ -1,0 +1,164 @@
+package fakellm
+
+import (
+	"compress/gzip"
+	"fmt"
+	"io"
+	"net/http"
+)
+
+// sseWriter writes events and flushes each one, through gzip when asked.
+type sseWriter struct {
+	rc  *http.ResponseController
+	w   io.Writer
+	zw  *gzip.Writer
+	buf []byte
+	err error
+}
+
+func (s *sseWriter) send(b []byte) bool {
+	if s.err != nil {
+		return false
+	}
+	if _, s.err = s.w.Write(b); s.err != nil {
+		return false
+	}
+	if s.zw != nil {
+		if s.err = s.zw.Flush(); s.err != nil {
+			return false
+		}
+	}
+	s.err = s.rc.Flush()
+	return s.err == nil
+}
+
+func (s *sseWriter) data(format string, args ...any) bool {
+	s.buf = append(s.buf[:0], "data: "...)
+	s.buf = fmt.Appendf(s.buf, format, args...)
+	s.buf = append(s.buf, "\n\n"...)
+	return s.send(s.buf)
+}
+
+func (s *sseWriter) event(name, format string, args ...any) bool {
+	s.buf = append(s.buf[:0], "event: "...)
+	s.buf = append(s.buf, name...)
+	s.buf = append(s.buf, "\ndata: "...)
+	s.buf = fmt.Appendf(s.buf, format, args...)
+	s.buf = append(s.buf, "\n\n"...)
+	return s.send(s.buf)
+}
+
+func (s *Server) streamOut(w http.ResponseWriter, r *http.Request, p *plan) {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	sw := &sseWriter{rc: http.NewResponseController(w), w: w}
+	if p.mode == ModeGzip {
+		h.Set("Content-Encoding", "gzip")
+		sw.zw = gzip.NewWriter(w)
+		sw.w = sw.zw
+		defer sw.zw.Close()
+	}
+	w.WriteHeader(http.StatusOK)
+	// As vLLM and the providers do, the opening events (role, message_start) go out at once
+	// and the first token only after prefill: a proxy timing the first byte gets TTFT wrong.
+	if !s.open(sw, p) || !sleep(r, p.ttft-p.ttft/2) {
+		return
+	}
+	cut := p.output / 2
+	for i := range p.output {
+		if i > 0 && !sleep(r, p.tpot) {
+			return
+		}
+		if i == cut && i > 0 {
+			switch p.mode {
+			case ModeStall:
+				<-r.Context().Done()
+				return
+			case ModeDisconnect:
+				if conn, _, err := sw.rc.Hijack(); err == nil {
+					_ = conn.Close()
+				}
+				return
+			case ModeSSEError:
+				s.sseError(sw, p)
+				return
+			case ModeMalformed:
+				if !sw.send([]byte("data: {\"choices\": [oops\n\n")) {
+					return
+				}
+			}
+		}
+		if !s.token(sw, p, i) {
+			return
+		}
+	}
+	s.close(sw, p)
+}
+
+func (s *Server) open(sw *sseWriter, p *plan) bool {
+	switch p.api {
+	case chat:
+		return sw.data(`{"id":%q,"object":"chat.completion.chunk","created":%d,"model":%q,"system_fingerprint":"fp_fake","choices":[{"index":0,"delta":{"role":"assistant","content":"","refusal":null},"logprobs":null,"finish_reason":null}]}`,
+			p.id, p.created, p.model)
+	case completions:
+		return sw.send(nil)
+	case messages:
+		return sw.event("message_start", `{"type":"message_start","message":{"id":%q,"type":"message","role":"assistant","model":%q,"content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":%d,"cache_creation_input_tokens":0,"cache_read_input_tokens":%d,"output_tokens":1}}}`,
+			p.id, p.model, p.input-p.cached, p.cached) &&
+			sw.event("content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`) &&
+			sw.event("ping", `{"type": "ping"}`)
+	}
+	return true
+}
+
+func (s *Server) token(sw *sseWriter, p *plan, i int) bool {
+	word := p.word(i)
+	switch p.api {
+	case chat:
+		return sw.data(`{"id":%q,"object":"chat.completion.chunk","created":%d,"model":%q,"system_fingerprint":"fp_fake","choices":[{"index":0,"delta":{"content":%q},"logprobs":null,"finish_reason":null}]}`,
+			p.id, p.created, p.model, word)
+	case completions:
+		return sw.data(`{"id":%q,"object":"text_completion","created":%d,"choices":[{"text":%q,"index":0,"logprobs":null,"finish_reason":null}],"model":%q}`,
+			p.id, p.created, word, p.model)
+	default:
+		return sw.event("content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":%q}}`, word)
+	}
+}
+
+func (s *Server) close(sw *sseWriter, p *plan) {
+	switch p.api {
+	case chat:
+		if !sw.data(`{"id":%q,"object":"chat.completion.chunk","created":%d,"model":%q,"system_fingerprint":"fp_fake","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}]}`,
+			p.id, p.created, p.model) {
+			return
+		}
+		if p.includeUsage && !sw.data(`{"id":%q,"object":"chat.completion.chunk","created":%d,"model":%q,"system_fingerprint":"fp_fake","choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d}}}`,
+			p.id, p.created, p.model, p.input, p.output, p.input+p.output, p.cached) {
+			return
+		}
+		sw.data("[DONE]")
+	case completions:
+		if !sw.data(`{"id":%q,"object":"text_completion","created":%d,"choices":[{"text":"","index":0,"logprobs":null,"finish_reason":"length"}],"model":%q}`,
+			p.id, p.created, p.model) {
+			return
+		}
+		if p.includeUsage && !sw.data(`{"id":%q,"object":"text_completion","created":%d,"choices":[],"model":%q,"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}`,
+			p.id, p.created, p.model, p.input, p.output, p.input+p.output) {
+			return
+		}
+		sw.data("[DONE]")
+	case messages:
+		_ = sw.event("content_block_stop", `{"type":"content_block_stop","index":0}`) &&
+			sw.event("message_delta", `{"type":"message_delta","delta":{"stop_reason":"max_tokens","stop_sequence":null},"usage":{"output_tokens":%d}}`, p.output) &&
+			sw.event("message_stop", `{"type":"message_stop"}`)
+	}
+}
+
+func (s *Server) sseError(sw *sseWriter, p *plan) {
+	if p.api == messages {
+		sw.event("error", `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`)
+		return
+	}
+	sw.data(`{"error":{"message":"The server had an error while processing your request.","type":"server_error","param":null,"code":null}}`)
+}

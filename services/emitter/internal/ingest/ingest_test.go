@@ -1,0 +1,133 @@
+package ingest
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/emit"
+)
+
+var now = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+type memPub struct {
+	msgs []string
+	full bool
+}
+
+func (p *memPub) Publish(subject, id string, data []byte) bool {
+	if p.full {
+		return false
+	}
+	p.msgs = append(p.msgs, subject+" "+id)
+	return true
+}
+
+func event(id string) string {
+	return fmt.Sprintf(`{"v":1,"event_id":%q,"ts":"2026-03-01T11:59:00.000Z","model":"m","scene":"chat","env":"prod","input_tokens":10,"output_tokens":5,"ttft_ms":100,"total_ms":300,"status":"ok"}`, id)
+}
+
+func TestIngest(t *testing.T) {
+	bad := `{"v":1,"event_id":"bad","ts":"2026-03-01T11:59:00.000Z","model":"m","scene":"chat","env":"prod","input_tokens":10,"output_tokens":5,"ttft_ms":500,"total_ms":300,"status":"ok"}`
+	tests := []struct {
+		name      string
+		body      string
+		token     string
+		full      bool
+		status    int
+		accepted  int
+		rejected  int
+		errSubstr string
+	}{
+		{"one event", event("a"), "", false, 202, 1, 0, ""},
+		{"pretty-printed event", "{\n  \"v\": 1,\n" + event("a")[7:], "", false, 202, 1, 0, ""},
+		{"array", "[" + event("a") + "," + bad + "," + event("b") + "]", "", false, 202, 2, 1, "ttft_ms is above total_ms"},
+		{"ndjson", event("a") + "\n\n" + event("b") + "\n" + bad + "\n{oops\n", "", false, 202, 2, 2, "malformed"},
+		{"none valid", bad, "", false, 400, 0, 1, "ttft_ms"},
+		{"not an array", "[1,", "", false, 400, 0, 0, "not a JSON array"},
+		{"empty", "  ", "", false, 400, 0, 0, "no events"},
+		{"buffer full", event("a"), "", true, 503, 0, 1, "publish buffer full"},
+		{"token missing", event("a"), "s3cret", false, 401, 0, 0, "bearer"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pub := &memPub{full: tt.full}
+			h := New(Options{MaxBytes: 1 << 20, Token: tt.token}, emit.New(pub, nil), func() time.Time { return now }, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/events", strings.NewReader(tt.body)))
+			var a Answer
+			if err := json.Unmarshal(rec.Body.Bytes(), &a); err != nil {
+				t.Fatalf("answer %q: %v", rec.Body, err)
+			}
+			if rec.Code != tt.status || a.Accepted != tt.accepted || a.Rejected != tt.rejected {
+				t.Fatalf("got %d accepted %d rejected %d, want %d %d %d: %s", rec.Code, a.Accepted, a.Rejected, tt.status, tt.accepted, tt.rejected, rec.Body)
+			}
+			if tt.errSubstr != "" && !strings.Contains(rec.Body.String(), tt.errSubstr) {
+				t.Fatalf("answer %s does not say %q", rec.Body, tt.errSubstr)
+			}
+			if len(pub.msgs) != tt.accepted {
+				t.Fatalf("published %d, accepted %d", len(pub.msgs), tt.accepted)
+			}
+			if tt.accepted > 0 && pub.msgs[0] != "llm.req.prod.chat a" {
+				t.Fatalf("published %q", pub.msgs[0])
+			}
+		})
+	}
+}
+
+func TestIngestLimitsAndToken(t *testing.T) {
+	pub := &memPub{}
+	h := New(Options{MaxBytes: 2048, Token: "s3cret"}, emit.New(pub, nil), func() time.Time { return now }, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	post := func(body io.Reader, length int64, auth string) int {
+		req := httptest.NewRequest(http.MethodPost, "/v1/events", body)
+		req.ContentLength = length
+		req.Header.Set("Authorization", auth)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	big := strings.Repeat(event("x")+"\n", 20)
+	if got := post(strings.NewReader(big), int64(len(big)), "Bearer s3cret"); got != 413 {
+		t.Fatalf("declared oversize: %d", got)
+	}
+	if got := post(strings.NewReader(big), -1, "Bearer s3cret"); got != 413 {
+		t.Fatalf("chunked oversize: %d", got)
+	}
+	if got := post(strings.NewReader(event("a")), -1, "Bearer wrong"); got != 401 {
+		t.Fatalf("wrong token: %d", got)
+	}
+	if got := post(strings.NewReader(event("a")), -1, "Bearer s3cret"); got != 202 {
+		t.Fatalf("right token: %d", got)
+	}
+}
+
+func BenchmarkIngestNDJSON(b *testing.B) {
+	var sb strings.Builder
+	for i := range 1000 {
+		sb.WriteString(event(events.NewEventID()[:30] + fmt.Sprint(i)))
+		sb.WriteByte('\n')
+	}
+	body := sb.String()
+	h := New(Options{MaxBytes: 16 << 20}, emit.New(discard{}, nil), func() time.Time { return now }, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/events", strings.NewReader(body)))
+		if rec.Code != 202 {
+			b.Fatal(rec.Body)
+		}
+	}
+	b.ReportMetric(float64(b.N)*1000/b.Elapsed().Seconds(), "events/s")
+}
+
+type discard struct{}
+
+func (discard) Publish(string, string, []byte) bool { return true }

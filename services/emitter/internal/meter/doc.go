@@ -1,0 +1,6 @@
+// Package meter watches an LLM response as it passes through, without changing it, and
+// measures what the user feels: the time to the first content event (not the first byte),
+// the time to the last one, the longest gap between two, the token usage the protocol
+// reports, and how the response ended. It understands OpenAI's chat and completions SSE,
+// Anthropic's messages SSE, and both providers' non-streamed JSON bodies.
+package meter

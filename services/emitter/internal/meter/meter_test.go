@@ -1,0 +1,223 @@
+package meter
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+)
+
+var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+
+// splitEvents cuts an SSE capture after each blank line, keeping every byte.
+func splitEvents(b []byte) [][]byte {
+	var out [][]byte
+	for len(b) > 0 {
+		i := bytes.Index(b, []byte("\n\n"))
+		j := bytes.Index(b, []byte("\r\n\r\n"))
+		switch {
+		case j >= 0 && (i < 0 || j < i):
+			out, b = append(out, b[:j+4]), b[j+4:]
+		case i >= 0:
+			out, b = append(out, b[:i+2]), b[i+2:]
+		default:
+			out, b = append(out, b), nil
+		}
+	}
+	return out
+}
+
+func readFixture(t *testing.T, name string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestStreams(t *testing.T) {
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	tests := []struct {
+		name       string
+		file       string
+		proto      Protocol
+		ttft, tot  time.Duration
+		gap        time.Duration
+		usage      Usage
+		estimated  bool
+		status     events.Status
+		code       string
+		contentEvs int64
+	}{
+		{"openai chat: role-only chunk is not the first token", "openai_chat_usage.sse", OpenAIChat, ms(20), ms(30), ms(10), Usage{1200, 2, 1024}, false, events.StatusOK, "", 2},
+		{"openai tool calls count as content, CRLF lines", "openai_chat_tools_crlf.sse", OpenAIChat, ms(10), ms(30), ms(10), Usage{7, 3, 0}, true, events.StatusOK, "", 3},
+		{"openai completions without usage is estimated", "openai_completions_nousage.sse", OpenAICompletions, ms(10), ms(20), ms(10), Usage{7, 2, 0}, true, events.StatusOK, "", 2},
+		{"anthropic: first content_block_delta, cache tokens added to input", "anthropic_messages.sse", Anthropic, ms(40), ms(50), ms(10), Usage{2035, 15, 2000}, false, events.StatusOK, "", 2},
+		{"anthropic error event", "anthropic_overloaded.sse", Anthropic, ms(30), ms(30), 0, Usage{40, 1, 0}, false, events.StatusError, "overloaded_error", 1},
+		{"openai error event", "openai_error_event.sse", OpenAIChat, ms(20), ms(20), 0, Usage{7, 1, 0}, true, events.StatusError, "server_error", 1},
+		{"malformed data line", "openai_malformed.sse", OpenAIChat, ms(10), ms(10), 0, Usage{7, 1, 0}, true, events.StatusError, CodeMalformed, 1},
+		{"stream cut before [DONE]", "openai_truncated.sse", OpenAIChat, ms(20), ms(20), 0, Usage{7, 1, 0}, true, events.StatusError, CodeTruncated, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			raw := readFixture(t, tt.file)
+			evs := splitEvents(raw)
+			check := func(t *testing.T, r Result) {
+				t.Helper()
+				if r.TTFT != tt.ttft || r.Total != tt.tot || r.MaxGap != tt.gap {
+					t.Errorf("ttft %v total %v gap %v, want %v %v %v", r.TTFT, r.Total, r.MaxGap, tt.ttft, tt.tot, tt.gap)
+				}
+				if r.Usage != tt.usage || r.Estimated != tt.estimated || r.ContentEvents != tt.contentEvs {
+					t.Errorf("usage %+v estimated %v content %d, want %+v %v %d", r.Usage, r.Estimated, r.ContentEvents, tt.usage, tt.estimated, tt.contentEvs)
+				}
+				if st, code := r.Status(true); st != tt.status || code != tt.code {
+					t.Errorf("status %s %q, want %s %q", st, code, tt.status, tt.code)
+				}
+			}
+			for _, strip := range []bool{false, true} {
+				m := New(tt.proto, true, t0)
+				m.SetInputEstimate(7)
+				if strip {
+					m.StripUsageChunk()
+				}
+				var out []byte
+				for i, ev := range evs {
+					out = append(out, m.Feed(ev, t0.Add(time.Duration(i+1)*10*time.Millisecond), nil)...)
+				}
+				end := t0.Add(time.Second)
+				out = m.Flush(end, out)
+				check(t, m.Result(end))
+				if !strip && !bytes.Equal(out, raw) {
+					t.Errorf("forwarded bytes differ from the upstream's")
+				}
+			}
+			// Byte by byte, all arriving at once: the same tokens and status.
+			m := New(tt.proto, true, t0)
+			m.SetInputEstimate(7)
+			for i := range raw {
+				m.Feed(raw[i:i+1], t0, nil)
+			}
+			m.Flush(t0, nil)
+			r := m.Result(t0)
+			if r.Usage != tt.usage || r.ContentEvents != tt.contentEvs {
+				t.Errorf("byte by byte: usage %+v content %d, want %+v %d", r.Usage, r.ContentEvents, tt.usage, tt.contentEvs)
+			}
+		})
+	}
+}
+
+func TestStripUsageChunk(t *testing.T) {
+	raw := readFixture(t, "openai_chat_usage.sse")
+	evs := splitEvents(raw)
+	want := bytes.Join([][]byte{evs[0], evs[1], evs[2], evs[3], evs[5]}, nil)
+	for _, step := range []int{1, 7, 64, len(raw)} {
+		m := New(OpenAIChat, true, t0)
+		m.StripUsageChunk()
+		var out []byte
+		for i := 0; i < len(raw); i += step {
+			out = m.Feed(raw[i:min(i+step, len(raw))], t0, out)
+		}
+		out = m.Flush(t0, out)
+		if !bytes.Equal(out, want) {
+			t.Fatalf("step %d: forwarded\n%s\nwant\n%s", step, out, want)
+		}
+		if r := m.Result(t0); r.Usage.Input != 1200 || r.Estimated {
+			t.Fatalf("step %d: usage %+v estimated %v", step, r.Usage, r.Estimated)
+		}
+	}
+	// Anthropic streams are never stripped.
+	m := New(Anthropic, true, t0)
+	m.StripUsageChunk()
+	if m.Stripping() {
+		t.Fatal("an Anthropic meter strips")
+	}
+}
+
+func TestBodies(t *testing.T) {
+	tests := []struct {
+		name   string
+		proto  Protocol
+		body   string
+		usage  Usage
+		est    bool
+		status events.Status
+		code   string
+	}{
+		{"openai chat", OpenAIChat, `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hello there"},"finish_reason":"stop"}],"usage":{"prompt_tokens":10,"completion_tokens":3,"total_tokens":13,"prompt_tokens_details":{"cached_tokens":4}}}`,
+			Usage{10, 3, 4}, false, events.StatusOK, ""},
+		{"openai without usage", OpenAIChat, `{"choices":[{"message":{"content":"abcdefgh"}}]}`, Usage{5, 2, 0}, true, events.StatusOK, ""},
+		{"anthropic", Anthropic, `{"id":"msg","type":"message","content":[{"type":"text","text":"Hi"}],"usage":{"input_tokens":12,"cache_read_input_tokens":100,"output_tokens":6}}`,
+			Usage{112, 6, 100}, false, events.StatusOK, ""},
+		{"truncated body", OpenAIChat, `{"choices":[{"message":{"content":"ab`, Usage{5, 0, 0}, true, events.StatusError, CodeMalformedBody},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := New(tt.proto, false, t0)
+			m.SetInputEstimate(5)
+			body := []byte(tt.body)
+			if out := m.Feed(body[:5], t0, nil); !bytes.Equal(out, body[:5]) {
+				t.Fatal("a body is not forwarded as it is")
+			}
+			m.Feed(body[5:], t0.Add(time.Second), nil)
+			end := t0.Add(2 * time.Second)
+			r := m.Result(end)
+			if r.Usage != tt.usage || r.Estimated != tt.est {
+				t.Errorf("usage %+v estimated %v, want %+v %v", r.Usage, r.Estimated, tt.usage, tt.est)
+			}
+			if st, code := r.Status(false); st != tt.status || code != tt.code {
+				t.Errorf("status %s %q, want %s %q", st, code, tt.status, tt.code)
+			}
+			if tt.status == events.StatusOK && (r.TTFT != 2*time.Second || r.Total != 2*time.Second) {
+				t.Errorf("ttft %v total %v, want both 2s (a body arrives whole)", r.TTFT, r.Total)
+			}
+		})
+	}
+}
+
+func BenchmarkMeterStream(b *testing.B) {
+	raw, err := os.ReadFile(filepath.Join("testdata", "openai_chat_usage.sse"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	evs := splitEvents(raw)
+	m := &Meter{}
+	b.ReportAllocs()
+	b.SetBytes(int64(len(raw)))
+	for b.Loop() {
+		m.Reset(OpenAIChat, true, t0)
+		for _, ev := range evs {
+			m.Feed(ev, t0, nil)
+		}
+		m.Flush(t0, nil)
+		_ = m.Result(t0)
+	}
+}
+
+func TestOpenAIFastAgreesWithDecoder(t *testing.T) {
+	f := func(data string, wantContent, wantFast bool) {
+		t.Helper()
+		n, ok := openAIFast([]byte(data))
+		if ok != wantFast || (ok && (n > 0) != wantContent) {
+			t.Fatalf("openAIFast(%s) = %d %v, want content %v fast %v", data, n, ok, wantContent, wantFast)
+		}
+		m := New(OpenAIChat, true, t0)
+		m.openAIEvent([]byte(data), t0) // the full path, when the fast one declines
+		if !ok && m.SeenContent() != wantContent {
+			t.Fatalf("decoder on %s: content %v, want %v", data, m.SeenContent(), wantContent)
+		}
+	}
+	f(`{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}`, false, true)
+	f(`{"choices":[{"index":0,"delta":{"content":"hi"}}]}`, true, true)
+	f(`{"choices":[{"index":0,"delta":{"content":"say \"usage\":{ and \"error\": here"}}]}`, true, true)
+	f(`{"choices":[{"index":0,"delta":{"content":null,"reasoning_content":"hmm"}}]}`, true, true)
+	f(`{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`, false, true)
+	f(`{"choices":[{"text":"x","index":0}]}`, true, true)
+	f(`{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}`, false, false)
+	f(`{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}}]}`, true, false)
+	f(`{"error":{"type":"server_error"}}`, false, false)
+	f(`{"choices": [oops`, false, false)
+}

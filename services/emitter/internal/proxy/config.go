@@ -1,0 +1,73 @@
+package proxy
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// Route sends models whose name starts with Prefix to URL.
+type Route struct {
+	Prefix string
+	URL    *url.URL
+}
+
+// Config is what the proxy needs; the service fills it from EMITTER_* variables.
+type Config struct {
+	Upstream        *url.URL      // where a model no route matches goes
+	Routes          []Route       // tried in order; the first prefix that matches wins
+	UpstreamTimeout time.Duration // until the upstream's response headers
+	IdleTimeout     time.Duration // longest silence inside a response body
+	DefaultScene    string
+	DefaultEnv      string
+	MaxParseBytes   int64 // request bodies larger than this pass through unread
+	MaxLabels       int   // distinct model values in metric labels before folding into "other"
+}
+
+// ParseRoutes parses "prefix=url,prefix=url" (EMITTER_UPSTREAMS), such as
+// "claude-=https://api.anthropic.com,gpt-=https://api.openai.com".
+func ParseRoutes(s string) ([]Route, error) {
+	var out []Route
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		prefix, raw, ok := strings.Cut(part, "=")
+		if !ok || prefix == "" {
+			return nil, fmt.Errorf("route %q is not prefix=url", part)
+		}
+		u, err := ParseUpstream(raw)
+		if err != nil {
+			return nil, fmt.Errorf("route %q: %w", part, err)
+		}
+		out = append(out, Route{Prefix: prefix, URL: u})
+	}
+	return out, nil
+}
+
+// ParseUpstream parses an upstream base URL such as https://api.openai.com or
+// http://127.0.0.1:8081; a path in it (https://host/openai) prefixes every request's path.
+func ParseUpstream(raw string) (*url.URL, error) {
+	u, err := url.Parse(strings.TrimSpace(raw))
+	if err != nil {
+		return nil, fmt.Errorf("cannot parse upstream URL %q: %w", raw, err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("upstream URL %q must be http:// or https:// with a host", raw)
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/")
+	// A base URL written the SDK way (…/v1) must not double the /v1 of the request path.
+	u.Path = strings.TrimSuffix(u.Path, "/v1")
+	return u, nil
+}
+
+func (c *Config) upstream(model string) *url.URL {
+	for _, r := range c.Routes {
+		if strings.HasPrefix(model, r.Prefix) {
+			return r.URL
+		}
+	}
+	return c.Upstream
+}

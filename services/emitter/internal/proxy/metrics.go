@@ -1,0 +1,55 @@
+package proxy
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/pkg/ops"
+)
+
+type metrics struct {
+	requests    *prometheus.CounterVec
+	rateLimited *prometheus.CounterVec
+	inflight    prometheus.Gauge
+	streams     prometheus.Gauge
+	ttft        *prometheus.HistogramVec
+	passthrough prometheus.Counter
+	models      *ops.Limiter
+}
+
+func newMetrics(reg prometheus.Registerer, maxLabels int) *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "requests_total",
+			Help: "Proxied LLM requests by provider, model (bounded) and status."}, []string{"provider", "model", "status"}),
+		rateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "rate_limited_total",
+			Help: "Upstream responses with HTTP 429, by provider."}, []string{"provider"}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "emitter", Subsystem: "proxy", Name: "inflight_requests",
+			Help: "Proxied requests in progress."}),
+		streams: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "emitter", Subsystem: "proxy", Name: "inflight_streams",
+			Help: "Streamed (SSE) responses being relayed: the gateway's concurrent open streams."}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "emitter", Subsystem: "proxy", Name: "ttft_seconds",
+			Help:    "Time to the first content event of successful streamed requests.",
+			Buckets: []float64{.05, .1, .25, .5, 1, 2, 5, 10, 30, 60}}, []string{"provider", "model"}),
+		passthrough: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "passthrough_total",
+			Help: "Requests to other upstream paths (model lists, token counting) forwarded without measuring."}),
+		models: ops.NewLimiter(maxLabels),
+	}
+	for _, p := range []string{"openai", "anthropic"} {
+		m.rateLimited.WithLabelValues(p)
+	}
+	if reg != nil {
+		reg.MustRegister(m.requests, m.rateLimited, m.inflight, m.streams, m.ttft, m.passthrough)
+	}
+	return m
+}
+
+func (m *metrics) observe(ev *events.RequestEvent) {
+	model := m.models.Value(ev.Model)
+	m.requests.WithLabelValues(ev.Provider, model, string(ev.Status)).Inc()
+	if ev.RateLimited() {
+		m.rateLimited.WithLabelValues(ev.Provider).Inc()
+	}
+	if ev.Status == events.StatusOK && ev.Stream {
+		m.ttft.WithLabelValues(ev.Provider, model).Observe(ev.TTFTMs / 1000)
+	}
+}

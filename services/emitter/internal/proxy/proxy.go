@@ -1,0 +1,522 @@
+package proxy
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/meter"
+)
+
+// Label headers: the app names the scene, env, tenant and conversation of a request; they
+// are not forwarded upstream.
+const (
+	HeaderScene        = "X-Tokenscope-Scene"
+	HeaderEnv          = "X-Tokenscope-Env"
+	HeaderTenant       = "X-Tokenscope-Tenant"
+	HeaderConversation = "X-Tokenscope-Conversation-Id"
+	HeaderTurn         = "X-Tokenscope-Turn"
+	labelHeaderPrefix  = "X-Tokenscope-"
+)
+
+// Error codes of the events the proxy makes when the upstream fails outside the body.
+const (
+	CodeUpstreamTimeout     = "upstream_timeout"
+	CodeStreamIdle          = "stream_idle"
+	CodeUpstreamUnreachable = "upstream_unreachable"
+	CodeUpstreamDisconnect  = "upstream_disconnect"
+	CodeClientGone          = "client_disconnect"
+	unknownModel            = "unknown"
+)
+
+var (
+	errUpstreamTimeout = errors.New("upstream did not answer in time")
+	errStreamIdle      = errors.New("upstream stream stalled")
+)
+
+// Emitter publishes a finished request's event without blocking.
+type Emitter interface {
+	Emit(ev *events.RequestEvent, now time.Time) error
+}
+
+// Proxy is the gateway's HTTP handler.
+type Proxy struct {
+	cfg       Config
+	transport http.RoundTripper
+	emit      Emitter
+	logger    *slog.Logger
+	m         *metrics
+	bufs      sync.Pool
+	meters    sync.Pool
+}
+
+// New returns a proxy sending to the upstreams of cfg and emitting through emit.
+func New(cfg Config, emit Emitter, reg prometheus.Registerer, logger *slog.Logger) *Proxy {
+	if cfg.MaxLabels <= 0 {
+		cfg.MaxLabels = 100
+	}
+	if cfg.MaxParseBytes <= 0 {
+		cfg.MaxParseBytes = 32 << 20
+	}
+	t := &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		ForceAttemptHTTP2:     true,
+		MaxIdleConns:          4096,
+		MaxIdleConnsPerHost:   1024,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		// The client gets the upstream's bytes as they are: never ask for or undo gzip on its behalf.
+		DisableCompression: true,
+		// Small buffers: thousands of streams stay open at once, each mostly idle.
+		WriteBufferSize: 1 << 10,
+		ReadBufferSize:  1 << 10,
+	}
+	p := &Proxy{cfg: cfg, transport: t, emit: emit, logger: logger.With("component", "proxy"), m: newMetrics(reg, cfg.MaxLabels)}
+	p.bufs.New = func() any { b := make([]byte, 2<<10); return &b }
+	p.meters.New = func() any { return &meter.Meter{} }
+	return p
+}
+
+// Register adds the proxy's routes: the three measured APIs, and every other /v1/ path
+// forwarded unmeasured so that SDKs and Claude Code keep working.
+func (p *Proxy) Register(mux interface{ Handle(string, http.Handler) }) {
+	mux.Handle("POST /v1/chat/completions", p.handler(meter.OpenAIChat))
+	mux.Handle("POST /v1/completions", p.handler(meter.OpenAICompletions))
+	mux.Handle("POST /v1/messages", p.handler(meter.Anthropic))
+	mux.Handle("/v1/", http.HandlerFunc(p.passthrough))
+}
+
+// Close releases the upstream connections.
+func (p *Proxy) Close() {
+	if t, ok := p.transport.(*http.Transport); ok {
+		t.CloseIdleConnections()
+	}
+}
+
+func (p *Proxy) handler(proto meter.Protocol) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { p.serve(w, r, proto) })
+}
+
+// requestInfo is what the proxy reads from a request body.
+type requestInfo struct {
+	Model         string          `json:"model"`
+	Stream        bool            `json:"stream"`
+	StreamOptions json.RawMessage `json:"stream_options"`
+}
+
+// readBody reads the body up to the parse limit. Past it, the body is forwarded as a stream
+// and not parsed.
+func (p *Proxy) readBody(r *http.Request) (head []byte, rest io.Reader, err error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, nil, nil
+	}
+	if r.ContentLength > p.cfg.MaxParseBytes {
+		return nil, r.Body, nil
+	}
+	size := r.ContentLength
+	if size < 0 || size > 1<<20 {
+		size = 64 << 10
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, size+1))
+	_, err = io.Copy(buf, io.LimitReader(r.Body, p.cfg.MaxParseBytes+1))
+	if err != nil {
+		return nil, nil, err
+	}
+	if int64(buf.Len()) > p.cfg.MaxParseBytes {
+		return nil, io.MultiReader(bytes.NewReader(buf.Bytes()), r.Body), nil
+	}
+	return buf.Bytes(), nil, nil
+}
+
+// withUsage adds stream_options.include_usage=true to an OpenAI request body, keeping the
+// client's bytes otherwise. It reports false when the client asked for usage itself.
+func withUsage(body []byte, opts json.RawMessage) ([]byte, bool) {
+	if len(opts) == 0 {
+		end := bytes.LastIndexByte(body, '}')
+		if end < 0 {
+			return body, false
+		}
+		out := make([]byte, 0, len(body)+40)
+		out = append(out, body[:end]...)
+		out = append(out, `,"stream_options":{"include_usage":true}`...)
+		return append(out, body[end:]...), true
+	}
+	var o map[string]json.RawMessage
+	if json.Unmarshal(opts, &o) != nil {
+		return body, false
+	}
+	if o == nil { // "stream_options":null
+		o = map[string]json.RawMessage{}
+	}
+	if v, ok := o["include_usage"]; ok && string(v) == "true" {
+		return body, false
+	}
+	var all map[string]json.RawMessage
+	if json.Unmarshal(body, &all) != nil {
+		return body, false
+	}
+	o["include_usage"] = json.RawMessage("true")
+	all["stream_options"], _ = json.Marshal(o)
+	out, err := json.Marshal(all)
+	if err != nil {
+		return body, false
+	}
+	return out, true
+}
+
+// exchange is one request on its way through.
+type exchange struct {
+	start  time.Time
+	proto  meter.Protocol
+	stream bool
+	strip  bool
+	model  string
+	body   []byte
+	rest   io.Reader
+	input  int64 // estimate from the body's size, used when no usage comes back
+}
+
+func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, proto meter.Protocol) {
+	x := exchange{start: time.Now(), proto: proto, model: unknownModel}
+	p.m.inflight.Inc()
+	defer p.m.inflight.Dec()
+	head, rest, err := p.readBody(r)
+	if err != nil {
+		// The client's body broke off: nothing went upstream, nothing to measure.
+		http.Error(w, "cannot read the request body", http.StatusBadRequest)
+		return
+	}
+	x.body, x.rest = head, rest
+	if head != nil && isIdentity(r.Header.Get("Content-Encoding")) {
+		var info requestInfo
+		if json.Unmarshal(head, &info) == nil {
+			if info.Model != "" {
+				x.model = info.Model
+			}
+			x.stream = info.Stream
+			if info.Stream && proto != meter.Anthropic {
+				x.body, x.strip = withUsage(head, info.StreamOptions)
+			}
+		}
+		x.input = int64(len(head)+3) / 4
+	}
+	p.forward(w, r, &x)
+}
+
+func isIdentity(enc string) bool { return enc == "" || strings.EqualFold(enc, "identity") }
+
+// passthrough forwards any other /v1/ request to the default upstream, unmeasured.
+func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
+	p.m.passthrough.Inc()
+	out, cancel := p.outgoing(r, p.cfg.Upstream, r.Body, -1)
+	defer cancel(nil)
+	resp, err := p.transport.RoundTrip(out)
+	if err != nil {
+		writeError(w, meter.OpenAIChat, http.StatusBadGateway, "cannot reach the upstream")
+		return
+	}
+	defer resp.Body.Close()
+	copyHeader(w.Header(), resp.Header)
+	w.WriteHeader(resp.StatusCode)
+	bp := p.bufs.Get().(*[]byte)
+	defer p.bufs.Put(bp)
+	rc := http.NewResponseController(w)
+	for {
+		n, err := resp.Body.Read(*bp)
+		if n > 0 {
+			if _, werr := w.Write((*bp)[:n]); werr != nil {
+				return
+			}
+			_ = rc.Flush()
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// outgoing builds the upstream request. Its context ends with the client's, or with the
+// cause given to the returned cancel.
+func (p *Proxy) outgoing(r *http.Request, base *url.URL, body io.Reader, length int64) (*http.Request, context.CancelCauseFunc) {
+	ctx, cancel := context.WithCancelCause(r.Context())
+	u := *base
+	u.Path = base.Path + r.URL.Path
+	u.RawPath = ""
+	u.RawQuery = r.URL.RawQuery
+	out := (&http.Request{Method: r.Method, URL: &u, Host: u.Host, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: make(http.Header, len(r.Header)), Body: io.NopCloser(body), ContentLength: length}).WithContext(ctx)
+	if body == nil || body == http.NoBody {
+		out.Body, out.ContentLength = http.NoBody, 0
+	} else if length < 0 {
+		out.ContentLength = r.ContentLength
+	}
+	copyHeader(out.Header, r.Header)
+	for k := range out.Header {
+		if strings.HasPrefix(k, labelHeaderPrefix) {
+			delete(out.Header, k)
+		}
+	}
+	if _, ok := out.Header["User-Agent"]; !ok {
+		out.Header["User-Agent"] = nil // Go must not add its own
+	}
+	return out, cancel
+}
+
+// hopHeaders are meant for one connection only (RFC 9110, 7.6.1).
+var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+func copyHeader(dst, src http.Header) {
+	for k, v := range src {
+		dst[k] = v
+	}
+	for _, f := range src["Connection"] {
+		for _, name := range strings.Split(f, ",") {
+			dst.Del(strings.TrimSpace(name))
+		}
+	}
+	for _, h := range hopHeaders {
+		delete(dst, h)
+	}
+}
+
+// writeError answers the client in its protocol's error shape when the upstream could not.
+func writeError(w http.ResponseWriter, proto meter.Protocol, status int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	if proto == meter.Anthropic {
+		_, _ = io.WriteString(w, `{"type":"error","error":{"type":"api_error","message":`+strconv.Quote(msg)+`}}`)
+		return
+	}
+	_, _ = io.WriteString(w, `{"error":{"message":`+strconv.Quote(msg)+`,"type":"upstream_error","param":null,"code":null}}`)
+}
+
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
+	base := p.cfg.upstream(x.model)
+	ev := events.RequestEvent{V: events.Version, EventID: events.NewEventID(), TS: x.start.UTC(),
+		Model: x.model, Provider: x.proto.Provider(), Instance: base.Host, Stream: x.stream}
+	p.labels(&ev, r.Header)
+
+	var body io.Reader = x.rest
+	length := int64(-1)
+	if x.body != nil {
+		body, length = bytes.NewReader(x.body), int64(len(x.body))
+	}
+	out, cancel := p.outgoing(r, base, body, length)
+	defer cancel(nil)
+	// One timer guards both waits: for the response headers (the upstream timeout), then
+	// for each read of the body (the idle timeout).
+	var reading atomic.Bool
+	timer := time.AfterFunc(p.cfg.UpstreamTimeout, func() {
+		if reading.Load() {
+			cancel(errStreamIdle)
+		} else {
+			cancel(errUpstreamTimeout)
+		}
+	})
+	defer timer.Stop()
+
+	resp, err := p.transport.RoundTrip(out)
+	if err != nil {
+		end := time.Now()
+		ev.TotalMs = msSince(x.start, end)
+		switch cause := context.Cause(out.Context()); {
+		case r.Context().Err() != nil:
+			ev.Status, ev.ErrorCode = events.StatusCanceled, CodeClientGone
+		case errors.Is(cause, errUpstreamTimeout):
+			ev.Status, ev.ErrorCode = events.StatusTimeout, CodeUpstreamTimeout
+			writeError(w, x.proto, http.StatusGatewayTimeout, "the upstream did not answer in time")
+		default:
+			ev.Status, ev.ErrorCode = events.StatusError, CodeUpstreamUnreachable
+			writeError(w, x.proto, http.StatusBadGateway, "cannot reach the upstream")
+		}
+		ev.InputTokens, ev.TokensEstimated = x.input, true
+		p.finish(&ev, end)
+		return
+	}
+	defer resp.Body.Close()
+	reading.Store(true)
+	timer.Reset(p.cfg.IdleTimeout)
+
+	ok := resp.StatusCode < 300
+	stream := x.stream && ok && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	ev.Stream = x.stream
+	ev.HTTPStatus = resp.StatusCode
+
+	m := p.meters.Get().(*meter.Meter)
+	defer p.meters.Put(m)
+	m.Reset(x.proto, stream, x.start)
+	m.SetInputEstimate(x.input)
+
+	var gz *gunzip
+	if enc := resp.Header.Get("Content-Encoding"); !isIdentity(enc) {
+		if strings.EqualFold(enc, "gzip") {
+			gz = newGunzip(m)
+		}
+	} else if x.strip && stream {
+		m.StripUsageChunk()
+	}
+	h := w.Header()
+	copyHeader(h, resp.Header)
+	if m.Stripping() {
+		h.Del("Content-Length")
+	}
+	if stream {
+		p.m.streams.Inc()
+		defer p.m.streams.Dec()
+	}
+	w.WriteHeader(resp.StatusCode)
+	rc := http.NewResponseController(w)
+	_ = rc.Flush()
+
+	bp := p.bufs.Get().(*[]byte)
+	defer p.bufs.Put(bp)
+	buf := *bp
+	var fwd []byte
+	var readErr, writeErr error
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			timer.Reset(p.cfg.IdleTimeout)
+			now := time.Now()
+			chunk := buf[:n]
+			if gz != nil {
+				gz.write(chunk)
+			} else {
+				fwd = m.Feed(chunk, now, fwd[:0])
+				chunk = fwd
+			}
+			if len(chunk) > 0 {
+				if _, writeErr = w.Write(chunk); writeErr == nil {
+					writeErr = rc.Flush()
+				}
+				if writeErr != nil {
+					break
+				}
+			}
+		}
+		if err != nil {
+			if err != io.EOF {
+				readErr = err
+			}
+			break
+		}
+	}
+	timer.Stop()
+	end := time.Now()
+	if gz != nil {
+		gz.close()
+	} else if tail := m.Flush(end, fwd[:0]); len(tail) > 0 && writeErr == nil {
+		if _, writeErr = w.Write(tail); writeErr == nil {
+			_ = rc.Flush()
+		}
+	}
+	if readErr != nil && writeErr == nil && r.Context().Err() == nil {
+		// The upstream broke off: break the client's connection too, so its SDK sees the
+		// failure it would have seen talking to the upstream directly.
+		if conn, _, err := rc.Hijack(); err == nil {
+			_ = conn.Close()
+		}
+	}
+	res := m.Result(end)
+	res.Fill(&ev)
+	cause := context.Cause(out.Context())
+	switch {
+	case writeErr != nil || (readErr != nil && r.Context().Err() != nil):
+		ev.Status, ev.ErrorCode = events.StatusCanceled, CodeClientGone
+	case errors.Is(cause, errStreamIdle):
+		ev.Status, ev.ErrorCode = events.StatusTimeout, CodeStreamIdle
+	case !ok:
+		ev.Status, ev.ErrorCode = events.StatusError, strconv.Itoa(resp.StatusCode)
+	case readErr != nil:
+		ev.Status, ev.ErrorCode = events.StatusError, CodeUpstreamDisconnect
+	default:
+		ev.Status, ev.ErrorCode = res.Status(stream)
+	}
+	if !stream && x.stream && ok {
+		// A streaming request answered with a plain body: measured as one.
+		ev.Stream = false
+	}
+	p.finish(&ev, end)
+}
+
+func (p *Proxy) labels(ev *events.RequestEvent, h http.Header) {
+	ev.Scene = headerOr(h, HeaderScene, p.cfg.DefaultScene)
+	ev.Env = headerOr(h, HeaderEnv, p.cfg.DefaultEnv)
+	ev.Tenant = h.Get(HeaderTenant)
+	ev.ConversationID = h.Get(HeaderConversation)
+	if t, err := strconv.Atoi(h.Get(HeaderTurn)); err == nil && t > 0 {
+		ev.Turn = t
+	}
+}
+
+func headerOr(h http.Header, name, def string) string {
+	if v := h.Get(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func (p *Proxy) finish(ev *events.RequestEvent, end time.Time) {
+	p.m.observe(ev)
+	// A bad label from a client header makes the event invalid; the emitter counts it.
+	_ = p.emit.Emit(ev, end)
+}
+
+func msSince(start, end time.Time) float64 { return float64(end.Sub(start).Microseconds()) / 1000 }
+
+// gunzip measures a gzip-encoded body: the client gets the compressed bytes untouched while
+// the meter reads them decompressed, as they arrive.
+type gunzip struct {
+	pw   *io.PipeWriter
+	done chan struct{}
+}
+
+func newGunzip(m *meter.Meter) *gunzip {
+	pr, pw := io.Pipe()
+	g := &gunzip{pw: pw, done: make(chan struct{})}
+	go func() {
+		defer close(g.done)
+		zr, err := gzip.NewReader(pr)
+		if err != nil {
+			_ = pr.CloseWithError(err)
+			return
+		}
+		buf := make([]byte, 4<<10)
+		for {
+			n, err := zr.Read(buf)
+			if n > 0 {
+				m.Feed(buf[:n], time.Now(), nil)
+			}
+			if err != nil {
+				_ = pr.CloseWithError(err)
+				return
+			}
+		}
+	}()
+	return g
+}
+
+func (g *gunzip) write(p []byte) { _, _ = g.pw.Write(p) }
+
+func (g *gunzip) close() {
+	_ = g.pw.Close()
+	<-g.done
+}

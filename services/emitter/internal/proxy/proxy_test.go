@@ -1,0 +1,357 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/fakellm"
+)
+
+// capture is an emitter that keeps the events, after checking each against the contract.
+type capture struct {
+	t   testing.TB
+	mu  sync.Mutex
+	evs []events.RequestEvent
+	ch  chan struct{}
+}
+
+func newCapture(t testing.TB) *capture { return &capture{t: t, ch: make(chan struct{}, 1024)} }
+
+func (c *capture) Emit(ev *events.RequestEvent, now time.Time) error {
+	if err := ev.ValidateAt(now); err != nil {
+		c.t.Errorf("invalid event: %v: %+v", err, *ev)
+		return err
+	}
+	c.mu.Lock()
+	c.evs = append(c.evs, *ev)
+	c.mu.Unlock()
+	c.ch <- struct{}{}
+	return nil
+}
+
+// next waits for the next event.
+func (c *capture) next(t testing.TB) events.RequestEvent {
+	t.Helper()
+	select {
+	case <-c.ch:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no event in 10s")
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ev := c.evs[0]
+	c.evs = c.evs[1:]
+	return ev
+}
+
+type rig struct {
+	fake  *httptest.Server
+	proxy *httptest.Server
+	p     *Proxy
+	cap   *capture
+	reg   *prometheus.Registry
+}
+
+func newRig(t *testing.T, opts fakellm.Options, tweak func(*Config)) *rig {
+	t.Helper()
+	fake := httptest.NewServer(fakellm.New(opts))
+	t.Cleanup(fake.Close)
+	up, err := ParseUpstream(fake.URL + "/v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Upstream: up, UpstreamTimeout: 5 * time.Second, IdleTimeout: 5 * time.Second,
+		DefaultScene: "default", DefaultEnv: "test", MaxParseBytes: 1 << 20, MaxLabels: 10}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	cap := newCapture(t)
+	reg := prometheus.NewRegistry()
+	p := New(cfg, cap, reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	mux := http.NewServeMux()
+	p.Register(mux)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	t.Cleanup(p.Close)
+	return &rig{fake: fake, proxy: srv, p: p, cap: cap, reg: reg}
+}
+
+type reply struct {
+	status int
+	header http.Header
+	body   []byte
+	err    error
+}
+
+func call(t testing.TB, base, path, body string, hdr map[string]string) reply {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, base+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer sk-test")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	tr := &http.Transport{DisableCompression: true}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		return reply{err: err}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return reply{status: resp.StatusCode, header: resp.Header, body: b, err: err}
+}
+
+const (
+	chatPath     = "/v1/chat/completions"
+	complPath    = "/v1/completions"
+	messagesPath = "/v1/messages"
+)
+
+func chatBody(stream bool, extra string) string {
+	s := `{"model":"gpt-4o","messages":[{"role":"user","content":"one two three four"}],"max_tokens":5`
+	if stream {
+		s += `,"stream":true`
+	}
+	return s + extra + "}"
+}
+
+func TestIdenticalBytesAndMeasurements(t *testing.T) {
+	r := newRig(t, fakellm.Options{TTFT: 60 * time.Millisecond, TPOT: 2 * time.Millisecond}, nil)
+	tests := []struct {
+		name, path, body string
+		stream           bool
+		provider         string
+	}{
+		{"openai chat stream, usage added and stripped", chatPath, chatBody(true, ""), true, "openai"},
+		{"openai chat stream, client asked for usage", chatPath, chatBody(true, `,"stream_options":{"include_usage":true}`), true, "openai"},
+		{"openai chat stream, stream_options without usage", chatPath, chatBody(true, `,"stream_options":{"include_obfuscation":false}`), true, "openai"},
+		{"openai chat, not streamed", chatPath, chatBody(false, ""), false, "openai"},
+		{"openai completions stream", complPath, `{"model":"gpt-3.5-turbo-instruct","prompt":"one two three four","max_tokens":5,"stream":true}`, true, "openai"},
+		{"anthropic messages stream", messagesPath, `{"model":"claude-sonnet-4-5","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"one two three four"}]}`, true, "anthropic"},
+		{"anthropic messages, not streamed", messagesPath, `{"model":"claude-sonnet-4-5","max_tokens":5,"messages":[{"role":"user","content":"one two three four"}]}`, false, "anthropic"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			direct := call(t, r.fake.URL, tt.path, tt.body, nil)
+			via := call(t, r.proxy.URL, tt.path, tt.body, map[string]string{HeaderScene: "chat", HeaderTenant: "acme", HeaderConversation: "c-1", HeaderTurn: "3"})
+			if direct.err != nil || via.err != nil {
+				t.Fatalf("direct %v, via proxy %v", direct.err, via.err)
+			}
+			if via.status != direct.status || !bytes.Equal(via.body, direct.body) {
+				t.Fatalf("via proxy %d:\n%s\ndirect %d:\n%s", via.status, via.body, direct.status, direct.body)
+			}
+			if ct := via.header.Get("Content-Type"); ct != direct.header.Get("Content-Type") {
+				t.Fatalf("content type %q, want %q", ct, direct.header.Get("Content-Type"))
+			}
+			ev := r.cap.next(t)
+			if ev.Status != events.StatusOK || ev.Stream != tt.stream || ev.Provider != tt.provider || ev.TokensEstimated {
+				t.Fatalf("event %+v", ev)
+			}
+			if ev.InputTokens != 4 || ev.OutputTokens != 5 {
+				t.Fatalf("tokens %d/%d, want 4/5 from the usage", ev.InputTokens, ev.OutputTokens)
+			}
+			if ev.Scene != "chat" || ev.Env != "test" || ev.Tenant != "acme" || ev.ConversationID != "c-1" || ev.Turn != 3 {
+				t.Fatalf("labels %+v", ev)
+			}
+			if ev.Instance != strings.TrimPrefix(r.fake.URL, "http://") || ev.HTTPStatus != 200 {
+				t.Fatalf("instance %q http %d", ev.Instance, ev.HTTPStatus)
+			}
+			// The fake sends its opening events at once and the first token after 60 ms.
+			if ev.TTFTMs < 55 || ev.TotalMs < ev.TTFTMs {
+				t.Fatalf("ttft %.1f total %.1f: TTFT must be the first content, not the first byte", ev.TTFTMs, ev.TotalMs)
+			}
+			if tt.stream && (ev.MaxITLMs <= 0 || ev.MaxITLMs > 50) {
+				t.Fatalf("max ITL %.1f", ev.MaxITLMs)
+			}
+		})
+	}
+}
+
+func TestStatuses(t *testing.T) {
+	r := newRig(t, fakellm.Options{TTFT: 10 * time.Millisecond, TPOT: time.Millisecond, Tokens: 8}, func(c *Config) {
+		c.UpstreamTimeout = 300 * time.Millisecond
+		c.IdleTimeout = 300 * time.Millisecond
+	})
+	anth := `{"model":"claude-haiku","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi there"}]}`
+	tests := []struct {
+		name, path, body, mode string
+		status                 events.Status
+		code                   string
+		httpStatus             int
+		clientStatus           int
+		sameBytes              bool // the client's bytes equal a direct call's
+		clientErr              bool // the client sees a broken response
+	}{
+		{"500", chatPath, chatBody(true, ""), fakellm.ModeError, events.StatusError, "500", 500, 500, true, false},
+		{"429 is rate limited", chatPath, chatBody(true, ""), fakellm.ModeRateLimit, events.StatusError, "429", 429, 429, true, false},
+		{"anthropic 429", messagesPath, anth, fakellm.ModeRateLimit, events.StatusError, "429", 429, 429, true, false},
+		{"openai SSE error event", chatPath, chatBody(true, ""), fakellm.ModeSSEError, events.StatusError, "server_error", 200, 200, true, false},
+		{"anthropic SSE error event", messagesPath, anth, fakellm.ModeSSEError, events.StatusError, "overloaded_error", 200, 200, true, false},
+		{"malformed SSE", chatPath, chatBody(true, ""), fakellm.ModeMalformed, events.StatusError, "malformed_sse", 200, 200, true, false},
+		{"malformed body", chatPath, chatBody(false, ""), fakellm.ModeMalformed, events.StatusError, "malformed_body", 200, 200, true, false},
+		{"gzip body", chatPath, chatBody(false, ""), fakellm.ModeGzip, events.StatusOK, "", 200, 200, true, false},
+		{"gzip stream", messagesPath, anth, fakellm.ModeGzip, events.StatusOK, "", 200, 200, true, false},
+		{"upstream disconnects mid-stream", chatPath, chatBody(true, ""), fakellm.ModeDisconnect, events.StatusError, "upstream_disconnect", 200, 200, false, true},
+		{"stream stalls past the idle timeout", chatPath, chatBody(true, ""), fakellm.ModeStall, events.StatusTimeout, "stream_idle", 200, 200, false, true},
+		{"upstream never answers", chatPath, chatBody(true, ""), fakellm.ModeSilent, events.StatusTimeout, "upstream_timeout", 0, 504, false, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			hdr := map[string]string{"X-Fakellm-Mode": tt.mode}
+			via := call(t, r.proxy.URL, tt.path, tt.body, hdr)
+			if tt.clientErr != (via.err != nil) {
+				t.Fatalf("client error %v, want an error: %v", via.err, tt.clientErr)
+			}
+			if !tt.clientErr && via.status != tt.clientStatus {
+				t.Fatalf("client status %d, want %d: %s", via.status, tt.clientStatus, via.body)
+			}
+			if tt.sameBytes {
+				direct := call(t, r.fake.URL, tt.path, tt.body, hdr)
+				if !bytes.Equal(direct.body, via.body) {
+					t.Fatalf("via proxy:\n%q\ndirect:\n%q", via.body, direct.body)
+				}
+			}
+			ev := r.cap.next(t)
+			if ev.Status != tt.status || ev.ErrorCode != tt.code || ev.HTTPStatus != tt.httpStatus {
+				t.Fatalf("event status %s %q http %d, want %s %q %d", ev.Status, ev.ErrorCode, ev.HTTPStatus, tt.status, tt.code, tt.httpStatus)
+			}
+			if tt.mode == fakellm.ModeGzip && (ev.OutputTokens < 5 || ev.TokensEstimated) {
+				t.Fatalf("gzip: tokens %d estimated %v", ev.OutputTokens, ev.TokensEstimated)
+			}
+		})
+	}
+	if got := testutil.ToFloat64(r.p.m.rateLimited.WithLabelValues("openai")); got != 1 {
+		t.Fatalf("rate_limited_total{openai} = %v, want 1", got)
+	}
+}
+
+func TestClientHangsUp(t *testing.T) {
+	r := newRig(t, fakellm.Options{TTFT: 10 * time.Millisecond, TPOT: 20 * time.Millisecond, Tokens: 200}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.proxy.URL+chatPath, strings.NewReader(chatBody(true, "")))
+	req.Header.Set("X-Fakellm-Tokens", "200")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 512)
+	if _, err := resp.Body.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	if got := testutil.ToFloat64(r.p.m.streams); got != 1 {
+		t.Fatalf("inflight_streams = %v during a stream", got)
+	}
+	cancel()
+	resp.Body.Close()
+	ev := r.cap.next(t)
+	if ev.Status != events.StatusCanceled || ev.ErrorCode != CodeClientGone {
+		t.Fatalf("event %s %q, want canceled", ev.Status, ev.ErrorCode)
+	}
+	if got := testutil.ToFloat64(r.p.m.streams); got != 0 {
+		t.Fatalf("inflight_streams = %v after the stream", got)
+	}
+}
+
+func TestUnreachableUpstream(t *testing.T) {
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL, _ := url.Parse(dead.URL)
+	dead.Close()
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream = deadURL })
+	via := call(t, r.proxy.URL, messagesPath, `{"model":"claude-x","max_tokens":3,"messages":[]}`, nil)
+	if via.status != http.StatusBadGateway || !strings.Contains(string(via.body), `"type":"error"`) {
+		t.Fatalf("client got %d %s", via.status, via.body)
+	}
+	ev := r.cap.next(t)
+	if ev.Status != events.StatusError || ev.ErrorCode != CodeUpstreamUnreachable || ev.Model != "claude-x" || !ev.TokensEstimated {
+		t.Fatalf("event %+v", ev)
+	}
+}
+
+func TestHugeBodyPassesThrough(t *testing.T) {
+	r := newRig(t, fakellm.Options{Tokens: 3}, func(c *Config) { c.MaxParseBytes = 4 << 10 })
+	big := `{"model":"gpt-4o","max_tokens":3,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 20_000) + `"}]}`
+	direct := call(t, r.fake.URL, chatPath, big, nil)
+	via := call(t, r.proxy.URL, chatPath, big, nil)
+	if via.status != 200 || !bytes.Equal(direct.body, via.body) {
+		t.Fatalf("via proxy %d %q", via.status, via.body)
+	}
+	ev := r.cap.next(t)
+	// Unparsed, the request's model is unknown, but the response's usage still counts.
+	if ev.Status != events.StatusOK || ev.Model != unknownModel || ev.InputTokens != 20_000 || ev.OutputTokens != 3 {
+		t.Fatalf("event %+v", ev)
+	}
+}
+
+func TestRoutesAndPassthrough(t *testing.T) {
+	other := httptest.NewServer(fakellm.New(fakellm.Options{Tokens: 2}))
+	defer other.Close()
+	otherURL, _ := ParseUpstream(other.URL)
+	r := newRig(t, fakellm.Options{Tokens: 2}, func(c *Config) { c.Routes = []Route{{Prefix: "claude-", URL: otherURL}} })
+	if via := call(t, r.proxy.URL, messagesPath, `{"model":"claude-opus","max_tokens":2,"messages":[{"role":"user","content":"a"}]}`, nil); via.status != 200 {
+		t.Fatalf("status %d", via.status)
+	}
+	if ev := r.cap.next(t); ev.Instance != otherURL.Host {
+		t.Fatalf("instance %q, want %q", ev.Instance, otherURL.Host)
+	}
+	resp, err := http.Get(r.proxy.URL + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(b), "fake-model") {
+		t.Fatalf("/v1/models through the proxy: %d %s", resp.StatusCode, b)
+	}
+}
+
+func TestLabelHeadersNotForwarded(t *testing.T) {
+	seen := make(chan http.Header, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Header.Clone()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":1,"completion_tokens":1}}`)
+	}))
+	defer up.Close()
+	u, _ := ParseUpstream(up.URL)
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream = u })
+	call(t, r.proxy.URL, chatPath, chatBody(false, ""), map[string]string{HeaderScene: "s", "Accept-Encoding": "gzip"})
+	h := <-seen
+	if h.Get(HeaderScene) != "" || h.Get("Authorization") != "Bearer sk-test" || h.Get("Accept-Encoding") != "gzip" {
+		t.Fatalf("upstream saw %v", h)
+	}
+	r.cap.next(t)
+}
+
+func TestWithUsage(t *testing.T) {
+	f := func(in string, want string, added bool) {
+		t.Helper()
+		var info requestInfo
+		_ = json.Unmarshal([]byte(in), &info)
+		got, ok := withUsage([]byte(in), info.StreamOptions)
+		if string(got) != want || ok != added {
+			t.Fatalf("withUsage(%s) = %s %v, want %s %v", in, got, ok, want, added)
+		}
+	}
+	f(`{"stream":true}`, `{"stream":true,"stream_options":{"include_usage":true}}`, true)
+	f(`{"stream":true,"stream_options":{"include_usage":true}}`, `{"stream":true,"stream_options":{"include_usage":true}}`, false)
+	f(`{"stream":true,"stream_options":{"include_usage":false}}`, `{"stream":true,"stream_options":{"include_usage":true}}`, true)
+	f(`{"stream":true,"stream_options":null}`, `{"stream":true,"stream_options":{"include_usage":true}}`, true)
+}

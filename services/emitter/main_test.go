@@ -1,0 +1,226 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/pkg/testbed"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/fakellm"
+)
+
+func TestConfig(t *testing.T) {
+	if _, err := parseConfig(map[string]string{}); err != nil {
+		t.Fatalf("defaults: %v", err)
+	}
+	tests := []struct {
+		name, key, value, want string
+	}{
+		{"bad upstream", "EMITTER_UPSTREAM_URL", "ftp://x", "EMITTER_UPSTREAM_URL"},
+		{"bad routes", "EMITTER_UPSTREAMS", "claude-", "EMITTER_UPSTREAMS"},
+		{"zero timeout", "EMITTER_UPSTREAM_TIMEOUT", "0s", "EMITTER_UPSTREAM_TIMEOUT"},
+		{"negative idle", "EMITTER_STREAM_IDLE_TIMEOUT", "-1s", "EMITTER_STREAM_IDLE_TIMEOUT"},
+		{"not a duration", "EMITTER_STREAM_IDLE_TIMEOUT", "soon", "EMITTER_STREAM_IDLE_TIMEOUT"},
+		{"tiny ingest", "EMITTER_INGEST_MAX_BYTES", "10", "EMITTER_INGEST_MAX_BYTES"},
+		{"no buffer", "EMITTER_PUBLISH_BUFFER", "0", "EMITTER_PUBLISH_BUFFER"},
+		{"bad NATS", "NATS_URL", "::", "NATS_URL"},
+		{"not a number", "NATS_STREAM_MAX_BYTES", "lots", "NATS_STREAM_MAX_BYTES"},
+		{"bad log level", "LOG_LEVEL", "loud", "LOG_LEVEL"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parseConfig(map[string]string{tt.key: tt.value})
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v does not name %s", err, tt.want)
+			}
+		})
+	}
+}
+
+// upstreams maps a rig's proxy address to its fake LLM's.
+var upstreams sync.Map
+
+func fakeUpstream(t testing.TB, base string) string {
+	t.Helper()
+	u, ok := upstreams.Load(base)
+	if !ok {
+		t.Fatalf("no fake upstream for %s", base)
+	}
+	return u.(string)
+}
+
+func freeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// serveRig starts the whole service against an in-process NATS and a fake LLM.
+func serveRig(t testing.TB, extra ...string) (base string, js jetstream.JetStream, stop func()) {
+	t.Helper()
+	return serveRigWith(t, fakellm.Options{TTFT: 5 * time.Millisecond, Tokens: 4}, extra...)
+}
+
+func serveRigWith(t testing.TB, opts fakellm.Options, extra ...string) (base string, js jetstream.JetStream, stop func()) {
+	t.Helper()
+	ns := testbed.NATS(t)
+	fake := httptest.NewServer(fakellm.New(opts))
+	t.Cleanup(fake.Close)
+	addr := freeAddr(t)
+	upstreams.Store("http://"+addr, fake.URL)
+	environ := append([]string{"HTTP_ADDR=" + addr, "NATS_URL=" + ns.ClientURL(), "EMITTER_UPSTREAM_URL=" + fake.URL,
+		"EMITTER_DEFAULT_ENV=test", "LOG_LEVEL=warn"}, extra...)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, nil, environ, io.Discard, io.Discard) }()
+	base = "http://" + addr
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get(base + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("not ready in 10s: %v (run: %v)", err, <-done)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	nc, js := connectJS(t, ns.ClientURL())
+	t.Cleanup(nc.Close)
+	return base, js, func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	}
+}
+
+func connectJS(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
+}
+
+func waitMsgs(t testing.TB, js jetstream.JetStream, want uint64) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		s, err := js.Stream(context.Background(), events.StreamEvents)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := s.Info(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.State.Msgs == want {
+			return
+		}
+		if info.State.Msgs > want || time.Now().After(deadline) {
+			t.Fatalf("%s holds %d messages, want %d", events.StreamEvents, info.State.Msgs, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestServeProxyAndIngestIntoJetStream(t *testing.T) {
+	base, js, stop := serveRig(t, "EMITTER_INGEST_TOKEN=tok")
+
+	// A streamed request through the proxy, with labels.
+	req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions",
+		strings.NewReader(`{"model":"gpt-4o","stream":true,"max_tokens":4,"messages":[{"role":"user","content":"a b c"}]}`))
+	req.Header.Set(proxyScene, "support")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !bytes.HasSuffix(body, []byte("data: [DONE]\n\n")) || bytes.Contains(body, []byte(`"usage"`)) {
+		t.Fatalf("proxied answer %d:\n%s", resp.StatusCode, body)
+	}
+	waitMsgs(t, js, 1)
+	msg, err := js.Stream(context.Background(), events.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := msg.GetMsg(context.Background(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ev events.RequestEvent
+	if err := events.UnmarshalRequest(raw.Data, &ev); err != nil {
+		t.Fatal(err)
+	}
+	if raw.Subject != "llm.req.test.support" || raw.Header.Get(jetstream.MsgIDHeader) != ev.EventID ||
+		ev.Status != events.StatusOK || ev.InputTokens != 3 || ev.OutputTokens != 4 || ev.TokensEstimated {
+		t.Fatalf("stored %s %v %+v", raw.Subject, raw.Header, ev)
+	}
+
+	// Ingest: the same batch twice; JetStream drops the duplicates by event id.
+	var nd strings.Builder
+	ts := time.Now().UTC().Format(events.TimeLayout)
+	for i := range 5 {
+		fmt.Fprintf(&nd, `{"v":1,"event_id":"ev-%d","ts":%q,"model":"m","scene":"s","env":"e","input_tokens":1,"output_tokens":1,"ttft_ms":1,"total_ms":2,"status":"ok"}`+"\n", i, ts)
+	}
+	for range 2 {
+		req, _ := http.NewRequest(http.MethodPost, base+"/v1/events", strings.NewReader(nd.String()))
+		req.Header.Set("Authorization", "Bearer tok")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var a struct{ Accepted int }
+		_ = json.NewDecoder(resp.Body).Decode(&a)
+		resp.Body.Close()
+		if resp.StatusCode != 202 || a.Accepted != 5 {
+			t.Fatalf("ingest %d accepted %d", resp.StatusCode, a.Accepted)
+		}
+	}
+	waitMsgs(t, js, 6)
+
+	// The metrics show the proxy's and the publisher's counters.
+	mresp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mb, _ := io.ReadAll(mresp.Body)
+	mresp.Body.Close()
+	for _, want := range []string{"emitter_proxy_inflight_streams 0", `emitter_proxy_rate_limited_total{provider="openai"} 0`,
+		"emitter_published_duplicate_total 5", "emitter_ingest_events_accepted_total 10"} {
+		if !strings.Contains(string(mb), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	stop()
+}
+
+const proxyScene = "X-Tokenscope-Scene"

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/tokenscope/tokenscope/pkg/bus"
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/pkg/ops"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/emit"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/ingest"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/proxy"
+)
+
+const usage = `usage: emitter [command] [flags]
+
+commands:
+  (none)    serve the LLM gateway proxy, POST /v1/events, /metrics, /healthz and /readyz on HTTP_ADDR
+  bench     measure TTFT, TPOT and total for short, medium and long prompts against an endpoint
+  replay    replay an Azure LLM inference trace, against an endpoint or simulated
+  fakellm   serve a fake OpenAI and Anthropic API with configurable latency and failures
+
+Run "emitter <command> -h" for a command's flags. Configuration is read from the environment.`
+
+// run is the whole program; main only adds signals and the exit code.
+func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) error {
+	envMap := env.ToMap(environ)
+	cmd := ""
+	if len(args) > 0 {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "", "serve":
+		return serve(ctx, envMap, stderr)
+	case "fakellm":
+		return runFakeLLM(ctx, args, stdout, stderr)
+	case "bench":
+		return runBench(ctx, args, envMap, stdout, stderr)
+	case "replay":
+		return runReplay(ctx, args, envMap, stdout, stderr)
+	case "help", "-h", "--help":
+		_, err := fmt.Fprintln(stdout, usage)
+		return err
+	}
+	return fmt.Errorf("unknown command %q\n%s", cmd, usage)
+}
+
+func newLogger(w io.Writer, level slog.Level) *slog.Logger {
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level})).With("service", "emitter")
+}
+
+// connectBus connects to NATS, makes sure LLM_EVENTS exists and returns a started-later
+// publisher; close closes the connection.
+func connectBus(ctx context.Context, cfg bus.Config, buffer int, srv *ops.Server, logger *slog.Logger) (*bus.Publisher, *nats.Conn, error) {
+	nc, err := bus.Connect(cfg, "tokenscope-emitter", logger)
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("cannot open JetStream: %w", err)
+	}
+	if err := bus.EnsureStreams(ctx, js, cfg.Streams, events.StreamEvents); err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	var reg = srv.Registry()
+	pub := bus.NewPublisher(js, bus.PublisherOptions{Buffer: buffer, Namespace: "emitter"}, reg, logger.With("component", "publisher"))
+	srv.AddCheck("nats", func(context.Context) error {
+		if !nc.IsConnected() {
+			return fmt.Errorf("not connected to NATS (%s)", nc.Status())
+		}
+		return nil
+	})
+	return pub, nc, nil
+}
+
+func serve(ctx context.Context, environ map[string]string, stderr io.Writer) error {
+	cfg, err := parseConfig(environ)
+	if err != nil {
+		return err
+	}
+	logger := newLogger(stderr, cfg.LogLevel)
+	srv := ops.NewServer(cfg.HTTPAddr, logger)
+	if err := srv.Listen(); err != nil {
+		return err
+	}
+	pub, nc, err := connectBus(ctx, cfg.NATS, cfg.PublishBuffer, srv, logger)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	em := emit.New(pub, srv.Registry())
+	px := proxy.New(cfg.proxyConfig(), em, srv.Registry(), logger)
+	defer px.Close()
+	px.Register(srv)
+	srv.Handle("POST /v1/events", ingest.New(ingest.Options{MaxBytes: cfg.IngestMaxBytes, Token: cfg.IngestToken},
+		em, time.Now, srv.Registry(), logger))
+
+	logger.Info("serving", "addr", srv.Addr(), "upstream", cfg.UpstreamURL, "nats", nc.ConnectedUrlRedacted())
+	// The publisher outlives the listener, so the events of requests finishing during the
+	// shutdown grace are still flushed.
+	pubCtx, stopPub := context.WithCancel(context.Background())
+	g := new(errgroup.Group)
+	g.Go(func() error {
+		defer stopPub()
+		return srv.Run(ctx, cfg.ShutdownGrace)
+	})
+	g.Go(func() error { return pub.Run(pubCtx) })
+	err = g.Wait()
+	logger.Info("stopped")
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
