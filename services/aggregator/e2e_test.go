@@ -233,13 +233,13 @@ func (b *bed) waitRows(t *testing.T, timeout time.Duration, want uint64, q strin
 }
 
 type rollupKey struct {
-	start                       time.Time
+	start                time.Time
 	scene, model, bucket string
 }
 
 type expected struct {
 	requests, ok, errors, timeouts, canceled, in, out uint64
-	ttft, total                                        []float64
+	ttft, total                                       []float64
 }
 
 // TestTraceThroughAggregator sends 6,000 events built from the real conversation trace
