@@ -34,6 +34,7 @@ type AggConfig struct {
 	GPU           bool          `env:"GPU" envDefault:"true"`
 	Consumer      string        `env:"CONSUMER" envDefault:"aggregator"`
 	FlushInterval time.Duration `env:"FLUSH_INTERVAL" envDefault:"1s"`
+	WriteTimeout  time.Duration `env:"WRITE_TIMEOUT" envDefault:"5m"`
 	AckWait       time.Duration `env:"ACK_WAIT" envDefault:"10m"`
 	MaxAckPending int           `env:"MAX_ACK_PENDING" envDefault:"-1"`
 	MaxBuffered   int           `env:"MAX_BUFFERED" envDefault:"1000000"`
@@ -89,6 +90,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("AGG_FLUSH_INTERVAL=%s is too short (at least 10ms)", a.FlushInterval)
 	case a.AckWait <= a.Window+a.Lateness+a.FlushInterval:
 		return fmt.Errorf("AGG_ACK_WAIT=%s must exceed AGG_WINDOW + AGG_LATENESS + AGG_FLUSH_INTERVAL (%s)", a.AckWait, a.Window+a.Lateness+a.FlushInterval)
+	case a.WriteTimeout < 100*time.Millisecond:
+		return fmt.Errorf("AGG_WRITE_TIMEOUT=%s is too short (at least 100ms)", a.WriteTimeout)
 	case a.MaxAckPending == 0 || a.MaxAckPending < -1:
 		return fmt.Errorf("AGG_MAX_ACK_PENDING=%d must be positive, or -1 for no limit", a.MaxAckPending)
 	case a.MaxBuffered < 1000:

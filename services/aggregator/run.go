@@ -73,7 +73,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return pipeline.Options{
 			Stream: stream, Filter: filter, Consumer: cfg.Agg.Consumer,
 			AckWait: cfg.Agg.AckWait, MaxAckPending: cfg.Agg.MaxAckPending, PullBatch: cfg.Agg.PullBatch,
-			FlushEvery: cfg.Agg.FlushInterval, MaxBuffered: cfg.Agg.MaxBuffered,
+			FlushEvery: cfg.Agg.FlushInterval, WriteTimeout: cfg.Agg.WriteTimeout, MaxBuffered: cfg.Agg.MaxBuffered,
 		}
 	}
 	pipes := []*pipeline.Pipeline{}

@@ -26,6 +26,7 @@ type Options struct {
 	MaxAckPending int           // -1: no limit (the pipeline bounds its memory itself)
 	PullBatch     int           // messages nats.go buffers ahead
 	FlushEvery    time.Duration // how often closed windows and request events are written
+	WriteTimeout  time.Duration // one write attempt; a hung ClickHouse is retried, not waited on
 	MaxBuffered   int           // buffered request events and unwritten rows before pulling pauses
 	Clock         func() time.Time
 }
@@ -114,6 +115,9 @@ func resetConsumer(ctx context.Context, js jetstream.JetStream, o Options) (jets
 func newPipeline(o Options, js jetstream.JetStream, nc *nats.Conn, cons jetstream.Consumer, floor uint64, st stage, pub *bus.Publisher, m *metrics, logger *slog.Logger) *Pipeline {
 	if o.Clock == nil {
 		o.Clock = time.Now
+	}
+	if o.WriteTimeout <= 0 {
+		o.WriteTimeout = 5 * time.Minute
 	}
 	p := &Pipeline{opts: o, js: js, nc: nc, cons: cons, stage: st, publisher: pub, m: m, logger: logger, lastSeq: floor, ackedSeq: floor}
 	p.room = sync.NewCond(&p.mu)
@@ -255,7 +259,9 @@ func (p *Pipeline) write(ctx context.Context, f flush) bool {
 	backoff := 100 * time.Millisecond
 	for {
 		start := time.Now()
-		err := f.write(ctx, p.opts.Clock())
+		wctx, cancel := context.WithTimeout(ctx, p.opts.WriteTimeout)
+		err := f.write(wctx, p.opts.Clock())
+		cancel()
 		if err == nil {
 			p.m.flushDuration.Observe(time.Since(start).Seconds())
 			p.m.rowsWritten.Add(float64(f.count()))

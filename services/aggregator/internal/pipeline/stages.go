@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"time"
@@ -160,6 +161,7 @@ type tokenFlush struct {
 	starts      []time.Time
 	reqs        *sink.Requests
 	reqsWritten bool
+	attempt     int
 }
 
 func (f *tokenFlush) empty() bool { return len(f.rows) == 0 && f.reqs == nil }
@@ -173,21 +175,48 @@ func (f *tokenFlush) count() int {
 
 func (f *tokenFlush) write(ctx context.Context, now time.Time) error {
 	sk := f.stage.sink
+	f.attempt++
+	if f.attempt > 1 {
+		// An earlier attempt failed; it may still land. Wait for it before counting.
+		if err := sk.Settle(ctx, f.ledger.FlushID); err != nil {
+			return err
+		}
+	}
 	if f.reqs != nil && !f.reqsWritten {
-		if err := sk.WriteRequests(ctx, f.reqs); err != nil {
-			lo, hi := f.reqs.SeqRange()
-			if n, cerr := sk.RequestsIn(ctx, lo, hi); cerr != nil || n != uint64(f.reqs.Len()) {
+		lo, hi := f.reqs.SeqRange()
+		stored := uint64(0)
+		if f.attempt > 1 {
+			n, err := sk.RequestsIn(ctx, lo, hi)
+			if err != nil {
+				return err
+			}
+			stored = n
+		}
+		if stored != uint64(f.reqs.Len()) {
+			if stored != 0 {
+				return fmt.Errorf("cannot settle flush %s: %d of %d requests are stored", f.ledger.FlushID, stored, f.reqs.Len())
+			}
+			qctx := sink.WithQueryID(ctx, f.ledger.FlushID+"-requests-"+strconv.Itoa(f.attempt))
+			if err := sk.WriteRequests(qctx, f.reqs); err != nil {
 				return err
 			}
 		}
 		f.reqsWritten = true
 	}
-	if err := sk.WriteTokenRollups(ctx, f.rows, f.stage.agg.BucketLower, f.ledger, now); err != nil {
-		if n, cerr := sk.RowsOfFlush(ctx, "token_rollups", f.ledger.FlushID); cerr != nil || n != uint64(len(f.rows)) {
+	if len(f.rows) == 0 {
+		return nil
+	}
+	if f.attempt > 1 {
+		n, err := sk.RowsOfFlush(ctx, "token_rollups", f.ledger.FlushID)
+		if err != nil {
 			return err
 		}
+		if n == uint64(len(f.rows)) {
+			return nil
+		}
 	}
-	return nil
+	qctx := sink.WithQueryID(ctx, f.ledger.FlushID+"-rollups-"+strconv.Itoa(f.attempt))
+	return sk.WriteTokenRollups(qctx, f.rows, f.stage.agg.BucketLower, f.ledger, now)
 }
 
 func (f *tokenFlush) publish(p *bus.Publisher) {
@@ -294,10 +323,11 @@ func (s *gpuStage) cut(now time.Time, seqThrough uint64) flush {
 }
 
 type gpuFlush struct {
-	stage  *gpuStage
-	ledger sink.Ledger
-	rows   []events.GPURollup
-	starts []time.Time
+	stage   *gpuStage
+	ledger  sink.Ledger
+	rows    []events.GPURollup
+	starts  []time.Time
+	attempt int
 }
 
 func (f *gpuFlush) empty() bool { return len(f.rows) == 0 }
@@ -305,12 +335,20 @@ func (f *gpuFlush) count() int  { return len(f.rows) }
 
 func (f *gpuFlush) write(ctx context.Context, now time.Time) error {
 	sk := f.stage.sink
-	if err := sk.WriteGPURollups(ctx, f.rows, f.ledger, now); err != nil {
-		if n, cerr := sk.RowsOfFlush(ctx, "gpu_rollups", f.ledger.FlushID); cerr != nil || n != uint64(len(f.rows)) {
+	f.attempt++
+	if f.attempt > 1 {
+		if err := sk.Settle(ctx, f.ledger.FlushID); err != nil {
 			return err
 		}
+		n, err := sk.RowsOfFlush(ctx, "gpu_rollups", f.ledger.FlushID)
+		if err != nil {
+			return err
+		}
+		if n == uint64(len(f.rows)) {
+			return nil
+		}
 	}
-	return nil
+	return sk.WriteGPURollups(sink.WithQueryID(ctx, f.ledger.FlushID+"-gpu-"+strconv.Itoa(f.attempt)), f.rows, f.ledger, now)
 }
 
 func (f *gpuFlush) publish(p *bus.Publisher) {

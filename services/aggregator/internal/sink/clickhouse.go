@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
@@ -20,6 +21,32 @@ type ClickHouse struct {
 // New returns a writer for consumer.
 func New(conn driver.Conn, consumer string) *ClickHouse {
 	return &ClickHouse{conn: conn, consumer: consumer}
+}
+
+// WithQueryID tags the inserts made with ctx, so that Settle can find them on the server.
+func WithQueryID(ctx context.Context, id string) context.Context {
+	return clickhouse.Context(ctx, clickhouse.WithQueryID(id))
+}
+
+// Settle waits, up to ctx, until no query whose id starts with prefix runs on the server.
+// An insert abandoned by its client (a timeout while the server hung) may still be running,
+// or may start once the server reads its socket again; counting a flush's rows is only
+// conclusive once it has finished.
+func (c *ClickHouse) Settle(ctx context.Context, prefix string) error {
+	for {
+		var n uint64
+		if err := c.conn.QueryRow(ctx, "SELECT count() FROM system.processes WHERE startsWith(query_id, ?)", prefix).Scan(&n); err != nil {
+			return fmt.Errorf("cannot look for running inserts: %w", err)
+		}
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // Ledger is a flush's place in the stream: every event of its windows with a stream position

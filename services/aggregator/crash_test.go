@@ -1,0 +1,157 @@
+package main
+
+import (
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/pkg/testbed"
+)
+
+// buildBinary builds the aggregator for tests that kill it.
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "aggregator")
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("cannot build the aggregator: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func startProcess(t *testing.T, bin string, vars envVars) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(bin)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	for k, v := range vars {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	log, err := os.OpenFile(filepath.Join(t.TempDir(), "aggregator.log"), os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGKILL)
+		_, _ = cmd.Process.Wait()
+		log.Close()
+	})
+	return cmd
+}
+
+// TestCrashExactlyOnce SIGKILLs the aggregator process at random points, at least five
+// times, while 100,000 events built from the real trace are published, restarting it each
+// time. The totals in ClickHouse must equal the events published exactly — rollups and raw
+// requests alike — with plain sum() and no FINAL.
+func TestCrashExactlyOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("publishes 100k events and kills the aggregator repeatedly")
+	}
+	b := newBed(t)
+	bin := buildBinary(t)
+	const n = 100_000
+	rows := readTrace(t, 20_000)
+	// 100k events over 50 s of event time ending a minute ago: 25 two-second windows.
+	base := time.Now().UTC().Add(-2 * time.Minute).Truncate(2 * time.Second)
+	var evs []events.RequestEvent
+	for len(evs) < n {
+		evs = append(evs, buildEvents(rows, base, uint64(len(evs)))...)
+	}
+	evs = evs[:n]
+	for i := range evs {
+		evs[i].TS = base.Add(time.Duration(i) * 500 * time.Microsecond)
+	}
+	vars := b.env(envVars{"AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "100ms", "AGG_LOG_LEVEL": "warn"})
+
+	published := make(chan struct{})
+	go func() {
+		defer close(published)
+		for i := 0; i < n; i += 2000 {
+			b.publish(t, evs[i:min(i+2000, n)])
+			time.Sleep(150 * time.Millisecond) // about 8 s in all, so the kills land mid-run
+		}
+	}()
+	r := rand.New(rand.NewPCG(42, 43))
+	kills := 0
+	for {
+		cmd := startProcess(t, bin, vars)
+		time.Sleep(time.Duration(500+r.IntN(1500)) * time.Millisecond)
+		select {
+		case <-published:
+			if kills >= 5 {
+				goto finish
+			}
+		default:
+		}
+		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		_, _ = cmd.Process.Wait()
+		kills++
+	}
+finish:
+	t.Logf("killed the aggregator %d times", kills)
+	b.waitRows(t, 2*time.Minute, n, "SELECT sum(requests) FROM token_rollups")
+	b.waitRows(t, time.Minute, n, "SELECT count() FROM requests")
+	if u := b.scalar(t, "SELECT uniqExact(event_id) FROM requests"); u != n {
+		t.Fatalf("%d distinct events in requests, want %d", u, n)
+	}
+	var wantOut uint64
+	for _, e := range evs {
+		wantOut += uint64(e.OutputTokens)
+	}
+	if got := b.scalar(t, "SELECT sum(output_tokens) FROM token_rollups"); got != wantOut {
+		t.Fatalf("sum(output_tokens) = %d, want %d", got, wantOut)
+	}
+	// And nothing more arrives later: the totals are final, not on their way past n.
+	time.Sleep(time.Second)
+	if got := b.scalar(t, "SELECT sum(requests) FROM token_rollups"); got != n {
+		t.Fatalf("sum(requests) moved on to %d", got)
+	}
+}
+
+// TestClickHouseOutage pauses ClickHouse for 30 s in the middle of a run: the aggregator
+// holds its windows, retries, catches up when the server answers again, and loses and
+// doubles nothing.
+func TestClickHouseOutage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("pauses ClickHouse for 30 s")
+	}
+	b := newBed(t)
+	srv := testbed.Server(t)
+	if err := srv.Pause(); err != nil {
+		t.Skipf("cannot pause this ClickHouse: %v", err)
+	}
+	srv.Resume()
+	startAggregator(t, b.env(envVars{"AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "200ms", "AGG_WRITE_TIMEOUT": "2s"}))
+	rows := readTrace(t, 3000)
+	now := time.Now().UTC()
+	evs := buildEvents(rows, now.Add(-time.Minute), 7)
+	for i := range evs {
+		evs[i].TS = now.Add(-40 * time.Second).Add(time.Duration(i) * 10 * time.Millisecond)
+	}
+	b.publish(t, evs[:1000])
+	b.waitRows(t, 30*time.Second, 1000, "SELECT count() FROM requests")
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	b.publish(t, evs[1000:])
+	time.Sleep(30 * time.Second)
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	b.waitRows(t, time.Minute, uint64(len(evs)), "SELECT sum(requests) FROM token_rollups")
+	b.waitRows(t, 30*time.Second, uint64(len(evs)), "SELECT count() FROM requests")
+	if u := b.scalar(t, "SELECT uniqExact(event_id) FROM requests"); u != uint64(len(evs)) {
+		t.Fatalf("%d distinct events, want %d", u, len(evs))
+	}
+}
