@@ -19,6 +19,12 @@ var JSON embed.FS
 //go:embed clickhouse/*.sql
 var ClickHouse embed.FS
 
+// Queries holds the SQL cookbook under clickhouse/queries/: tested example queries with
+// {name:Type} parameters, as clickhouse-client's --param_name fills them.
+//
+//go:embed clickhouse/queries/*.sql
+var Queries embed.FS
+
 // Migrations returns the DDL files at the root of a file system, as chdb's Migrate reads
 // them.
 func Migrations() fs.FS {

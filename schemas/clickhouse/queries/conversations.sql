@@ -1,0 +1,19 @@
+-- The business layer: average turns per conversation, and task completion rate — the
+-- share of conversations whose outcome (sent by the app on the last request) is
+-- 'completed' among those with an outcome. Parameters: from, to (DateTime).
+SELECT
+    count() AS conversations,
+    avg(turns) AS avg_turns,
+    countIf(outcome = 'completed') AS completed,
+    countIf(outcome = 'abandoned') AS abandoned,
+    if(countIf(outcome != '') = 0, 0, countIf(outcome = 'completed') / countIf(outcome != '')) AS completion_rate
+FROM
+(
+    SELECT
+        conversation_id,
+        max(turn) AS turns,
+        anyIf(outcome, outcome != '') AS outcome
+    FROM requests
+    WHERE ts >= {from:DateTime} AND ts < {to:DateTime} AND conversation_id != ''
+    GROUP BY conversation_id
+)
