@@ -97,7 +97,7 @@ type envVars map[string]string
 func (e envVars) get(k string) string { return e[k] }
 
 // startAggregator runs the service in-process until the returned stop is called.
-func startAggregator(t *testing.T, vars envVars) (stop func()) {
+func startAggregator(t testing.TB, vars envVars) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -115,7 +115,7 @@ func startAggregator(t *testing.T, vars envVars) (stop func()) {
 	return stop
 }
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	if testing.Verbose() {
@@ -132,7 +132,7 @@ type bed struct {
 	nc      *nats.Conn
 }
 
-func newBed(t *testing.T) *bed {
+func newBed(t testing.TB) *bed {
 	t.Helper()
 	srv := testbed.NATS(t)
 	chCfg := testbed.ClickHouse(t)
@@ -163,7 +163,7 @@ func (b *bed) env(extra envVars) envVars {
 	return e
 }
 
-func (b *bed) publish(t *testing.T, evs []events.RequestEvent) {
+func (b *bed) publish(t testing.TB, evs []events.RequestEvent) {
 	t.Helper()
 	ctx := context.Background()
 	var futures []jetstream.PubAckFuture
@@ -186,14 +186,14 @@ func (b *bed) publish(t *testing.T, evs []events.RequestEvent) {
 	_ = ctx
 }
 
-func (b *bed) publishRaw(t *testing.T, subject string, data []byte) {
+func (b *bed) publishRaw(t testing.TB, subject string, data []byte) {
 	t.Helper()
 	if _, err := b.js.Publish(context.Background(), subject, data); err != nil {
 		t.Fatal(err)
 	}
 }
 
-func waitAcks(t *testing.T, fs []jetstream.PubAckFuture) {
+func waitAcks(t testing.TB, fs []jetstream.PubAckFuture) {
 	t.Helper()
 	for _, f := range fs {
 		select {
@@ -206,7 +206,7 @@ func waitAcks(t *testing.T, fs []jetstream.PubAckFuture) {
 	}
 }
 
-func (b *bed) scalar(t *testing.T, q string, args ...any) uint64 {
+func (b *bed) scalar(t testing.TB, q string, args ...any) uint64 {
 	t.Helper()
 	var n uint64
 	if err := b.db.Conn().QueryRow(context.Background(), q, args...).Scan(&n); err != nil {
@@ -216,7 +216,7 @@ func (b *bed) scalar(t *testing.T, q string, args ...any) uint64 {
 }
 
 // waitRows polls until q returns want, failing after timeout.
-func (b *bed) waitRows(t *testing.T, timeout time.Duration, want uint64, q string) {
+func (b *bed) waitRows(t testing.TB, timeout time.Duration, want uint64, q string) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -386,5 +386,45 @@ func TestInvalidLateAndSeriesOverflow(t *testing.T) {
 	b.waitRows(t, 30*time.Second, 1, "SELECT sum(late) FROM token_rollups WHERE kind = 'correction'")
 	if n := b.scalar(t, "SELECT sum(requests) FROM token_rollups"); n != 21 {
 		t.Fatalf("total %d, want 21", n)
+	}
+}
+
+// TestFreshness sends live traffic (ts = now) for a few windows and checks each window is in
+// ClickHouse within lateness + 2 s of its end (the goal allows window + lateness + 2 s).
+func TestFreshness(t *testing.T) {
+	b := newBed(t)
+	startAggregator(t, b.env(envVars{"AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "100ms"}))
+	seen := map[time.Time]time.Duration{}
+	stopAt := time.Now().Add(9 * time.Second)
+	for time.Now().Before(stopAt) {
+		now := time.Now().UTC()
+		e := events.RequestEvent{V: 1, EventID: events.NewEventID(), TS: now.Add(-100 * time.Millisecond), Model: "m", Scene: "chat", Env: "prod",
+			InputTokens: 10, OutputTokens: 5, TTFTMs: 20, TotalMs: 100, Status: events.StatusOK}
+		b.publish(t, []events.RequestEvent{e})
+		rows, err := b.db.Conn().Query(context.Background(), "SELECT DISTINCT window_start FROM token_rollups")
+		if err != nil { // the aggregator is still creating its tables
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		for rows.Next() {
+			var ws time.Time
+			if err := rows.Scan(&ws); err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := seen[ws.UTC()]; !ok {
+				seen[ws.UTC()] = time.Since(ws.Add(2 * time.Second))
+			}
+		}
+		rows.Close()
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(seen) < 2 {
+		t.Fatalf("only %d windows written in 9 s", len(seen))
+	}
+	for ws, d := range seen {
+		t.Logf("window %s in ClickHouse %.2fs after its end", ws.Format("15:04:05"), d.Seconds())
+		if d > 3*time.Second { // lateness 1 s + 2 s
+			t.Errorf("window %s written %.2fs after its end, over lateness + 2 s", ws.Format("15:04:05"), d.Seconds())
+		}
 	}
 }

@@ -8,11 +8,12 @@ import (
 
 // metrics of one pipeline, labelled by which stream it consumes ("tokens" or "gpu").
 type metrics struct {
-	added, consumeErrors, flushErrors, ackErrors, deadLetterErrors, rowsWritten prometheus.Counter
-	events, invalid                                                             *prometheus.CounterVec
-	flushDuration, writeDelay                                                   prometheus.Observer
-	paused, ackFloor, buffered, openWindows, activeKeys, watermarkDelay         prometheus.Gauge
-	folded                                                                      prometheus.Counter
+	added, late, skipped, redelivered                                    prometheus.Counter
+	consumeErrors, flushErrors, ackErrors, deadLetterErrors, rowsWritten prometheus.Counter
+	events, invalid                                                      *prometheus.CounterVec
+	flushDuration, writeDelay                                            prometheus.Observer
+	paused, ackFloor, buffered, openWindows, activeKeys, watermarkDelay  prometheus.Gauge
+	folded                                                               prometheus.Counter
 }
 
 // Metrics are shared by the pipelines of one aggregator.
@@ -68,7 +69,9 @@ func (m *Metrics) forStream(stream string) *metrics {
 	}
 	return &metrics{
 		added:            m.events.WithLabelValues(stream, "added"),
-		events:           m.events.MustCurryWith(prometheus.Labels{"stream": stream}),
+		late:             m.events.WithLabelValues(stream, "late"),
+		skipped:          m.events.WithLabelValues(stream, "skipped"),
+		redelivered:      m.events.WithLabelValues(stream, "redelivered"),
 		invalid:          m.invalid.MustCurryWith(prometheus.Labels{"stream": stream}),
 		consumeErrors:    m.consumeErrors.WithLabelValues(stream),
 		flushErrors:      m.flushErrors.WithLabelValues(stream),

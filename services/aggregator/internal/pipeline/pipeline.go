@@ -41,6 +41,8 @@ type stage interface {
 	held() (uint64, jetstream.Msg, bool)
 	// buffered returns how many events or rows wait in memory.
 	buffered() int
+	// full reports whether enough waits for a flush before the next tick.
+	full() bool
 	// observe updates gauges; called under the lock on each flush.
 	observe(now time.Time)
 }
@@ -73,6 +75,7 @@ type Pipeline struct {
 	m         *metrics
 	logger    *slog.Logger
 
+	kick     chan struct{} // asks for a flush before the next tick
 	mu       sync.Mutex
 	room     *sync.Cond
 	prev     jetstream.Msg // the last message processed
@@ -119,7 +122,7 @@ func newPipeline(o Options, js jetstream.JetStream, nc *nats.Conn, cons jetstrea
 	if o.WriteTimeout <= 0 {
 		o.WriteTimeout = 5 * time.Minute
 	}
-	p := &Pipeline{opts: o, js: js, nc: nc, cons: cons, stage: st, publisher: pub, m: m, logger: logger, lastSeq: floor, ackedSeq: floor}
+	p := &Pipeline{opts: o, js: js, nc: nc, cons: cons, stage: st, publisher: pub, m: m, logger: logger, lastSeq: floor, ackedSeq: floor, kick: make(chan struct{}, 1)}
 	p.room = sync.NewCond(&p.mu)
 	return p
 }
@@ -145,6 +148,8 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-tick.C:
+			p.cycle(ctx)
+		case <-p.kick:
 			p.cycle(ctx)
 		case <-ctx.Done():
 			cerr := <-consumed
@@ -187,7 +192,7 @@ func (p *Pipeline) process(msg jetstream.Msg) {
 	defer p.mu.Unlock()
 	if seq <= p.lastSeq {
 		// A redelivery of a message already held (AckWait passed while ClickHouse was away).
-		p.m.events.WithLabelValues("redelivered").Inc()
+		p.m.redelivered.Inc()
 		return
 	}
 	res, err := p.stage.handle(msg.Data(), seq, p.prev, p.opts.Clock())
@@ -197,11 +202,17 @@ func (p *Pipeline) process(msg jetstream.Msg) {
 	case res == resAdded:
 		p.m.added.Inc()
 	case res == resLate:
-		p.m.events.WithLabelValues("late").Inc()
+		p.m.late.Inc()
 	case res == resSkipped:
-		p.m.events.WithLabelValues("skipped").Inc()
+		p.m.skipped.Inc()
 	}
 	p.prev, p.lastSeq = msg, seq
+	if p.stage.full() {
+		select { // write now rather than at the next tick, so batches stay bounded
+		case p.kick <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // deadLetter publishes an invalid message with its reason on llm.invalid and counts it.

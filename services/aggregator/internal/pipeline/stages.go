@@ -118,6 +118,12 @@ func (s *tokenStage) held() (uint64, jetstream.Msg, bool) {
 	return seq, ack, ok
 }
 
+// maxBatch bounds the request events written in one insert: the buffers are reused, so they
+// stop growing, and a flush stays short.
+const maxBatch = 1 << 16
+
+func (s *tokenStage) full() bool { return s.reqs.Len() >= maxBatch }
+
 func (s *tokenStage) buffered() int {
 	_, keys := s.agg.OpenWindows()
 	return s.reqs.Len() + keyWeight*keys
@@ -296,6 +302,8 @@ func (s *gpuStage) held() (uint64, jetstream.Msg, bool) {
 	ack, _ := before.(jetstream.Msg)
 	return seq, ack, ok
 }
+
+func (s *gpuStage) full() bool { return false }
 
 func (s *gpuStage) buffered() int {
 	_, keys := s.agg.OpenWindows()

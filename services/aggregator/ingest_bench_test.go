@@ -1,0 +1,128 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"net"
+	"net/http"
+	"os"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+)
+
+// BenchmarkIngest measures, in one run on the same stream, the raw JetStream consume rate
+// (a pull consumer acknowledging cumulatively every 500 messages, doing nothing else) and the
+// aggregator's ingest rate (decode, validate, windows, requests and rollups written to
+// ClickHouse, cumulative acks). The goal is aggregator ≥ 70 % of raw.
+//
+//	go test -run '^$' -bench Ingest -benchtime 1x .
+var storeRequests = "true"
+
+func BenchmarkIngest(b *testing.B) {
+	const n = 200_000
+	bd := newBed(b)
+	rows := readTrace(b, 20_000)
+	base := time.Now().UTC().Add(-10 * time.Minute).Truncate(15 * time.Second)
+	var evs []events.RequestEvent
+	for len(evs) < n {
+		evs = append(evs, buildEvents(rows, base, uint64(len(evs)))...)
+	}
+	evs = evs[:n]
+	for i := range evs {
+		evs[i].TS = base.Add(time.Duration(i) * time.Millisecond)
+	}
+	// Events are published when requests end, as the emitter does.
+	slices.SortFunc(evs, func(a, b events.RequestEvent) int {
+		return a.TS.Add(time.Duration(a.TotalMs * 1e6)).Compare(b.TS.Add(time.Duration(b.TotalMs * 1e6)))
+	})
+	bd.publish(b, evs)
+	ctx := context.Background()
+	for b.Loop() {
+		// Raw consume.
+		cons, err := bd.js.CreateOrUpdateConsumer(ctx, events.StreamEvents, jetstream.ConsumerConfig{Durable: "raw", AckPolicy: jetstream.AckAllPolicy, MaxAckPending: -1})
+		if err != nil {
+			b.Fatal(err)
+		}
+		it, err := cons.Messages(jetstream.PullMaxMessages(10_000))
+		if err != nil {
+			b.Fatal(err)
+		}
+		start := time.Now()
+		for i := range n {
+			m, err := it.Next()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if (i+1)%500 == 0 || i == n-1 {
+				m.Ack()
+			}
+		}
+		raw := float64(n) / time.Since(start).Seconds()
+		it.Stop()
+
+		// The aggregator, from the same stream.
+		addr := freeAddr(b)
+		if f := os.Getenv("INGEST_PROFILE"); f != "" { // profile the aggregator's phase alone
+			out, err := os.Create(f)
+			if err != nil {
+				b.Fatal(err)
+			}
+			pprof.StartCPUProfile(out)
+			defer pprof.StopCPUProfile()
+		}
+		stop := startAggregator(b, bd.env(envVars{"HTTP_ADDR": addr, "AGG_LOG_LEVEL": "warn", "AGG_STORE_REQUESTS": storeRequests}))
+		start = time.Now()
+		deadline := start.Add(5 * time.Minute)
+		for {
+			if got := addedEvents(addr); got >= n {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatal("the aggregator did not take every event in 5 minutes")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		agg := float64(n) / time.Since(start).Seconds()
+		stop()
+		b.ReportMetric(raw, "raw_msgs/s")
+		b.ReportMetric(agg, "aggregator_msgs/s")
+		b.ReportMetric(100*agg/raw, "%_of_raw")
+	}
+}
+
+func freeAddr(b *testing.B) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// addedEvents reads aggregator_events_total{stream="tokens"} (every result) from /metrics.
+func addedEvents(addr string) int {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	total := 0
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "aggregator_events_total{") && strings.Contains(line, `stream="tokens"`) {
+			f := strings.Fields(line)
+			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			total += int(v)
+		}
+	}
+	return total
+}
