@@ -8,12 +8,12 @@ import (
 
 // metrics of one pipeline, labelled by which stream it consumes ("tokens" or "gpu").
 type metrics struct {
-	added, late, skipped, redelivered                                    prometheus.Counter
-	consumeErrors, flushErrors, ackErrors, deadLetterErrors, rowsWritten prometheus.Counter
-	events, invalid                                                      *prometheus.CounterVec
-	flushDuration, writeDelay                                            prometheus.Observer
-	paused, ackFloor, buffered, openWindows, activeKeys, watermarkDelay  prometheus.Gauge
-	folded                                                               prometheus.Counter
+	added, late, skipped, redelivered                                        prometheus.Counter
+	consumeErrors, flushErrors, ackErrors, deadLetterErrors, rowsWritten     prometheus.Counter
+	invalid                                                                  *prometheus.CounterVec
+	flushDuration, writeDelay                                                prometheus.Observer
+	paused, ackFloor, buffered, openWindows, activeKeys, watermarkDelay, lag prometheus.Gauge
+	folded                                                                   prometheus.Counter
 }
 
 // Metrics are shared by the pipelines of one aggregator.
@@ -23,6 +23,7 @@ type Metrics struct {
 	rowsWritten                                                  *prometheus.CounterVec
 	flushDuration, writeDelay                                    *prometheus.HistogramVec
 	paused, ackFloor, buffered, openWindows, activeKeys, wmDelay *prometheus.GaugeVec
+	lag                                                          *prometheus.GaugeVec
 	folded                                                       *prometheus.CounterVec
 }
 
@@ -53,10 +54,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		openWindows: gv("open_windows", "Windows and corrections held open."),
 		activeKeys:  gv("active_keys", "Series × bucket keys held in open windows."),
 		wmDelay:     gv("watermark_delay_seconds", "How far the watermark is behind the clock."),
+		lag:         gv("consumer_lag_messages", "Messages in the stream not yet delivered to the aggregator (read every 10 s)."),
 		folded:      cv("series_folded_total", "Events whose series was folded into \"other\" by AGG_MAX_SERIES."),
 	}
 	reg.MustRegister(m.events, m.invalid, m.consumeErrors, m.flushErrors, m.ackErrors, m.deadLetterErrors, m.rowsWritten,
-		m.flushDuration, m.writeDelay, m.paused, m.ackFloor, m.buffered, m.openWindows, m.activeKeys, m.wmDelay, m.folded)
+		m.flushDuration, m.writeDelay, m.paused, m.ackFloor, m.buffered, m.openWindows, m.activeKeys, m.wmDelay, m.lag, m.folded)
 	return m
 }
 
@@ -86,6 +88,7 @@ func (m *Metrics) forStream(stream string) *metrics {
 		openWindows:      m.openWindows.WithLabelValues(stream),
 		activeKeys:       m.activeKeys.WithLabelValues(stream),
 		watermarkDelay:   m.wmDelay.WithLabelValues(stream),
+		lag:              m.lag.WithLabelValues(stream),
 		folded:           m.folded.WithLabelValues(stream),
 	}
 }

@@ -76,6 +76,7 @@ type Pipeline struct {
 	logger    *slog.Logger
 
 	kick     chan struct{} // asks for a flush before the next tick
+	lagAt    time.Time
 	mu       sync.Mutex
 	room     *sync.Cond
 	prev     jetstream.Msg // the last message processed
@@ -147,8 +148,12 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	defer tick.Stop()
 	for {
 		select {
-		case <-tick.C:
+		case now := <-tick.C:
 			p.cycle(ctx)
+			if now.Sub(p.lagAt) >= 10*time.Second {
+				p.lagAt = now
+				p.observeLag(ctx)
+			}
 		case <-p.kick:
 			p.cycle(ctx)
 		case <-ctx.Done():
@@ -294,6 +299,17 @@ func (p *Pipeline) write(ctx context.Context, f flush) bool {
 		}
 		backoff = min(2*backoff, 5*time.Second)
 	}
+}
+
+// observeLag reads how far the consumer is behind the stream.
+func (p *Pipeline) observeLag(ctx context.Context) {
+	ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	info, err := p.cons.Info(ictx)
+	if err != nil {
+		return
+	}
+	p.m.lag.Set(float64(info.NumPending))
 }
 
 // ack acknowledges, cumulatively, every message before the oldest one still held.
