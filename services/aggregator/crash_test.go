@@ -132,7 +132,9 @@ func TestClickHouseOutage(t *testing.T) {
 		t.Skipf("cannot pause this ClickHouse: %v", err)
 	}
 	srv.Resume()
-	startAggregator(t, b.env(envVars{"AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "200ms", "AGG_WRITE_TIMEOUT": "2s"}))
+	addr := freeAddr(t)
+	startAggregator(t, b.env(envVars{"HTTP_ADDR": addr, "AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "200ms",
+		"AGG_WRITE_TIMEOUT": "2s", "AGG_MAX_BUFFERED": "1000"}))
 	rows := readTrace(t, 3000)
 	now := time.Now().UTC()
 	evs := buildEvents(rows, now.Add(-time.Minute), 7)
@@ -145,7 +147,19 @@ func TestClickHouseOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.publish(t, evs[1000:])
-	time.Sleep(30 * time.Second)
+	// 2,000 events arrive while ClickHouse is away: past AGG_MAX_BUFFERED the aggregator
+	// stops pulling instead of growing or dropping.
+	deadline := time.Now().Add(30 * time.Second)
+	paused := false
+	for time.Now().Before(deadline) {
+		if metricValue(addr, "aggregator_paused", `stream="tokens"`) == 1 {
+			paused = true
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if !paused {
+		t.Error("the aggregator never paused pulling at its memory bound")
+	}
 	if err := srv.Resume(); err != nil {
 		t.Fatal(err)
 	}

@@ -98,13 +98,34 @@ func BenchmarkIngest(b *testing.B) {
 	}
 }
 
-func freeAddr(b *testing.B) string {
+func freeAddr(b testing.TB) string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer l.Close()
 	return l.Addr().String()
+}
+
+// metricValue sums the samples of one metric (every label set matching the filter) from
+// /metrics.
+func metricValue(addr, name, filter string) float64 {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	total := 0.0
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, name+"{") && strings.Contains(line, filter) {
+			f := strings.Fields(line)
+			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			total += v
+		}
+	}
+	return total
 }
 
 // addedEvents reads aggregator_events_total{stream="tokens"} (every result) from /metrics.
