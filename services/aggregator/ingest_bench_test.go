@@ -24,8 +24,7 @@ import (
 // ClickHouse, cumulative acks). The goal is aggregator ≥ 70 % of raw.
 //
 //	go test -run '^$' -bench Ingest -benchtime 1x .
-var storeRequests = "true"
-
+//	INGEST_STORE_REQUESTS=false go test -run '^$' -bench Ingest -benchtime 1x .
 func BenchmarkIngest(b *testing.B) {
 	const n = 200_000
 	bd := newBed(b)
@@ -78,7 +77,7 @@ func BenchmarkIngest(b *testing.B) {
 			pprof.StartCPUProfile(out)
 			defer pprof.StopCPUProfile()
 		}
-		stop := startAggregator(b, bd.env(envVars{"HTTP_ADDR": addr, "AGG_LOG_LEVEL": "warn", "AGG_STORE_REQUESTS": storeRequests}))
+		stop := startAggregator(b, bd.env(envVars{"HTTP_ADDR": addr, "AGG_LOG_LEVEL": "warn", "AGG_STORE_REQUESTS": storeRequests()}))
 		start = time.Now()
 		deadline := start.Add(5 * time.Minute)
 		for {
@@ -96,6 +95,15 @@ func BenchmarkIngest(b *testing.B) {
 		b.ReportMetric(agg, "aggregator_msgs/s")
 		b.ReportMetric(100*agg/raw, "%_of_raw")
 	}
+}
+
+// storeRequests is AGG_STORE_REQUESTS for the benchmark: INGEST_STORE_REQUESTS=false
+// measures the rollups alone.
+func storeRequests() string {
+	if v := os.Getenv("INGEST_STORE_REQUESTS"); v != "" {
+		return v
+	}
+	return "true"
 }
 
 func freeAddr(b testing.TB) string {
