@@ -225,6 +225,9 @@ func toOutcome(s string) Outcome {
 }
 
 func parseTS(field, s string) (time.Time, error) {
+	if t, ok := parseUTCMillis(s); ok {
+		return t, nil
+	}
 	t, err := time.Parse(time.RFC3339Nano, s)
 	if err != nil {
 		return time.Time{}, fieldErr(field, ErrBadTimestamp, quoteBounded(s))
@@ -635,4 +638,56 @@ func b2i(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// parseUTCMillis parses the form every tokenscope writer uses, 2006-01-02T15:04:05.000Z (or
+// without the fraction), about ten times faster than time.Parse. Anything else — offsets,
+// other precisions, invalid dates — is left to time.Parse.
+func parseUTCMillis(s string) (time.Time, bool) {
+	if (len(s) != 24 && len(s) != 20) || s[4] != '-' || s[7] != '-' || s[10] != 'T' || s[13] != ':' || s[16] != ':' || s[len(s)-1] != 'Z' {
+		return time.Time{}, false
+	}
+	num := func(i, n int) (int, bool) {
+		v := 0
+		for _, c := range []byte(s[i : i+n]) {
+			if c < '0' || c > '9' {
+				return 0, false
+			}
+			v = v*10 + int(c-'0')
+		}
+		return v, true
+	}
+	year, ok1 := num(0, 4)
+	month, ok2 := num(5, 2)
+	day, ok3 := num(8, 2)
+	hour, ok4 := num(11, 2)
+	minute, ok5 := num(14, 2)
+	sec, ok6 := num(17, 2)
+	ms, ok7 := 0, true
+	if len(s) == 24 {
+		if s[19] != '.' {
+			return time.Time{}, false
+		}
+		ms, ok7 = num(20, 3)
+	}
+	if !(ok1 && ok2 && ok3 && ok4 && ok5 && ok6 && ok7) || month < 1 || month > 12 || day < 1 || hour > 23 || minute > 59 || sec > 59 {
+		return time.Time{}, false
+	}
+	if day > daysIn(time.Month(month), year) {
+		return time.Time{}, false
+	}
+	return time.Date(year, time.Month(month), day, hour, minute, sec, ms*1e6, time.UTC), true
+}
+
+func daysIn(m time.Month, year int) int {
+	switch m {
+	case time.February:
+		if year%4 == 0 && (year%100 != 0 || year%400 == 0) {
+			return 29
+		}
+		return 28
+	case time.April, time.June, time.September, time.November:
+		return 30
+	}
+	return 31
 }

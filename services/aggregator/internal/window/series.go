@@ -31,8 +31,10 @@ func (l *seriesLimit) admit(env, scene, model, instance string, clock int64) (st
 		return env, scene, model, instance
 	}
 	id := seriesID{env, scene, model, instance}
-	if _, ok := l.seen[id]; ok {
-		l.seen[id] = clock
+	if last, ok := l.seen[id]; ok {
+		if clock-last > int64(time.Minute) { // refreshing once a minute is enough for an hour's idle limit
+			l.seen[id] = clock
+		}
 		return env, scene, model, instance
 	}
 	if len(l.seen) < l.max {
@@ -41,8 +43,10 @@ func (l *seriesLimit) admit(env, scene, model, instance string, clock int64) (st
 	}
 	l.folded++
 	id = seriesID{env, scene, other, other}
-	if _, ok := l.seen[id]; ok {
-		l.seen[id] = clock
+	if last, ok := l.seen[id]; ok {
+		if clock-last > int64(time.Minute) {
+			l.seen[id] = clock
+		}
 		return env, scene, other, other
 	}
 	return other, other, other, other

@@ -1,0 +1,33 @@
+package events
+
+import (
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// TestParseUTCMillisMatchesTimeParse: the fast path must agree with time.Parse wherever it
+// answers, and must answer for what the project's writers produce.
+func TestParseUTCMillisMatchesTimeParse(t *testing.T) {
+	cases := []string{
+		"2026-11-30T10:00:00.123Z", "2026-11-30T10:00:00Z", "2024-02-29T23:59:59.999Z", "2023-02-29T00:00:00Z",
+		"2026-13-01T00:00:00Z", "2026-11-31T00:00:00Z", "2026-11-30T24:00:00Z", "2026-11-30T10:00:60Z",
+		"2026-11-30T10:00:00.12Z", "2026-11-30 10:00:00Z", "2026-11-30T10:00:00.123+00:00", "abcd-11-30T10:00:00Z",
+		"2026-00-10T00:00:00Z", "2026-11-00T00:00:00Z", "1900-02-29T00:00:00Z", "2000-02-29T00:00:00Z",
+	}
+	r := rand.New(rand.NewPCG(1, 1))
+	for range 20000 {
+		ts := time.Unix(r.Int64N(4e9), int64(r.IntN(1000))*1e6).UTC()
+		cases = append(cases, ts.Format(TimeLayout), ts.Format(time.RFC3339))
+	}
+	for _, s := range cases {
+		fast, ok := parseUTCMillis(s)
+		slow, err := time.Parse(time.RFC3339Nano, s)
+		if ok && (err != nil || !fast.Equal(slow)) {
+			t.Fatalf("%q: fast %v, time.Parse %v %v", s, fast, slow, err)
+		}
+		if !ok && err == nil && len(s) == 24 && s[23] == 'Z' {
+			t.Fatalf("%q: the fast path declined a timestamp in the writers' form", s)
+		}
+	}
+}
