@@ -75,14 +75,16 @@ type Pipeline struct {
 	m         *metrics
 	logger    *slog.Logger
 
-	kick     chan struct{} // asks for a flush before the next tick
-	lagAt    time.Time
-	mu       sync.Mutex
-	room     *sync.Cond
-	prev     jetstream.Msg // the last message processed
-	lastSeq  uint64
-	ackedSeq uint64
-	failing  bool
+	kick  chan struct{} // asks for a flush before the next tick
+	lagAt time.Time
+	// processed counts messages on the consuming goroutine, which alone touches it.
+	processed uint64
+	mu        sync.Mutex
+	room      *sync.Cond
+	prev      jetstream.Msg // the last message processed
+	lastSeq   uint64
+	ackedSeq  uint64
+	failing   bool
 	// abandoned is set when a flush could not be written before shutdown: its events are
 	// no longer held by any window, so nothing may be acknowledged any more.
 	abandoned bool
@@ -168,13 +170,6 @@ func (p *Pipeline) Run(ctx context.Context) error {
 
 func (p *Pipeline) consume(ctx context.Context, it jetstream.MessagesContext) error {
 	for {
-		p.mu.Lock()
-		for p.stage.buffered() >= p.opts.MaxBuffered && ctx.Err() == nil {
-			p.m.paused.Set(1)
-			p.room.Wait()
-		}
-		p.m.paused.Set(0)
-		p.mu.Unlock()
 		msg, err := it.Next()
 		if err != nil {
 			if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
@@ -184,7 +179,25 @@ func (p *Pipeline) consume(ctx context.Context, it jetstream.MessagesContext) er
 			continue
 		}
 		p.process(msg)
+		if p.processed++; p.processed%256 == 0 {
+			p.waitRoom(ctx)
+		}
 	}
+}
+
+// waitRoom pauses pulling while the memory bound is reached (ClickHouse away): JetStream
+// keeps the messages, and nats.go stops asking once its buffer is full.
+func (p *Pipeline) waitRoom(ctx context.Context) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stage.buffered() < p.opts.MaxBuffered {
+		return
+	}
+	p.m.paused.Set(1)
+	for p.stage.buffered() >= p.opts.MaxBuffered && ctx.Err() == nil {
+		p.room.Wait()
+	}
+	p.m.paused.Set(0)
 }
 
 func (p *Pipeline) process(msg jetstream.Msg) {
