@@ -1,0 +1,503 @@
+package deploy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tokenscope/tokenscope/deploy/internal/dashboard"
+	"github.com/tokenscope/tokenscope/pkg/bus"
+	"github.com/tokenscope/tokenscope/pkg/chdb"
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/pkg/testbed"
+)
+
+func TestMain(m *testing.M) { testbed.Main(m) }
+
+const datasourceUID = "tokenscope-clickhouse"
+
+// TestDashboardStructure checks what Grafana needs besides the SQL: every panel queries the
+// provisioned data source, time series return time-series frames, tables tables.
+func TestDashboardStructure(t *testing.T) {
+	prov, err := os.ReadFile("grafana/provisioning/datasources/clickhouse.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"uid: " + datasourceUID, "type: grafana-clickhouse-datasource", "host: clickhouse", "port: 9000", "protocol: native",
+		"username: $CLICKHOUSE_USER", "defaultDatabase: $CLICKHOUSE_DB", "password: $CLICKHOUSE_PASSWORD"} {
+		if !strings.Contains(string(prov), want) {
+			t.Errorf("datasource provisioning lacks %q", want)
+		}
+	}
+	d := loadDashboard(t)
+	if len(d.Panels) < 15 {
+		t.Fatalf("%d panels", len(d.Panels))
+	}
+	for _, p := range d.Panels {
+		if len(p.Queries) == 0 {
+			t.Errorf("panel %q has no query", p.Title)
+		}
+		for _, q := range p.Queries {
+			if q.Datasource.UID != datasourceUID || p.Datasource.UID != datasourceUID {
+				t.Errorf("panel %q does not use data source %s", p.Title, datasourceUID)
+			}
+			switch p.Type {
+			case "timeseries":
+				if q.QueryType != "timeSeries" || q.Format != 0 {
+					t.Errorf("time series panel %q: query type %q format %d", p.Title, q.QueryType, q.Format)
+				}
+			case "table", "stat":
+				if q.QueryType != "table" || q.Format != 1 {
+					t.Errorf("%s panel %q: query type %q format %d", p.Type, p.Title, q.QueryType, q.Format)
+				}
+			default:
+				t.Errorf("panel %q: type %s", p.Title, p.Type)
+			}
+		}
+	}
+}
+
+func loadDashboard(t *testing.T) dashboard.Dashboard {
+	t.Helper()
+	d, err := dashboard.Load("grafana/dashboards/tokenscope.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// buildService builds a service the way its Dockerfile does.
+func buildService(t *testing.T, dir, name string) string {
+	t.Helper()
+	out := filepath.Join(dir, name)
+	cmd := exec.Command("go", "build", "-trimpath", "-o", out, ".")
+	cmd.Dir = filepath.Join(repoRoot, "services", name)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOWORK=off")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("cannot build %s: %v\n%s", name, err, b)
+	}
+	return out
+}
+
+// syncBuffer collects a process's output.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startService runs a built service with exactly environ, and stops it with SIGTERM when
+// the test ends; its output is logged if the test failed.
+func startService(t *testing.T, bin string, environ map[string]string) {
+	t.Helper()
+	cmd := exec.Command(bin)
+	for k, v := range environ {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	var out syncBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%s: %v", filepath.Base(bin), err)
+			}
+		case <-time.After(30 * time.Second):
+			_ = cmd.Process.Kill()
+			t.Errorf("%s did not stop within 30s of SIGTERM", filepath.Base(bin))
+		}
+		if t.Failed() {
+			t.Logf("%s output:\n%s", filepath.Base(bin), out.String())
+		}
+	})
+}
+
+// waitFor polls cond until it is true, failing after timeout with what it says.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after %s (%s)", what, timeout, state)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func scalar(ctx context.Context, db *chdb.DB, q string) (uint64, error) {
+	var n uint64
+	err := db.Conn().QueryRow(ctx, q).Scan(&n)
+	return n, err
+}
+
+// traffic is the workload the pipeline is fed: windows of mixed traffic on two models, two
+// scenes, four input buckets and two instances, with errors, 429s and timeouts; then a
+// TTFT surge on one series, long enough for the alerter's TTFT SLA rules to fire.
+type traffic struct {
+	requests []events.RequestEvent
+	samples  []events.GPUSample
+	surge    events.RequestEvent // one event of the surge series
+}
+
+func makeTraffic(base time.Time, windows, surgeWindows int) traffic {
+	const window = 15 * time.Second
+	var tr traffic
+	models := []string{"llama-3-70b", "qwen2.5-72b"}
+	instances := []string{"vllm-a:8000", "vllm-b:8000"}
+	scenes := []string{"chat", "search"}
+	inputs := []int64{200, 1200, 5000, 12000}
+	n := 0
+	for w := range windows + surgeWindows {
+		start := base.Add(time.Duration(w) * window)
+		for i := range 32 {
+			n++
+			in := inputs[(i/4)%4] + int64(n%97)
+			out := int64(40 + (n*37)%300)
+			ttft := 80 + 0.04*float64(in) + float64(n%13)*7
+			tpot := 18 + float64(n%11)
+			e := events.RequestEvent{V: 1, EventID: events.NewEventID(), TS: start.Add(time.Duration(i) * 400 * time.Millisecond),
+				Model: models[i%2], Instance: instances[i%2], Scene: scenes[(i/2)%2], Env: "prod", Provider: "openai", Stream: true,
+				InputTokens: in, OutputTokens: out, CachedInputTokens: in / 3,
+				TTFTMs: ttft, TotalMs: ttft + tpot*float64(out-1), Status: events.StatusOK}
+			switch {
+			case n%17 == 0:
+				e.Status, e.ErrorCode, e.HTTPStatus = events.StatusError, "500", 500
+			case n%23 == 0:
+				e.Status, e.ErrorCode, e.HTTPStatus = events.StatusError, "429", 429
+			case n%29 == 0:
+				e.Status, e.ErrorCode = events.StatusTimeout, "stream_idle"
+			}
+			tr.requests = append(tr.requests, e)
+		}
+		if w < windows {
+			continue
+		}
+		for i := range 40 {
+			n++
+			e := events.RequestEvent{V: 1, EventID: events.NewEventID(), TS: start.Add(time.Duration(i) * 300 * time.Millisecond),
+				Model: "llama-3-70b", Instance: "vllm-a:8000", Scene: "chat", Env: "prod", Provider: "openai", Stream: true,
+				InputTokens: 1000 + int64(i), OutputTokens: 200, TTFTMs: 7000 + float64(i)*10, Status: events.StatusOK}
+			e.TotalMs = e.TTFTMs + 30*199
+			tr.requests = append(tr.requests, e)
+			tr.surge = e
+		}
+	}
+	energy := map[string]float64{}
+	for ts := base; ts.Before(base.Add(time.Duration(windows+surgeWindows) * window)); ts = ts.Add(5 * time.Second) {
+		for h, host := range instances {
+			for g := range 2 {
+				key := fmt.Sprintf("%s/%d", host, g)
+				util := 40 + float64((int(ts.Unix())/5+h*3+g)%50)
+				power := 100 + 5*util
+				energy[key] += power * 5
+				mem, total := uint64(60e9), uint64(141e9)
+				e := energy[key]
+				tr.samples = append(tr.samples, events.GPUSample{V: 1, TS: ts, Host: host, GPUIndex: g,
+					GPUUUID: fmt.Sprintf("GPU-%d-%d", h, g), GPUName: "NVIDIA H200", Source: "replay",
+					UtilGPUPct: &util, PowerW: &power, EnergyJ: &e, MemUsedBytes: &mem, MemTotalBytes: &total})
+			}
+		}
+	}
+	return tr
+}
+
+func publish(t *testing.T, js jetstream.JetStream, tr traffic) {
+	t.Helper()
+	var futures []jetstream.PubAckFuture
+	wait := func() {
+		for _, f := range futures {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				t.Fatal(err)
+			case <-time.After(20 * time.Second):
+				t.Fatal("publish acknowledgement timed out")
+			}
+		}
+		futures = futures[:0]
+	}
+	add := func(msg *nats.Msg) {
+		f, err := js.PublishMsgAsync(msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if futures = append(futures, f); len(futures) == 1000 {
+			wait()
+		}
+	}
+	for i := range tr.requests {
+		e := &tr.requests[i]
+		msg := nats.NewMsg(events.RequestSubject(e.Env, e.Scene))
+		msg.Data = events.AppendRequest(nil, e)
+		msg.Header.Set(jetstream.MsgIDHeader, e.EventID)
+		add(msg)
+	}
+	for _, s := range tr.samples {
+		msg := nats.NewMsg(events.GPUSampleSubject(s.Host))
+		data, err := json.Marshal(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg.Data = data
+		msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("%s/%s/%d", s.Host, s.GPUUUID, s.TS.UnixMilli()))
+		add(msg)
+	}
+	wait()
+}
+
+// TestDashboardQueries runs the pipeline (the aggregator and the alerter, built as their
+// images are) over NATS and ClickHouse, then every query of the dashboard, its variables
+// and macros filled in as Grafana and the ClickHouse plugin fill them, and requires rows.
+func TestDashboardQueries(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the aggregator and the alerter")
+	}
+	d := loadDashboard(t)
+	chCfg := testbed.ClickHouse(t)
+	ns := testbed.NATS(t)
+	bin := t.TempDir()
+	aggregator := buildService(t, bin, "aggregator")
+	alerter := buildService(t, bin, "alerter")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	common := map[string]string{"NATS_URL": ns.ClientURL(), "CLICKHOUSE_ADDR": chCfg.Addr, "CLICKHOUSE_DB": chCfg.DB,
+		"CLICKHOUSE_USER": chCfg.User, "CLICKHOUSE_PASSWORD": chCfg.Password, "HTTP_ADDR": "127.0.0.1:0"}
+	env := func(extra map[string]string) map[string]string {
+		m := map[string]string{}
+		for k, v := range common {
+			m[k] = v
+		}
+		for k, v := range extra {
+			m[k] = v
+		}
+		return m
+	}
+	startService(t, aggregator, env(map[string]string{"AGG_WINDOW": "15s", "AGG_LATENESS": "2s", "AGG_FLUSH_INTERVAL": "200ms"}))
+
+	db, err := chdb.Open(ctx, chCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	waitFor(t, time.Minute, "the aggregator migrates ClickHouse", func() (bool, string) {
+		_, err := scalar(ctx, db, "SELECT count() FROM alerts")
+		return err == nil, fmt.Sprint(err)
+	})
+	startService(t, alerter, env(map[string]string{"ALERTER_SETTLE": "1s"}))
+
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bus.EnsureStreams(ctx, js, bus.StreamLimits{MaxBytes: 1 << 30, DuplicateWindow: 2 * time.Minute, Replicas: 1}); err != nil {
+		t.Fatal(err)
+	}
+	// The alerter reads rollups published after its consumer exists.
+	waitFor(t, time.Minute, "the alerter's consumer", func() (bool, string) {
+		_, err := js.Consumer(ctx, events.StreamRollups, "alerter")
+		return err == nil, fmt.Sprint(err)
+	})
+
+	base := time.Now().UTC().Add(-20 * time.Minute).Truncate(time.Minute)
+	tr := makeTraffic(base, 40, 4)
+	publish(t, js, tr)
+
+	counts := []struct {
+		q    string
+		want uint64
+	}{
+		{"SELECT sum(requests) FROM token_rollups", uint64(len(tr.requests))},
+		{"SELECT count() FROM requests", uint64(len(tr.requests))},
+		{"SELECT sum(samples) FROM gpu_rollups", uint64(len(tr.samples))},
+	}
+	for _, c := range counts {
+		waitFor(t, 2*time.Minute, c.q, func() (bool, string) {
+			n, err := scalar(ctx, db, c.q)
+			return err == nil && n == c.want, fmt.Sprintf("%d of %d, %v", n, c.want, err)
+		})
+	}
+	waitFor(t, 2*time.Minute, "the alerter fires the TTFT SLA alerts of the surge", func() (bool, string) {
+		n, err := scalar(ctx, db, "SELECT count() FROM alerts WHERE state = 'firing' AND rule = 'ttft_p95_sla' AND scene = 'chat'")
+		return err == nil && n >= 2, fmt.Sprintf("%d firing, %v", n, err)
+	})
+
+	r := dashboard.Range{From: base.Add(-time.Minute), To: time.Now().UTC().Add(time.Minute)}
+	options := map[string][]string{}
+	var allSel, oneSel = map[string][]string{}, map[string][]string{}
+	for _, v := range d.Variables {
+		if v.Type == "custom" {
+			allSel[v.Name], oneSel[v.Name] = v.Values[1:2], v.Values[len(v.Values)-1:]
+			options[v.Name] = v.Values
+			continue
+		}
+		sql, err := dashboard.Expand(v.SQL, r)
+		if err != nil {
+			t.Fatalf("variable %s: %v", v.Name, err)
+		}
+		rows := query(t, ctx, db, sql)
+		for _, row := range rows {
+			options[v.Name] = append(options[v.Name], fmt.Sprint(row[0]))
+		}
+		if len(options[v.Name]) == 0 {
+			t.Fatalf("variable %s: no values from %s", v.Name, sql)
+		}
+		allSel[v.Name] = []string{dashboard.AllValue}
+	}
+	oneSel["env"], oneSel["scene"], oneSel["model"], oneSel["host"] = []string{tr.surge.Env}, []string{tr.surge.Scene}, []string{tr.surge.Model}, []string{tr.surge.Instance}
+	for name, want := range map[string][]string{"env": {"prod"}, "scene": {"chat", "search"}, "model": {"llama-3-70b", "qwen2.5-72b"}, "host": {"vllm-a:8000", "vllm-b:8000"}} {
+		if !reflect.DeepEqual(options[name], want) {
+			t.Errorf("variable %s offers %v, want %v", name, options[name], want)
+		}
+	}
+
+	cases := []struct {
+		name     string
+		sel      map[string][]string
+		interval time.Duration
+	}{
+		{"all, 1s interval", allSel, time.Second},
+		{"one of each, 1s interval", oneSel, time.Second},
+		{"all, 5m interval", allSel, 5 * time.Minute},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r.Interval = c.interval
+			for _, p := range d.Panels {
+				for _, q := range p.Queries {
+					sql, err := dashboard.Interpolate(q.SQL, d.Variables, c.sel, options)
+					if err == nil {
+						sql, err = dashboard.Expand(sql, r)
+					}
+					if err != nil {
+						t.Fatalf("panel %q: %v", p.Title, err)
+					}
+					rows := query(t, ctx, db, sql)
+					if len(rows) == 0 {
+						t.Errorf("panel %q returned no rows:\n%s", p.Title, sql)
+						continue
+					}
+					if p.Type == "timeseries" {
+						if _, ok := rows[0][0].(time.Time); !ok {
+							t.Errorf("panel %q: first column is %T, a time series needs the time first", p.Title, rows[0][0])
+						}
+					}
+					checkPanel(t, p.Title, c.sel, rows, tr)
+				}
+			}
+		})
+	}
+}
+
+// checkPanel checks the values of panels whose answer is known exactly.
+func checkPanel(t *testing.T, title string, sel map[string][]string, rows [][]any, tr traffic) {
+	t.Helper()
+	all := sel["model"][0] == dashboard.AllValue
+	switch title {
+	case "Requests":
+		if got := rows[0][0]; all && got != uint64(len(tr.requests)) {
+			t.Errorf("Requests = %v, want %d", got, len(tr.requests))
+		}
+	case "Firing alerts":
+		if n, ok := rows[0][0].(uint64); !ok || n < 2 {
+			t.Errorf("Firing alerts = %v, want the two TTFT SLA alerts at least", rows[0][0])
+		}
+	case "Alerts firing at the end of the range":
+		if len(rows) < 2 {
+			t.Errorf("%d firing alerts listed, want the two TTFT SLA alerts at least", len(rows))
+		}
+	case "Failed requests by code":
+		codes := map[string]bool{}
+		for _, r := range rows {
+			codes[fmt.Sprint(r[0], "/", r[1])] = true
+		}
+		if all && (!codes["error/500"] || !codes["error/429"] || !codes["timeout/stream_idle"]) {
+			t.Errorf("failed requests by code %v, want error/500, error/429 and timeout/stream_idle", codes)
+		}
+	}
+	if title == "TTFT and TPOT P50 / P95 / P99 per bucket (ms)" {
+		for _, r := range rows {
+			if r[0] == tr.surge.Model && r[1] == tr.surge.Scene && r[2] == surgeBucket(tr) {
+				if p99, _ := r[6].(float64); p99 < 6000 {
+					t.Errorf("surge series TTFT p99 %v, want above 6000 ms", p99)
+				}
+				return
+			}
+		}
+		t.Errorf("no row for the surge series in %v", rows)
+	}
+}
+
+func surgeBucket(tr traffic) string {
+	b := events.DefaultBucketBounds()
+	return b.Label(b.Index(tr.surge.InputTokens))
+}
+
+// query runs sql and returns its rows, each value scanned into its column's Go type.
+func query(t *testing.T, ctx context.Context, db *chdb.DB, sql string) [][]any {
+	t.Helper()
+	rows, err := db.Conn().Query(ctx, sql)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, sql)
+	}
+	defer rows.Close()
+	types := rows.ColumnTypes()
+	var out [][]any
+	for rows.Next() {
+		ptrs := make([]any, len(types))
+		for i, ct := range types {
+			ptrs[i] = reflect.New(ct.ScanType()).Interface()
+		}
+		if err := rows.Scan(ptrs...); err != nil {
+			t.Fatalf("%v\n%s", err, sql)
+		}
+		row := make([]any, len(ptrs))
+		for i, p := range ptrs {
+			row[i] = reflect.ValueOf(p).Elem().Interface()
+		}
+		out = append(out, row)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("%v\n%s", err, sql)
+	}
+	return out
+}
