@@ -33,6 +33,7 @@ type AggConfig struct {
 	StoreRequests bool          `env:"STORE_REQUESTS" envDefault:"true"`
 	GPU           bool          `env:"GPU" envDefault:"true"`
 	Consumer      string        `env:"CONSUMER" envDefault:"aggregator"`
+	Filter        string        `env:"FILTER" envDefault:"llm.req.>"` // this aggregator's share of LLM_EVENTS
 	FlushInterval time.Duration `env:"FLUSH_INTERVAL" envDefault:"1s"`
 	WriteTimeout  time.Duration `env:"WRITE_TIMEOUT" envDefault:"5m"`
 	AckWait       time.Duration `env:"ACK_WAIT" envDefault:"10m"`
@@ -55,6 +56,13 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		}
 	}
 	if err := env.ParseWithOptions(&cfg, env.Options{Environment: vars}); err != nil {
+		// caarlos0/env names the Go field; find the variable by parsing each one alone.
+		for k, v := range vars {
+			var one Config
+			if env.ParseWithOptions(&one, env.Options{Environment: map[string]string{k: v}}) != nil {
+				return cfg, fmt.Errorf("%s=%q cannot be parsed: %w", k, v, err)
+			}
+		}
 		return cfg, fmt.Errorf("bad configuration: %w", err)
 	}
 	return cfg, cfg.Validate()
@@ -86,6 +94,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("AGG_MAX_SERIES=%d must be at least 1", a.MaxSeries)
 	case a.Consumer == "" || strings.ContainsAny(a.Consumer, ".*> \t\n"):
 		return fmt.Errorf("AGG_CONSUMER=%q must be a non-empty name without '.', '*', '>' or spaces", a.Consumer)
+	case a.Filter != events.SubjectRequestsAll && !strings.HasPrefix(a.Filter, "llm.req."):
+		return fmt.Errorf("AGG_FILTER=%q must be llm.req.> or a narrower subject under llm.req. (such as llm.req.prod.>)", a.Filter)
+	case strings.ContainsAny(a.Filter, " \t\n") || strings.Contains(a.Filter, ".."):
+		return fmt.Errorf("AGG_FILTER=%q is not a valid subject", a.Filter)
 	case a.FlushInterval < 10*time.Millisecond:
 		return fmt.Errorf("AGG_FLUSH_INTERVAL=%s is too short (at least 10ms)", a.FlushInterval)
 	case a.AckWait <= a.Window+a.Lateness+a.FlushInterval:

@@ -428,3 +428,27 @@ func TestFreshness(t *testing.T) {
 		}
 	}
 }
+
+// TestPartitions runs two aggregators on disjoint AGG_FILTERs of one stream, each with its own
+// consumer: together they count every event once.
+func TestPartitions(t *testing.T) {
+	b := newBed(t)
+	startAggregator(t, b.env(envVars{"AGG_CONSUMER": "agg-prod", "AGG_FILTER": "llm.req.prod.>", "AGG_WINDOW": "2s", "AGG_LATENESS": "1s"}))
+	startAggregator(t, b.env(envVars{"AGG_CONSUMER": "agg-staging", "AGG_FILTER": "llm.req.staging.>", "AGG_GPU": "false", "AGG_WINDOW": "2s", "AGG_LATENESS": "1s"}))
+	now := time.Now().UTC().Add(-time.Minute)
+	var evs []events.RequestEvent
+	for i := range 3000 {
+		env := []string{"prod", "staging"}[i%3%2]
+		evs = append(evs, events.RequestEvent{V: 1, EventID: events.NewEventID(), TS: now.Add(time.Duration(i) * 10 * time.Millisecond),
+			Model: "m", Scene: "chat", Env: env, InputTokens: 10, OutputTokens: 5, TTFTMs: 20, TotalMs: 100, Status: events.StatusOK})
+	}
+	b.publish(t, evs)
+	b.waitRows(t, time.Minute, 3000, "SELECT sum(requests) FROM token_rollups")
+	b.waitRows(t, time.Minute, 3000, "SELECT count() FROM requests")
+	if n := b.scalar(t, "SELECT sum(requests) FROM token_rollups WHERE env = 'prod' AND consumer = 'agg-prod'"); n != 2000 {
+		t.Fatalf("prod partition counted %d, want 2000", n)
+	}
+	if n := b.scalar(t, "SELECT sum(requests) FROM token_rollups WHERE env = 'staging' AND consumer = 'agg-staging'"); n != 1000 {
+		t.Fatalf("staging partition counted %d, want 1000", n)
+	}
+}

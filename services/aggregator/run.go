@@ -77,7 +77,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		}
 	}
 	pipes := []*pipeline.Pipeline{}
-	tokens, err := pipeline.NewTokens(ctx, opts(events.StreamEvents, events.SubjectRequestsAll), wcfg, prices, cfg.Agg.StoreRequests, deps)
+	tokens, err := pipeline.NewTokens(ctx, opts(events.StreamEvents, cfg.Agg.Filter), wcfg, prices, cfg.Agg.StoreRequests, deps)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,53 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestConfigDefaults(t *testing.T) {
+	cfg, err := loadConfig(envVars{}.get)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := cfg.Agg
+	if a.Window != 15*time.Second || a.Lateness != 30*time.Second || a.Buckets != "0,500,2000,8000,32000" ||
+		!a.StoreRequests || a.Filter != "llm.req.>" || cfg.HTTPAddr != "127.0.0.1:9103" || cfg.ClickHouse.DB != "tokenscope" {
+		t.Fatalf("defaults: %+v", cfg)
+	}
+}
+
+func TestConfigErrorsNameTheVariable(t *testing.T) {
+	for _, tc := range []struct {
+		vars envVars
+		want string
+	}{
+		{envVars{"AGG_WINDOW": "1500ms"}, "AGG_WINDOW"},
+		{envVars{"AGG_WINDOW": "soon"}, "AGG_WINDOW"},
+		{envVars{"AGG_LATENESS": "-1s"}, "AGG_LATENESS"},
+		{envVars{"AGG_BUCKETS": "0,500,100"}, "AGG_BUCKETS"},
+		{envVars{"AGG_MAX_SERIES": "0"}, "AGG_MAX_SERIES"},
+		{envVars{"AGG_CONSUMER": "a.b"}, "AGG_CONSUMER"},
+		{envVars{"AGG_FILTER": "gpu.sample.>"}, "AGG_FILTER"},
+		{envVars{"AGG_ACK_WAIT": "30s"}, "AGG_ACK_WAIT"},
+		{envVars{"AGG_MAX_ACK_PENDING": "0"}, "AGG_MAX_ACK_PENDING"},
+		{envVars{"AGG_COMPRESSION": "5"}, "AGG_COMPRESSION"},
+		{envVars{"AGG_LOG_LEVEL": "loud"}, "AGG_LOG_LEVEL"},
+		{envVars{"AGG_STORE_REQUESTS": "maybe"}, "AGG_STORE_REQUESTS"},
+		{envVars{"NATS_URL": "::"}, "NATS_URL"},
+		{envVars{"CLICKHOUSE_DB": "a-b"}, "CLICKHOUSE_DB"},
+	} {
+		_, err := loadConfig(tc.vars.get)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: error %v does not name %s", tc.vars, err, tc.want)
+		}
+	}
+}
+
+func TestBadPricesFileStopsStart(t *testing.T) {
+	err := run(t.Context(), envVars{"AGG_PRICES": "/nonexistent/prices.json"}.get, testWriter{t})
+	if err == nil || !strings.Contains(err.Error(), "AGG_PRICES") {
+		t.Fatalf("got %v", err)
+	}
+}
