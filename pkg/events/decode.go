@@ -502,11 +502,57 @@ func (d *decodeState) float(field string) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
+	if f, ok := fastFloat(num); ok {
+		return f, nil
+	}
 	f, perr := strconv.ParseFloat(num, 64)
 	if perr != nil {
 		return 0, fieldErr(field, ErrOutOfRange, quoteBounded(num))
 	}
 	return f, nil
+}
+
+// pow10 holds the powers of ten a float64 represents exactly.
+var pow10 = [...]float64{1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15}
+
+// fastFloat parses a plain decimal (no exponent) of at most 15 significant digits, the form
+// latencies take, exactly: the digits and the power of ten are both exact in a float64, so
+// one division rounds correctly (Clinger's fast path). Anything else is left to ParseFloat.
+func fastFloat(num string) (float64, bool) {
+	neg := false
+	if num[0] == '-' {
+		neg, num = true, num[1:]
+	}
+	var mant uint64
+	digits, frac := 0, -1
+	for i := 0; i < len(num); i++ {
+		c := num[i]
+		switch {
+		case c >= '0' && c <= '9':
+			if mant != 0 || c != '0' {
+				digits++
+			}
+			mant = mant*10 + uint64(c-'0')
+			if frac >= 0 {
+				frac++
+			}
+		case c == '.' && frac < 0:
+			frac = 0
+		default:
+			return 0, false
+		}
+		if digits > 15 || frac > 15 {
+			return 0, false
+		}
+	}
+	f := float64(mant)
+	if frac > 0 {
+		f /= pow10[frac]
+	}
+	if neg {
+		f = -f
+	}
+	return f, true
 }
 
 func (d *decodeState) boolean(field string) (bool, error) {

@@ -1,7 +1,9 @@
 package events
 
 import (
+	"math"
 	"math/rand/v2"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -28,6 +30,23 @@ func TestParseUTCMillisMatchesTimeParse(t *testing.T) {
 		}
 		if !ok && err == nil && len(s) == 24 && s[23] == 'Z' {
 			t.Fatalf("%q: the fast path declined a timestamp in the writers' form", s)
+		}
+	}
+}
+
+func TestFastFloatMatchesParseFloat(t *testing.T) {
+	r := rand.New(rand.NewPCG(2, 2))
+	cases := []string{"0", "-0", "0.0", "412.5", "6120.75", "1", "123456789012345", "1234567890123456", "0.000000000000001",
+		"0.0000000000000001", "99999.999999999", "-3.25", "000123.4500"}
+	for range 200000 {
+		v := r.Float64() * math.Pow(10, float64(r.IntN(12)))
+		cases = append(cases, strconv.FormatFloat(v, 'f', -1, 64), strconv.FormatFloat(v, 'f', r.IntN(8), 64))
+	}
+	for _, s := range cases {
+		want, err := strconv.ParseFloat(s, 64)
+		got, ok := fastFloat(s)
+		if ok && (err != nil || got != want || math.Signbit(got) != math.Signbit(want)) {
+			t.Fatalf("%q: fast %v, ParseFloat %v %v", s, got, want, err)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package window_test
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -193,10 +194,12 @@ func BenchmarkHotPath(b *testing.B) {
 	payloads := make([][]byte, n)
 	for i := range payloads {
 		out := int64(1 + r.IntN(800))
-		ttft := 200 + 100*r.ExpFloat64()
+		// Latencies in ms with microsecond precision, as the emitter writes them.
+		us := func(ms float64) float64 { return math.Round(ms*1000) / 1000 }
+		ttft := us(200 + 100*r.ExpFloat64())
 		e := events.RequestEvent{V: 1, EventID: events.NewEventID(), TS: t0, Model: fmt.Sprint("model-", r.IntN(4)),
 			Scene: fmt.Sprint("scene-", r.IntN(3)), Env: "prod", InputTokens: int64(r.ExpFloat64() * 2000), OutputTokens: out,
-			TTFTMs: ttft, TotalMs: ttft + float64(out)*(20+10*r.Float64()), Status: events.StatusOK, Stream: true}
+			TTFTMs: ttft, TotalMs: us(ttft + float64(out)*(20+10*r.Float64())), Status: events.StatusOK, Stream: true}
 		payloads[i] = events.AppendRequest(nil, &e)
 	}
 	a := window.New(cfg(b), nil)
