@@ -77,7 +77,7 @@ func BenchmarkIngest(b *testing.B) {
 			pprof.StartCPUProfile(out)
 			defer pprof.StopCPUProfile()
 		}
-		stop := startAggregator(b, bd.env(envVars{"HTTP_ADDR": addr, "AGG_LOG_LEVEL": "warn", "AGG_STORE_REQUESTS": storeRequests()}))
+		stop := startAggregator(b, bd.env(envVars{"HTTP_ADDR": addr, "AGG_LOG_LEVEL": "warn", "AGG_STORE_REQUESTS": storeRequests(), "AGG_FLUSH_INTERVAL": flushInterval(), "AGG_PULL_BATCH": envOr("INGEST_PULL_BATCH", "10000")}))
 		start = time.Now()
 		deadline := start.Add(5 * time.Minute)
 		for {
@@ -104,6 +104,15 @@ func storeRequests() string {
 		return v
 	}
 	return "true"
+}
+
+func flushInterval() string { return envOr("INGEST_FLUSH_INTERVAL", "1s") }
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
 }
 
 func freeAddr(b testing.TB) string {
