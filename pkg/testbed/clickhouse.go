@@ -19,10 +19,11 @@ import (
 	"time"
 
 	"github.com/tokenscope/tokenscope/pkg/chdb"
+	"github.com/tokenscope/tokenscope/pkg/chserver"
 )
 
 // InstallHint is how to get the server the tests need on Debian.
-const InstallHint = "apt-get install -y clickhouse-server"
+const InstallHint = chserver.InstallHint
 
 var (
 	chOnce sync.Once
@@ -43,7 +44,7 @@ func ClickHouse(t testing.TB) chdb.Config {
 		chSrv, chErr = StartClickHouse(filepath.Join(os.TempDir(), "tokenscope-ch-"+randHex(4)))
 	})
 	if chErr != nil {
-		if errors.Is(chErr, errNoBinary) && os.Getenv("CI") != "true" {
+		if errors.Is(chErr, chserver.ErrNotInstalled) && os.Getenv("CI") != "true" {
 			t.Skipf("ClickHouse is not installed (%v); install it with: %s", chErr, InstallHint)
 		}
 		t.Fatalf("cannot start ClickHouse: %v", chErr)
@@ -76,37 +77,20 @@ func Main(m *testing.M) {
 	os.Exit(code)
 }
 
-var errNoBinary = errors.New("clickhouse-server binary not found")
-
 // ClickHouseServer is a private clickhouse-server process.
 type ClickHouseServer struct {
 	Addr     string // native protocol, host:port
 	HTTPAddr string
 	Dir      string
 	cmd      *exec.Cmd
-	done     chan error
+	exited   chan struct{} // closed when the process has exited
 	stopOnce sync.Once
-}
-
-func findBinary() ([]string, error) {
-	if p, err := exec.LookPath("clickhouse-server"); err == nil {
-		return []string{p}, nil
-	}
-	for _, p := range []string{"/usr/sbin/clickhouse-server", "/usr/bin/clickhouse-server"} {
-		if _, err := os.Stat(p); err == nil {
-			return []string{p}, nil
-		}
-	}
-	if p, err := exec.LookPath("clickhouse"); err == nil {
-		return []string{p, "server"}, nil
-	}
-	return nil, errNoBinary
 }
 
 // StartClickHouse starts clickhouse-server with its data in dir on free ports and waits
 // until it answers queries.
 func StartClickHouse(dir string) (*ClickHouseServer, error) {
-	bin, err := findBinary()
+	bin, err := chserver.Command()
 	if err != nil {
 		return nil, err
 	}
@@ -118,19 +102,11 @@ func StartClickHouse(dir string) (*ClickHouseServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, sub := range []string{"data", "tmp", "log", "user_files", "format_schemas"} {
-		if err := os.MkdirAll(filepath.Join(dir, sub), 0o755); err != nil {
-			return nil, fmt.Errorf("cannot create %s: %w", dir, err)
-		}
+	config, err := chserver.WriteConfig(dir, "127.0.0.1", tcpPort, httpPort)
+	if err != nil {
+		return nil, err
 	}
-	config := fmt.Sprintf(configXML, dir, tcpPort, httpPort)
-	if err := os.WriteFile(filepath.Join(dir, "config.xml"), []byte(config), 0o644); err != nil {
-		return nil, fmt.Errorf("cannot write ClickHouse config: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "users.xml"), []byte(usersXML), 0o644); err != nil {
-		return nil, fmt.Errorf("cannot write ClickHouse users: %w", err)
-	}
-	args := append(bin[1:], "--config-file="+filepath.Join(dir, "config.xml"))
+	args := append(bin[1:], "--config-file="+config)
 	cmd := exec.Command(bin[0], args...)
 	cmd.Dir = dir
 	var out bytes.Buffer
@@ -144,39 +120,15 @@ func StartClickHouse(dir string) (*ClickHouseServer, error) {
 		HTTPAddr: "127.0.0.1:" + strconv.Itoa(httpPort),
 		Dir:      dir,
 		cmd:      cmd,
-		done:     make(chan error, 1),
+		exited:   make(chan struct{}),
 	}
-	go func() { s.done <- cmd.Wait() }()
-	if err := s.waitReady(60 * time.Second); err != nil {
+	go func() { _ = cmd.Wait(); close(s.exited) }()
+	if err := chserver.WaitReady(context.Background(), s.Addr, s.exited, 60*time.Second); err != nil {
 		s.Stop()
-		logTail, _ := os.ReadFile(filepath.Join(dir, "log", "err.log"))
+		logTail, _ := os.ReadFile(chserver.ErrLog(dir))
 		return nil, fmt.Errorf("%w; output: %s; error log: %s", err, tail(out.String()), tail(string(logTail)))
 	}
 	return s, nil
-}
-
-func (s *ClickHouseServer) waitReady(timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	cfg := chdb.Config{Addr: s.Addr, DB: "default", User: "default", DialTimeout: time.Second}
-	for {
-		select {
-		case err := <-s.done:
-			s.done <- err
-			return fmt.Errorf("clickhouse-server exited at start: %v", err)
-		default:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		db, err := chdb.Open(ctx, cfg)
-		cancel()
-		if err == nil {
-			db.Close()
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("clickhouse-server did not answer on %s in %s: %w", s.Addr, timeout, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 // Pause stops the server process (SIGSTOP) so that it neither answers nor closes
@@ -202,10 +154,10 @@ func (s *ClickHouseServer) Stop() {
 		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGCONT)
 		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGTERM)
 		select {
-		case <-s.done:
+		case <-s.exited:
 		case <-time.After(15 * time.Second):
 			_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
-			<-s.done
+			<-s.exited
 		}
 		_ = os.RemoveAll(s.Dir)
 	})
@@ -249,42 +201,3 @@ func tail(s string) string {
 	return s
 }
 
-// The root element is <yandex> so that 18.16 reads it; current servers still accept it.
-const configXML = `<?xml version="1.0"?>
-<yandex>
-  <logger>
-    <level>warning</level>
-    <log>%[1]s/log/server.log</log>
-    <errorlog>%[1]s/log/err.log</errorlog>
-    <size>10M</size>
-    <count>1</count>
-  </logger>
-  <listen_host>127.0.0.1</listen_host>
-  <tcp_port>%[2]d</tcp_port>
-  <http_port>%[3]d</http_port>
-  <path>%[1]s/data/</path>
-  <tmp_path>%[1]s/tmp/</tmp_path>
-  <user_files_path>%[1]s/user_files/</user_files_path>
-  <format_schema_path>%[1]s/format_schemas/</format_schema_path>
-  <users_config>users.xml</users_config>
-  <default_profile>default</default_profile>
-  <default_database>default</default_database>
-  <mark_cache_size>268435456</mark_cache_size>
-  <max_concurrent_queries>100</max_concurrent_queries>
-</yandex>
-`
-
-const usersXML = `<?xml version="1.0"?>
-<yandex>
-  <profiles><default><max_memory_usage>4000000000</max_memory_usage></default></profiles>
-  <users>
-    <default>
-      <password></password>
-      <networks><ip>127.0.0.1</ip><ip>::1</ip></networks>
-      <profile>default</profile>
-      <quota>default</quota>
-    </default>
-  </users>
-  <quotas><default></default></quotas>
-</yandex>
-`
