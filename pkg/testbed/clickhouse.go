@@ -200,4 +200,3 @@ func tail(s string) string {
 	}
 	return s
 }
-
