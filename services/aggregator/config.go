@@ -7,10 +7,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/caarlos0/env/v11"
-
 	"github.com/tokenscope/tokenscope/pkg/bus"
 	"github.com/tokenscope/tokenscope/pkg/chdb"
+	"github.com/tokenscope/tokenscope/pkg/envconf"
 	"github.com/tokenscope/tokenscope/pkg/events"
 )
 
@@ -44,26 +43,9 @@ type AggConfig struct {
 }
 
 func loadConfig(getenv func(string) string) (Config, error) {
-	var cfg Config
-	params, err := env.GetFieldParams(&cfg)
+	cfg, err := envconf.Parse[Config](getenv)
 	if err != nil {
-		return cfg, fmt.Errorf("cannot list the configuration variables: %w", err)
-	}
-	vars := map[string]string{}
-	for _, p := range params {
-		if v := getenv(p.Key); v != "" {
-			vars[p.Key] = v
-		}
-	}
-	if err := env.ParseWithOptions(&cfg, env.Options{Environment: vars}); err != nil {
-		// caarlos0/env names the Go field; find the variable by parsing each one alone.
-		for k, v := range vars {
-			var one Config
-			if env.ParseWithOptions(&one, env.Options{Environment: map[string]string{k: v}}) != nil {
-				return cfg, fmt.Errorf("%s=%q cannot be parsed: %w", k, v, err)
-			}
-		}
-		return cfg, fmt.Errorf("bad configuration: %w", err)
+		return cfg, err
 	}
 	return cfg, cfg.Validate()
 }

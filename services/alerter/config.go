@@ -6,10 +6,9 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/caarlos0/env/v11"
-
 	"github.com/tokenscope/tokenscope/pkg/bus"
 	"github.com/tokenscope/tokenscope/pkg/chdb"
+	"github.com/tokenscope/tokenscope/pkg/envconf"
 	"github.com/tokenscope/tokenscope/services/alerter/internal/baseline"
 )
 
@@ -49,30 +48,9 @@ type Config struct {
 
 // parseConfig reads the configuration through getenv and validates it.
 func parseConfig(getenv func(string) string) (Config, error) {
-	var cfg Config
-	params, err := env.GetFieldParams(&cfg)
+	cfg, err := envconf.Parse[Config](getenv)
 	if err != nil {
-		return cfg, fmt.Errorf("cannot read the configuration's fields: %w", err)
-	}
-	environ := make(map[string]string, len(params))
-	for _, p := range params {
-		if v := getenv(p.Key); v != "" {
-			environ[p.Key] = v
-		}
-	}
-	if err := env.ParseWithOptions(&cfg, env.Options{Environment: environ}); err != nil {
-		// caarlos0/env names the Go field; people set the variable, so find it.
-		for _, p := range params {
-			v, ok := environ[p.Key]
-			if !ok {
-				continue
-			}
-			var one Config
-			if perr := env.ParseWithOptions(&one, env.Options{Environment: map[string]string{p.Key: v}}); perr != nil {
-				return cfg, fmt.Errorf("%s=%q is not valid: %w", p.Key, v, perr)
-			}
-		}
-		return cfg, fmt.Errorf("cannot parse the configuration: %w", err)
+		return cfg, err
 	}
 	return cfg, cfg.Validate()
 }

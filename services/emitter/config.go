@@ -4,12 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"reflect"
 	"time"
 
-	"github.com/caarlos0/env/v11"
-
 	"github.com/tokenscope/tokenscope/pkg/bus"
+	"github.com/tokenscope/tokenscope/pkg/envconf"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/proxy"
 )
 
@@ -36,35 +34,11 @@ type Config struct {
 }
 
 func parseConfig(environ map[string]string) (Config, error) {
-	var cfg Config
-	if err := env.ParseWithOptions(&cfg, env.Options{Environment: environ}); err != nil {
-		var pe env.ParseError
-		if errors.As(err, &pe) {
-			if name := envName(reflect.TypeOf(cfg), "", pe.Name); name != "" {
-				return cfg, fmt.Errorf("cannot parse %s=%q: %w", name, environ[name], pe.Err)
-			}
-		}
-		return cfg, fmt.Errorf("cannot parse the configuration: %w", err)
+	cfg, err := envconf.Parse[Config](func(k string) string { return environ[k] })
+	if err != nil {
+		return cfg, err
 	}
 	return cfg, cfg.Validate()
-}
-
-// envName finds the variable of the struct field called field, since caarlos0/env's parse
-// errors name the Go field only.
-func envName(t reflect.Type, prefix, field string) string {
-	for i := range t.NumField() {
-		f := t.Field(i)
-		if p, ok := f.Tag.Lookup("envPrefix"); ok && f.Type.Kind() == reflect.Struct {
-			if name := envName(f.Type, prefix+p, field); name != "" {
-				return name
-			}
-			continue
-		}
-		if f.Name == field {
-			return prefix + f.Tag.Get("env")
-		}
-	}
-	return ""
 }
 
 // Validate names the first variable with a bad value.

@@ -5,13 +5,11 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"sort"
 	"strings"
 	"time"
 
-	"github.com/caarlos0/env/v11"
-
 	"github.com/tokenscope/tokenscope/pkg/bus"
+	"github.com/tokenscope/tokenscope/pkg/envconf"
 	"github.com/tokenscope/tokenscope/pkg/events"
 )
 
@@ -57,13 +55,9 @@ type SyntheticConfig struct {
 // parseConfig reads the configuration from getenv and fills in the defaults that need the
 // machine (the hostname).
 func parseConfig(getenv func(string) string, hostname func() (string, error)) (Config, error) {
-	var cfg Config
-	vars, err := environ(getenv)
+	cfg, err := envconf.Parse[Config](getenv)
 	if err != nil {
 		return cfg, err
-	}
-	if err := env.ParseWithOptions(&cfg, env.Options{Environment: vars}); err != nil {
-		return cfg, nameBadVariable(vars, err)
 	}
 	if cfg.Host == "" {
 		h, err := hostname()
@@ -73,42 +67,6 @@ func parseConfig(getenv func(string) string, hostname func() (string, error)) (C
 		cfg.Host = h
 	}
 	return cfg, cfg.Validate()
-}
-
-// nameBadVariable finds which variable made parsing fail: caarlos0/env names the struct
-// field, which is not what a person sets.
-func nameBadVariable(vars map[string]string, err error) error {
-	keys := make([]string, 0, len(vars))
-	for k := range vars {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		var c Config
-		if kerr := env.ParseWithOptions(&c, env.Options{Environment: map[string]string{k: vars[k]}}); kerr != nil {
-			var pe env.ParseError
-			if errors.As(kerr, &pe) {
-				kerr = pe.Err
-			}
-			return fmt.Errorf("%s=%q cannot be parsed: %w", k, vars[k], kerr)
-		}
-	}
-	return fmt.Errorf("cannot parse the configuration: %w", err)
-}
-
-// environ turns getenv into the map caarlos0/env reads, for every variable gpuwatch knows.
-func environ(getenv func(string) string) (map[string]string, error) {
-	params, err := env.GetFieldParams(&Config{})
-	if err != nil {
-		return nil, fmt.Errorf("cannot list the configuration variables: %w", err)
-	}
-	m := make(map[string]string, len(params))
-	for _, p := range params {
-		if v := getenv(p.Key); v != "" {
-			m[p.Key] = v
-		}
-	}
-	return m, nil
 }
 
 // Validate names the first bad variable.
