@@ -25,6 +25,11 @@ import (
 //
 //	go test -run '^$' -bench Ingest -benchtime 1x .
 //	INGEST_STORE_REQUESTS=false go test -run '^$' -bench Ingest -benchtime 1x .
+//
+// INGEST_RAW_ACK_EVERY changes how often the raw consumer acknowledges (500), to compare with
+// the aggregator's acknowledgement pattern; INGEST_FLUSH_INTERVAL and INGEST_PULL_BATCH set
+// AGG_FLUSH_INTERVAL and AGG_PULL_BATCH; INGEST_PROFILE writes a CPU profile of the
+// aggregator's phase alone.
 func BenchmarkIngest(b *testing.B) {
 	const n = 200_000
 	bd := newBed(b)
@@ -54,13 +59,14 @@ func BenchmarkIngest(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
+		rawAckEvery, _ := strconv.Atoi(envOr("INGEST_RAW_ACK_EVERY", "500"))
 		start := time.Now()
 		for i := range n {
 			m, err := it.Next()
 			if err != nil {
 				b.Fatal(err)
 			}
-			if (i+1)%500 == 0 || i == n-1 {
+			if (i+1)%rawAckEvery == 0 || i == n-1 {
 				m.Ack()
 			}
 		}
