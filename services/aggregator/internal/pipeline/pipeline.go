@@ -85,9 +85,9 @@ type Pipeline struct {
 	lastSeq   uint64
 	ackedSeq  uint64
 	failing   bool
-	// abandoned is set when a flush could not be written before shutdown: its events are
-	// no longer held by any window, so nothing may be acknowledged any more.
-	abandoned bool
+	// pending is a flush whose write was interrupted by shutdown; only the goroutine that
+	// runs cycle touches it.
+	pending flush
 }
 
 // resetConsumer makes the durable consumer deliver again, in order, everything after its
@@ -161,7 +161,10 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			cerr := <-consumed
 			final, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-			p.cycle(final)
+			p.cycle(final) // finishes an interrupted flush, or writes what is closed
+			if p.pending == nil {
+				p.cycle(final) // then what is closed
+			}
 			cancel()
 			return cerr
 		}
@@ -261,16 +264,20 @@ func (p *Pipeline) deadLetter(msg jetstream.Msg, seq uint64, err error) {
 // cycle cuts what is closed, writes it (retrying until it is stored or ctx ends), publishes
 // it, and acknowledges everything no window holds any more.
 func (p *Pipeline) cycle(ctx context.Context) {
-	p.mu.Lock()
-	now := p.opts.Clock()
-	f := p.stage.cut(now, p.lastSeq)
-	p.stage.observe(now)
-	p.mu.Unlock()
+	// A flush interrupted by shutdown is written first, alone: a later flush of the same
+	// window or of later request events would record a seq_through that claims its events.
+	f := p.pending
+	p.pending = nil
+	if f == nil {
+		p.mu.Lock()
+		now := p.opts.Clock()
+		f = p.stage.cut(now, p.lastSeq)
+		p.stage.observe(now)
+		p.mu.Unlock()
+	}
 	if !f.empty() {
 		if !p.write(ctx, f) {
-			p.mu.Lock()
-			p.abandoned = true // its messages stay unacknowledged for the next start
-			p.mu.Unlock()
+			p.pending = f // its messages stay unacknowledged for the next start
 			return
 		}
 		f.publish(p.publisher)
@@ -327,9 +334,6 @@ func (p *Pipeline) observeLag(ctx context.Context) {
 
 // ack acknowledges, cumulatively, every message before the oldest one still held.
 func (p *Pipeline) ack() {
-	if p.abandoned {
-		return
-	}
 	var target jetstream.Msg
 	var seq uint64
 	if minSeq, before, ok := p.stage.held(); ok {

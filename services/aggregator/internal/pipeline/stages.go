@@ -153,7 +153,7 @@ func (s *tokenStage) cut(now time.Time, seqThrough uint64) flush {
 	if s.reqs.Len() > 0 {
 		f.reqs = s.reqs
 		s.reqs, s.spare = s.spare, nil
-		if s.reqs == nil { // the last flush was abandoned with its buffer
+		if s.reqs == nil { // the last flush, interrupted by shutdown, still holds the spare
 			s.reqs = &sink.Requests{}
 		}
 	}
