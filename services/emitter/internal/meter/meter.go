@@ -439,11 +439,24 @@ var (
 	contentKeys  = [][]byte{[]byte(`"content":"`), []byte(`"text":"`), []byte(`"reasoning_content":"`), []byte(`"refusal":"`), []byte(`"reasoning":"`)}
 )
 
-// wellFormed is the cheap check the fast path makes instead of a full parse: a JSON object,
-// cut nowhere. A data line that fails it is parsed fully, and counted if it is not JSON.
+// wellFormed is the cheap check the fast path makes instead of a full parse: a compact JSON
+// object, cut nowhere. The fast path's patterns are written without spaces, so a chunk whose
+// writer puts spaces between tokens (Python's json.dumps does: `"usage": {`) goes to the
+// full parse, as does one whose text merely contains such a sequence. A data line that fails
+// the full parse is counted if it is not JSON.
 func wellFormed(data []byte) bool {
-	return len(data) >= 2 && data[0] == '{' && data[len(data)-1] == '}'
+	if len(data) < 2 || data[0] != '{' || data[len(data)-1] != '}' {
+		return false
+	}
+	for _, sep := range spacedSeparators {
+		if bytes.Contains(data, sep) {
+			return false
+		}
+	}
+	return true
 }
+
+var spacedSeparators = [][]byte{[]byte(`": `), []byte(`" :`), []byte(`":` + "\t"), []byte(`, "`), []byte(`{ "`), []byte(`,` + "\n"), []byte(`{` + "\n")}
 
 // openAIFast measures the common OpenAI chunk (content, role or finish only) without decoding
 // it. It reports ok=false for anything else: usage, errors, tool calls, or odd shapes, which

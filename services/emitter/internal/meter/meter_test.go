@@ -212,7 +212,11 @@ func TestOpenAIFastAgreesWithDecoder(t *testing.T) {
 	}
 	f(`{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}`, false, true)
 	f(`{"choices":[{"index":0,"delta":{"content":"hi"}}]}`, true, true)
-	f(`{"choices":[{"index":0,"delta":{"content":"say \"usage\":{ and \"error\": here"}}]}`, true, true)
+	// Written the way Python's json.dumps writes: the fast path must decline, and the
+	// decoder must see the content (and, below, the usage).
+	f(`{"choices": [{"index": 0, "delta": {"content": "hi"}}]}`, true, false)
+	f(`{"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}}`, false, false)
+	f(`{"choices":[{"index":0,"delta":{"content":"say \"usage\":{ and \"error\": here"}}]}`, true, false) // its text looks spaced: the full parse
 	f(`{"choices":[{"index":0,"delta":{"content":null,"reasoning_content":"hmm"}}]}`, true, true)
 	f(`{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`, false, true)
 	f(`{"choices":[{"text":"x","index":0}]}`, true, true)

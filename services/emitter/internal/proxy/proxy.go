@@ -404,12 +404,16 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 				chunk = fwd
 			}
 			if len(chunk) > 0 {
+				// A client slow to read is not an upstream falling silent: the idle clock
+				// stops while the client takes the bytes.
+				timer.Stop()
 				if _, writeErr = w.Write(chunk); writeErr == nil {
 					writeErr = rc.Flush()
 				}
 				if writeErr != nil {
 					break
 				}
+				timer.Reset(p.cfg.IdleTimeout)
 			}
 		}
 		if err != nil {
