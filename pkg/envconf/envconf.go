@@ -50,3 +50,15 @@ func nameBadVariable[T any](vars map[string]string, err error) error {
 	}
 	return fmt.Errorf("cannot parse the configuration: %w", err)
 }
+
+// Validator is a configuration that checks itself, naming the bad variable.
+type Validator interface{ Validate() error }
+
+// Load is Parse followed by the configuration's own Validate.
+func Load[T Validator](getenv func(string) string) (T, error) {
+	cfg, err := Parse[T](getenv)
+	if err != nil {
+		return cfg, err
+	}
+	return cfg, cfg.Validate()
+}

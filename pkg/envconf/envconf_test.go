@@ -1,6 +1,7 @@
 package envconf_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -36,4 +37,25 @@ func TestParse(t *testing.T) {
 	f(map[string]string{"COUNT": "seven"}, `COUNT="seven"`)
 	f(map[string]string{"IN_TIMEOUT": "soon", "NAME": "ok"}, `IN_TIMEOUT="soon"`)
 	f(map[string]string{"UNRELATED": "x"}, "")
+}
+
+type checked struct {
+	Count int `env:"COUNT" envDefault:"3"`
+}
+
+func (c checked) Validate() error {
+	if c.Count < 1 {
+		return errors.New("COUNT must be at least 1")
+	}
+	return nil
+}
+
+func TestLoadValidates(t *testing.T) {
+	if _, err := envconf.Load[checked](func(string) string { return "" }); err != nil {
+		t.Fatal(err)
+	}
+	_, err := envconf.Load[checked](func(k string) string { return map[string]string{"COUNT": "0"}[k] })
+	if err == nil || !strings.Contains(err.Error(), "COUNT") {
+		t.Fatalf("got %v", err)
+	}
 }

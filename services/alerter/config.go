@@ -48,11 +48,7 @@ type Config struct {
 
 // parseConfig reads the configuration through getenv and validates it.
 func parseConfig(getenv func(string) string) (Config, error) {
-	cfg, err := envconf.Parse[Config](getenv)
-	if err != nil {
-		return cfg, err
-	}
-	return cfg, cfg.Validate()
+	return envconf.Load[Config](getenv)
 }
 
 // Validate names the first bad variable.

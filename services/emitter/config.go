@@ -34,11 +34,7 @@ type Config struct {
 }
 
 func parseConfig(environ map[string]string) (Config, error) {
-	cfg, err := envconf.Parse[Config](func(k string) string { return environ[k] })
-	if err != nil {
-		return cfg, err
-	}
-	return cfg, cfg.Validate()
+	return envconf.Load[Config](func(k string) string { return environ[k] })
 }
 
 // Validate names the first variable with a bad value.

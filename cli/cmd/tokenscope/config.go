@@ -12,11 +12,7 @@ type Config struct {
 }
 
 func loadConfig(getenv func(string) string) (Config, error) {
-	cfg, err := envconf.Parse[Config](getenv)
-	if err != nil {
-		return cfg, err
-	}
-	return cfg, cfg.Validate()
+	return envconf.Load[Config](getenv)
 }
 
 // Validate names the first bad variable.
