@@ -295,7 +295,7 @@ func TestDashboardQueries(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	common := map[string]string{"NATS_URL": ns.ClientURL(), "CLICKHOUSE_ADDR": chCfg.Addr, "CLICKHOUSE_DB": chCfg.DB,
+	common := map[string]string{"NATS_URL": ns.ClientURL(), "CLICKHOUSE_ADDR": chCfg.Addr, "CLICKHOUSE_HTTP_ADDR": chCfg.HTTPAddr, "CLICKHOUSE_DB": chCfg.DB,
 		"CLICKHOUSE_USER": chCfg.User, "CLICKHOUSE_PASSWORD": chCfg.Password, "HTTP_ADDR": "127.0.0.1:0"}
 	env := func(extra map[string]string) map[string]string {
 		m := map[string]string{}

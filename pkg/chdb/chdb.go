@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"regexp"
 	"sync"
 	"time"
@@ -21,6 +22,25 @@ type Config struct {
 	Password    string        `env:"PASSWORD"`
 	TLS         bool          `env:"TLS" envDefault:"false"`
 	DialTimeout time.Duration `env:"DIAL_TIMEOUT" envDefault:"5s"`
+	// HTTPAddr is the HTTP interface, which the aggregator writes raw requests through;
+	// empty means ADDR's host on port 8123 (8443 with TLS).
+	HTTPAddr string `env:"HTTP_ADDR"`
+}
+
+// HTTPURL returns the base URL of the server's HTTP interface.
+func (c Config) HTTPURL() string {
+	scheme, port := "http", "8123"
+	if c.TLS {
+		scheme, port = "https", "8443"
+	}
+	if c.HTTPAddr != "" {
+		return scheme + "://" + c.HTTPAddr
+	}
+	host, _, err := net.SplitHostPort(c.Addr)
+	if err != nil {
+		host = c.Addr
+	}
+	return scheme + "://" + net.JoinHostPort(host, port)
 }
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
@@ -34,6 +54,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("CLICKHOUSE_DB=%q is not a valid database name (letters, digits and _)", c.DB)
 	case c.DialTimeout <= 0:
 		return fmt.Errorf("CLICKHOUSE_DIAL_TIMEOUT=%s must be positive", c.DialTimeout)
+	case c.HTTPAddr != "":
+		if _, port, err := net.SplitHostPort(c.HTTPAddr); err != nil || port == "" {
+			return fmt.Errorf("CLICKHOUSE_HTTP_ADDR=%q is not host:port", c.HTTPAddr)
+		}
 	}
 	return nil
 }

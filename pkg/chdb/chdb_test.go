@@ -66,6 +66,27 @@ func TestConfigValidate(t *testing.T) {
 	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "CLICKHOUSE_DB") {
 		t.Fatalf("got %v", err)
 	}
+	bad = good
+	bad.HTTPAddr = "clickhouse"
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "CLICKHOUSE_HTTP_ADDR") {
+		t.Fatalf("got %v", err)
+	}
+}
+
+func TestHTTPURL(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  chdb.Config
+		want string
+	}{
+		{chdb.Config{Addr: "127.0.0.1:9000"}, "http://127.0.0.1:8123"},
+		{chdb.Config{Addr: "ch.internal:9440", TLS: true}, "https://ch.internal:8443"},
+		{chdb.Config{Addr: "[::1]:9000"}, "http://[::1]:8123"},
+		{chdb.Config{Addr: "127.0.0.1:9000", HTTPAddr: "10.0.0.5:18123"}, "http://10.0.0.5:18123"},
+	} {
+		if got := tc.cfg.HTTPURL(); got != tc.want {
+			t.Errorf("%+v: HTTPURL() = %s, want %s", tc.cfg, got, tc.want)
+		}
+	}
 }
 
 // TestMigrateIdempotent applies the real migrations twice on the real server, then writes

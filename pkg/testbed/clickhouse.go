@@ -38,7 +38,7 @@ func ClickHouse(t testing.TB) chdb.Config {
 	t.Helper()
 	chOnce.Do(func() {
 		if addr := os.Getenv("CLICKHOUSE_ADDR"); addr != "" {
-			chSrv = &ClickHouseServer{Addr: addr}
+			chSrv = &ClickHouseServer{Addr: addr, HTTPAddr: os.Getenv("CLICKHOUSE_HTTP_ADDR")}
 			return
 		}
 		chSrv, chErr = StartClickHouse(filepath.Join(os.TempDir(), "tokenscope-ch-"+randHex(4)))
@@ -51,6 +51,7 @@ func ClickHouse(t testing.TB) chdb.Config {
 	}
 	cfg := chdb.Config{
 		Addr:        chSrv.Addr,
+		HTTPAddr:    chSrv.HTTPAddr,
 		DB:          "t_" + randHex(6),
 		User:        envOr("CLICKHOUSE_USER", "default"),
 		Password:    os.Getenv("CLICKHOUSE_PASSWORD"),

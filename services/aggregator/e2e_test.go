@@ -155,7 +155,7 @@ func newBed(t testing.TB) *bed {
 }
 
 func (b *bed) env(extra envVars) envVars {
-	e := envVars{"NATS_URL": b.natsURL, "CLICKHOUSE_ADDR": b.ch.Addr, "CLICKHOUSE_DB": b.ch.DB, "HTTP_ADDR": "127.0.0.1:0",
+	e := envVars{"NATS_URL": b.natsURL, "CLICKHOUSE_ADDR": b.ch.Addr, "CLICKHOUSE_HTTP_ADDR": b.ch.HTTPAddr, "CLICKHOUSE_DB": b.ch.DB, "HTTP_ADDR": "127.0.0.1:0",
 		"AGG_WINDOW": "15s", "AGG_LATENESS": "2s", "AGG_FLUSH_INTERVAL": "200ms", "AGG_LOG_LEVEL": "debug"}
 	for k, v := range extra {
 		e[k] = v

@@ -18,6 +18,7 @@ import (
 	"github.com/tokenscope/tokenscope/schemas"
 	"github.com/tokenscope/tokenscope/services/aggregator/internal/pipeline"
 	"github.com/tokenscope/tokenscope/services/aggregator/internal/price"
+	"github.com/tokenscope/tokenscope/services/aggregator/internal/sink"
 	"github.com/tokenscope/tokenscope/services/aggregator/internal/window"
 )
 
@@ -68,6 +69,11 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 
 	pub := bus.NewPublisher(js, bus.PublisherOptions{Namespace: "aggregator"}, srv.Registry(), logger)
 	deps := pipeline.Deps{JS: js, NC: nc, CH: db.Conn(), Publisher: pub, Metrics: pipeline.NewMetrics(srv.Registry()), Logger: logger}
+	if cfg.Agg.StoreRequests {
+		if deps.Requests, err = sink.NewRequestWriter(ctx, db.Conn(), cfg.ClickHouse, cfg.Agg.Consumer); err != nil {
+			return err
+		}
+	}
 	wcfg := window.Config{Window: cfg.Agg.Window, Lateness: cfg.Agg.Lateness, Buckets: buckets, MaxSeries: cfg.Agg.MaxSeries, Compression: cfg.Agg.Compression}
 	opts := func(stream, filter string) pipeline.Options {
 		return pipeline.Options{
@@ -77,7 +83,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		}
 	}
 	pipes := []*pipeline.Pipeline{}
-	tokens, err := pipeline.NewTokens(ctx, opts(events.StreamEvents, cfg.Agg.Filter), wcfg, prices, cfg.Agg.StoreRequests, deps)
+	tokens, err := pipeline.NewTokens(ctx, opts(events.StreamEvents, cfg.Agg.Filter), wcfg, prices, deps)
 	if err != nil {
 		return err
 	}

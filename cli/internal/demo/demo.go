@@ -132,7 +132,7 @@ func (s *demo) start(ctx context.Context) error {
 	}
 	s.say("ClickHouse              %s (native), http://%s — clickhouse-client --port %s", s.a.ch, s.a.chHTTP, port(s.a.ch))
 
-	common := []string{"NATS_URL=nats://" + s.a.nats, "CLICKHOUSE_ADDR=" + s.a.ch, "CLICKHOUSE_DB=tokenscope"}
+	common := []string{"NATS_URL=nats://" + s.a.nats, "CLICKHOUSE_ADDR=" + s.a.ch, "CLICKHOUSE_HTTP_ADDR=" + s.a.chHTTP, "CLICKHOUSE_DB=tokenscope"}
 	bin := func(n string) string { return filepath.Join(o.BinDir, n) }
 	ready := func(p *stack.Proc, url string, what string) error {
 		if err := p.WaitReady(ctx, url, 90*time.Second); err != nil {
@@ -203,7 +203,7 @@ func (s *demo) start(ctx context.Context) error {
 	}
 	s.say("load: scene support     simulated events; TTFT ×8 for 40 s of every 2 minutes (alerts fire, then resolve)")
 
-	env := strings.Join([]string{"NATS_URL=nats://" + s.a.nats, "CLICKHOUSE_ADDR=" + s.a.ch, "CLICKHOUSE_DB=tokenscope",
+	env := strings.Join([]string{"NATS_URL=nats://" + s.a.nats, "CLICKHOUSE_ADDR=" + s.a.ch, "CLICKHOUSE_HTTP_ADDR=" + s.a.chHTTP, "CLICKHOUSE_DB=tokenscope",
 		"EMITTER_URL=http://" + s.a.emitter, "FAKELLM_URL=http://" + s.a.fakellm}, "\n") + "\n"
 	if err := os.WriteFile(filepath.Join(o.Dir, "stack.env"), []byte(env), 0o644); err != nil {
 		return fmt.Errorf("cannot write stack.env: %w", err)

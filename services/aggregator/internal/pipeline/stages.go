@@ -29,14 +29,15 @@ type Deps struct {
 	NC        *nats.Conn
 	CH        driver.Conn
 	Publisher *bus.Publisher
+	Requests  *sink.RequestWriter // nil: raw requests are not stored
 	Metrics   *Metrics
 	Logger    *slog.Logger
 }
 
 // NewTokens resets the request-event consumer to its ack floor, reads the ledger back from
 // ClickHouse, and returns the pipeline from LLM_EVENTS to token_rollups (and requests, when
-// storeRequests is set).
-func NewTokens(ctx context.Context, o Options, cfg window.Config, prices *price.Table, storeRequests bool, d Deps) (*Pipeline, error) {
+// d.Requests is set).
+func NewTokens(ctx context.Context, o Options, cfg window.Config, prices *price.Table, d Deps) (*Pipeline, error) {
 	cons, floor, err := resetConsumer(ctx, d.JS, o)
 	if err != nil {
 		return nil, err
@@ -47,6 +48,7 @@ func NewTokens(ctx context.Context, o Options, cfg window.Config, prices *price.
 		return nil, err
 	}
 	var reqThrough uint64
+	storeRequests := d.Requests != nil
 	if storeRequests {
 		if reqThrough, err = sk.RequestsThrough(ctx); err != nil {
 			return nil, err
@@ -56,8 +58,11 @@ func NewTokens(ctx context.Context, o Options, cfg window.Config, prices *price.
 	m := d.Metrics.forStream("tokens")
 	st := &tokenStage{
 		agg: window.New(cfg, done), dec: events.NewDecoder(4096), cfg: cfg, prices: prices,
-		store: storeRequests, reqThrough: reqThrough, reqs: &sink.Requests{}, spare: &sink.Requests{},
-		sink: sk, m: m,
+		store: storeRequests, reqThrough: reqThrough, sink: sk, m: m,
+	}
+	if storeRequests {
+		st.writer = d.Requests
+		st.reqs, st.spare = d.Requests.NewBuffer(), d.Requests.NewBuffer()
 	}
 	d.Logger.Info("consuming", "stream", o.Stream, "consumer", o.Consumer, "ack_floor", floor, "windows_already_stored", len(done), "requests_stored_through", reqThrough)
 	return newPipeline(o, d.JS, d.NC, cons, floor, st, d.Publisher, m, d.Logger.With("stream", o.Stream)), nil
@@ -71,6 +76,7 @@ type tokenStage struct {
 	prices *price.Table
 
 	store       bool
+	writer      *sink.RequestWriter
 	reqThrough  uint64
 	reqs, spare *sink.Requests
 	reqMin      uint64
@@ -112,7 +118,7 @@ func (s *tokenStage) handle(data []byte, seq uint64, ack jetstream.Msg, now time
 func (s *tokenStage) held() (uint64, jetstream.Msg, bool) {
 	seq, before, ok := s.agg.Held()
 	ack, _ := before.(jetstream.Msg)
-	if s.reqs.Len() > 0 && (!ok || s.reqMin < seq) {
+	if s.pendingRequests() > 0 && (!ok || s.reqMin < seq) {
 		return s.reqMin, s.reqAck, true
 	}
 	return seq, ack, ok
@@ -122,16 +128,23 @@ func (s *tokenStage) held() (uint64, jetstream.Msg, bool) {
 // stop growing, and a flush stays short.
 const maxBatch = 1 << 16
 
-func (s *tokenStage) full() bool { return s.reqs.Len() >= maxBatch }
+func (s *tokenStage) full() bool { return s.store && s.reqs.Len() >= maxBatch }
 
 func (s *tokenStage) buffered() int {
 	_, keys := s.agg.OpenWindows()
-	return s.reqs.Len() + keyWeight*keys
+	return s.pendingRequests() + keyWeight*keys
+}
+
+func (s *tokenStage) pendingRequests() int {
+	if !s.store {
+		return 0
+	}
+	return s.reqs.Len()
 }
 
 func (s *tokenStage) observe(now time.Time) {
 	units, keys := s.agg.OpenWindows()
-	s.m.buffered.Set(float64(s.reqs.Len()))
+	s.m.buffered.Set(float64(s.pendingRequests()))
 	s.m.openWindows.Set(float64(units))
 	s.m.activeKeys.Set(float64(keys))
 	if wm := s.agg.Watermark(now); !wm.IsZero() && wm.Unix() > 0 {
@@ -150,11 +163,11 @@ func (s *tokenStage) cut(now time.Time, seqThrough uint64) flush {
 		f.starts = append(f.starts, u.Start)
 		s.agg.Release(u)
 	}
-	if s.reqs.Len() > 0 {
+	if s.pendingRequests() > 0 {
 		f.reqs = s.reqs
 		s.reqs, s.spare = s.spare, nil
 		if s.reqs == nil { // the last flush, interrupted by shutdown, still holds the spare
-			s.reqs = &sink.Requests{}
+			s.reqs = s.writer.NewBuffer()
 		}
 	}
 	return f
@@ -202,8 +215,7 @@ func (f *tokenFlush) write(ctx context.Context, now time.Time) error {
 			if stored != 0 {
 				return fmt.Errorf("cannot settle flush %s: %d of %d requests are stored", f.ledger.FlushID, stored, f.reqs.Len())
 			}
-			qctx := sink.WithQueryID(ctx, f.ledger.FlushID+"-requests-"+strconv.Itoa(f.attempt))
-			if err := sk.WriteRequests(qctx, f.reqs); err != nil {
+			if err := f.stage.writer.Write(ctx, f.reqs, f.ledger.FlushID+"-requests-"+strconv.Itoa(f.attempt)); err != nil {
 				return err
 			}
 		}

@@ -122,47 +122,6 @@ func (c *ClickHouse) WriteGPURollups(ctx context.Context, rows []events.GPURollu
 	return nil
 }
 
-const requestColumns = `ts, event_id, env, scene, model, instance, tenant, provider, bucket,
-input_tokens, output_tokens, cached_input_tokens, tokens_estimated, ttft_ms, total_ms, tpot_ms,
-max_itl_ms, queue_ms, status, error_code, http_status, stream, conversation_id, turn, outcome,
-cost_usd, consumer, stream_seq`
-
-// WriteRequests inserts the buffered events into requests in one batch, column by column.
-func (c *ClickHouse) WriteRequests(ctx context.Context, r *Requests) error {
-	n := r.Len()
-	if n == 0 {
-		return nil
-	}
-	b, err := c.conn.PrepareBatch(ctx, "INSERT INTO requests ("+requestColumns+")")
-	if err != nil {
-		return fmt.Errorf("cannot prepare insert into requests: %w", err)
-	}
-	tpot := make([]*float64, n)
-	for i := range tpot {
-		if r.hasTPOT[i] {
-			tpot[i] = &r.tpot[i]
-		}
-	}
-	consumer := make([]string, n)
-	for i := range consumer {
-		consumer[i] = c.consumer
-	}
-	cols := []any{r.ts, r.eventID, r.env, r.scene, r.model, r.instance, r.tenant, r.provider, r.bucket,
-		r.input, r.output, r.cached, r.estimated, r.ttft, r.total, tpot,
-		r.maxITL, r.queue, r.status, r.errorCode, r.httpStatus, r.stream, r.conversationID, r.turn, r.outcome,
-		r.cost, consumer, r.seq}
-	for i, col := range cols {
-		if err := b.Column(i).Append(col); err != nil {
-			_ = b.Abort()
-			return fmt.Errorf("cannot fill column %d of the requests batch: %w", i+1, err)
-		}
-	}
-	if err := b.Send(); err != nil {
-		return fmt.Errorf("cannot insert %d rows into requests: %w", n, err)
-	}
-	return nil
-}
-
 // RowsOfFlush counts the rows a flush left in table, to settle an insert whose outcome is
 // unknown (the connection broke after sending): a batch insert is one part, all or nothing.
 func (c *ClickHouse) RowsOfFlush(ctx context.Context, table, flushID string) (uint64, error) {

@@ -1,83 +1,252 @@
 package sink
 
 import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/tokenscope/tokenscope/pkg/chdb"
 	"github.com/tokenscope/tokenscope/pkg/events"
 )
 
-// Requests buffers request events for the requests table, column by column, so that adding
-// one does not allocate once the columns have grown.
-type Requests struct {
-	ts                                          []time.Time
-	eventID, env, scene, model, instance        []string
-	tenant, provider, bucket, status, errorCode []string
-	conversationID, outcome                     []string
-	input, output, cached, turn                 []uint32
-	estimated, stream                           []uint8
-	httpStatus                                  []uint16
-	ttft, total, tpot, maxITL, queue, cost      []float64
-	hasTPOT                                     []bool
-	seq                                         []uint64
+// Raw request events are the aggregator's largest write by far: one row of 28 columns per
+// event. They go through ClickHouse's HTTP interface as RowBinary, encoded straight from
+// the decoded event into one reused buffer: no column copies, no per-batch allocations,
+// and nothing that points into message payloads. Through the native driver the same rows
+// cost ~2 µs each on the client (its columns are rebuilt for every batch); this way ~0.2 µs.
+
+const requestColumns = `ts, event_id, env, scene, model, instance, tenant, provider, bucket,
+input_tokens, output_tokens, cached_input_tokens, tokens_estimated, ttft_ms, total_ms, tpot_ms,
+max_itl_ms, queue_ms, status, error_code, http_status, stream, conversation_id, turn, outcome,
+cost_usd, consumer, stream_seq`
+
+// requestTypes is the type Add encodes each column as; "String" also accepts
+// LowCardinality(String), and ts is DateTime or DateTime64(3).
+var requestTypes = map[string]string{
+	"ts": "DateTime", "event_id": "String", "env": "String", "scene": "String", "model": "String",
+	"instance": "String", "tenant": "String", "provider": "String", "bucket": "String",
+	"input_tokens": "UInt32", "output_tokens": "UInt32", "cached_input_tokens": "UInt32",
+	"tokens_estimated": "UInt8", "ttft_ms": "Float64", "total_ms": "Float64", "tpot_ms": "Nullable(Float64)",
+	"max_itl_ms": "Float64", "queue_ms": "Float64", "status": "String", "error_code": "String",
+	"http_status": "UInt16", "stream": "UInt8", "conversation_id": "String", "turn": "UInt32",
+	"outcome": "String", "cost_usd": "Float64", "consumer": "String", "stream_seq": "UInt64",
 }
 
-// Add appends one event. Its strings are kept as they are: the caller must not reuse the
-// memory they point into until the batch is written (a NATS message's payload is never
-// reused).
+// RequestWriter inserts buffered request events into the requests table.
+type RequestWriter struct {
+	client   *http.Client
+	base     string // URL up to the query string
+	query    url.Values
+	user     string
+	password string
+	tsMillis bool   // ts is DateTime64(3): milliseconds, not seconds
+	consumer []byte // the consumer column's encoded value
+}
+
+// NewRequestWriter checks the requests table's columns against what the writer encodes
+// (through conn) and returns a writer to the HTTP interface of cfg.
+func NewRequestWriter(ctx context.Context, conn driver.Conn, cfg chdb.Config, consumer string) (*RequestWriter, error) {
+	rows, err := conn.Query(ctx, "SELECT name, type FROM system.columns WHERE database = currentDatabase() AND table = 'requests'")
+	if err != nil {
+		return nil, fmt.Errorf("cannot read the columns of requests: %w", err)
+	}
+	defer rows.Close()
+	got := map[string]string{}
+	for rows.Next() {
+		var name, typ string
+		if err := rows.Scan(&name, &typ); err != nil {
+			return nil, fmt.Errorf("cannot read the columns of requests: %w", err)
+		}
+		got[name] = typ
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("cannot read the columns of requests: %w", err)
+	}
+	w := &RequestWriter{user: cfg.User, password: cfg.Password}
+	for name, want := range requestTypes {
+		typ, ok := got[name]
+		switch {
+		case !ok:
+			return nil, fmt.Errorf("table requests has no column %s; run the migrations (schemas/clickhouse)", name)
+		case typ == want, want == "String" && typ == "LowCardinality(String)":
+		case name == "ts" && strings.HasPrefix(typ, "DateTime64(3"):
+			w.tsMillis = true
+		default:
+			return nil, fmt.Errorf("column requests.%s is %s; the aggregator writes it as %s", name, typ, want)
+		}
+	}
+	w.consumer = appendString(nil, consumer)
+	w.base = cfg.HTTPURL() + "/"
+	w.query = url.Values{
+		"database": {cfg.DB},
+		"query":    {"INSERT INTO requests (" + requestColumns + ") FORMAT RowBinary"},
+	}
+	tr := &http.Transport{
+		Proxy:               nil, // ClickHouse is reached directly, whatever HTTP_PROXY says
+		DialContext:         (&net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConnsPerHost: 2,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+	}
+	if cfg.TLS {
+		tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	w.client = &http.Client{Transport: tr}
+	if err := w.ping(ctx, cfg.DialTimeout); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// ping checks the HTTP interface answers, so that a wrong address fails the start with a
+// clear error rather than every flush.
+func (w *RequestWriter) ping(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, w.base+"ping", nil)
+	if err != nil {
+		return fmt.Errorf("cannot reach ClickHouse's HTTP interface (CLICKHOUSE_HTTP_ADDR): %w", err)
+	}
+	resp, err := w.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("cannot reach ClickHouse's HTTP interface at %s (CLICKHOUSE_HTTP_ADDR): %w", w.base, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64))
+	if resp.StatusCode != http.StatusOK || !bytes.HasPrefix(body, []byte("Ok.")) {
+		return fmt.Errorf("%s is not ClickHouse's HTTP interface (CLICKHOUSE_HTTP_ADDR): GET /ping answered %s %q", w.base, resp.Status, body)
+	}
+	return nil
+}
+
+// NewBuffer returns an empty buffer encoding rows for w.
+func (w *RequestWriter) NewBuffer() *Requests {
+	return &Requests{tsMillis: w.tsMillis, consumer: w.consumer}
+}
+
+// Write inserts the buffered events in one INSERT tagged queryID (see Settle). The rows are
+// one block: all of them are stored or none.
+func (w *RequestWriter) Write(ctx context.Context, r *Requests, queryID string) error {
+	if r.Len() == 0 {
+		return nil
+	}
+	q := make(url.Values, len(w.query)+1)
+	for k, v := range w.query {
+		q[k] = v
+	}
+	q.Set("query_id", queryID)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.base+"?"+q.Encode(), bytes.NewReader(r.buf))
+	if err != nil {
+		return fmt.Errorf("cannot insert into requests: %w", err)
+	}
+	req.SetBasicAuth(w.user, w.password)
+	req.Header.Set("Content-Type", "application/octet-stream")
+	resp, err := w.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("cannot insert %d rows into requests: %w", r.Len(), err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<10))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("cannot insert %d rows into requests: ClickHouse answered %s: %s", r.Len(), resp.Status, bytes.TrimSpace(body))
+	}
+	return nil
+}
+
+// Requests buffers request events for the requests table as RowBinary rows, in the order of
+// requestColumns. The buffer is reused: once it has grown, adding an event allocates
+// nothing.
+type Requests struct {
+	buf      []byte
+	n        int
+	lo, hi   uint64
+	tsMillis bool
+	consumer []byte
+}
+
+// Add appends one event at stream position seq.
 func (r *Requests) Add(ev *events.RequestEvent, bucket string, cost float64, seq uint64) {
-	r.ts = append(r.ts, ev.TS)
-	r.eventID = append(r.eventID, ev.EventID)
-	r.env = append(r.env, ev.Env)
-	r.scene = append(r.scene, ev.Scene)
-	r.model = append(r.model, ev.Model)
-	r.instance = append(r.instance, ev.Instance)
-	r.tenant = append(r.tenant, ev.Tenant)
-	r.provider = append(r.provider, ev.Provider)
-	r.bucket = append(r.bucket, bucket)
-	r.status = append(r.status, string(ev.Status))
-	r.errorCode = append(r.errorCode, ev.ErrorCode)
-	r.conversationID = append(r.conversationID, ev.ConversationID)
-	r.outcome = append(r.outcome, string(ev.Outcome))
-	r.input = append(r.input, uint32(ev.InputTokens))
-	r.output = append(r.output, uint32(ev.OutputTokens))
-	r.cached = append(r.cached, uint32(ev.CachedInputTokens))
-	r.turn = append(r.turn, uint32(ev.Turn))
-	r.estimated = append(r.estimated, b2u8(ev.TokensEstimated))
-	r.stream = append(r.stream, b2u8(ev.Stream))
-	r.httpStatus = append(r.httpStatus, uint16(ev.HTTPStatus))
-	r.ttft = append(r.ttft, ev.TTFTMs)
-	r.total = append(r.total, ev.TotalMs)
-	tpot, ok := ev.TPOT()
-	r.tpot = append(r.tpot, tpot)
-	r.hasTPOT = append(r.hasTPOT, ok)
-	r.maxITL = append(r.maxITL, ev.MaxITLMs)
-	r.queue = append(r.queue, ev.QueueMs)
-	r.cost = append(r.cost, cost)
-	r.seq = append(r.seq, seq)
+	b := r.buf
+	if r.tsMillis {
+		b = binary.LittleEndian.AppendUint64(b, uint64(ev.TS.UnixMilli()))
+	} else {
+		b = binary.LittleEndian.AppendUint32(b, uint32(ev.TS.Unix()))
+	}
+	b = appendString(b, ev.EventID)
+	b = appendString(b, ev.Env)
+	b = appendString(b, ev.Scene)
+	b = appendString(b, ev.Model)
+	b = appendString(b, ev.Instance)
+	b = appendString(b, ev.Tenant)
+	b = appendString(b, ev.Provider)
+	b = appendString(b, bucket)
+	b = binary.LittleEndian.AppendUint32(b, uint32(ev.InputTokens))
+	b = binary.LittleEndian.AppendUint32(b, uint32(ev.OutputTokens))
+	b = binary.LittleEndian.AppendUint32(b, uint32(ev.CachedInputTokens))
+	b = append(b, b2u8(ev.TokensEstimated))
+	b = appendFloat(b, ev.TTFTMs)
+	b = appendFloat(b, ev.TotalMs)
+	if tpot, ok := ev.TPOT(); ok {
+		b = appendFloat(append(b, 0), tpot)
+	} else {
+		b = append(b, 1) // NULL
+	}
+	b = appendFloat(b, ev.MaxITLMs)
+	b = appendFloat(b, ev.QueueMs)
+	b = appendString(b, string(ev.Status))
+	b = appendString(b, ev.ErrorCode)
+	b = binary.LittleEndian.AppendUint16(b, uint16(ev.HTTPStatus))
+	b = append(b, b2u8(ev.Stream))
+	b = appendString(b, ev.ConversationID)
+	b = binary.LittleEndian.AppendUint32(b, uint32(ev.Turn))
+	b = appendString(b, string(ev.Outcome))
+	b = appendFloat(b, cost)
+	b = append(b, r.consumer...)
+	b = binary.LittleEndian.AppendUint64(b, seq)
+	r.buf = b
+	if r.n == 0 {
+		r.lo = seq
+	}
+	r.hi = seq
+	r.n++
 }
 
 // Len returns the number of buffered events.
-func (r *Requests) Len() int { return len(r.seq) }
+func (r *Requests) Len() int { return r.n }
+
+// Bytes returns the size of the encoded rows.
+func (r *Requests) Bytes() int { return len(r.buf) }
 
 // SeqRange returns the first and last stream positions buffered.
-func (r *Requests) SeqRange() (lo, hi uint64) {
-	if len(r.seq) == 0 {
-		return 0, 0
-	}
-	return r.seq[0], r.seq[len(r.seq)-1]
-}
+func (r *Requests) SeqRange() (lo, hi uint64) { return r.lo, r.hi }
 
 // Reset empties the buffer, keeping its storage.
 func (r *Requests) Reset() {
-	r.ts = r.ts[:0]
-	for _, s := range []*[]string{&r.eventID, &r.env, &r.scene, &r.model, &r.instance, &r.tenant, &r.provider, &r.bucket, &r.status, &r.errorCode, &r.conversationID, &r.outcome} {
-		clear(*s) // drop references to message payloads
-		*s = (*s)[:0]
+	r.buf, r.n, r.lo, r.hi = r.buf[:0], 0, 0, 0
+}
+
+func appendString(b []byte, s string) []byte {
+	if len(s) < 0x80 {
+		b = append(b, byte(len(s)))
+	} else {
+		b = binary.AppendUvarint(b, uint64(len(s)))
 	}
-	r.input, r.output, r.cached, r.turn = r.input[:0], r.output[:0], r.cached[:0], r.turn[:0]
-	r.estimated, r.stream, r.httpStatus = r.estimated[:0], r.stream[:0], r.httpStatus[:0]
-	r.ttft, r.total, r.tpot, r.maxITL, r.queue, r.cost = r.ttft[:0], r.total[:0], r.tpot[:0], r.maxITL[:0], r.queue[:0], r.cost[:0]
-	r.hasTPOT, r.seq = r.hasTPOT[:0], r.seq[:0]
+	return append(b, s...)
+}
+
+func appendFloat(b []byte, f float64) []byte {
+	return binary.LittleEndian.AppendUint64(b, math.Float64bits(f))
 }
 
 func b2u8(b bool) uint8 {

@@ -1,0 +1,240 @@
+package sink
+
+import (
+	"context"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tokenscope/tokenscope/pkg/chdb"
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/pkg/testbed"
+	"github.com/tokenscope/tokenscope/schemas"
+)
+
+func TestMain(m *testing.M) { testbed.Main(m) }
+
+func openDB(t testing.TB) (*chdb.DB, chdb.Config) {
+	t.Helper()
+	ctx := context.Background()
+	cfg := testbed.ClickHouse(t)
+	db, err := chdb.Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if _, err := db.Migrate(ctx, schemas.Migrations()); err != nil {
+		t.Fatal(err)
+	}
+	return db, cfg
+}
+
+func sampleEvent() events.RequestEvent {
+	return events.RequestEvent{
+		TS: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC), EventID: "0190f0e0-0000-7000-8000-000000000000",
+		Env: "prod", Scene: "chat", Model: "llama-3-70b", Instance: "gpu-node-01", Tenant: "acme", Provider: "vllm",
+		Status: events.StatusOK, ConversationID: "0190f0e0-0000-7000-8000-000000000001", Turn: 3, Outcome: events.OutcomeCompleted,
+		InputTokens: 1200, OutputTokens: 301, CachedInputTokens: 512, TTFTMs: 250.5, TotalMs: 5250.5, MaxITLMs: 40.25, QueueMs: 3,
+		Stream: true, HTTPStatus: 200,
+	}
+}
+
+// TestRequestsRoundTrip writes events through the HTTP interface and reads every column
+// back through the native protocol.
+func TestRequestsRoundTrip(t *testing.T) {
+	db, cfg := openDB(t)
+	ctx := context.Background()
+	w, err := NewRequestWriter(ctx, db.Conn(), cfg, "agg-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := w.NewBuffer()
+	ev := sampleEvent()
+	r.Add(&ev, "500-2000", 0.0125, 41)
+	ev2 := sampleEvent()
+	ev2.EventID, ev2.Status, ev2.ErrorCode, ev2.HTTPStatus = strings.Repeat("x", 200), events.StatusError, "upstream_500", 500
+	ev2.OutputTokens, ev2.TokensEstimated, ev2.Model = 0, true, "模型-ü" // no TPOT; a long and a non-ASCII string
+	r.Add(&ev2, "500-2000", 0, 42)
+	if lo, hi := r.SeqRange(); r.Len() != 2 || lo != 41 || hi != 42 {
+		t.Fatalf("Len %d, SeqRange %d..%d", r.Len(), lo, hi)
+	}
+	if err := w.Write(ctx, r, "roundtrip-1"); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := db.Conn().Query(ctx, "SELECT toUnixTimestamp(ts), event_id, env, scene, model, instance, tenant, provider, bucket, input_tokens, output_tokens, cached_input_tokens, tokens_estimated, ttft_ms, total_ms, tpot_ms, max_itl_ms, queue_ms, status, error_code, http_status, stream, conversation_id, turn, outcome, cost_usd, consumer, stream_seq FROM requests ORDER BY stream_seq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var got []string
+	for rows.Next() {
+		var (
+			ts                                                uint32
+			id, env, scene, model, inst, tenant, prov, bucket string
+			in, out, cached, turn                             uint32
+			est, stream                                       uint8
+			ttft, total, itl, queue, cost                     float64
+			tpot                                              *float64
+			status, code, conv, outcome, consumer             string
+			httpStatus                                        uint16
+			seq                                               uint64
+		)
+		if err := rows.Scan(&ts, &id, &env, &scene, &model, &inst, &tenant, &prov, &bucket, &in, &out, &cached, &est, &ttft, &total, &tpot, &itl, &queue, &status, &code, &httpStatus, &stream, &conv, &turn, &outcome, &cost, &consumer, &seq); err != nil {
+			t.Fatal(err)
+		}
+		tp := "NULL"
+		if tpot != nil {
+			tp = strconv.FormatFloat(*tpot, 'f', -1, 64)
+		}
+		got = append(got, strings.Join([]string{strconv.Itoa(int(ts)), id, env, scene, model, inst, tenant, prov, bucket,
+			strconv.Itoa(int(in)), strconv.Itoa(int(out)), strconv.Itoa(int(cached)), strconv.Itoa(int(est)),
+			strconv.FormatFloat(ttft, 'f', -1, 64), strconv.FormatFloat(total, 'f', -1, 64), tp, strconv.FormatFloat(itl, 'f', -1, 64), strconv.FormatFloat(queue, 'f', -1, 64),
+			status, code, strconv.Itoa(int(httpStatus)), strconv.Itoa(int(stream)), conv, strconv.Itoa(int(turn)), outcome,
+			strconv.FormatFloat(cost, 'f', -1, 64), consumer, strconv.FormatUint(seq, 10)}, "|"))
+	}
+	tpot, _ := ev.TPOT()
+	want := []string{
+		"1796040000|0190f0e0-0000-7000-8000-000000000000|prod|chat|llama-3-70b|gpu-node-01|acme|vllm|500-2000|1200|301|512|0|250.5|5250.5|" + strconv.FormatFloat(tpot, 'f', -1, 64) + "|40.25|3|ok||200|1|0190f0e0-0000-7000-8000-000000000001|3|completed|0.0125|agg-a|41",
+		"1796040000|" + strings.Repeat("x", 200) + "|prod|chat|模型-ü|gpu-node-01|acme|vllm|500-2000|1200|0|512|1|250.5|5250.5|NULL|40.25|3|error|upstream_500|500|1|0190f0e0-0000-7000-8000-000000000001|3|completed|0|agg-a|42",
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d rows: %q", len(got), got)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("row %d:\n got %s\nwant %s", i, got[i], want[i])
+		}
+	}
+	if math.IsNaN(tpot) {
+		t.Fatal("the sample event has no TPOT")
+	}
+}
+
+// TestRequestWriterErrors: a table whose columns differ, and a server refusing the insert,
+// are errors that say what is wrong.
+func TestRequestWriterErrors(t *testing.T) {
+	db, cfg := openDB(t)
+	ctx := context.Background()
+
+	bad := cfg
+	bad.Password = "wrong"
+	w, err := NewRequestWriter(ctx, db.Conn(), bad, "agg-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := w.NewBuffer()
+	ev := sampleEvent()
+	r.Add(&ev, "500-2000", 0, 1)
+	err = w.Write(ctx, r, "refused-1")
+	if err == nil || !strings.Contains(err.Error(), "cannot insert 1 rows into requests: ClickHouse answered") {
+		t.Fatalf("wrong password: got %v", err)
+	}
+	if strings.Contains(err.Error(), "wrong") {
+		t.Fatalf("the error shows the password: %v", err)
+	}
+
+	unreachable := cfg
+	unreachable.HTTPAddr = "127.0.0.1:1"
+	if _, err := NewRequestWriter(ctx, db.Conn(), unreachable, "agg-a"); err == nil || !strings.Contains(err.Error(), "127.0.0.1:1") || !strings.Contains(err.Error(), "CLICKHOUSE_HTTP_ADDR") {
+		t.Fatalf("unreachable server: got %v", err)
+	}
+	native := cfg
+	native.HTTPAddr = cfg.Addr // the native port does not speak HTTP
+	if _, err := NewRequestWriter(ctx, db.Conn(), native, "agg-a"); err == nil || !strings.Contains(err.Error(), "CLICKHOUSE_HTTP_ADDR") {
+		t.Fatalf("native port: got %v", err)
+	}
+
+	if err := db.Conn().Exec(ctx, "ALTER TABLE requests MODIFY COLUMN turn UInt64"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewRequestWriter(ctx, db.Conn(), cfg, "agg-a"); err == nil || !strings.Contains(err.Error(), "requests.turn is UInt64") {
+		t.Fatalf("changed column: got %v", err)
+	}
+	if err := db.Conn().Exec(ctx, "ALTER TABLE requests DROP COLUMN turn"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewRequestWriter(ctx, db.Conn(), cfg, "agg-a"); err == nil || !strings.Contains(err.Error(), "no column turn") {
+		t.Fatalf("missing column: got %v", err)
+	}
+}
+
+// BenchmarkWriteRequests measures one 64k-row insert into requests: encoding the events
+// (add), the insert as the client waits for it (send), and the ClickHouse server's CPU per
+// row, read from /proc.
+//
+//	go test -run '^$' -bench WriteRequests -benchtime 10x ./internal/sink
+func BenchmarkWriteRequests(b *testing.B) {
+	db, cfg := openDB(b)
+	ctx := context.Background()
+	w, err := NewRequestWriter(ctx, db.Conn(), cfg, "bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	r := w.NewBuffer()
+	ev := sampleEvent()
+	const rows = 1 << 16
+	var tAdd, tSend time.Duration
+	dir := testbed.Server(b).Dir
+	cpu0, cpuOK := serverCPU(dir)
+	i := 0
+	for b.Loop() {
+		t0 := time.Now()
+		for j := range rows {
+			r.Add(&ev, "500-2000", 0.001, uint64(j))
+		}
+		t1 := time.Now()
+		i++
+		if err := w.Write(ctx, r, "bench-"+strconv.Itoa(i)); err != nil {
+			b.Fatal(err)
+		}
+		tSend += time.Since(t1)
+		tAdd += t1.Sub(t0)
+		r.Reset()
+	}
+	n := float64(b.N * rows)
+	b.ReportMetric(float64(tAdd.Nanoseconds())/n, "add_ns/row")
+	b.ReportMetric(float64(tSend.Nanoseconds())/n, "send_ns/row")
+	if cpu1, ok := serverCPU(dir); ok && cpuOK {
+		b.ReportMetric(float64((cpu1-cpu0).Nanoseconds())/n, "server_cpu_ns/row")
+	}
+}
+
+// serverCPU reads the CPU time the test binary's clickhouse-server has used.
+func serverCPU(dir string) (time.Duration, bool) {
+	if dir == "" { // a server the tests did not start
+		return 0, false
+	}
+	ms, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, m := range ms {
+		c, _ := os.ReadFile(m)
+		if !strings.Contains(string(c), "clickhouse") || !strings.Contains(string(c), dir) {
+			continue
+		}
+		st, err := os.ReadFile(strings.TrimSuffix(m, "cmdline") + "stat")
+		if err != nil {
+			return 0, false
+		}
+		f := strings.Fields(string(st)[strings.LastIndexByte(string(st), ')')+2:])
+		user, _ := strconv.Atoi(f[11])
+		sys, _ := strconv.Atoi(f[12])
+		return time.Duration(user+sys) * 10 * time.Millisecond, true // USER_HZ is 100 on Linux
+	}
+	return 0, false
+}
+
+// BenchmarkRequestsAdd measures encoding one event into the buffer.
+func BenchmarkRequestsAdd(b *testing.B) {
+	r := &Requests{consumer: appendString(nil, "aggregator")}
+	ev := sampleEvent()
+	i := 0
+	for b.Loop() {
+		if i++; i%(1<<16) == 0 {
+			r.Reset()
+		}
+		r.Add(&ev, "500-2000", 0.001, uint64(i))
+	}
+}
