@@ -53,7 +53,7 @@ type Options struct {
 	// (see ResumeConsumer): a rollup up to it of a window already evaluated is a
 	// redelivery, not a late rollup.
 	Replayed uint64
-	// AttemptTimeout bounds one publish, row insert or checkpoint save (default 10 s).
+	// AttemptTimeout bounds one row insert or checkpoint save (default 10 s).
 	AttemptTimeout time.Duration
 	// ShutdownTimeout is how long, once Run's context ends, the window being delivered and
 	// the windows already settled may take to be delivered (default 10 s).
@@ -250,6 +250,7 @@ loop:
 	select {
 	case <-cc.Closed():
 	case <-work.Done():
+	case <-time.After(5 * time.Second):
 	}
 	in.flush(work, time.Now(), true)
 	if n := len(in.pending) + in.undelivered(); n > 0 {
@@ -408,7 +409,9 @@ func (in *Intake) deliver(ctx context.Context, now time.Time, final bool) bool {
 		return false
 	}
 	if !d.published {
-		if err := in.attempt(ctx, func(ctx context.Context) error { return in.sink.Publish(ctx, d.alerts) }); err != nil {
+		// No timeout of the intake's: the sink bounds each alert's publish, so a window
+		// with many alerts is not cut short.
+		if err := in.sink.Publish(ctx, d.alerts); err != nil {
 			in.retry(d, now, stepPublish, err)
 			return false
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -23,6 +24,9 @@ type publisher interface {
 type rowWriter interface {
 	Write(ctx context.Context, alerts []events.Alert) error
 }
+
+// publishTimeout bounds the wait for JetStream's acknowledgement of one alert.
+const publishTimeout = 5 * time.Second
 
 // Notifier sends each alert state change to every configured destination.
 type Notifier struct {
@@ -72,9 +76,9 @@ func MsgID(a *events.Alert) string {
 	return a.Fingerprint + "-" + a.State + "-" + strconv.FormatInt(a.At.UnixMilli(), 10)
 }
 
-// Publish publishes the alerts to the ALERTS stream one by one, waiting for JetStream to
-// acknowledge each, and then queues them for Alertmanager. It returns an error, and counts
-// it, when one was not acknowledged before ctx ended; the caller retries with the same
+// Publish publishes the alerts to the ALERTS stream one by one, waiting (up to 5 s each)
+// for JetStream to acknowledge each, and then queues them for Alertmanager. It returns an
+// error, and counts it, when one was not acknowledged; the caller retries with the same
 // alerts, and the ones JetStream holds already are dropped as duplicates by their
 // Nats-Msg-Id.
 func (n *Notifier) Publish(ctx context.Context, alerts []events.Alert) error {
@@ -89,7 +93,9 @@ func (n *Notifier) Publish(ctx context.Context, alerts []events.Alert) error {
 		}
 		m := &nats.Msg{Subject: events.AlertSubject(a.Severity, a.Rule), Data: data, Header: nats.Header{}}
 		m.Header.Set(jetstream.MsgIDHeader, MsgID(a))
-		ack, err := n.js.PublishMsg(ctx, m, jetstream.WithExpectStream(events.StreamAlerts))
+		pctx, cancel := context.WithTimeout(ctx, publishTimeout)
+		ack, err := n.js.PublishMsg(pctx, m, jetstream.WithExpectStream(events.StreamAlerts))
+		cancel()
 		if err != nil {
 			n.publishErrors.Inc()
 			if !n.publishFailed {
