@@ -18,6 +18,7 @@ import (
 	"github.com/tokenscope/tokenscope/pkg/events"
 	"github.com/tokenscope/tokenscope/pkg/ops"
 	"github.com/tokenscope/tokenscope/schemas"
+	"github.com/tokenscope/tokenscope/services/alerter/internal/checkpoint"
 	"github.com/tokenscope/tokenscope/services/alerter/internal/engine"
 	"github.com/tokenscope/tokenscope/services/alerter/internal/history"
 	"github.com/tokenscope/tokenscope/services/alerter/internal/intake"
@@ -90,7 +91,19 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	logger.Info("state restored", "rules", rs.Source, "firing_alerts", len(restored),
 		"series_cells", loaded.SeriesCells, "host_cells", loaded.HostCells, "baseline_through", loaded.Through)
 
-	cons, err := bus.EnsureConsumer(ctx, js, bus.ConsumerConfig{
+	// The checkpoint says which windows an earlier run delivered; the consumer starts again
+	// from its ack floor, so the windows it held unacknowledged are read again first.
+	cp, err := checkpoint.Open(ctx, js, cfg.Consumer, cfg.NATS.Streams.Replicas)
+	if err != nil {
+		return err
+	}
+	evaluated, err := cp.Load(ctx)
+	if errors.Is(err, checkpoint.ErrInvalid) {
+		logger.Warn("ignoring an unreadable checkpoint; windows past the ack floor are evaluated again", "err", err)
+	} else if err != nil {
+		return err
+	}
+	cons, replayed, err := intake.ResumeConsumer(ctx, js, bus.ConsumerConfig{
 		Stream:        events.StreamRollups,
 		Durable:       cfg.Consumer,
 		FilterSubject: events.SubjectRollupsAll,
@@ -102,14 +115,14 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err != nil {
 		return err
 	}
+	logger.Info("consumer resumed", "consumer", cfg.Consumer, "evaluated_through", evaluated, "redelivered_through_seq", replayed)
 
-	pub := bus.NewPublisher(js, bus.PublisherOptions{Namespace: "alerter"}, reg, logger.With("component", "publisher"))
 	var am *notify.Alertmanager
 	if cfg.AlertmanagerURL != "" {
 		am = notify.NewAlertmanager(cfg.AlertmanagerURL, cfg.AlertmanagerTimeout, cfg.Resend, reg, logger)
 	}
-	sink := notify.New(pub, notify.NewStore(db.Conn()), am, reg, logger)
-	in := intake.New(cons, eng, sink, nc, intake.Options{Settle: cfg.Settle}, reg, logger)
+	sink := notify.New(js, notify.NewStore(db.Conn()), am, reg, logger)
+	in := intake.New(cons, eng, sink, cp, nc, intake.Options{Settle: cfg.Settle, Evaluated: evaluated, Replayed: replayed}, reg, logger)
 	registerEngineMetrics(reg, eng)
 
 	srv.AddCheck("nats", func(context.Context) error {
@@ -120,12 +133,11 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	})
 	srv.AddCheck("clickhouse", db.Ping)
 
-	// The publisher and Alertmanager outlive the intake, so what its last window sends
-	// still goes out.
+	// Alertmanager outlives the intake, so what its last window sends still goes out. The
+	// intake publishes to JetStream itself, waiting for each acknowledgement.
 	outCtx, stopOut := context.WithCancel(context.Background())
 	defer stopOut()
 	out, _ := errgroup.WithContext(outCtx)
-	out.Go(func() error { return pub.Run(outCtx) })
 	if am != nil {
 		out.Go(func() error { return am.Run(outCtx) })
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strings"
 	"time"
 
@@ -23,9 +22,18 @@ type Evaluator interface {
 	Evaluate(w engine.Window) []events.Alert
 }
 
-// Sink sends a window's alert state changes; *notify.Notifier is one.
+// Sink delivers a window's alert state changes; *notify.Notifier is one. Publish returns
+// nil only once JetStream has acknowledged every alert (publishing the same alerts again is
+// harmless: their Nats-Msg-Id makes JetStream drop the copies); Store writes their rows.
 type Sink interface {
-	Send(ctx context.Context, alerts []events.Alert) error
+	Publish(ctx context.Context, alerts []events.Alert) error
+	Store(ctx context.Context, alerts []events.Alert) error
+}
+
+// Checkpoint durably records the start of the latest window whose alerts are delivered;
+// *checkpoint.KV is one.
+type Checkpoint interface {
+	Save(ctx context.Context, windowStart time.Time) error
 }
 
 // DeadLetter takes a message no consumer can use; a *nats.Conn is one.
@@ -37,87 +45,173 @@ type DeadLetter interface {
 type Options struct {
 	Settle time.Duration // quiet time after a window's last rollup before it is evaluated
 	Tick   time.Duration // how often ready windows are looked for (default 1 s)
+	// Evaluated is the checkpoint read at start: windows starting at or before it were
+	// evaluated and delivered by an earlier run, so their rollups, delivered again, are
+	// acknowledged without being evaluated twice.
+	Evaluated time.Time
+	// Replayed is the last stream sequence the consumer had delivered before it was reset
+	// (see ResumeConsumer): a rollup up to it of a window already evaluated is a
+	// redelivery, not a late rollup.
+	Replayed uint64
+	// AttemptTimeout bounds one row insert or checkpoint save (default 10 s).
+	AttemptTimeout time.Duration
+	// ShutdownTimeout is how long, once Run's context ends, the window being delivered and
+	// the windows already settled may take to be delivered (default 10 s).
+	ShutdownTimeout time.Duration
+	// StoreAttempts is how many times a window's alert rows are tried before they are
+	// given up (the alerts are on the ALERTS stream regardless; default 3).
+	StoreAttempts int
 }
 
 // The reasons a rollup is not evaluated.
 const (
-	reasonMalformed  = "malformed"
-	reasonInvalid    = "invalid"
-	reasonSubject    = "unknown_subject"
-	reasonLate       = "late"
-	reasonCorrection = "correction"
+	reasonMalformed   = "malformed"
+	reasonInvalid     = "invalid"
+	reasonSubject     = "unknown_subject"
+	reasonLate        = "late"
+	reasonRedelivered = "redelivered"
+	reasonCorrection  = "correction"
 )
 
-var reasons = []string{reasonMalformed, reasonInvalid, reasonSubject, reasonLate, reasonCorrection}
+var reasons = []string{reasonMalformed, reasonInvalid, reasonSubject, reasonLate, reasonRedelivered, reasonCorrection}
 
-// Intake gathers windows and has them evaluated, from one goroutine (Run).
+// The steps of delivering an evaluated window, for errors and logs.
+const (
+	stepPublish    = "publish"
+	stepStore      = "store"
+	stepCheckpoint = "checkpoint"
+)
+
+// Intake gathers windows and has them evaluated and delivered, from one goroutine (Run).
 type Intake struct {
 	cons   jetstream.Consumer
 	eval   Evaluator
 	sink   Sink
+	cp     Checkpoint
 	dead   DeadLetter
 	opts   Options
 	logger *slog.Logger
 
-	pending   map[int64]*pendingWindow
-	evaluated time.Time // start of the latest window evaluated
+	pending map[int64]*pendingWindow
+	// last is the start of the latest window evaluated. Windows are evaluated in order, so
+	// a rollup of a window at or before it cannot be evaluated any more.
+	last time.Time
+	// held is the window evaluated and not yet delivered: no later window is evaluated
+	// until its alerts are published and its checkpoint saved, and its rollups are
+	// acknowledged only then.
+	held    *delivery
+	failing string // the step whose failure was logged last, "" when delivering
 
-	received  *prometheus.CounterVec
-	skipped   *prometheus.CounterVec
-	windows   prometheus.Counter
-	evalTime  prometheus.Histogram
-	ackErrors prometheus.Counter
-	lastEval  prometheus.Gauge
+	received    *prometheus.CounterVec
+	skipped     *prometheus.CounterVec
+	windows     prometheus.Counter
+	evalTime    prometheus.Histogram
+	ackErrors   prometheus.Counter
+	lastEval    prometheus.Gauge
+	cpErrors    prometheus.Counter
+	rowsDropped prometheus.Counter
+	heldGauge   prometheus.Gauge
 }
 
 type pendingWindow struct {
 	w       engine.Window
-	msgs    []jetstream.Msg
+	msgs    messages
 	arrived time.Time
 }
 
+// delivery is an evaluated window on its way out: publish, store, checkpoint, ack.
+type delivery struct {
+	start      time.Time
+	msgs       messages
+	alerts     []events.Alert
+	published  bool
+	stored     bool
+	storeTries int
+	retryAt    time.Time
+	backoff    time.Duration
+}
+
+// messages are a window's rollup messages, one per stream sequence: a copy delivered
+// again replaces the handle (the newest is the one to acknowledge) instead of counting twice.
+type messages struct {
+	list []jetstream.Msg
+	seqs map[uint64]int
+}
+
+// add takes m at stream sequence seq (0 when unknown) and reports whether it is new.
+func (ms *messages) add(m jetstream.Msg, seq uint64) bool {
+	if seq > 0 {
+		if i, ok := ms.seqs[seq]; ok {
+			ms.list[i] = m
+			return false
+		}
+		if ms.seqs == nil {
+			ms.seqs = make(map[uint64]int)
+		}
+		ms.seqs[seq] = len(ms.list)
+	}
+	ms.list = append(ms.list, m)
+	return true
+}
+
 // New returns an intake reading cons. Its metrics are registered on reg.
-func New(cons jetstream.Consumer, eval Evaluator, sink Sink, dead DeadLetter, opts Options, reg prometheus.Registerer, logger *slog.Logger) *Intake {
+func New(cons jetstream.Consumer, eval Evaluator, sink Sink, cp Checkpoint, dead DeadLetter, opts Options, reg prometheus.Registerer, logger *slog.Logger) *Intake {
 	if opts.Tick <= 0 {
 		opts.Tick = time.Second
 	}
+	if opts.AttemptTimeout <= 0 {
+		opts.AttemptTimeout = 10 * time.Second
+	}
+	if opts.ShutdownTimeout <= 0 {
+		opts.ShutdownTimeout = 10 * time.Second
+	}
+	if opts.StoreAttempts <= 0 {
+		opts.StoreAttempts = 3
+	}
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "alerter", Name: name, Help: help})
+	}
 	in := &Intake{
-		cons: cons, eval: eval, sink: sink, dead: dead, opts: opts,
+		cons: cons, eval: eval, sink: sink, cp: cp, dead: dead, opts: opts,
 		logger:  logger.With("component", "intake"),
 		pending: make(map[int64]*pendingWindow),
+		last:    opts.Evaluated,
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "alerter", Name: "rollups_received_total", Help: "Rollups read from the ROLLUPS stream, by kind (tokens, gpu).",
 		}, []string{"kind"}),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "alerter", Name: "rollups_skipped_total",
-			Help: "Rollups not evaluated, by reason: malformed or invalid (dead-lettered), unknown_subject, late (their window was evaluated already), correction.",
+			Help: "Rollups not evaluated, by reason: malformed or invalid (dead-lettered), unknown_subject, late (first delivered after their window was evaluated), redelivered (a copy of a rollup already handled), correction.",
 		}, []string{"reason"}),
-		windows: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "alerter", Name: "windows_evaluated_total", Help: "Windows evaluated.",
-		}),
+		windows:   counter("windows_evaluated_total", "Windows evaluated."),
+		ackErrors: counter("ack_errors_total", "Rollups whose ack failed (they will be redelivered)."),
 		evalTime: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: "alerter", Name: "evaluation_seconds", Help: "Time to evaluate one window.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
-		ackErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "alerter", Name: "ack_errors_total", Help: "Rollups whose ack failed (they will be redelivered).",
-		}),
 		lastEval: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "alerter", Name: "last_evaluated_window_timestamp_seconds", Help: "Start of the latest window evaluated.",
 		}),
+		cpErrors:    counter("checkpoint_errors_total", "Checkpoint saves that failed (the window's rollups stay unacknowledged; retried)."),
+		rowsDropped: counter("alert_rows_dropped_total", "Alert rows given up after ClickHouse refused them on every attempt (the alerts are on the ALERTS stream)."),
 	}
+	in.heldGauge = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: "alerter", Name: "windows_undelivered",
+		Help: "Windows evaluated whose alerts are not yet delivered (0 or 1): while 1, later windows wait and rollups stay unacknowledged.",
+	})
 	in.received.WithLabelValues("tokens")
 	in.received.WithLabelValues("gpu")
 	for _, r := range reasons {
 		in.skipped.WithLabelValues(r)
 	}
-	reg.MustRegister(in.received, in.skipped, in.windows, in.evalTime, in.ackErrors, in.lastEval)
+	reg.MustRegister(in.received, in.skipped, in.windows, in.evalTime, in.ackErrors, in.lastEval, in.cpErrors, in.rowsDropped, in.heldGauge)
 	return in
 }
 
-// Run consumes until ctx ends: it stops intake (drains the subscription), evaluates the
-// windows whose settle time has passed, and leaves the rest unacknowledged for the next
-// start.
+// Run consumes until ctx ends, then shuts down in order: it stops intake (drains the
+// subscription; what was not taken stays unacknowledged), finishes delivering the window
+// in flight and delivers the windows whose settle time has passed, within
+// ShutdownTimeout, and returns. The rest is left unacknowledged for the next start.
 func (in *Intake) Run(ctx context.Context) error {
 	msgs := make(chan jetstream.Msg, 4096)
 	done := make(chan struct{})
@@ -130,24 +224,40 @@ func (in *Intake) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("cannot consume rollups: %w", err)
 	}
+	// Deliveries run under work, which outlives ctx by ShutdownTimeout: a window whose
+	// delivery is under way when shutdown begins is still published, stored and
+	// acknowledged instead of failing on a cancelled context.
+	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWork()
+	stopDeadline := context.AfterFunc(ctx, func() { time.AfterFunc(in.opts.ShutdownTimeout, stopWork) })
+	defer stopDeadline()
+
 	tick := time.NewTicker(in.opts.Tick)
 	defer tick.Stop()
+loop:
 	for {
 		select {
 		case m := <-msgs:
 			in.Add(m, time.Now())
 		case now := <-tick.C:
-			in.Flush(ctx, now)
+			in.Flush(work, now)
 		case <-ctx.Done():
-			cc.Drain()
-			close(done)
-			select {
-			case <-cc.Closed():
-			case <-time.After(5 * time.Second):
-			}
-			return nil
+			break loop
 		}
 	}
+	cc.Drain()
+	close(done)
+	select {
+	case <-cc.Closed():
+	case <-work.Done():
+	case <-time.After(5 * time.Second):
+	}
+	in.flush(work, time.Now(), true)
+	if n := len(in.pending) + in.undelivered(); n > 0 {
+		in.logger.Info("stopped with windows not delivered; their rollups are unacknowledged and are read again at the next start",
+			"windows", n)
+	}
+	return nil
 }
 
 // Add takes one rollup message that arrived at now.
@@ -195,58 +305,174 @@ func (in *Intake) Add(m jetstream.Msg, now time.Time) {
 		in.skip(m, reasonSubject)
 		return
 	}
-	if !start.After(in.evaluated) {
+	seq, again := in.position(m)
+	switch {
+	case start.After(in.last):
+		key := start.Unix()
+		p := in.pending[key]
+		if p == nil {
+			p = &pendingWindow{w: engine.Window{Start: start.UTC(), Seconds: seconds}}
+			in.pending[key] = p
+		}
+		if !p.msgs.add(m, seq) {
+			in.skipped.WithLabelValues(reasonRedelivered).Inc() // acknowledged with its window
+			return
+		}
+		p.w.Seconds = max(p.w.Seconds, seconds)
+		addTo(&p.w)
+		p.arrived = now
+	case in.held != nil && start.Equal(in.held.start):
+		// The window is evaluated and being delivered: the message is acknowledged with
+		// it, so a crash before that reads it again.
+		if in.held.msgs.add(m, seq) {
+			in.skipped.WithLabelValues(reasonLate).Inc()
+		} else {
+			in.skipped.WithLabelValues(reasonRedelivered).Inc()
+		}
+	case again:
+		in.skip(m, reasonRedelivered)
+	default:
 		in.skip(m, reasonLate)
-		return
 	}
-	key := start.Unix()
-	p := in.pending[key]
-	if p == nil {
-		p = &pendingWindow{w: engine.Window{Start: start.UTC(), Seconds: seconds}}
-		in.pending[key] = p
+}
+
+// position returns m's stream sequence (0 when unknown) and whether it was delivered
+// before: by this consumer, or by the one it replaced at start.
+func (in *Intake) position(m jetstream.Msg) (uint64, bool) {
+	meta, err := m.Metadata()
+	if err != nil || meta == nil {
+		return 0, false
 	}
-	p.w.Seconds = max(p.w.Seconds, seconds)
-	addTo(&p.w)
-	p.msgs = append(p.msgs, m)
-	p.arrived = now
+	seq := meta.Sequence.Stream
+	return seq, meta.NumDelivered > 1 || (seq > 0 && seq <= in.opts.Replayed)
 }
 
 // Flush evaluates, oldest first, the windows whose last rollup arrived at least Settle
-// before now, sends their alerts and acknowledges their messages. It stops at the first
-// window still settling, so windows are always evaluated in order.
+// before now, and delivers each: publishes its alerts, stores their rows, saves the
+// checkpoint, and only then acknowledges its rollups. It stops at the first window still
+// settling, so windows are always evaluated in order, and at a window whose delivery
+// failed: that one is retried, with backoff, by a later Flush, and no later window is
+// evaluated meanwhile. It returns how many windows it delivered.
 func (in *Intake) Flush(ctx context.Context, now time.Time) int {
-	if len(in.pending) == 0 {
-		return 0
-	}
-	keys := make([]int64, 0, len(in.pending))
-	for k := range in.pending {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
+	return in.flush(ctx, now, false)
+}
+
+// flush is Flush; final is the last one, at shutdown: it ignores the backoff and gives up
+// the rows after one failed attempt.
+func (in *Intake) flush(ctx context.Context, now time.Time, final bool) int {
 	n := 0
-	for _, k := range keys {
-		p := in.pending[k]
-		if now.Sub(p.arrived) < in.opts.Settle {
+	for ctx.Err() == nil {
+		if in.held == nil {
+			p := in.oldestSettled(now)
+			if p == nil {
+				break
+			}
+			in.evaluate(p)
+		}
+		if !in.deliver(ctx, now, final) {
 			break
 		}
-		began := time.Now()
-		alerts := in.eval.Evaluate(p.w)
-		in.evalTime.Observe(time.Since(began).Seconds())
-		// A failed row write is logged and counted by the sink; the alerts are published,
-		// so the window is done either way.
-		_ = in.sink.Send(ctx, alerts)
-		for _, m := range p.msgs {
-			if err := m.Ack(); err != nil {
-				in.ackErrors.Inc()
-			}
-		}
-		delete(in.pending, k)
-		in.evaluated = p.w.Start
-		in.windows.Inc()
-		in.lastEval.Set(float64(p.w.Start.Unix()))
 		n++
 	}
 	return n
+}
+
+func (in *Intake) oldestSettled(now time.Time) *pendingWindow {
+	var oldest *pendingWindow
+	for _, p := range in.pending {
+		if oldest == nil || p.w.Start.Before(oldest.w.Start) {
+			oldest = p
+		}
+	}
+	if oldest == nil || now.Sub(oldest.arrived) < in.opts.Settle {
+		return nil
+	}
+	return oldest
+}
+
+func (in *Intake) evaluate(p *pendingWindow) {
+	began := time.Now()
+	alerts := in.eval.Evaluate(p.w)
+	in.evalTime.Observe(time.Since(began).Seconds())
+	delete(in.pending, p.w.Start.Unix())
+	in.last = p.w.Start
+	in.windows.Inc()
+	in.lastEval.Set(float64(p.w.Start.Unix()))
+	in.held = &delivery{start: p.w.Start, msgs: p.msgs, alerts: alerts}
+	in.heldGauge.Set(1)
+}
+
+// deliver takes the held window as far as it can; it reports whether it is done.
+func (in *Intake) deliver(ctx context.Context, now time.Time, final bool) bool {
+	d := in.held
+	if !final && now.Before(d.retryAt) {
+		return false
+	}
+	if !d.published {
+		// No timeout of the intake's: the sink bounds each alert's publish, so a window
+		// with many alerts is not cut short.
+		if err := in.sink.Publish(ctx, d.alerts); err != nil {
+			in.retry(d, now, stepPublish, err)
+			return false
+		}
+		d.published = true
+	}
+	if !d.stored {
+		if err := in.attempt(ctx, func(ctx context.Context) error { return in.sink.Store(ctx, d.alerts) }); err != nil {
+			d.storeTries++
+			if !final && d.storeTries < in.opts.StoreAttempts {
+				in.retry(d, now, stepStore, err)
+				return false
+			}
+			in.rowsDropped.Add(float64(len(d.alerts)))
+			in.logger.Warn("giving up alert rows; the alerts are on the ALERTS stream", "window_start", d.start, "rows", len(d.alerts), "err", err)
+		}
+		d.stored = true
+	}
+	if in.cp != nil {
+		if err := in.attempt(ctx, func(ctx context.Context) error { return in.cp.Save(ctx, d.start) }); err != nil {
+			in.cpErrors.Inc()
+			in.retry(d, now, stepCheckpoint, err)
+			return false
+		}
+	}
+	for _, m := range d.msgs.list {
+		if err := m.Ack(); err != nil {
+			in.ackErrors.Inc()
+		}
+	}
+	in.held = nil
+	in.heldGauge.Set(0)
+	if in.failing != "" {
+		in.logger.Info("delivering windows again", "failed_step", in.failing)
+		in.failing = ""
+	}
+	return true
+}
+
+func (in *Intake) attempt(ctx context.Context, f func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, in.opts.AttemptTimeout)
+	defer cancel()
+	return f(ctx)
+}
+
+// retry schedules the held window's next attempt with exponential backoff, and logs a
+// failure only when the failing step changes.
+func (in *Intake) retry(d *delivery, now time.Time, step string, err error) {
+	d.backoff = min(max(2*d.backoff, 250*time.Millisecond), 10*time.Second)
+	d.retryAt = now.Add(d.backoff)
+	if in.failing != step {
+		in.logger.Warn("cannot deliver window; its rollups stay unacknowledged and later windows wait",
+			"step", step, "window_start", d.start, "err", err)
+		in.failing = step
+	}
+}
+
+func (in *Intake) undelivered() int {
+	if in.held != nil {
+		return 1
+	}
+	return 0
 }
 
 // Pending returns how many windows are gathering.

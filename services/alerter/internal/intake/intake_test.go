@@ -3,6 +3,7 @@ package intake
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"testing"
@@ -17,11 +18,14 @@ import (
 	"github.com/tokenscope/tokenscope/services/alerter/internal/engine"
 )
 
-// msg is a rollup message; only what the intake calls is implemented.
+// msg is a rollup message; only what the intake calls is implemented. seq 0 stands for
+// a message without JetStream metadata.
 type msg struct {
 	jetstream.Msg
 	subject      string
 	data         []byte
+	seq          uint64
+	delivered    uint64
 	acked, termd bool
 }
 
@@ -29,21 +33,71 @@ func (m *msg) Subject() string { return m.subject }
 func (m *msg) Data() []byte    { return m.data }
 func (m *msg) Ack() error      { m.acked = true; return nil }
 func (m *msg) Term() error     { m.termd = true; return nil }
+func (m *msg) Metadata() (*jetstream.MsgMetadata, error) {
+	if m.seq == 0 {
+		return nil, errors.New("not a JetStream message")
+	}
+	return &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: m.seq}, NumDelivered: max(m.delivered, 1)}, nil
+}
 
-type recorder struct{ windows []engine.Window }
+// at returns a copy of m at stream sequence seq, delivered n times.
+func (m *msg) at(seq, n uint64) *msg {
+	return &msg{subject: m.subject, data: m.data, seq: seq, delivered: n}
+}
+
+// recorder evaluates every window to the alerts in raise, if any.
+type recorder struct {
+	windows []engine.Window
+	raise   []events.Alert
+}
 
 func (r *recorder) Evaluate(w engine.Window) []events.Alert {
 	r.windows = append(r.windows, w)
+	return r.raise
+}
+
+type sink struct {
+	publishes, stores     int
+	publishErr, storeErr  error
+	published, storedRows []events.Alert
+}
+
+func (s *sink) Publish(_ context.Context, alerts []events.Alert) error {
+	s.publishes++
+	if s.publishErr != nil {
+		return s.publishErr
+	}
+	s.published = append(s.published, alerts...)
 	return nil
 }
 
-type sink struct{ calls int }
+func (s *sink) Store(_ context.Context, alerts []events.Alert) error {
+	s.stores++
+	if s.storeErr != nil {
+		return s.storeErr
+	}
+	s.storedRows = append(s.storedRows, alerts...)
+	return nil
+}
 
-func (s *sink) Send(context.Context, []events.Alert) error { s.calls++; return nil }
+type memCheckpoint struct {
+	saved []time.Time
+	err   error
+}
+
+func (c *memCheckpoint) Save(_ context.Context, t time.Time) error {
+	if c.err != nil {
+		return c.err
+	}
+	c.saved = append(c.saved, t)
+	return nil
+}
 
 type dead struct{ msgs []*nats.Msg }
 
 func (d *dead) PublishMsg(m *nats.Msg) error { d.msgs = append(d.msgs, m); return nil }
+
+var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 func tokenMsg(t *testing.T, start time.Time, kind string) *msg {
 	t.Helper()
@@ -61,9 +115,9 @@ func gpuMsg(t *testing.T, start time.Time) *msg {
 }
 
 func TestWindowsEvaluatedInOrderAfterSettling(t *testing.T) {
-	rec, sk, dl := &recorder{}, &sink{}, &dead{}
+	rec, sk, cp, dl := &recorder{}, &sink{}, &memCheckpoint{}, &dead{}
 	reg := prometheus.NewRegistry()
-	in := New(nil, rec, sk, dl, Options{Settle: 2 * time.Second}, reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	in := New(nil, rec, sk, cp, dl, Options{Settle: 2 * time.Second}, reg, discard)
 	w0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
 	w1 := w0.Add(15 * time.Second)
 	arrive := time.Date(2026, 3, 3, 12, 0, 20, 0, time.UTC)
@@ -87,8 +141,11 @@ func TestWindowsEvaluatedInOrderAfterSettling(t *testing.T) {
 	if len(rec.windows) != 2 || !rec.windows[0].Start.Equal(w0) || len(rec.windows[0].GPUs) != 1 || len(rec.windows[1].Tokens) != 1 {
 		t.Fatalf("windows %+v", rec.windows)
 	}
-	if !m1.acked || !m2.acked || !m3.acked || sk.calls != 2 {
-		t.Error("messages must be acked once their window is evaluated and sent")
+	if !m1.acked || !m2.acked || !m3.acked || sk.publishes != 2 || sk.stores != 2 {
+		t.Error("messages must be acked once their window is evaluated and delivered")
+	}
+	if len(cp.saved) != 2 || !cp.saved[0].Equal(w0) || !cp.saved[1].Equal(w1) {
+		t.Errorf("checkpoints %v, want %s then %s", cp.saved, w0, w1)
 	}
 
 	// A rollup for a window already evaluated is late; a correction is not evaluated;
@@ -109,5 +166,131 @@ func TestWindowsEvaluatedInOrderAfterSettling(t *testing.T) {
 		if got := testutil.ToFloat64(in.skipped.WithLabelValues(reason)); got != want {
 			t.Errorf("skipped{%s} = %v, want %v", reason, got, want)
 		}
+	}
+}
+
+func firingAlert(window time.Time) events.Alert {
+	return events.Alert{V: 1, Fingerprint: "f1", Rule: "ttft_p95_dynamic", State: events.AlertFiring, Severity: "warning",
+		WindowStart: window, At: window.Add(15 * time.Second)}
+}
+
+// TestWindowHeldUntilAlertsPublished: a window whose alerts JetStream did not take keeps its
+// rollups unacknowledged and is retried with backoff, without being evaluated again, and no
+// later window is evaluated before it is delivered.
+func TestWindowHeldUntilAlertsPublished(t *testing.T) {
+	w0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	w1 := w0.Add(15 * time.Second)
+	rec := &recorder{raise: []events.Alert{firingAlert(w0)}}
+	sk, cp := &sink{publishErr: errors.New("no responders")}, &memCheckpoint{}
+	in := New(nil, rec, sk, cp, nil, Options{Settle: time.Second}, prometheus.NewRegistry(), discard)
+	t0 := time.Date(2026, 3, 3, 12, 0, 20, 0, time.UTC)
+	m0, m1 := tokenMsg(t, w0, events.KindWindow).at(1, 1), tokenMsg(t, w1, events.KindWindow).at(2, 1)
+	in.Add(m0, t0)
+	in.Add(m1, t0)
+	if n := in.Flush(context.Background(), t0.Add(2*time.Second)); n != 0 {
+		t.Fatalf("delivered %d windows while publishing fails", n)
+	}
+	if m0.acked || len(cp.saved) != 0 || len(rec.windows) != 1 {
+		t.Fatalf("acked %v, checkpoints %v, evaluated %d: the window must be held, not acknowledged", m0.acked, cp.saved, len(rec.windows))
+	}
+	if got := testutil.ToFloat64(in.heldGauge); got != 1 {
+		t.Errorf("windows_undelivered = %v, want 1", got)
+	}
+	// A copy delivered again (AckWait ran out) joins the held window; it is not acked yet.
+	again := m0.at(1, 2)
+	in.Add(again, t0.Add(3*time.Second))
+	if again.acked {
+		t.Fatal("a copy of a held window's rollup was acknowledged before the window was delivered")
+	}
+	sk.publishErr = nil
+	if n := in.Flush(context.Background(), t0.Add(2*time.Second+100*time.Millisecond)); n != 0 || sk.publishes != 1 {
+		t.Fatalf("retried before the backoff: %d delivered, %d publishes", n, sk.publishes)
+	}
+	if n := in.Flush(context.Background(), t0.Add(5*time.Second)); n != 2 {
+		t.Fatalf("delivered %d windows, want 2", n)
+	}
+	if len(rec.windows) != 2 || !rec.windows[0].Start.Equal(w0) || !rec.windows[1].Start.Equal(w1) {
+		t.Fatalf("evaluated %d windows, want w0 once then w1", len(rec.windows))
+	}
+	if !again.acked || !m1.acked || len(sk.published) != 2 || len(sk.storedRows) != 2 {
+		t.Errorf("acked copy %v, w1 %v; published %d, stored %d", again.acked, m1.acked, len(sk.published), len(sk.storedRows))
+	}
+	if len(cp.saved) != 2 || !cp.saved[0].Equal(w0) {
+		t.Errorf("checkpoints %v", cp.saved)
+	}
+	if got := testutil.ToFloat64(in.skipped.WithLabelValues("redelivered")); got != 1 {
+		t.Errorf("skipped{redelivered} = %v, want 1", got)
+	}
+}
+
+// TestWindowHeldUntilCheckpointSaved: rollups are acknowledged only after the checkpoint
+// that says their window is done; the alerts are not published twice meanwhile.
+func TestWindowHeldUntilCheckpointSaved(t *testing.T) {
+	w0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	rec := &recorder{raise: []events.Alert{firingAlert(w0)}}
+	sk, cp := &sink{}, &memCheckpoint{err: errors.New("KV away")}
+	in := New(nil, rec, sk, cp, nil, Options{}, prometheus.NewRegistry(), discard)
+	t0 := time.Date(2026, 3, 3, 12, 0, 20, 0, time.UTC)
+	m0 := tokenMsg(t, w0, events.KindWindow).at(1, 1)
+	in.Add(m0, t0)
+	if n := in.Flush(context.Background(), t0); n != 0 || m0.acked {
+		t.Fatalf("delivered %d, acked %v without a checkpoint", n, m0.acked)
+	}
+	cp.err = nil
+	if n := in.Flush(context.Background(), t0.Add(time.Minute)); n != 1 || !m0.acked {
+		t.Fatalf("delivered %d, acked %v", n, m0.acked)
+	}
+	if sk.publishes != 1 || sk.stores != 1 || len(rec.windows) != 1 || testutil.ToFloat64(in.cpErrors) != 1 {
+		t.Errorf("publishes %d stores %d evaluations %d checkpoint errors %v", sk.publishes, sk.stores, len(rec.windows), testutil.ToFloat64(in.cpErrors))
+	}
+}
+
+// TestRowsGivenUpAfterAttempts: ClickHouse refusing the rows does not hold alerting for
+// ever: after StoreAttempts the rows are given up and counted, the window is done.
+func TestRowsGivenUpAfterAttempts(t *testing.T) {
+	w0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	rec := &recorder{raise: []events.Alert{firingAlert(w0)}}
+	sk, cp := &sink{storeErr: errors.New("ClickHouse away")}, &memCheckpoint{}
+	in := New(nil, rec, sk, cp, nil, Options{StoreAttempts: 2}, prometheus.NewRegistry(), discard)
+	t0 := time.Date(2026, 3, 3, 12, 0, 20, 0, time.UTC)
+	m0 := tokenMsg(t, w0, events.KindWindow).at(1, 1)
+	in.Add(m0, t0)
+	if n := in.Flush(context.Background(), t0); n != 0 {
+		t.Fatal("the first failed insert must be retried")
+	}
+	if n := in.Flush(context.Background(), t0.Add(time.Minute)); n != 1 || !m0.acked {
+		t.Fatalf("delivered %d, acked %v after the last attempt", n, m0.acked)
+	}
+	if sk.publishes != 1 || sk.stores != 2 || testutil.ToFloat64(in.rowsDropped) != 1 {
+		t.Errorf("publishes %d stores %d dropped rows %v", sk.publishes, sk.stores, testutil.ToFloat64(in.rowsDropped))
+	}
+}
+
+// TestRollupsOfEvaluatedWindowsAfterRestart: after a restart, the rollups read again from
+// the ack floor whose window the checkpoint covers are acknowledged as redelivered without a
+// second evaluation; a rollup of such a window first delivered now is late; the rest make
+// windows, each rollup once however often it is delivered.
+func TestRollupsOfEvaluatedWindowsAfterRestart(t *testing.T) {
+	w0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	w1, w2 := w0.Add(15*time.Second), w0.Add(30*time.Second)
+	rec := &recorder{}
+	in := New(nil, rec, &sink{}, &memCheckpoint{}, nil, Options{Evaluated: w1, Replayed: 5}, prometheus.NewRegistry(), discard)
+	t0 := time.Date(2026, 3, 3, 12, 1, 0, 0, time.UTC)
+	old0, old1 := tokenMsg(t, w0, events.KindWindow).at(3, 1), gpuMsg(t, w1).at(4, 1)
+	new2 := tokenMsg(t, w2, events.KindWindow).at(5, 1)
+	late := tokenMsg(t, w1, events.KindWindow).at(6, 1)
+	for _, m := range []*msg{old0, old1, new2, new2.at(5, 2), late} {
+		in.Add(m, t0)
+	}
+	if !old0.acked || !old1.acked || !late.acked || new2.acked {
+		t.Fatalf("acked: w0 %v, w1 %v, late %v, w2 %v", old0.acked, old1.acked, late.acked, new2.acked)
+	}
+	for reason, want := range map[string]float64{"redelivered": 3, "late": 1} {
+		if got := testutil.ToFloat64(in.skipped.WithLabelValues(reason)); got != want {
+			t.Errorf("skipped{%s} = %v, want %v", reason, got, want)
+		}
+	}
+	if n := in.Flush(context.Background(), t0); n != 1 || len(rec.windows) != 1 || !rec.windows[0].Start.Equal(w2) || len(rec.windows[0].Tokens) != 1 {
+		t.Fatalf("delivered %d, evaluated %+v: want w2 once with one rollup", n, rec.windows)
 	}
 }

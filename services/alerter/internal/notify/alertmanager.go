@@ -71,7 +71,9 @@ func (a *Alertmanager) Enqueue(alerts []events.Alert) {
 	}
 }
 
-// Run posts queued alerts until ctx ends, then makes one last attempt at what is queued.
+// Run posts queued alerts until ctx ends, then makes one last attempt, under a timeout of
+// its own, at the batch it was posting (a post cut short by ctx is not lost) and at what
+// is queued.
 func (a *Alertmanager) Run(ctx context.Context) error {
 	backoff := time.Duration(0)
 	failing := false
@@ -80,7 +82,7 @@ func (a *Alertmanager) Run(ctx context.Context) error {
 		select {
 		case batch = <-a.in:
 		case <-ctx.Done():
-			a.drain()
+			a.drain(nil)
 			return nil
 		}
 		for {
@@ -94,6 +96,10 @@ func (a *Alertmanager) Run(ctx context.Context) error {
 				backoff = 0
 				break
 			}
+			if ctx.Err() != nil {
+				a.drain(batch)
+				return nil
+			}
 			a.failed.Inc()
 			if !failing {
 				a.logger.Warn("cannot post alerts to Alertmanager; retrying", "err", err)
@@ -103,25 +109,31 @@ func (a *Alertmanager) Run(ctx context.Context) error {
 			select {
 			case <-time.After(backoff):
 			case <-ctx.Done():
-				a.dropped.Add(float64(len(batch)))
-				a.drain()
+				a.drain(batch)
 				return nil
 			}
 		}
 	}
 }
 
-func (a *Alertmanager) drain() {
+// drain posts first, if any, and then what is queued, once each.
+func (a *Alertmanager) drain(first []events.Alert) {
 	ctx, cancel := context.WithTimeout(context.Background(), a.client.Timeout)
 	defer cancel()
+	send := func(batch []events.Alert) {
+		if err := a.post(ctx, batch); err != nil {
+			a.dropped.Add(float64(len(batch)))
+		} else {
+			a.posted.Add(float64(len(batch)))
+		}
+	}
+	if len(first) > 0 {
+		send(first)
+	}
 	for {
 		select {
 		case batch := <-a.in:
-			if err := a.post(ctx, batch); err != nil {
-				a.dropped.Add(float64(len(batch)))
-			} else {
-				a.posted.Add(float64(len(batch)))
-			}
+			send(batch)
 		default:
 			return
 		}

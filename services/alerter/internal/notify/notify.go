@@ -6,15 +6,18 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
 )
 
-// publisher is the part of bus.Publisher the notifier uses.
+// publisher is the part of jetstream.JetStream the notifier uses.
 type publisher interface {
-	Publish(subject, msgID string, data []byte) bool
+	PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error)
 }
 
 // rowWriter stores alerts; *Store is the ClickHouse one.
@@ -22,68 +25,111 @@ type rowWriter interface {
 	Write(ctx context.Context, alerts []events.Alert) error
 }
 
+// publishTimeout bounds the wait for JetStream's acknowledgement of one alert.
+const publishTimeout = 5 * time.Second
+
 // Notifier sends each alert state change to every configured destination.
 type Notifier struct {
-	pub    publisher
+	js     publisher
 	store  rowWriter
 	am     *Alertmanager // nil without ALERTER_ALERTMANAGER_URL
 	logger *slog.Logger
 
-	sent        *prometheus.CounterVec
-	storeErrors prometheus.Counter
-	storeFailed bool
+	sent          *prometheus.CounterVec
+	duplicates    prometheus.Counter
+	publishErrors prometheus.Counter
+	encodeErrors  prometheus.Counter
+	storeErrors   prometheus.Counter
+	publishFailed bool
+	storeFailed   bool
 }
 
-// New returns a notifier; am may be nil. Its metrics are registered on reg.
-func New(pub publisher, store rowWriter, am *Alertmanager, reg prometheus.Registerer, logger *slog.Logger) *Notifier {
+// New returns a notifier publishing on js; am may be nil. Its metrics are registered on reg.
+func New(js publisher, store rowWriter, am *Alertmanager, reg prometheus.Registerer, logger *slog.Logger) *Notifier {
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "alerter", Name: name, Help: help})
+	}
 	n := &Notifier{
-		pub: pub, store: store, am: am, logger: logger.With("component", "notify"),
+		js: js, store: store, am: am, logger: logger.With("component", "notify"),
 		sent: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "alerter", Name: "alerts_sent_total",
-			Help: "Alert state changes sent, by state (firing includes re-sends) and severity.",
+			Help: "Alert state changes JetStream took into the ALERTS stream, by state (firing includes re-sends) and severity.",
 		}, []string{"state", "severity"}),
-		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: "alerter", Name: "alert_store_errors_total",
-			Help: "Batches of alert rows ClickHouse did not take (the alerts were still published).",
-		}),
+		duplicates:    counter("alerts_published_duplicate_total", "Alert publishes JetStream dropped as duplicates of an earlier Nats-Msg-Id (a retry or a window evaluated again)."),
+		publishErrors: counter("alert_publish_errors_total", "Alert publishes JetStream did not acknowledge; the window's rollups stay unacknowledged and the publish is retried."),
+		encodeErrors:  counter("alert_encode_errors_total", "Alerts that could not be encoded as JSON and were not published."),
+		storeErrors:   counter("alert_store_errors_total", "Batches of alert rows ClickHouse did not take (retried, then given up: the alerts are on the ALERTS stream)."),
 	}
 	for _, st := range []string{events.AlertFiring, events.AlertResolved} {
 		for _, sev := range []string{events.SeverityWarning, events.SeverityCritical} {
 			n.sent.WithLabelValues(st, sev)
 		}
 	}
-	reg.MustRegister(n.sent, n.storeErrors)
+	reg.MustRegister(n.sent, n.duplicates, n.publishErrors, n.encodeErrors, n.storeErrors)
 	return n
 }
 
-// MsgID is an alert message's Nats-Msg-Id: the same state change always has the same id.
+// MsgID is an alert message's Nats-Msg-Id: fingerprint, transition (state) and the end of
+// the window that caused it, so the same state change always has the same id and a second
+// publish of it, by a retry or after a redelivery, is dropped by JetStream.
 func MsgID(a *events.Alert) string {
 	return a.Fingerprint + "-" + a.State + "-" + strconv.FormatInt(a.At.UnixMilli(), 10)
 }
 
-// Send publishes the alerts, writes their rows and queues them for Alertmanager. Only the
-// row write can fail (publishing buffers and retries on its own); its error is returned
-// for the caller to log, and the alerts are out on NATS regardless.
-func (n *Notifier) Send(ctx context.Context, alerts []events.Alert) error {
-	if len(alerts) == 0 {
-		return nil
-	}
+// Publish publishes the alerts to the ALERTS stream one by one, waiting (up to 5 s each)
+// for JetStream to acknowledge each, and then queues them for Alertmanager. It returns an
+// error, and counts it, when one was not acknowledged; the caller retries with the same
+// alerts, and the ones JetStream holds already are dropped as duplicates by their
+// Nats-Msg-Id.
+func (n *Notifier) Publish(ctx context.Context, alerts []events.Alert) error {
 	for i := range alerts {
 		a := &alerts[i]
-		data, err := json.Marshal(a)
+		data, err := encode(a)
 		if err != nil {
-			return fmt.Errorf("cannot encode alert %s: %w", a.Fingerprint, err)
+			// Retrying cannot help: drop this one, count it, and send the others.
+			n.encodeErrors.Inc()
+			n.logger.Warn("cannot encode alert; it is not published", "fingerprint", a.Fingerprint, "err", err)
+			continue
 		}
-		n.pub.Publish(events.AlertSubject(a.Severity, a.Rule), MsgID(a), data)
+		m := &nats.Msg{Subject: events.AlertSubject(a.Severity, a.Rule), Data: data, Header: nats.Header{}}
+		m.Header.Set(jetstream.MsgIDHeader, MsgID(a))
+		pctx, cancel := context.WithTimeout(ctx, publishTimeout)
+		ack, err := n.js.PublishMsg(pctx, m, jetstream.WithExpectStream(events.StreamAlerts))
+		cancel()
+		if err != nil {
+			n.publishErrors.Inc()
+			if !n.publishFailed {
+				n.logger.Warn("cannot publish alerts; holding their rollups unacknowledged and retrying", "err", err)
+				n.publishFailed = true
+			}
+			return fmt.Errorf("cannot publish alert %s on %s: %w", a.Fingerprint, m.Subject, err)
+		}
+		if ack.Duplicate {
+			n.duplicates.Inc()
+			continue
+		}
 		n.sent.WithLabelValues(a.State, a.Severity).Inc()
 	}
-	if n.am != nil {
+	if n.publishFailed {
+		n.logger.Info("publishing alerts again")
+		n.publishFailed = false
+	}
+	if n.am != nil && len(alerts) > 0 {
 		n.am.Enqueue(alerts)
+	}
+	return nil
+}
+
+// Store writes one row per alert into ClickHouse; a failure is counted and returned for
+// the caller to retry.
+func (n *Notifier) Store(ctx context.Context, alerts []events.Alert) error {
+	if len(alerts) == 0 {
+		return nil
 	}
 	if err := n.store.Write(ctx, alerts); err != nil {
 		n.storeErrors.Inc()
 		if !n.storeFailed {
-			n.logger.Warn("cannot store alerts in ClickHouse; they are still published", "err", err)
+			n.logger.Warn("cannot store alerts in ClickHouse; retrying", "err", err)
 			n.storeFailed = true
 		}
 		return err
@@ -93,4 +139,17 @@ func (n *Notifier) Send(ctx context.Context, alerts []events.Alert) error {
 		n.storeFailed = false
 	}
 	return nil
+}
+
+// encode marshals an alert with non-finite numbers (which JSON cannot hold) written as 0,
+// as the alerts table stores them.
+func encode(a *events.Alert) ([]byte, error) {
+	c := *a
+	c.Value, c.Threshold = finite(c.Value), finite(c.Threshold)
+	c.BaselineCenter, c.BaselineSpread = finite(c.BaselineCenter), finite(c.BaselineSpread)
+	data, err := json.Marshal(&c)
+	if err != nil {
+		return nil, fmt.Errorf("cannot encode alert %s: %w", a.Fingerprint, err)
+	}
+	return data, nil
 }

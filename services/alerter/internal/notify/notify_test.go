@@ -6,16 +6,21 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/tokenscope/tokenscope/pkg/bus"
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/pkg/testbed"
 )
 
 var at = time.Date(2026, 3, 3, 12, 2, 0, 0, time.UTC)
@@ -34,38 +39,122 @@ func alert(state string) events.Alert {
 	return a
 }
 
-type fakePub struct{ subjects, ids []string }
-
-func (p *fakePub) Publish(subject, id string, data []byte) bool {
-	p.subjects = append(p.subjects, subject)
-	p.ids = append(p.ids, id)
-	return true
-}
-
 type fakeStore struct{ err error }
 
 func (s *fakeStore) Write(context.Context, []events.Alert) error { return s.err }
 
-func TestSendPublishesOnSubjects(t *testing.T) {
-	pub := &fakePub{}
-	store := &fakeStore{}
-	reg := prometheus.NewRegistry()
-	n := New(pub, store, nil, reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err := n.Send(context.Background(), []events.Alert{alert(events.AlertFiring), alert(events.AlertResolved)}); err != nil {
+// alertsJS starts NATS with the ALERTS stream and returns a JetStream client on it.
+func alertsJS(t *testing.T) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(testbed.NATS(t).ClientURL())
+	if err != nil {
 		t.Fatal(err)
 	}
-	if pub.subjects[0] != "alerts.warning.ttft_p95_dynamic" || len(pub.subjects) != 2 {
-		t.Errorf("subjects %v", pub.subjects)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if pub.ids[0] == pub.ids[1] || pub.ids[0] != "0123456789abcdef-firing-"+itoa(at.UnixMilli()) {
-		t.Errorf("msg ids %v: want fingerprint-state-millis, distinct per change", pub.ids)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := bus.EnsureStreams(ctx, js, bus.StreamLimits{MaxBytes: 1 << 30, DuplicateWindow: 2 * time.Minute, Replicas: 1}, events.StreamAlerts); err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+func streamMsgs(t *testing.T, js jetstream.JetStream) []*jetstream.RawStreamMsg {
+	t.Helper()
+	ctx := context.Background()
+	s, err := js.Stream(ctx, events.StreamAlerts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*jetstream.RawStreamMsg
+	for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// TestPublishWaitsForJetStream: Publish returns once the ALERTS stream holds the alerts, on
+// alerts.<severity>.<rule>, each with a Nats-Msg-Id of fingerprint, transition and window,
+// so publishing them again (a retry, a redelivered window) adds nothing to the stream.
+func TestPublishWaitsForJetStream(t *testing.T) {
+	js := alertsJS(t)
+	reg := prometheus.NewRegistry()
+	n := New(js, &fakeStore{}, nil, reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	alerts := []events.Alert{alert(events.AlertFiring), alert(events.AlertResolved)}
+	if err := n.Publish(context.Background(), alerts); err != nil {
+		t.Fatal(err)
+	}
+	msgs := streamMsgs(t, js)
+	if len(msgs) != 2 || msgs[0].Subject != "alerts.warning.ttft_p95_dynamic" {
+		t.Fatalf("ALERTS holds %d messages (first on %s), want 2 on alerts.warning.ttft_p95_dynamic", len(msgs), msgs[0].Subject)
+	}
+	ids := []string{msgs[0].Header.Get(jetstream.MsgIDHeader), msgs[1].Header.Get(jetstream.MsgIDHeader)}
+	if ids[0] == ids[1] || ids[0] != "0123456789abcdef-firing-"+itoa(at.UnixMilli()) {
+		t.Errorf("msg ids %v: want fingerprint-state-millis, distinct per change", ids)
+	}
+	// The same state changes again: JetStream drops them.
+	if err := n.Publish(context.Background(), alerts); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(streamMsgs(t, js)); got != 2 {
+		t.Errorf("ALERTS holds %d messages after publishing the same alerts twice, want 2", got)
+	}
+	if dup, sent := testutil.ToFloat64(n.duplicates), testutil.ToFloat64(n.sent.WithLabelValues("firing", "warning")); dup != 2 || sent != 1 {
+		t.Errorf("duplicates %v, firing sent %v; want 2 and 1", dup, sent)
+	}
+	// A value JSON cannot hold is published as 0, not held back for ever.
+	nan := alert(events.AlertFiring)
+	nan.At, nan.Value = at.Add(time.Hour), math.NaN()
+	if err := n.Publish(context.Background(), []events.Alert{nan}); err != nil {
+		t.Fatalf("an alert with a NaN value: %v", err)
+	}
+	if got := len(streamMsgs(t, js)); got != 3 {
+		t.Errorf("ALERTS holds %d messages, want 3", got)
+	}
+}
+
+// TestPublishFailsWithoutTheStream: when JetStream does not acknowledge an alert, Publish
+// says so and counts it, so the caller holds the window's rollups and retries.
+func TestPublishFailsWithoutTheStream(t *testing.T) {
+	js := alertsJS(t)
+	if err := js.DeleteStream(context.Background(), events.StreamAlerts); err != nil {
+		t.Fatal(err)
+	}
+	n := New(js, &fakeStore{}, nil, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := n.Publish(ctx, []events.Alert{alert(events.AlertFiring)}); err == nil {
+		t.Fatal("publishing with no ALERTS stream succeeded")
+	}
+	if got := testutil.ToFloat64(n.publishErrors); got != 1 {
+		t.Errorf("publish errors %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(n.sent.WithLabelValues("firing", "warning")); got != 0 {
+		t.Errorf("sent %v, want 0", got)
+	}
+}
+
+func TestStoreCountsErrors(t *testing.T) {
+	store := &fakeStore{}
+	n := New(nil, store, nil, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err := n.Store(context.Background(), []events.Alert{alert(events.AlertFiring)}); err != nil {
+		t.Fatal(err)
 	}
 	store.err = errors.New("ClickHouse away")
-	if err := n.Send(context.Background(), []events.Alert{alert(events.AlertFiring)}); err == nil {
+	if err := n.Store(context.Background(), []events.Alert{alert(events.AlertFiring)}); err == nil {
 		t.Error("a failed row write must be reported")
-	}
-	if len(pub.subjects) != 3 {
-		t.Error("alerts must be published even when ClickHouse fails")
 	}
 	if got := testutil.ToFloat64(n.storeErrors); got != 1 {
 		t.Errorf("store errors %v, want 1", got)

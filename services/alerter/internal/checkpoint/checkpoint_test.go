@@ -1,0 +1,61 @@
+package checkpoint
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tokenscope/tokenscope/pkg/testbed"
+)
+
+func TestSaveLoad(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nc, err := nats.Connect(testbed.NATS(t).ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp, err := Open(ctx, js, "alerter", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := cp.Load(ctx); err != nil || !got.IsZero() {
+		t.Fatalf("fresh checkpoint %s, %v; want zero, nil", got, err)
+	}
+	w := time.Date(2026, 3, 3, 12, 0, 15, 0, time.FixedZone("CET", 3600))
+	if err := cp.Save(ctx, w); err != nil {
+		t.Fatal(err)
+	}
+	// Opening again (a restart) finds it; another consumer's key is separate.
+	again, err := Open(ctx, js, "alerter", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := again.Load(ctx); err != nil || !got.Equal(w) {
+		t.Fatalf("loaded %s, %v; want %s", got, err, w)
+	}
+	other, _ := Open(ctx, js, "alerter-2", 1)
+	if got, err := other.Load(ctx); err != nil || !got.IsZero() {
+		t.Fatalf("another consumer's checkpoint %s, %v", got, err)
+	}
+	// Garbage in the bucket is reported as invalid, not a crash.
+	kv, err := js.KeyValue(ctx, Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "alerter", []byte("{not json")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cp.Load(ctx); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("garbage checkpoint: err %v, want ErrInvalid", err)
+	}
+}

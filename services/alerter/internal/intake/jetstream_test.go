@@ -1,0 +1,331 @@
+package intake
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/tokenscope/tokenscope/pkg/bus"
+	"github.com/tokenscope/tokenscope/pkg/chdb"
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/pkg/testbed"
+	"github.com/tokenscope/tokenscope/schemas"
+	"github.com/tokenscope/tokenscope/services/alerter/internal/checkpoint"
+	"github.com/tokenscope/tokenscope/services/alerter/internal/engine"
+	"github.com/tokenscope/tokenscope/services/alerter/internal/notify"
+)
+
+func TestMain(m *testing.M) { testbed.Main(m) }
+
+var limits = bus.StreamLimits{MaxBytes: 1 << 30, DuplicateWindow: 2 * time.Minute, Replicas: 1}
+
+// bed is a NATS server with the ROLLUPS and ALERTS streams.
+type bed struct {
+	ctx context.Context
+	nc  *nats.Conn
+	js  jetstream.JetStream
+}
+
+func newBed(t *testing.T) *bed {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	nc, err := nats.Connect(testbed.NATS(t).ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bus.EnsureStreams(ctx, js, limits, events.StreamRollups, events.StreamAlerts); err != nil {
+		t.Fatal(err)
+	}
+	return &bed{ctx: ctx, nc: nc, js: js}
+}
+
+func (b *bed) consumer(t *testing.T) (jetstream.Consumer, uint64) {
+	t.Helper()
+	cons, replayed, err := ResumeConsumer(b.ctx, b.js, bus.ConsumerConfig{
+		Stream: events.StreamRollups, Durable: "alerter", FilterSubject: events.SubjectRollupsAll,
+		AckPolicy: jetstream.AckExplicitPolicy, AckWait: 10 * time.Minute, MaxAckPending: 1000,
+		DeliverPolicy: jetstream.DeliverNewPolicy,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cons, replayed
+}
+
+func (b *bed) info(t *testing.T) *jetstream.ConsumerInfo {
+	t.Helper()
+	c, err := b.js.Consumer(b.ctx, events.StreamRollups, "alerter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info
+}
+
+func (b *bed) publishToken(t *testing.T, start time.Time, model string) uint64 {
+	t.Helper()
+	data, err := json.Marshal(events.TokenRollup{V: 1, WindowStart: start, WindowSeconds: 15, Kind: events.KindWindow,
+		Env: "prod", Scene: "chat", Model: model, Bucket: "0-499", Requests: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ack, err := b.js.Publish(b.ctx, events.TokenRollupSubject("prod", "chat"), data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ack.Sequence
+}
+
+func (b *bed) alertsHeld(t *testing.T) uint64 {
+	t.Helper()
+	s, err := b.js.Stream(b.ctx, events.StreamAlerts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(b.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+// fetch reads n messages from cons.
+func fetch(t *testing.T, cons jetstream.Consumer, n int) []jetstream.Msg {
+	t.Helper()
+	var out []jetstream.Msg
+	deadline := time.Now().Add(10 * time.Second)
+	for len(out) < n && time.Now().Before(deadline) {
+		batch, err := cons.Fetch(n-len(out), jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range batch.Messages() {
+			out = append(out, m)
+		}
+	}
+	if len(out) != n {
+		t.Fatalf("fetched %d messages, want %d", len(out), n)
+	}
+	return out
+}
+
+func waitUntil(t *testing.T, what string, f func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !f() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestResumeConsumerReadsUnackedWindowsFirst: the rollups of a window held unacknowledged at
+// shutdown come again at once after a restart, in stream order, even when a later rollup
+// of a window already evaluated sits above the ack floor; that one is acknowledged as
+// redelivered, and its window is not evaluated a second time (partly, from the rollups
+// above the floor alone).
+func TestResumeConsumerReadsUnackedWindowsFirst(t *testing.T) {
+	b := newBed(t)
+	w0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	w1 := w0.Add(15 * time.Second)
+	cons, replayed := b.consumer(t)
+	if replayed != 0 {
+		t.Fatalf("a new consumer replays through %d", replayed)
+	}
+	s1 := b.publishToken(t, w1, "a") // w1 first: the GPU and token rollups of two windows interleave
+	b.publishToken(t, w0, "a")
+	s3 := b.publishToken(t, w1, "b")
+
+	rec, cp := &recorder{}, &memCheckpoint{}
+	in := New(cons, rec, &sink{}, cp, nil, Options{Settle: 2 * time.Second}, prometheus.NewRegistry(), discard)
+	t0 := time.Now()
+	ms := fetch(t, cons, 3)
+	in.Add(ms[0], t0)
+	in.Add(ms[1], t0)
+	in.Add(ms[2], t0.Add(1500*time.Millisecond)) // w1 is still settling when w0 is done
+	if n := in.Flush(b.ctx, t0.Add(2*time.Second)); n != 1 || len(cp.saved) != 1 || !cp.saved[0].Equal(w0) {
+		t.Fatalf("delivered %d windows, checkpoints %v: want w0 only", n, cp.saved)
+	}
+	waitUntil(t, "w0's rollup acknowledged", func() bool { return b.info(t).NumAckPending == 2 })
+	if f := b.info(t).AckFloor.Stream; f != 0 {
+		t.Fatalf("ack floor %d, want 0 (seq %d is unacknowledged)", f, s1)
+	}
+
+	// Restart: a new intake on the consumer reset to its ack floor.
+	cons, replayed = b.consumer(t)
+	if replayed != s3 {
+		t.Errorf("replayed through %d, want %d", replayed, s3)
+	}
+	rec2 := &recorder{}
+	in2 := New(cons, rec2, &sink{}, &memCheckpoint{}, nil, Options{Settle: 2 * time.Second, Evaluated: cp.saved[0], Replayed: replayed},
+		prometheus.NewRegistry(), discard)
+	t1 := time.Now()
+	for _, m := range fetch(t, cons, 3) {
+		in2.Add(m, t1)
+	}
+	if n := in2.Flush(b.ctx, t1.Add(2*time.Second)); n != 1 {
+		t.Fatalf("delivered %d windows after the restart, want 1", n)
+	}
+	if len(rec2.windows) != 1 || !rec2.windows[0].Start.Equal(w1) || len(rec2.windows[0].Tokens) != 2 {
+		t.Fatalf("evaluated %+v, want w1 with its two rollups, and w0 not again", rec2.windows)
+	}
+	if got := testutil.ToFloat64(in2.skipped.WithLabelValues("redelivered")); got != 1 {
+		t.Errorf("skipped{redelivered} = %v, want 1", got)
+	}
+	waitUntil(t, "every rollup acknowledged", func() bool {
+		i := b.info(t)
+		return i.NumAckPending == 0 && i.AckFloor.Stream == s3
+	})
+}
+
+// gated evaluates every window to one firing alert, but only once released, so a test can
+// begin shutdown while a window's evaluation is in flight.
+type gated struct {
+	once    sync.Once
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (g *gated) Evaluate(w engine.Window) []events.Alert {
+	g.once.Do(func() { close(g.entered) })
+	<-g.release
+	return []events.Alert{firingAlert(w.Start)}
+}
+
+// TestShutdownDeliversWindowInFlight: shutdown that begins while a window is being evaluated
+// lets it finish: its alert is published, its row written to ClickHouse and its rollup
+// acknowledged, under the shutdown deadline rather than the cancelled context.
+func TestShutdownDeliversWindowInFlight(t *testing.T) {
+	chCfg := testbed.ClickHouse(t)
+	b := newBed(t)
+	db, err := chdb.Open(b.ctx, chCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Migrate(b.ctx, schemas.Migrations()); err != nil {
+		t.Fatal(err)
+	}
+	cp, err := checkpoint.Open(b.ctx, b.js, "alerter", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, _ := b.consumer(t)
+	reg := prometheus.NewRegistry()
+	g := &gated{entered: make(chan struct{}), release: make(chan struct{})}
+	in := New(cons, g, notify.New(b.js, notify.NewStore(db.Conn()), nil, reg, discard), cp, b.nc,
+		Options{Tick: 10 * time.Millisecond, ShutdownTimeout: 20 * time.Second}, reg, discard)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- in.Run(ctx) }()
+
+	w0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	seq := b.publishToken(t, w0, "a")
+	select {
+	case <-g.entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the window was not evaluated")
+	}
+	cancel()
+	time.Sleep(100 * time.Millisecond) // shutdown is under way while the evaluation runs
+	close(g.release)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return")
+	}
+
+	var rows uint64
+	if err := db.Conn().QueryRow(b.ctx, "SELECT count() FROM alerts WHERE fingerprint = 'f1'").Scan(&rows); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 1 {
+		t.Errorf("alerts holds %d rows, want 1: the row was written with the cancelled context", rows)
+	}
+	if n := b.alertsHeld(t); n != 1 {
+		t.Errorf("ALERTS holds %d messages, want 1", n)
+	}
+	if i := b.info(t); i.NumAckPending != 0 || i.AckFloor.Stream != seq {
+		t.Errorf("ack floor %d with %d unacknowledged, want %d and 0", i.AckFloor.Stream, i.NumAckPending, seq)
+	}
+	if got, err := cp.Load(b.ctx); err != nil || !got.Equal(w0) {
+		t.Errorf("checkpoint %s (%v), want %s", got, err, w0)
+	}
+}
+
+type noRows struct{}
+
+func (noRows) Write(context.Context, []events.Alert) error { return nil }
+
+// TestShutdownLeavesUndeliveredWindowForRestart: a window whose alert cannot be published
+// by the shutdown deadline is not acknowledged; the next start reads it again and delivers
+// it, once.
+func TestShutdownLeavesUndeliveredWindowForRestart(t *testing.T) {
+	b := newBed(t)
+	if err := b.js.DeleteStream(b.ctx, events.StreamAlerts); err != nil {
+		t.Fatal(err)
+	}
+	cons, _ := b.consumer(t)
+	w0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	rec, cp := &recorder{raise: []events.Alert{firingAlert(w0)}}, &memCheckpoint{}
+	reg := prometheus.NewRegistry()
+	in := New(cons, rec, notify.New(b.js, noRows{}, nil, reg, discard), cp, b.nc,
+		Options{Tick: 10 * time.Millisecond, ShutdownTimeout: 500 * time.Millisecond}, reg, discard)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- in.Run(ctx) }()
+	seq := b.publishToken(t, w0, "a")
+	waitUntil(t, "the window evaluated", func() bool { return testutil.ToFloat64(in.windows) == 1 })
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run did not return by the shutdown deadline")
+	}
+	if i := b.info(t); i.NumAckPending != 1 || len(cp.saved) != 0 {
+		t.Fatalf("%d unacknowledged, checkpoints %v: an unpublished window must stay unacknowledged", i.NumAckPending, cp.saved)
+	}
+
+	if err := bus.EnsureStreams(b.ctx, b.js, limits, events.StreamAlerts); err != nil {
+		t.Fatal(err)
+	}
+	cons, replayed := b.consumer(t)
+	reg = prometheus.NewRegistry()
+	in = New(cons, rec, notify.New(b.js, noRows{}, nil, reg, discard), cp, b.nc,
+		Options{Tick: 10 * time.Millisecond, Replayed: replayed}, reg, discard)
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	go func() { done <- in.Run(ctx) }()
+	waitUntil(t, "the window delivered after the restart", func() bool {
+		i := b.info(t)
+		return i.NumAckPending == 0 && i.AckFloor.Stream == seq
+	})
+	if n := b.alertsHeld(t); n != 1 {
+		t.Errorf("ALERTS holds %d messages, want 1", n)
+	}
+	cancel()
+	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+}
