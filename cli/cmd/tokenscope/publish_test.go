@@ -92,7 +92,7 @@ func TestPublishAnyLanguage(t *testing.T) {
 	ns := testbed.NATS(t)
 	chCfg := testbed.ClickHouse(t)
 	bin := services(t)
-	common := []string{"NATS_URL=" + ns.ClientURL(), "CLICKHOUSE_ADDR=" + chCfg.Addr, "CLICKHOUSE_DB=" + chCfg.DB}
+	common := []string{"NATS_URL=" + ns.ClientURL(), "CLICKHOUSE_ADDR=" + chCfg.Addr, "CLICKHOUSE_HTTP_ADDR=" + chCfg.HTTPAddr, "CLICKHOUSE_DB=" + chCfg.DB}
 	startService(t, bin, "aggregator", freeAddr(t), append(common, "AGG_WINDOW=1s", "AGG_LATENESS=1s")...)
 	emitterAddr := freeAddr(t)
 	startService(t, bin, "emitter", emitterAddr, common...)
