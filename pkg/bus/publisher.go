@@ -284,12 +284,11 @@ func (s *sender) ack(m *nats.Msg) {
 	delete(s.inflight, tok)
 	s.popAcked()
 	switch {
-	// No data is a status (503: no stream took the subject); "error" can only be a key
-	// here, a string holding it would be escaped.
-	case len(m.Data) == 0 || bytes.Contains(m.Data, []byte(`"error":`)):
+	// No data is a status (503: no stream took the subject).
+	case len(m.Data) == 0 || jsonKey(m.Data, "error") >= 0:
 		s.fail(f.m, time.Now())
 		return
-	case bytes.Contains(m.Data, []byte(`"duplicate":true`)):
+	case isTrue(m.Data, jsonKey(m.Data, "duplicate")):
 		s.p.duplicate.Inc()
 	default:
 		s.p.published.Inc()
@@ -299,6 +298,37 @@ func (s *sender) ack(m *nats.Msg) {
 		s.p.logger.Info("publishing to NATS again")
 		s.failing, s.backoff = false, 0
 	}
+}
+
+// jsonKey returns the offset of the value of key in the JSON object data, or -1. The
+// server writes its acks by hand or with encoding/json; the only nesting is "error"'s
+// object. A quoted name inside a string would be escaped, so the name in quotes followed by
+// a colon is the key.
+func jsonKey(data []byte, key string) int {
+	var q [32]byte
+	quoted := append(append(append(q[:0], '"'), key...), '"')
+	for from := 0; ; {
+		i := bytes.Index(data[from:], quoted)
+		if i < 0 {
+			return -1
+		}
+		i = skipSpace(data, from+i+len(quoted))
+		if i < len(data) && data[i] == ':' {
+			return skipSpace(data, i+1)
+		}
+		from = i
+	}
+}
+
+func skipSpace(data []byte, i int) int {
+	for i < len(data) && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+func isTrue(data []byte, at int) bool {
+	return at >= 0 && bytes.HasPrefix(data[at:], []byte("true"))
 }
 
 // popAcked moves head past acknowledged tokens.
