@@ -228,9 +228,14 @@ func (s *sender) take() {
 	}
 	p := s.p
 	p.mu.Lock()
-	s.ready.push(p.queue)
-	clear(p.queue) // let go of the payloads
-	p.queue = p.queue[:0]
+	if s.ready.len() == 0 {
+		// Swap the arrays rather than copy: the emptied one takes the next messages.
+		s.ready.items, s.ready.head, p.queue = p.queue, 0, s.ready.items[:0]
+	} else {
+		s.ready.push(p.queue)
+		clear(p.queue) // let go of the payloads
+		p.queue = p.queue[:0]
+	}
 	p.mu.Unlock()
 }
 
