@@ -24,3 +24,22 @@ func TestJSONKey(t *testing.T) {
 		t.Fatal("false read as true")
 	}
 }
+
+func TestRefusedForGood(t *testing.T) {
+	f := func(ack string, want bool) {
+		t.Helper()
+		data := []byte(ack)
+		at := jsonKey(data, "error")
+		if at < 0 {
+			t.Fatalf("no error in %s", ack)
+		}
+		if got := refusedForGood(data[at:]); got != want {
+			t.Fatalf("refusedForGood(%s) = %v", ack, got)
+		}
+	}
+	f(`{"error":{"code":400,"err_code":10054,"description":"message size exceeds maximum allowed"},"stream":"S"}`, true)
+	f(`{"error":{"code":503,"err_code":10077,"description":"no resources"}}`, false)
+	f(`{"error":{"code":429,"err_code":10184,"description":"too many requests"}}`, false)
+	f(`{"error":{"code":500,"err_code":10077,"description":"store failed"}}`, false)
+	f(`{"error":{"description":"no code"}}`, false)
+}

@@ -269,7 +269,7 @@ func (s *sender) publish(m outMsg, now time.Time) {
 		s.inflight[tok] = flight{m: m, sent: now}
 		s.order = append(s.order, tok)
 	case errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadSubject):
-		// No retry can succeed: drop it, counted and said once per kind.
+		// No retry can succeed: drop it, counted and said.
 		s.p.dropped.Inc()
 		s.settled++
 		s.p.logger.Warn("dropped a message NATS can never take", "subject", m.subject, "err", err)
@@ -288,9 +288,15 @@ func (s *sender) ack(m *nats.Msg) {
 	}
 	delete(s.inflight, tok)
 	s.popAcked()
+	errAt := jsonKey(m.Data, "error")
 	switch {
-	// No data is a status (503: no stream took the subject).
-	case len(m.Data) == 0 || jsonKey(m.Data, "error") >= 0:
+	case len(m.Data) == 0: // a status: 503, no stream takes the subject (yet)
+		s.fail(f.m, time.Now())
+		return
+	case errAt >= 0 && refusedForGood(m.Data[errAt:]):
+		s.p.dropped.Inc()
+		s.p.logger.Warn("dropped a message JetStream refuses", "subject", f.m.subject, "err", string(m.Data))
+	case errAt >= 0:
 		s.fail(f.m, time.Now())
 		return
 	case isTrue(m.Data, jsonKey(m.Data, "duplicate")):
@@ -330,6 +336,18 @@ func skipSpace(data []byte, i int) int {
 		i++
 	}
 	return i
+}
+
+// refusedForGood reports whether the error object of an ack says no retry can succeed:
+// a 4xx code (the message is too large, its headers are wrong) other than 408 (timeout) and
+// 429 (too many requests). 5xx (storage failed, no resources, no leader) are retried.
+func refusedForGood(errObj []byte) bool {
+	at := jsonKey(errObj, "code")
+	if at < 0 || at+3 > len(errObj) || errObj[at] != '4' {
+		return false
+	}
+	code := string(errObj[at : at+3])
+	return code != "408" && code != "429"
 }
 
 func isTrue(data []byte, at int) bool {

@@ -114,7 +114,8 @@ func waitFor(t *testing.T, cond func() bool) {
 }
 
 // TestPublisherAcks checks how acks are read: duplicates counted apart, a subject no stream
-// takes refused and retried until one does, and a Publish after Run returned dropped.
+// takes refused and retried until one does, a message refused for good dropped, and a
+// Publish after Run returned dropped.
 func TestPublisherAcks(t *testing.T) {
 	srv := testbed.NATS(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -155,11 +156,22 @@ func TestPublisherAcks(t *testing.T) {
 	}
 	waitFor(t, func() bool { return metric(reg, "t_published_total") == 11 })
 
+	// A message the stream refuses for good (over its size limit) is dropped and counted,
+	// and holds up nothing behind it.
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "SMALL", Subjects: []string{"small.>"}, MaxMsgSize: 64}); err != nil {
+		t.Fatal(err)
+	}
+	p.Publish("small.a", "big", make([]byte, 100))
+	p.Publish("small.a", "fits", []byte(`{}`))
+	waitFor(t, func() bool {
+		return metric(reg, "t_published_total") == 12 && metric(reg, "t_publish_dropped_total") == 1
+	})
+
 	stop()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if p.Publish("llm.req.prod.chat", "late", []byte(`{}`)) || metric(reg, "t_publish_dropped_total") != 1 {
+	if p.Publish("llm.req.prod.chat", "late", []byte(`{}`)) || metric(reg, "t_publish_dropped_total") != 2 {
 		t.Fatalf("a Publish after Run returned was not dropped and counted")
 	}
 }
