@@ -49,9 +49,9 @@ type Publisher struct {
 	wake   chan struct{} // one token: the queue went from empty to not empty
 
 	mu      sync.Mutex
-	queue   []outMsg // published, not yet taken by Run
-	held    int      // queued, or taken by Run and not yet acknowledged or dropped
-	stopped bool     // Run returned: Publish drops
+	queue   fifo // published, not yet taken by Run
+	held    int  // queued, or taken by Run and not yet acknowledged or dropped
+	stopped bool // Run returned: Publish drops
 
 	published prometheus.Counter
 	duplicate prometheus.Counter
@@ -105,9 +105,9 @@ func (p *Publisher) Publish(subject, msgID string, data []byte) bool {
 		p.dropped.Inc()
 		return false
 	}
-	p.queue = append(p.queue, outMsg{subject: subject, id: msgID, data: data})
+	p.queue.push(outMsg{subject: subject, id: msgID, data: data})
 	p.held++
-	first := len(p.queue) == 1
+	first := p.queue.len() == 1
 	p.mu.Unlock()
 	if first {
 		select {
@@ -173,9 +173,9 @@ func (p *Publisher) Run(ctx context.Context) error {
 func (p *Publisher) stop(abandoned int) int {
 	p.mu.Lock()
 	p.stopped = true
-	lost := len(p.queue) + abandoned
+	lost := p.queue.len() + abandoned
 	p.held -= lost
-	p.queue = nil
+	p.queue.reset()
 	p.mu.Unlock()
 	p.dropped.Add(float64(lost))
 	return lost
@@ -228,14 +228,7 @@ func (s *sender) take() {
 	}
 	p := s.p
 	p.mu.Lock()
-	if s.ready.len() == 0 {
-		// Swap the arrays rather than copy: the emptied one takes the next messages.
-		s.ready.items, s.ready.head, p.queue = p.queue, 0, s.ready.items[:0]
-	} else {
-		s.ready.push(p.queue)
-		clear(p.queue) // let go of the payloads
-		p.queue = p.queue[:0]
-	}
+	p.queue.moveTo(&s.ready)
 	p.mu.Unlock()
 }
 
@@ -396,7 +389,7 @@ func (s *sender) expire(now time.Time) {
 
 // fail puts m back for a retry after a backoff that doubles while failures go on.
 func (s *sender) fail(m outMsg, now time.Time) {
-	s.retry.push1(m)
+	s.retry.push(m)
 	s.p.retried.Inc()
 	if now.Before(s.until) {
 		return
@@ -423,36 +416,91 @@ func (s *sender) settle() {
 // abandon forgets everything Run holds and returns how many messages that was.
 func (s *sender) abandon() int {
 	n := s.ready.len() + s.retry.len() + len(s.inflight)
-	s.ready, s.retry, s.order, s.head = fifo{}, fifo{}, nil, 0
+	s.ready.reset()
+	s.retry.reset()
+	s.order, s.head = nil, 0
 	clear(s.inflight)
 	return n
 }
 
-// fifo is a queue of messages on one array, reused once emptied.
+// fifo is a queue of messages in blocks: it grows without copying what it holds, a whole
+// queue moves to another in a few pointer copies, and spent blocks are reused.
 type fifo struct {
-	items []outMsg
-	head  int
+	blocks []*block
+	head   int // the next message is blocks[0].msgs[head]
+	n      int
 }
 
-func (f *fifo) len() int { return len(f.items) - f.head }
+const blockLen = 512
 
-func (f *fifo) push(ms []outMsg) {
-	if f.head > 0 && len(f.items)+len(ms) > cap(f.items) {
-		n := copy(f.items, f.items[f.head:])
-		clear(f.items[n:])
-		f.items, f.head = f.items[:n], 0
+type block struct {
+	msgs [blockLen]outMsg
+	n    int
+}
+
+var blocks = sync.Pool{New: func() any { return new(block) }}
+
+func (f *fifo) len() int { return f.n }
+
+func (f *fifo) push(m outMsg) {
+	if len(f.blocks) == 0 || f.blocks[len(f.blocks)-1].n == blockLen {
+		f.blocks = append(f.blocks, blocks.Get().(*block))
 	}
-	f.items = append(f.items, ms...)
+	b := f.blocks[len(f.blocks)-1]
+	b.msgs[b.n] = m
+	b.n++
+	f.n++
 }
-
-func (f *fifo) push1(m outMsg) { f.push([]outMsg{m}) }
 
 func (f *fifo) pop() outMsg {
-	m := f.items[f.head]
-	f.items[f.head] = outMsg{}
+	b := f.blocks[0]
+	m := b.msgs[f.head]
+	b.msgs[f.head] = outMsg{} // let go of the payload
 	f.head++
-	if f.head == len(f.items) {
-		f.items, f.head = f.items[:0], 0
+	f.n--
+	if f.head == b.n {
+		f.head = 0
+		if len(f.blocks) == 1 {
+			b.n = 0 // keep the last block for the next push
+		} else {
+			b.n = 0
+			blocks.Put(b)
+			f.blocks[0] = nil
+			f.blocks = f.blocks[1:]
+		}
 	}
 	return m
+}
+
+// moveTo appends f's messages to dst and empties f. A fifo never popped (head 0, as the
+// queue) moves by its blocks: pop takes blocks that are not full in its stride, and pushes
+// go to the last block only.
+func (f *fifo) moveTo(dst *fifo) {
+	if f.n == 0 {
+		return
+	}
+	if f.head != 0 {
+		for f.n > 0 {
+			dst.push(f.pop())
+		}
+		return
+	}
+	if dst.n == 0 {
+		dst.reset() // its first block may be an empty one kept for pushes
+	}
+	dst.blocks = append(dst.blocks, f.blocks...)
+	dst.n += f.n
+	clear(f.blocks)
+	f.blocks, f.n = f.blocks[:0], 0
+}
+
+// reset empties f, letting go of the payloads.
+func (f *fifo) reset() {
+	for _, b := range f.blocks {
+		clear(b.msgs[:b.n])
+		b.n = 0
+		blocks.Put(b)
+	}
+	clear(f.blocks)
+	f.blocks, f.head, f.n = f.blocks[:0], 0, 0
 }
