@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -109,5 +110,106 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met in 30s")
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestPublisherAcks checks how acks are read: duplicates counted apart, a subject no stream
+// takes refused and retried until one does, a message refused for good dropped, and a
+// Publish after Run returned dropped.
+func TestPublisherAcks(t *testing.T) {
+	srv := testbed.NATS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	limits := bus.StreamLimits{MaxBytes: 64 << 20, DuplicateWindow: time.Minute, Replicas: 1}
+	if err := bus.EnsureStreams(ctx, js, limits, events.StreamEvents); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	p := bus.NewPublisher(js, bus.PublisherOptions{Buffer: 100, Batch: 4, AckTimeout: time.Second, Namespace: "t"}, reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- p.Run(runCtx) }()
+
+	for i := range 10 {
+		p.Publish("llm.req.prod.chat", fmt.Sprint("id-", i), []byte(`{}`))
+	}
+	for i := range 3 {
+		p.Publish("llm.req.prod.chat", fmt.Sprint("id-", i), []byte(`{}`))
+	}
+	waitFor(t, func() bool {
+		return metric(reg, "t_published_total") == 10 && metric(reg, "t_published_duplicate_total") == 3
+	})
+
+	p.Publish("gpu.sample.host-1", "gpu-1", []byte(`{}`))
+	waitFor(t, func() bool { return metric(reg, "t_publish_retried_total") >= 2 })
+	if p.Buffered() != 1 || metric(reg, "t_published_total") != 10 {
+		t.Fatalf("buffered %d published %v while no stream takes the subject", p.Buffered(), metric(reg, "t_published_total"))
+	}
+	if err := bus.EnsureStreams(ctx, js, limits, events.StreamGPU); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return metric(reg, "t_published_total") == 11 })
+
+	// A message the stream refuses for good (over its size limit) is dropped and counted,
+	// and holds up nothing behind it.
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "SMALL", Subjects: []string{"small.>"}, MaxMsgSize: 64}); err != nil {
+		t.Fatal(err)
+	}
+	p.Publish("small.a", "big", make([]byte, 100))
+	p.Publish("small.a", "fits", []byte(`{}`))
+	waitFor(t, func() bool {
+		return metric(reg, "t_published_total") == 12 && metric(reg, "t_publish_dropped_total") == 1
+	})
+
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if p.Publish("llm.req.prod.chat", "late", []byte(`{}`)) || metric(reg, "t_publish_dropped_total") != 2 {
+		t.Fatalf("a Publish after Run returned was not dropped and counted")
+	}
+}
+
+// TestPublisherGivesUpAtShutdown stops the publisher while NATS is away: Run keeps trying
+// for FlushTimeout, then returns an error and counts what it held as dropped.
+func TestPublisherGivesUpAtShutdown(t *testing.T) {
+	srv := testbed.NATS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if err := bus.EnsureStreams(ctx, js, bus.StreamLimits{MaxBytes: 64 << 20, DuplicateWindow: time.Minute, Replicas: 1}, events.StreamEvents); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	p := bus.NewPublisher(js, bus.PublisherOptions{Buffer: 100, Batch: 4, AckTimeout: 200 * time.Millisecond, FlushTimeout: 300 * time.Millisecond, Namespace: "t"},
+		reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- p.Run(runCtx) }()
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	for i := range 7 {
+		if !p.Publish("llm.req.prod.chat", fmt.Sprint("id-", i), []byte(`{}`)) {
+			t.Fatal("buffer full")
+		}
+	}
+	stop()
+	err = <-done
+	if err == nil || !strings.Contains(err.Error(), "7 messages unpublished") {
+		t.Fatalf("Run returned %v", err)
+	}
+	if d := metric(reg, "t_publish_dropped_total"); d != 7 || p.Buffered() != 0 {
+		t.Fatalf("dropped %v, buffered %d", d, p.Buffered())
 	}
 }

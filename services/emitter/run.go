@@ -105,7 +105,7 @@ func serve(ctx context.Context, environ map[string]string, stderr io.Writer) err
 	defer px.Close()
 	px.Register(srv)
 	srv.Handle("POST /v1/events", ingest.New(ingest.Options{MaxBytes: cfg.IngestMaxBytes, Token: cfg.IngestToken},
-		em, time.Now, srv.Registry(), logger))
+		pub, time.Now, srv.Registry(), logger))
 
 	logger.Info("serving", "addr", srv.Addr(), "upstream", cfg.UpstreamURL, "nats", nc.ConnectedUrlRedacted())
 	// The publisher outlives the listener, so the events of requests finishing during the

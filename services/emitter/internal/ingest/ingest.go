@@ -21,9 +21,14 @@ import (
 // MaxReportedErrors bounds the per-item errors in one answer; the count covers all of them.
 const MaxReportedErrors = 100
 
-// Emitter publishes one validated event without blocking; emit.Emitter is one.
-type Emitter interface {
-	Emit(ev *events.RequestEvent, now time.Time) error
+// ErrDropped is the error of an event the publisher had no room for: NATS has been away
+// too long.
+var ErrDropped = errors.New("publish buffer full")
+
+// Publisher takes an encoded event without blocking and says whether it holds it;
+// bus.Publisher is one. data stays untouched once handed over.
+type Publisher interface {
+	Publish(subject, msgID string, data []byte) bool
 }
 
 // Options configure the handler.
@@ -35,7 +40,7 @@ type Options struct {
 // Handler serves POST /v1/events.
 type Handler struct {
 	opts   Options
-	emit   Emitter
+	pub    Publisher
 	now    func() time.Time
 	logger *slog.Logger
 
@@ -44,12 +49,13 @@ type Handler struct {
 	rejected *prometheus.CounterVec
 }
 
-// New returns the ingest handler. now is the clock events are validated against.
-func New(opts Options, emit Emitter, now func() time.Time, reg prometheus.Registerer, logger *slog.Logger) *Handler {
+// New returns the ingest handler, publishing through pub. now is the clock events are
+// validated against.
+func New(opts Options, pub Publisher, now func() time.Time, reg prometheus.Registerer, logger *slog.Logger) *Handler {
 	if opts.MaxBytes <= 0 {
 		opts.MaxBytes = 16 << 20
 	}
-	h := &Handler{opts: opts, emit: emit, now: now, logger: logger.With("component", "ingest"),
+	h := &Handler{opts: opts, pub: pub, now: now, logger: logger.With("component", "ingest"),
 		batches: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "ingest", Name: "requests_total",
 			Help: "POST /v1/events requests by HTTP status code."}, []string{"code"}),
 		accepted: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "ingest", Name: "events_accepted_total",
@@ -93,7 +99,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.reply(w, http.StatusRequestEntityTooLarge, &Answer{Error: fmt.Sprintf("body of %d bytes is over the %d byte limit", r.ContentLength, h.opts.MaxBytes)})
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.opts.MaxBytes))
+	body, err := readBody(w, r, h.opts.MaxBytes)
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
@@ -109,7 +115,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case ans.Error != "":
 		status = http.StatusBadRequest
 	case ans.Accepted > 0:
-	case ans.Rejected > 0 && ans.dropped == ans.Rejected:
+	case ans.dropped > 0:
+		// Valid events the buffer had no room for: the client should send them again,
+		// which a 400 would tell it not to.
 		status = http.StatusServiceUnavailable
 	case ans.Rejected == 0:
 		status, ans.Error = http.StatusBadRequest, "no events in the body"
@@ -136,54 +144,45 @@ type result struct {
 	dropped int
 }
 
-// ingest decodes the body (one event, an array, or NDJSON) and emits each valid event.
+// readBody reads the whole body into one allocation when its length is declared. The
+// buffer is never reused: the published events alias it until NATS has them.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	body := http.MaxBytesReader(w, r.Body, limit)
+	if r.ContentLength <= 0 {
+		return io.ReadAll(body)
+	}
+	buf := make([]byte, r.ContentLength) // the server reads no further than Content-Length
+	if _, err := io.ReadFull(body, buf); err != nil {
+		return nil, err
+	}
+	return buf, nil
+}
+
+// ingest decodes the body (one event, an array, or NDJSON), validates each event and
+// publishes the valid ones.
 func (h *Handler) ingest(body []byte, now time.Time) result {
-	var res result
+	b := batch{h: h, now: now, dec: events.NewDecoder(64)}
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 {
-		return res
-	}
-	// The decoder interns the few label values of a batch; its other strings alias body,
-	// which outlives every event: each is encoded again before publishing.
-	dec := events.NewDecoder(64)
-	item := func(i int, raw []byte) {
-		var ev events.RequestEvent
-		err := dec.Decode(raw, &ev)
-		if err == nil {
-			err = h.emit.Emit(&ev, now)
-		}
-		if err == nil {
-			res.Accepted++
-			h.accepted.Inc()
-			return
-		}
-		res.Rejected++
-		reason := "dropped"
-		if errors.Is(err, events.ErrInvalidEvent) {
-			reason = events.Reason(err)
-		} else {
-			res.dropped++
-		}
-		h.rejected.WithLabelValues(reason).Inc()
-		if len(res.Errors) < MaxReportedErrors {
-			res.Errors = append(res.Errors, ItemError{Index: i, Error: err.Error()})
-		}
+		return b.res
 	}
 	if trimmed[0] == '[' {
 		var items []json.RawMessage
 		if err := json.Unmarshal(trimmed, &items); err != nil {
-			res.Error = "the body is not a JSON array of events: " + err.Error()
-			return res
+			b.res.Error = "the body is not a JSON array of events: " + err.Error()
+			return b.res
 		}
 		for i, raw := range items {
-			item(i, raw)
+			b.item(i, raw)
 		}
-		return res
+		b.done()
+		return b.res
 	}
 	// One event, possibly pretty-printed, or NDJSON: one event per line.
 	if bytes.IndexByte(trimmed, '\n') < 0 || json.Valid(trimmed) {
-		item(0, trimmed)
-		return res
+		b.item(0, trimmed)
+		b.done()
+		return b.res
 	}
 	i := 0
 	for len(trimmed) > 0 {
@@ -196,8 +195,81 @@ func (h *Handler) ingest(body []byte, now time.Time) result {
 		if line = bytes.TrimSpace(line); len(line) == 0 {
 			continue
 		}
-		item(i, line)
+		b.item(i, line)
 		i++
 	}
-	return res
+	b.done()
+	return b.res
 }
+
+// batch is the work on one request's events.
+type batch struct {
+	h   *Handler
+	now time.Time
+	dec *events.Decoder // interns the few label values; other strings alias the body
+	ev  events.RequestEvent
+	res result
+
+	canon []byte // the event encoded by events.AppendRequest
+	arena []byte // payloads of events whose bytes were not already canonical
+
+	env, scene, subject string // the last subject, reused while the labels repeat
+}
+
+// arenaChunk is the size of the blocks non-canonical payloads are copied into.
+const arenaChunk = 64 << 10
+
+func (b *batch) item(i int, raw []byte) {
+	b.ev = events.RequestEvent{}
+	err := b.dec.Decode(raw, &b.ev)
+	if err == nil {
+		err = b.ev.ValidateAt(b.now)
+	}
+	if err != nil {
+		b.reject(i, events.Reason(err), err)
+		return
+	}
+	// Once the buffer is full the rest of the batch is refused too, so that what was
+	// refused is every valid event from the first refused on, whatever room frees meanwhile.
+	if b.res.dropped > 0 || !b.h.pub.Publish(b.subjectOf(&b.ev), b.ev.EventID, b.payload(raw)) {
+		b.res.dropped++
+		b.reject(i, "dropped", fmt.Errorf("cannot publish event %s: %w", b.ev.EventID, ErrDropped))
+		return
+	}
+	b.res.Accepted++
+}
+
+// payload returns the bytes to publish: raw itself when it is byte for byte what
+// events.AppendRequest writes (a producer using pkg/events), so nothing is copied, or the
+// canonical encoding, so the stream holds one form whatever the client sent (no unknown
+// fields, no spacing, UTC timestamps). Either aliases memory nothing writes to again.
+func (b *batch) payload(raw []byte) []byte {
+	b.canon = events.AppendRequest(b.canon[:0], &b.ev)
+	if bytes.Equal(b.canon, raw) {
+		return raw[:len(raw):len(raw)]
+	}
+	if cap(b.arena)-len(b.arena) < len(b.canon) {
+		b.arena = make([]byte, 0, max(arenaChunk, len(b.canon)))
+	}
+	start := len(b.arena)
+	b.arena = append(b.arena, b.canon...)
+	return b.arena[start:len(b.arena):len(b.arena)]
+}
+
+func (b *batch) subjectOf(ev *events.RequestEvent) string {
+	if b.subject == "" || ev.Env != b.env || ev.Scene != b.scene {
+		b.env, b.scene, b.subject = ev.Env, ev.Scene, events.RequestSubject(ev.Env, ev.Scene)
+	}
+	return b.subject
+}
+
+func (b *batch) reject(i int, reason string, err error) {
+	b.res.Rejected++
+	b.h.rejected.WithLabelValues(reason).Inc()
+	if len(b.res.Errors) < MaxReportedErrors {
+		b.res.Errors = append(b.res.Errors, ItemError{Index: i, Error: err.Error()})
+	}
+}
+
+// done counts the accepted events once per request rather than once per event.
+func (b *batch) done() { b.h.accepted.Add(float64(b.res.Accepted)) }

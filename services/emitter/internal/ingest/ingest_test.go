@@ -12,22 +12,97 @@ import (
 	"time"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
-	"github.com/tokenscope/tokenscope/services/emitter/internal/emit"
 )
 
 var now = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
 type memPub struct {
-	msgs []string
-	full bool
+	msgs  []string
+	data  [][]byte
+	full  bool
+	limit int // messages it takes before it is full; 0 for no limit
 }
 
 func (p *memPub) Publish(subject, id string, data []byte) bool {
-	if p.full {
+	if p.full || (p.limit > 0 && len(p.msgs) >= p.limit) {
 		return false
 	}
 	p.msgs = append(p.msgs, subject+" "+id)
+	p.data = append(p.data, data)
 	return true
+}
+
+func newHandler(pub Publisher) *Handler {
+	return New(Options{MaxBytes: 1 << 20}, pub, func() time.Time { return now }, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+}
+
+func post(h http.Handler, body string) (int, Answer) {
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/events", strings.NewReader(body)))
+	var a Answer
+	_ = json.Unmarshal(rec.Body.Bytes(), &a)
+	return rec.Code, a
+}
+
+// TestIngestPayload checks what is published: the client's bytes when they are already the
+// canonical encoding, else the canonical encoding, never a form only this client uses.
+func TestIngestPayload(t *testing.T) {
+	canonical := event("a")
+	tests := []struct{ name, body string }{
+		{"canonical", canonical},
+		{"spaced", strings.ReplaceAll(canonical, `":`, `": `)},
+		{"unknown field", strings.Replace(canonical, `"model"`, `"extra":{"x":[1,2]},"model"`, 1)},
+		{"offset timestamp", strings.Replace(canonical, `2026-03-01T11:59:00.000Z`, `2026-03-01T13:59:00.000+02:00`, 1)},
+		{"float spelling", strings.Replace(canonical, `"ttft_ms":100`, `"ttft_ms":1.0e2`, 1)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, body := range []string{tt.body, tt.body + "\n" + tt.body, "[" + tt.body + "]"} {
+				pub := &memPub{}
+				if code, a := post(newHandler(pub), body); code != 202 || a.Accepted == 0 {
+					t.Fatalf("%d %+v", code, a)
+				}
+				for _, data := range pub.data {
+					if string(data) != canonical {
+						t.Fatalf("published %s, want %s", data, canonical)
+					}
+				}
+			}
+		})
+	}
+	// Many non-canonical events fill more than one arena block, each payload intact.
+	var sb strings.Builder
+	n := 2*arenaChunk/len(canonical) + 10
+	for i := range n {
+		fmt.Fprintf(&sb, "%s\n", strings.ReplaceAll(event(fmt.Sprint("id-", i)), `":`, `": `))
+	}
+	pub := &memPub{}
+	if code, a := post(newHandler(pub), sb.String()); code != 202 || a.Accepted != n {
+		t.Fatalf("%d %+v", code, a)
+	}
+	for i, data := range pub.data {
+		if want := event(fmt.Sprint("id-", i)); string(data) != want {
+			t.Fatalf("payload %d is %s, want %s", i, data, want)
+		}
+	}
+}
+
+// TestIngestBufferFills: the events the publisher has no room for are rejected one by one
+// with their index, the others accepted; with none taken the answer is 503.
+func TestIngestBufferFills(t *testing.T) {
+	body := event("a") + "\n" + event("b") + "\n{oops\n" + event("c") + "\n" + event("d") + "\n"
+	pub := &memPub{limit: 2}
+	code, a := post(newHandler(pub), body)
+	if code != 202 || a.Accepted != 2 || a.Rejected != 3 || len(a.Errors) != 3 {
+		t.Fatalf("%d %+v", code, a)
+	}
+	if a.Errors[1].Index != 3 || !strings.Contains(a.Errors[1].Error, "publish buffer full") || a.Errors[2].Index != 4 {
+		t.Fatalf("errors %+v", a.Errors)
+	}
+	code, a = post(newHandler(pub), body)
+	if code != 503 || a.Accepted != 0 || a.Rejected != 5 {
+		t.Fatalf("%d %+v", code, a)
+	}
 }
 
 func event(id string) string {
@@ -59,7 +134,7 @@ func TestIngest(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			pub := &memPub{full: tt.full}
-			h := New(Options{MaxBytes: 1 << 20, Token: tt.token}, emit.New(pub, nil), func() time.Time { return now }, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			h := New(Options{MaxBytes: 1 << 20, Token: tt.token}, pub, func() time.Time { return now }, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 			rec := httptest.NewRecorder()
 			h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/events", strings.NewReader(tt.body)))
 			var a Answer
@@ -84,7 +159,7 @@ func TestIngest(t *testing.T) {
 
 func TestIngestLimitsAndToken(t *testing.T) {
 	pub := &memPub{}
-	h := New(Options{MaxBytes: 2048, Token: "s3cret"}, emit.New(pub, nil), func() time.Time { return now }, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	h := New(Options{MaxBytes: 2048, Token: "s3cret"}, pub, func() time.Time { return now }, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	post := func(body io.Reader, length int64, auth string) int {
 		req := httptest.NewRequest(http.MethodPost, "/v1/events", body)
 		req.ContentLength = length
@@ -115,7 +190,7 @@ func BenchmarkIngestNDJSON(b *testing.B) {
 		sb.WriteByte('\n')
 	}
 	body := sb.String()
-	h := New(Options{MaxBytes: 16 << 20}, emit.New(discard{}, nil), func() time.Time { return now }, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	h := New(Options{MaxBytes: 16 << 20}, discard{}, func() time.Time { return now }, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
 	for b.Loop() {

@@ -1,0 +1,158 @@
+package ingest
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/tokenscope/tokenscope/pkg/bus"
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/pkg/testbed"
+)
+
+// TestIngestNATSGoesAway stops NATS right after a batch is accepted, while the publisher
+// still holds some of it, and keeps posting: events are accepted while the buffer has
+// room, refused from the first that does not fit on (503 once none fits), and every
+// accepted event is in LLM_EVENTS once NATS is back. The client sending a refused batch
+// again loses nothing, and what got through twice is dropped by its id.
+func TestIngestNATSGoesAway(t *testing.T) {
+	dir := t.TempDir()
+	srv := testbed.StartNATS(t, filepath.Join(dir, "js"), -1)
+	port := srv.Addr().(*net.TCPAddr).Port
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if err := bus.EnsureStreams(ctx, js, bus.StreamLimits{MaxBytes: 64 << 20, DuplicateWindow: time.Minute, Replicas: 1}, events.StreamEvents); err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	pubReg := prometheus.NewRegistry()
+	const buffer = 1500
+	pub := bus.NewPublisher(js, bus.PublisherOptions{Buffer: buffer, Batch: 64, AckTimeout: 300 * time.Millisecond, Namespace: "t"}, pubReg, logger)
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- pub.Run(runCtx) }()
+	h := New(Options{MaxBytes: 16 << 20}, pub, time.Now, nil, logger)
+
+	ts := time.Now().UTC().Format(events.TimeLayout)
+	mk := func(k, n int) string {
+		var sb strings.Builder
+		for i := range n {
+			fmt.Fprintf(&sb, `{"v":1,"event_id":"b%d-%d","ts":%q,"model":"m","scene":"chat","env":"prod","input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":2,"status":"ok"}`+"\n", k, i, ts)
+		}
+		return sb.String()
+	}
+	accepted := 0
+	code, a := post(h, mk(1, 1000))
+	if code != 202 || a.Accepted != 1000 {
+		t.Fatalf("first batch: %d %+v", code, a)
+	}
+	accepted += a.Accepted
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	waitFor(t, func() bool { return !nc.IsConnected() })
+	time.Sleep(100 * time.Millisecond) // the publisher has read the acks that came before
+	heldAtStop := pub.Buffered()
+
+	second := mk(2, 2000)
+	code, a = post(h, second)
+	if code != 202 || a.Accepted != buffer-heldAtStop || a.Rejected != 2000-a.Accepted {
+		t.Fatalf("second batch with %d held: %d accepted %d rejected %d", heldAtStop, code, a.Accepted, a.Rejected)
+	}
+	accepted += a.Accepted
+	if len(a.Errors) == 0 || a.Errors[0].Index != a.Accepted || !strings.Contains(a.Errors[0].Error, "publish buffer full") {
+		t.Fatalf("second batch errors %+v", a.Errors[:min(len(a.Errors), 2)])
+	}
+	code, a = post(h, mk(3, 10))
+	if code != 503 || a.Accepted != 0 || a.Rejected != 10 {
+		t.Fatalf("third batch, buffer full: %d %+v", code, a)
+	}
+	if got := testutil.ToFloat64(h.rejected.WithLabelValues("dropped")); got != float64(3000-accepted+10) {
+		t.Fatalf("rejected{reason=dropped} = %v, want %d", got, 3000-accepted+10)
+	}
+
+	testbed.StartNATS(t, filepath.Join(dir, "js"), port)
+	waitStream(t, js, uint64(accepted))
+	// The client sends the second batch again: what was refused lands, the rest is
+	// dropped by JetStream as duplicates.
+	waitFor(t, func() bool { return pub.Buffered() == 0 })
+	for tries := 0; ; tries++ {
+		code, a = post(h, second)
+		if code == 202 && a.Rejected == 0 {
+			break
+		}
+		if tries == 100 || (code != 202 && code != 503) {
+			t.Fatalf("second batch again: %d accepted %d rejected %d", code, a.Accepted, a.Rejected)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	waitStream(t, js, 3000)
+	waitFor(t, func() bool { return pub.Buffered() == 0 })
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if d := metric(t, pubReg, "t_published_total") + metric(t, pubReg, "t_published_duplicate_total"); d < 3000 {
+		t.Fatalf("publisher acknowledged %v, want at least 3000", d)
+	}
+}
+
+func waitStream(t *testing.T, js jetstream.JetStream, want uint64) {
+	t.Helper()
+	var got uint64
+	waitFor(t, func() bool {
+		s, err := js.Stream(context.Background(), events.StreamEvents)
+		if err != nil {
+			return false
+		}
+		info, err := s.Info(context.Background())
+		if err != nil {
+			return false
+		}
+		got = info.State.Msgs
+		if got > want {
+			t.Fatalf("%s holds %d messages, more than %d", events.StreamEvents, got, want)
+		}
+		return got == want
+	})
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 30s")
+		}
+	}
+}
+
+func metric(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
