@@ -145,42 +145,6 @@ func (p *Proxy) readBody(r *http.Request) (head []byte, rest io.Reader, err erro
 	return buf.Bytes(), nil, nil
 }
 
-// withUsage adds stream_options.include_usage=true to an OpenAI request body, keeping the
-// client's bytes otherwise. It reports false when the client asked for usage itself.
-func withUsage(body []byte, opts json.RawMessage) ([]byte, bool) {
-	if len(opts) == 0 {
-		end := bytes.LastIndexByte(body, '}')
-		if end < 0 {
-			return body, false
-		}
-		out := make([]byte, 0, len(body)+40)
-		out = append(out, body[:end]...)
-		out = append(out, `,"stream_options":{"include_usage":true}`...)
-		return append(out, body[end:]...), true
-	}
-	var o map[string]json.RawMessage
-	if json.Unmarshal(opts, &o) != nil {
-		return body, false
-	}
-	if o == nil { // "stream_options":null
-		o = map[string]json.RawMessage{}
-	}
-	if v, ok := o["include_usage"]; ok && string(v) == "true" {
-		return body, false
-	}
-	var all map[string]json.RawMessage
-	if json.Unmarshal(body, &all) != nil {
-		return body, false
-	}
-	o["include_usage"] = json.RawMessage("true")
-	all["stream_options"], _ = json.Marshal(o)
-	out, err := json.Marshal(all)
-	if err != nil {
-		return body, false
-	}
-	return out, true
-}
-
 // exchange is one request on its way through.
 type exchange struct {
 	start  time.Time

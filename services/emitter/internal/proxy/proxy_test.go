@@ -344,14 +344,105 @@ func TestWithUsage(t *testing.T) {
 	f := func(in string, want string, added bool) {
 		t.Helper()
 		var info requestInfo
-		_ = json.Unmarshal([]byte(in), &info)
+		if err := json.Unmarshal([]byte(in), &info); err != nil {
+			t.Fatal(err)
+		}
 		got, ok := withUsage([]byte(in), info.StreamOptions)
 		if string(got) != want || ok != added {
 			t.Fatalf("withUsage(%s) = %s %v, want %s %v", in, got, ok, want, added)
 		}
+		if ok && !json.Valid(got) {
+			t.Fatalf("withUsage(%s) = %s: not JSON", in, got)
+		}
 	}
 	f(`{"stream":true}`, `{"stream":true,"stream_options":{"include_usage":true}}`, true)
+	f(`{"stream":true} `+"\n", `{"stream":true,"stream_options":{"include_usage":true}} `+"\n", true)
 	f(`{"stream":true,"stream_options":{"include_usage":true}}`, `{"stream":true,"stream_options":{"include_usage":true}}`, false)
+	f(`{"stream":true,"stream_options":{"include_usage": true }}`, `{"stream":true,"stream_options":{"include_usage": true }}`, false)
 	f(`{"stream":true,"stream_options":{"include_usage":false}}`, `{"stream":true,"stream_options":{"include_usage":true}}`, true)
+	f(`{"stream":true,"stream_options":{"include_usage":null,"x":1}}`, `{"stream":true,"stream_options":{"include_usage":true,"x":1}}`, true)
 	f(`{"stream":true,"stream_options":null}`, `{"stream":true,"stream_options":{"include_usage":true}}`, true)
+	f(`{"stream":true,"stream_options":{}}`, `{"stream":true,"stream_options":{"include_usage":true}}`, true)
+	f(`{"stream":true,"stream_options":{ }}`, `{"stream":true,"stream_options":{ "include_usage":true}}`, true)
+	// Another option is kept where it is, with its spacing; the member goes last.
+	f(`{"stream_options": {"include_obfuscation": false} ,"stream":true}`, `{"stream_options": {"include_obfuscation": false,"include_usage":true} ,"stream":true}`, true)
+	// A duplicate: the upstream keeps the last one, so that is the one changed.
+	f(`{"stream":true,"stream_options":{"include_usage":true},"stream_options":{"a":1}}`, `{"stream":true,"stream_options":{"include_usage":true},"stream_options":{"a":1,"include_usage":true}}`, true)
+	// Look-alikes inside strings and nested objects are not the member.
+	f(`{"messages":[{"content":"\\\"stream_options\":{}"},{"stream_options":{"include_usage":false}}],"stream":true,"stream_options":{"z":"}\""}}`,
+		`{"messages":[{"content":"\\\"stream_options\":{}"},{"stream_options":{"include_usage":false}}],"stream":true,"stream_options":{"z":"}\"","include_usage":true}}`, true)
+	// An escaped name is the same name to a JSON decoder.
+	f(`{"stream":true,"stream\u005foptions":{"a":[1,{"b":2}]}}`, `{"stream":true,"stream\u005foptions":{"a":[1,{"b":2}],"include_usage":true}}`, true)
+	// Not an object: the upstream rejects it; nothing to add.
+	f(`{"stream":true,"stream_options":"yes"}`, `{"stream":true,"stream_options":"yes"}`, false)
+}
+
+// TestForwardedBodyIsTheClients checks that the upstream receives the client's body byte for
+// byte, with only include_usage spliced in: key order, spacing, escapes and numbers as sent.
+func TestForwardedBodyIsTheClients(t *testing.T) {
+	seen := make(chan []byte, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		seen <- b
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":1,"completion_tokens":1}}`)
+	}))
+	defer up.Close()
+	u, _ := ParseUpstream(up.URL)
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream = u })
+	const msgs = `"messages": [ {"role":"user", "content":"<b>&amp; caf\u00e9 \"q\" 1e3"} ], "temperature": 1.0e0, "z":{"b":1,"a":2}`
+	tests := []struct{ name, body, want string }{
+		{"no stream_options", `{"model":"gpt-4o", "stream": true, ` + msgs + `}`,
+			`{"model":"gpt-4o", "stream": true, ` + msgs + `,"stream_options":{"include_usage":true}}`},
+		{"stream_options without include_usage", `{"stream_options": {"include_obfuscation": false}, "model":"gpt-4o", "stream": true, ` + msgs + "}\n",
+			`{"stream_options": {"include_obfuscation": false,"include_usage":true}, "model":"gpt-4o", "stream": true, ` + msgs + "}\n"},
+		{"include_usage false", `{"model":"gpt-4o","stream":true,"stream_options":{ "include_usage" : false },` + msgs + `}`,
+			`{"model":"gpt-4o","stream":true,"stream_options":{ "include_usage" : true },` + msgs + `}`},
+		{"stream_options null", `{"model":"gpt-4o","stream":true,"stream_options":null,` + msgs + `}`,
+			`{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},` + msgs + `}`},
+		{"usage asked for", `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},` + msgs + `}`,
+			`{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},` + msgs + `}`},
+		{"not streamed", `{"model":"gpt-4o", ` + msgs + `}`, `{"model":"gpt-4o", ` + msgs + `}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if via := call(t, r.proxy.URL, chatPath, tt.body, nil); via.err != nil || via.status != 200 {
+				t.Fatalf("status %d %v", via.status, via.err)
+			}
+			if got := <-seen; string(got) != tt.want {
+				t.Fatalf("upstream got\n%s\nwant\n%s", got, tt.want)
+			}
+			r.cap.next(t)
+		})
+	}
+}
+
+// FuzzWithUsage checks that a spliced body is still JSON and asks for usage, whatever the
+// client's body looks like.
+func FuzzWithUsage(f *testing.F) {
+	for _, s := range []string{`{"stream":true}`, `{"stream_options":{ },"a":[{"b":"}"}]}`, `{"stream_options":null}`,
+		`{"stream_options":{"include_usage":false,"x":"\"{"}}`, `{"stream_options":{"a":1},"stream_options":{}}`, `{"stream_options":[]}`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		var info requestInfo
+		if json.Unmarshal([]byte(in), &info) != nil {
+			return
+		}
+		out, added := withUsage([]byte(in), info.StreamOptions)
+		if !added {
+			if string(out) != in {
+				t.Fatalf("changed without adding: %s -> %s", in, out)
+			}
+			return
+		}
+		var got struct {
+			StreamOptions struct {
+				IncludeUsage bool `json:"include_usage"`
+			} `json:"stream_options"`
+		}
+		if err := json.Unmarshal(out, &got); err != nil || !got.StreamOptions.IncludeUsage {
+			t.Fatalf("%s -> %s: %v, include_usage %v", in, out, err, got.StreamOptions.IncludeUsage)
+		}
+	})
 }
