@@ -8,8 +8,10 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	_ "net/http/pprof" // the OpenStreams child serves profiles on EMITTER_TEST_PPROF
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,6 +29,10 @@ import (
 // that the proxy's memory can be measured apart from the client's and the fake LLM's.
 func TestMain(m *testing.M) {
 	if os.Getenv("EMITTER_TEST_CHILD") == "serve" {
+		if addr := os.Getenv("EMITTER_TEST_PPROF"); addr != "" {
+			// Profiles of the child, fetched by BenchmarkOpenStreams under BENCH_PROFILE_DIR.
+			go func() { _ = http.ListenAndServe(addr, nil) }()
+		}
 		if err := run(context.Background(), nil, os.Environ(), os.Stdout, os.Stderr); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
@@ -146,6 +152,12 @@ func BenchmarkOpenStreams(b *testing.B) {
 	cmd.Env = append(os.Environ(), "EMITTER_TEST_CHILD=serve", "HTTP_ADDR="+addr, "NATS_URL="+ns.ClientURL(),
 		"EMITTER_UPSTREAM_URL="+fake.URL, "EMITTER_STREAM_IDLE_TIMEOUT=1h", "LOG_LEVEL=error", "EMITTER_SHUTDOWN_GRACE=1s")
 	cmd.Stderr = os.Stderr
+	profDir := os.Getenv("BENCH_PROFILE_DIR")
+	pprofAddr := ""
+	if profDir != "" {
+		pprofAddr = freeAddr(b)
+		cmd.Env = append(cmd.Env, "EMITTER_TEST_PPROF="+pprofAddr)
+	}
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
@@ -163,6 +175,11 @@ func BenchmarkOpenStreams(b *testing.B) {
 	if after["emitter_proxy_inflight_streams"] != streams {
 		b.Fatalf("inflight_streams = %v, want %d", after["emitter_proxy_inflight_streams"], streams)
 	}
+	if profDir != "" {
+		for name, path := range map[string]string{"heap.pb.gz": "heap?gc=1", "goroutine.txt": "goroutine?debug=1"} {
+			saveProfile(b, "http://"+pprofAddr+"/debug/pprof/"+path, filepath.Join(profDir, name))
+		}
+	}
 	b.ReportAllocs()
 	for b.Loop() {
 	}
@@ -174,6 +191,22 @@ func BenchmarkOpenStreams(b *testing.B) {
 	b.ReportMetric((after["rss"]-before["rss"])/streams/1024, "rss-KB/stream")
 	b.ReportMetric(streams, "streams")
 	release()
+}
+
+// saveProfile writes the profile at url to path.
+func saveProfile(b testing.TB, url, path string) {
+	resp, err := http.Get(url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(path, raw, 0o644); err != nil {
+		b.Fatal(err)
+	}
 }
 
 func waitReady(b testing.TB, base string) {
