@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -285,26 +284,24 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	}
 	out, cancel := p.outgoing(r, base, body, length)
 	defer cancel(nil)
-	// One timer guards both waits: for the response headers (the upstream timeout), then
-	// for each read of the body (the idle timeout).
-	var reading atomic.Bool
-	timer := time.AfterFunc(p.cfg.UpstreamTimeout, func() {
-		if reading.Load() {
-			cancel(errStreamIdle)
-		} else {
-			cancel(errUpstreamTimeout)
-		}
-	})
-	defer timer.Stop()
+	var dog watchdog
+	dog.arm(x.start, p.cfg.UpstreamTimeout, p.cfg.IdleTimeout, cancel)
+	defer dog.stop()
 
 	resp, err := p.transport.RoundTrip(out)
+	if err == nil && !dog.answer(time.Now()) {
+		// The timeout fired as the headers arrived: it wins, the late response is dropped.
+		resp.Body.Close()
+		err = errUpstreamTimeout
+	}
 	if err != nil {
 		end := time.Now()
 		ev.TotalMs = msSince(x.start, end)
-		switch cause := context.Cause(out.Context()); {
+		late := dog.expired()
+		switch {
 		case r.Context().Err() != nil:
 			ev.Status, ev.ErrorCode = events.StatusCanceled, CodeClientGone
-		case errors.Is(cause, errUpstreamTimeout):
+		case late:
 			ev.Status, ev.ErrorCode = events.StatusTimeout, CodeUpstreamTimeout
 			writeError(w, x.proto, http.StatusGatewayTimeout, "the upstream did not answer in time")
 		default:
@@ -316,8 +313,6 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		return
 	}
 	defer resp.Body.Close()
-	reading.Store(true)
-	timer.Reset(p.cfg.IdleTimeout)
 
 	ok := resp.StatusCode < 300
 	stream := x.stream && ok && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
@@ -358,8 +353,8 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	for {
 		n, err := resp.Body.Read(buf)
 		if n > 0 {
-			timer.Reset(p.cfg.IdleTimeout)
 			now := time.Now()
+			dog.active(now)
 			chunk := buf[:n]
 			if gz != nil {
 				gz.write(chunk)
@@ -370,14 +365,14 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 			if len(chunk) > 0 {
 				// A client slow to read is not an upstream falling silent: the idle clock
 				// stops while the client takes the bytes.
-				timer.Stop()
+				dog.writing()
 				if _, writeErr = w.Write(chunk); writeErr == nil {
 					writeErr = rc.Flush()
 				}
 				if writeErr != nil {
 					break
 				}
-				timer.Reset(p.cfg.IdleTimeout)
+				dog.active(time.Now())
 			}
 		}
 		if err != nil {
@@ -387,7 +382,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 			break
 		}
 	}
-	timer.Stop()
+	dog.stop()
 	end := time.Now()
 	if gz != nil {
 		gz.close()

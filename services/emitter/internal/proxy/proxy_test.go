@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -445,4 +446,97 @@ func FuzzWithUsage(f *testing.F) {
 			t.Fatalf("%s -> %s: %v, include_usage %v", in, out, err, got.StreamOptions.IncludeUsage)
 		}
 	})
+}
+
+// TestTimeoutAsTheHeadersArrive makes the upstream answer right at the upstream timeout, many
+// times, and checks that each request has one outcome: the client gets the whole response and
+// the event says ok, or the client gets a 504 and the event says timeout. Never a 200 cut
+// short, never a timeout event for a response the client got, never a stream_idle.
+func TestTimeoutAsTheHeadersArrive(t *testing.T) {
+	const timeout = 20 * time.Millisecond
+	const sse = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n"
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		d, _ := time.ParseDuration(r.Header.Get("X-Delay"))
+		time.Sleep(d)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		_ = http.NewResponseController(w).Flush()
+		// The body comes a little after the headers: a request the timeout cancels after
+		// its headers arrived would lose it.
+		time.Sleep(time.Millisecond)
+		_, _ = io.WriteString(w, sse)
+	}))
+	defer up.Close()
+	u, _ := ParseUpstream(up.URL)
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream = u; c.UpstreamTimeout = timeout; c.IdleTimeout = time.Second })
+	const n, parallel = 400, 16
+	got := make([]reply, n)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, parallel)
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			// Around the timeout, in 50 µs steps.
+			delay := timeout - 3*time.Millisecond + time.Duration(i%80)*50*time.Microsecond
+			got[i] = call(t, r.proxy.URL, chatPath, chatBody(true, `,"stream_options":{"include_usage":true}`),
+				map[string]string{"X-Delay": delay.String(), HeaderConversation: strconv.Itoa(i)})
+		}()
+	}
+	wg.Wait()
+	evs := map[int]events.RequestEvent{}
+	for range n {
+		ev := r.cap.next(t)
+		i, _ := strconv.Atoi(ev.ConversationID)
+		evs[i] = ev
+	}
+	var answered, timedOut int
+	for i, c := range got {
+		ev := evs[i]
+		switch {
+		case c.err == nil && c.status == 200 && string(c.body) == sse && ev.Status == events.StatusOK && ev.HTTPStatus == 200:
+			answered++
+		case c.err == nil && c.status == http.StatusGatewayTimeout && ev.Status == events.StatusTimeout && ev.ErrorCode == CodeUpstreamTimeout && ev.HTTPStatus == 0:
+			timedOut++
+		default:
+			t.Errorf("request %d: client got %d %v %q; event %s %q http %d", i, c.status, c.err, c.body, ev.Status, ev.ErrorCode, ev.HTTPStatus)
+		}
+	}
+	t.Logf("%d answered, %d timed out", answered, timedOut)
+}
+
+// TestSlowClientIsNotAnIdleUpstream has the client stop reading for longer than the idle
+// timeout while the upstream has long finished sending: the stream is not the upstream's
+// stall, and ends ok.
+func TestSlowClientIsNotAnIdleUpstream(t *testing.T) {
+	chunk := "data: {\"choices\":[{\"delta\":{\"content\":\"" + strings.Repeat("x", 4000) + "\"}}]}\n\n"
+	const chunks = 4000 // 16 MB: more than the sockets buffer, so the proxy's writes block
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for range chunks {
+			_, _ = io.WriteString(w, chunk)
+		}
+		_, _ = io.WriteString(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":4000}}\n\ndata: [DONE]\n\n")
+	}))
+	defer up.Close()
+	u, _ := ParseUpstream(up.URL)
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream = u; c.IdleTimeout = 150 * time.Millisecond })
+	resp, err := http.Post(r.proxy.URL+chatPath, "application/json", strings.NewReader(chatBody(true, `,"stream_options":{"include_usage":true}`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if _, err := resp.Body.Read(make([]byte, 1024)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	n, err := io.Copy(io.Discard, resp.Body)
+	if err != nil || n < chunks*int64(len(chunk))-1024 {
+		t.Fatalf("read %d bytes after the pause: %v", n, err)
+	}
+	if ev := r.cap.next(t); ev.Status != events.StatusOK || ev.OutputTokens != 4000 {
+		t.Fatalf("event %s %q, %d tokens", ev.Status, ev.ErrorCode, ev.OutputTokens)
+	}
 }
