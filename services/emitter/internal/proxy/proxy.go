@@ -62,6 +62,7 @@ type Proxy struct {
 	m         *metrics
 	bufs      sync.Pool
 	meters    sync.Pool
+	gzips     sync.Pool
 }
 
 // New returns a proxy sending to the upstreams of cfg and emitting through emit.
@@ -284,6 +285,11 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	}
 	out, cancel := p.outgoing(r, base, body, length)
 	defer cancel(nil)
+	if x.strip {
+		// The proxy must edit this stream: the upstream may only encode it in a way the
+		// proxy can decode.
+		decodableEncodings(out.Header)
+	}
 	var dog watchdog
 	dog.arm(x.start, p.cfg.UpstreamTimeout, p.cfg.IdleTimeout, cancel)
 	defer dog.stop()
@@ -324,18 +330,20 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	m.Reset(x.proto, stream, x.start)
 	m.SetInputEstimate(x.input)
 
-	var gz *gunzip
-	if enc := resp.Header.Get("Content-Encoding"); !isIdentity(enc) {
-		if strings.EqualFold(enc, "gzip") {
-			gz = newGunzip(m)
-		}
-	} else if x.strip && stream {
+	enc := contentEncoding(resp.Header)
+	// The usage chunk the proxy asked for is stripped from an identity stream, and from a
+	// gzip one by decoding it for the client.
+	strip := x.strip && stream && enc != other
+	if strip {
 		m.StripUsageChunk()
 	}
 	h := w.Header()
 	copyHeader(h, resp.Header)
-	if m.Stripping() {
+	if strip {
 		h.Del("Content-Length")
+		if enc == gzipped {
+			h.Del("Content-Encoding")
+		}
 	}
 	if stream {
 		p.m.streams.Inc()
@@ -347,53 +355,30 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 
 	bp := p.bufs.Get().(*[]byte)
 	defer p.bufs.Put(bp)
-	buf := *bp
-	var fwd []byte
-	var readErr, writeErr error
-	for {
-		n, err := resp.Body.Read(buf)
-		if n > 0 {
-			now := time.Now()
-			dog.active(now)
-			chunk := buf[:n]
-			if gz != nil {
-				gz.write(chunk)
-			} else {
-				fwd = m.Feed(chunk, now, fwd[:0])
-				chunk = fwd
-			}
-			if len(chunk) > 0 {
-				// A client slow to read is not an upstream falling silent: the idle clock
-				// stops while the client takes the bytes.
-				dog.writing()
-				if _, writeErr = w.Write(chunk); writeErr == nil {
-					writeErr = rc.Flush()
-				}
-				if writeErr != nil {
-					break
-				}
-				dog.active(time.Now())
-			}
+	rl := relay{w: w, rc: rc, dog: &dog, m: m, buf: *bp, body: upstreamBody{r: resp.Body, dog: &dog}}
+	switch enc {
+	case identity:
+		rl.measured(&rl.body)
+	case gzipped:
+		zr, _ := p.gzips.Get().(*gzip.Reader)
+		if zr == nil {
+			zr = new(gzip.Reader)
 		}
-		if err != nil {
-			if err != io.EOF {
-				readErr = err
-			}
-			break
-		}
+		rl.gunzipped(zr, strip)
+		p.gzips.Put(zr)
+	default:
+		rl.raw()
 	}
 	dog.stop()
 	end := time.Now()
-	if gz != nil {
-		gz.close()
-	} else if tail := m.Flush(end, fwd[:0]); len(tail) > 0 && writeErr == nil {
-		if _, writeErr = w.Write(tail); writeErr == nil {
-			_ = rc.Flush()
-		}
+	if enc != other {
+		rl.tail(end)
 	}
-	if readErr != nil && writeErr == nil && r.Context().Err() == nil {
-		// The upstream broke off: break the client's connection too, so its SDK sees the
-		// failure it would have seen talking to the upstream directly.
+	readErr, writeErr := rl.body.err, rl.writeErr
+	if (readErr != nil || (rl.badGzip != nil && strip)) && writeErr == nil && r.Context().Err() == nil {
+		// The upstream broke off, or its stream cannot be decoded for the client: break the
+		// client's connection too, so its SDK sees the failure it would have seen talking
+		// to the upstream directly.
 		if conn, _, err := rc.Hijack(); err == nil {
 			_ = conn.Close()
 		}
@@ -410,6 +395,11 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		ev.Status, ev.ErrorCode = events.StatusError, strconv.Itoa(resp.StatusCode)
 	case readErr != nil:
 		ev.Status, ev.ErrorCode = events.StatusError, CodeUpstreamDisconnect
+	case rl.badGzip != nil:
+		ev.Status, ev.ErrorCode = events.StatusError, CodeMalformedGzip
+	case enc == other:
+		// Encoded in a way the meter cannot read: the HTTP status is all there is.
+		ev.Status, ev.ErrorCode = events.StatusOK, ""
 	default:
 		ev.Status, ev.ErrorCode = res.Status(stream)
 	}
@@ -444,42 +434,3 @@ func (p *Proxy) finish(ev *events.RequestEvent, end time.Time) {
 }
 
 func msSince(start, end time.Time) float64 { return float64(end.Sub(start).Microseconds()) / 1000 }
-
-// gunzip measures a gzip-encoded body: the client gets the compressed bytes untouched while
-// the meter reads them decompressed, as they arrive.
-type gunzip struct {
-	pw   *io.PipeWriter
-	done chan struct{}
-}
-
-func newGunzip(m *meter.Meter) *gunzip {
-	pr, pw := io.Pipe()
-	g := &gunzip{pw: pw, done: make(chan struct{})}
-	go func() {
-		defer close(g.done)
-		zr, err := gzip.NewReader(pr)
-		if err != nil {
-			_ = pr.CloseWithError(err)
-			return
-		}
-		buf := make([]byte, 4<<10)
-		for {
-			n, err := zr.Read(buf)
-			if n > 0 {
-				m.Feed(buf[:n], time.Now(), nil)
-			}
-			if err != nil {
-				_ = pr.CloseWithError(err)
-				return
-			}
-		}
-	}()
-	return g
-}
-
-func (g *gunzip) write(p []byte) { _, _ = g.pw.Write(p) }
-
-func (g *gunzip) close() {
-	_ = g.pw.Close()
-	<-g.done
-}

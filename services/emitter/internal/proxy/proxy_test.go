@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"io"
@@ -9,6 +10,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -538,5 +542,214 @@ func TestSlowClientIsNotAnIdleUpstream(t *testing.T) {
 	}
 	if ev := r.cap.next(t); ev.Status != events.StatusOK || ev.OutputTokens != 4000 {
 		t.Fatalf("event %s %q, %d tokens", ev.Status, ev.ErrorCode, ev.OutputTokens)
+	}
+}
+
+func gunzipAll(t testing.TB, b []byte) []byte {
+	t.Helper()
+	zr, err := gzip.NewReader(bytes.NewReader(b))
+	if err != nil {
+		t.Fatalf("not gzip: %v: %q", err, b)
+	}
+	out, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatalf("cannot gunzip: %v", err)
+	}
+	return out
+}
+
+// TestGzipStreams: a gzip stream the proxy must strip its usage chunk from reaches the client
+// decoded, with exactly the content a direct call decodes to; one it need not edit passes
+// through compressed, byte for byte. Either way it is measured: TTFT and usage.
+func TestGzipStreams(t *testing.T) {
+	r := newRig(t, fakellm.Options{TTFT: 60 * time.Millisecond, TPOT: 2 * time.Millisecond}, nil)
+	anth := `{"model":"claude-sonnet-4-5","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"one two three four"}]}`
+	tests := []struct {
+		name, path, body string
+		decoded          bool // the proxy decodes it for the client
+	}{
+		{"openai chat, usage added and stripped", chatPath, chatBody(true, ""), true},
+		{"openai chat, stream_options without usage", chatPath, chatBody(true, `,"stream_options":{"include_obfuscation":false}`), true},
+		{"openai completions, usage added and stripped", complPath, `{"model":"gpt-3.5-turbo-instruct","prompt":"one two three four","max_tokens":5,"stream":true}`, true},
+		{"openai chat, client asked for usage", chatPath, chatBody(true, `,"stream_options":{"include_usage":true}`), false},
+		{"anthropic messages", messagesPath, anth, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			hdr := map[string]string{"X-Fakellm-Mode": fakellm.ModeGzip, "Accept-Encoding": "gzip, br"}
+			direct := call(t, r.fake.URL, tt.path, tt.body, hdr)
+			via := call(t, r.proxy.URL, tt.path, tt.body, hdr)
+			if direct.err != nil || via.err != nil || via.status != 200 {
+				t.Fatalf("direct %v, via proxy %d %v", direct.err, via.status, via.err)
+			}
+			if direct.header.Get("Content-Encoding") != "gzip" {
+				t.Fatalf("the fake did not gzip: %v", direct.header)
+			}
+			if tt.decoded {
+				if enc := via.header.Get("Content-Encoding"); enc != "" || via.header.Get("Content-Length") != "" {
+					t.Fatalf("decoded stream sent with Content-Encoding %q, Content-Length %q", enc, via.header.Get("Content-Length"))
+				}
+				if want := gunzipAll(t, direct.body); !bytes.Equal(via.body, want) {
+					t.Fatalf("via proxy:\n%s\ndirect, decoded:\n%s", via.body, want)
+				}
+				if bytes.Contains(via.body, []byte(`"usage"`)) {
+					t.Fatalf("the usage chunk the proxy asked for reached the client:\n%s", via.body)
+				}
+			} else if via.header.Get("Content-Encoding") != "gzip" || !bytes.Equal(via.body, direct.body) {
+				t.Fatalf("via proxy (%q):\n%q\ndirect:\n%q", via.header.Get("Content-Encoding"), via.body, direct.body)
+			}
+			ev := r.cap.next(t)
+			if ev.Status != events.StatusOK || !ev.Stream || ev.TokensEstimated || ev.InputTokens != 4 || ev.OutputTokens != 5 {
+				t.Fatalf("event %+v", ev)
+			}
+			if ev.TTFTMs < 55 || ev.TotalMs < ev.TTFTMs || ev.MaxITLMs <= 0 {
+				t.Fatalf("ttft %.1f total %.1f max ITL %.1f: not measured on the decoded stream", ev.TTFTMs, ev.TotalMs, ev.MaxITLMs)
+			}
+		})
+	}
+}
+
+// TestGzipStreamWithCurl: curl --compressed prints the same through the proxy as directly, for
+// a gzip stream the proxy decodes to strip its usage chunk.
+func TestGzipStreamWithCurl(t *testing.T) {
+	if _, err := exec.LookPath("curl"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("curl is required under CI")
+		}
+		t.Skip("curl not found")
+	}
+	r := newRig(t, fakellm.Options{TPOT: time.Millisecond}, nil)
+	curl := func(base string) []byte {
+		t.Helper()
+		out, err := exec.Command("curl", "-sS", "-N", "--fail-with-body", "--compressed", base+chatPath,
+			"-H", "X-Fakellm-Mode: gzip", "-H", "Authorization: Bearer sk-x", "-d", chatBody(true, "")).Output()
+		if err != nil {
+			t.Fatalf("curl %s: %v\n%s", base, err, out)
+		}
+		return out
+	}
+	direct, via := curl(r.fake.URL), curl(r.proxy.URL)
+	if !bytes.Equal(direct, via) || !bytes.HasSuffix(via, []byte("data: [DONE]\n\n")) {
+		t.Fatalf("curl via proxy:\n%s\ndirect:\n%s", via, direct)
+	}
+	if ev := r.cap.next(t); ev.Status != events.StatusOK || ev.TokensEstimated {
+		t.Fatalf("event %+v", ev)
+	}
+}
+
+// TestAcceptEncodingNarrowed: for a stream it must edit, the proxy lets the upstream choose
+// only an encoding it can decode; other requests keep the client's Accept-Encoding.
+func TestAcceptEncodingNarrowed(t *testing.T) {
+	seen := make(chan string, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- strings.Join(r.Header.Values("Accept-Encoding"), "|")
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	}))
+	defer up.Close()
+	u, _ := ParseUpstream(up.URL)
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream = u })
+	f := func(body, acceptEncoding, want string) {
+		t.Helper()
+		call(t, r.proxy.URL, chatPath, body, map[string]string{"Accept-Encoding": acceptEncoding})
+		if got := <-seen; got != want {
+			t.Fatalf("Accept-Encoding %q went upstream as %q, want %q", acceptEncoding, got, want)
+		}
+		r.cap.next(t)
+	}
+	f(chatBody(true, ""), "br, gzip;q=0.5, zstd", "gzip")
+	f(chatBody(true, ""), "br, zstd", "identity")
+	f(chatBody(true, ""), "gzip;q=0, br", "identity")
+	f(chatBody(true, `,"stream_options":{"include_usage":true}`), "br, zstd", "br, zstd")
+	f(chatBody(false, ""), "br", "br")
+}
+
+// TestCorruptGzip: a body that says gzip and is not. Passed through, the client gets every
+// byte; decoded to strip the usage chunk, the client's connection breaks as the upstream's
+// would. The event says malformed_gzip.
+func TestCorruptGzip(t *testing.T) {
+	var good bytes.Buffer
+	zw := gzip.NewWriter(&good)
+	_, _ = io.WriteString(zw, "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n")
+	_ = zw.Flush()
+	bad := append(append([]byte{}, good.Bytes()...), []byte("this is not deflate data at all, not at all")...)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Content-Encoding", "gzip")
+		_, _ = w.Write(bad)
+	}))
+	defer up.Close()
+	u, _ := ParseUpstream(up.URL)
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream = u })
+
+	via := call(t, r.proxy.URL, chatPath, chatBody(true, `,"stream_options":{"include_usage":true}`), nil)
+	if via.err != nil || !bytes.Equal(via.body, bad) {
+		t.Fatalf("passed through: %v %q", via.err, via.body)
+	}
+	if ev := r.cap.next(t); ev.Status != events.StatusError || ev.ErrorCode != CodeMalformedGzip {
+		t.Fatalf("event %s %q", ev.Status, ev.ErrorCode)
+	}
+	via = call(t, r.proxy.URL, chatPath, chatBody(true, ""), nil)
+	if via.err == nil {
+		t.Fatalf("decoded: the client saw a whole response: %q", via.body)
+	}
+	if ev := r.cap.next(t); ev.Status != events.StatusError || ev.ErrorCode != CodeMalformedGzip {
+		t.Fatalf("event %s %q", ev.Status, ev.ErrorCode)
+	}
+}
+
+// sdkDir holds the Node project that drives the proxy with the official OpenAI SDK.
+const sdkDir = "testdata/sdk"
+
+func needNode(t *testing.T) {
+	t.Helper()
+	for _, bin := range []string{"node", "npm"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%s is required under CI: %v", bin, err)
+			}
+			t.Skipf("%s not found: install Node.js 20+ to run the SDK tests", bin)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(sdkDir, "node_modules")); err == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund")
+	cmd.Dir = sdkDir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("npm ci in %s: %v\n%s", sdkDir, err, out)
+	}
+}
+
+// TestGzipStreamWithOpenAISDK: the OpenAI SDK, not asking for usage, yields the same chunks
+// through the proxy as directly when the upstream gzips its stream.
+func TestGzipStreamWithOpenAISDK(t *testing.T) {
+	needNode(t)
+	r := newRig(t, fakellm.Options{TPOT: time.Millisecond}, nil)
+	run := func(base string) []byte {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "node", "gzip_stream.mjs", base)
+		cmd.Dir = sdkDir
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("node gzip_stream.mjs %s: %v\n%s", base, err, stderr.String())
+		}
+		return out
+	}
+	direct, via := run(r.fake.URL), run(r.proxy.URL)
+	if !bytes.Equal(direct, via) {
+		t.Fatalf("the SDK saw different chunks through the proxy:\nvia    %s\ndirect %s", via, direct)
+	}
+	if bytes.Contains(via, []byte(`"usage":{`)) || !bytes.Contains(via, []byte(`"content":"`)) {
+		t.Fatalf("chunks %s", via)
+	}
+	if ev := r.cap.next(t); ev.Status != events.StatusOK || ev.TokensEstimated || ev.OutputTokens != 6 {
+		t.Fatalf("event %+v", ev)
 	}
 }
