@@ -57,6 +57,8 @@ type Emitter interface {
 type Proxy struct {
 	cfg       Config
 	transport http.RoundTripper
+	h1        *h1
+	dialable  map[*url.URL]bool // the upstreams h1 serves
 	emit      Emitter
 	logger    *slog.Logger
 	m         *metrics
@@ -88,7 +90,13 @@ func New(cfg Config, emit Emitter, reg prometheus.Registerer, logger *slog.Logge
 		WriteBufferSize: 1 << 10,
 		ReadBufferSize:  1 << 10,
 	}
-	p := &Proxy{cfg: cfg, transport: t, emit: emit, logger: logger.With("component", "proxy"), m: newMetrics(reg, cfg.MaxLabels)}
+	p := &Proxy{cfg: cfg, transport: t, h1: newH1(1024, 90*time.Second), dialable: map[*url.URL]bool{},
+		emit: emit, logger: logger.With("component", "proxy"), m: newMetrics(reg, cfg.MaxLabels)}
+	for _, u := range append([]*url.URL{cfg.Upstream}, routeURLs(cfg.Routes)...) {
+		if u != nil {
+			p.dialable[u] = canDial(u)
+		}
+	}
 	p.bufs.New = func() any { b := make([]byte, 2<<10); return &b }
 	p.meters.New = func() any { return &meter.Meter{} }
 	return p
@@ -108,6 +116,15 @@ func (p *Proxy) Close() {
 	if t, ok := p.transport.(*http.Transport); ok {
 		t.CloseIdleConnections()
 	}
+	p.h1.closeIdle(true)
+}
+
+func routeURLs(routes []Route) []*url.URL {
+	out := make([]*url.URL, len(routes))
+	for i, r := range routes {
+		out[i] = r.URL
+	}
+	return out
 }
 
 func (p *Proxy) handler(proto meter.Protocol) http.Handler {
@@ -278,9 +295,11 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		Model: x.model, Provider: x.proto.Provider(), Instance: base.Host, Stream: x.stream}
 	p.labels(&ev, r.Header)
 
+	// A body in memory to a plain-HTTP upstream goes through the proxy's own client.
+	direct := x.rest == nil && p.dialable[base]
 	var body io.Reader = x.rest
 	length := int64(-1)
-	if x.body != nil {
+	if x.body != nil && !direct {
 		body, length = bytes.NewReader(x.body), int64(len(x.body))
 	}
 	out, cancel := p.outgoing(r, base, body, length)
@@ -294,7 +313,14 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	dog.arm(x.start, p.cfg.UpstreamTimeout, p.cfg.IdleTimeout, cancel)
 	defer dog.stop()
 
-	resp, err := p.transport.RoundTrip(out)
+	var resp *http.Response
+	var err error
+	if direct {
+		resp, err = p.h1.roundTrip(out, x.body)
+		x.body = nil // the upstream has it: an open stream need not keep it
+	} else {
+		resp, err = p.transport.RoundTrip(out)
+	}
 	if err == nil && !dog.answer(time.Now()) {
 		// The timeout fired as the headers arrived: it wins, the late response is dropped.
 		resp.Body.Close()
@@ -353,9 +379,8 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	rc := http.NewResponseController(w)
 	_ = rc.Flush()
 
-	bp := p.bufs.Get().(*[]byte)
-	defer p.bufs.Put(bp)
-	rl := relay{w: w, rc: rc, dog: &dog, m: m, buf: *bp, body: upstreamBody{r: resp.Body, dog: &dog}}
+	rl := relay{w: w, rc: rc, dog: &dog, m: m, bufs: &p.bufs, body: upstreamBody{r: resp.Body, dog: &dog}}
+	defer rl.release()
 	switch enc {
 	case identity:
 		rl.measured(&rl.body)

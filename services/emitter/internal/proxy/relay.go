@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tokenscope/tokenscope/services/emitter/internal/meter"
@@ -30,7 +31,8 @@ type relay struct {
 	rc   *http.ResponseController
 	dog  *watchdog
 	m    *meter.Meter
-	buf  []byte
+	bufs *sync.Pool // of *[]byte
+	bp   *[]byte    // the read buffer, taken from bufs while in use
 	fwd  []byte
 	body upstreamBody
 
@@ -45,6 +47,9 @@ type upstreamBody struct {
 	err error // how the body broke off, if it did
 	eof bool
 }
+
+// waiter is a body that can wait for the upstream without a buffer of the reader's.
+type waiter interface{ wait() error }
 
 func (u *upstreamBody) Read(p []byte) (int, error) {
 	n, err := u.r.Read(p)
@@ -76,14 +81,44 @@ func (r *relay) send(p []byte) bool {
 	return true
 }
 
+// buf returns the read buffer.
+func (r *relay) buf() []byte {
+	if r.bp == nil {
+		r.bp = r.bufs.Get().(*[]byte)
+	}
+	return *r.bp
+}
+
+// release gives the read buffer back.
+func (r *relay) release() {
+	if r.bp != nil {
+		r.bufs.Put(r.bp)
+		r.bp = nil
+	}
+}
+
 // measured copies src to the client through the meter, which holds back the usage chunk
-// when it strips it. It returns the error that ended src, nil at its end.
+// when it strips it. It returns the error that ended src, nil at its end. Reading the body
+// itself, it waits for the upstream before taking a buffer when the body allows, so that an
+// idle stream holds none.
 func (r *relay) measured(src io.Reader) error {
+	w, _ := r.body.r.(waiter)
+	if src != io.Reader(&r.body) {
+		w = nil
+	}
 	for {
-		n, err := src.Read(r.buf)
+		if w != nil {
+			r.release()
+			_ = w.wait() // an error shows in the Read that follows
+		}
+		buf := r.buf()
+		n, err := src.Read(buf)
 		if n > 0 {
-			r.fwd = r.m.Feed(r.buf[:n], time.Now(), r.fwd[:0])
-			if len(r.fwd) > 0 && !r.send(r.fwd) {
+			out := r.m.Feed(buf[:n], time.Now(), r.fwd[:0])
+			if r.m.Stripping() {
+				r.fwd = out // its own buffer, kept for the next piece
+			}
+			if len(out) > 0 && !r.send(out) {
 				return errClientGone
 			}
 		}
@@ -98,9 +133,10 @@ func (r *relay) measured(src io.Reader) error {
 
 // raw copies the body to the client untouched and unmeasured.
 func (r *relay) raw() {
+	buf := r.buf()
 	for {
-		n, err := r.body.Read(r.buf)
-		if n > 0 && !r.send(r.buf[:n]) {
+		n, err := r.body.Read(buf)
+		if n > 0 && !r.send(buf[:n]) {
 			return
 		}
 		if err != nil {
@@ -124,11 +160,12 @@ func (r *relay) gunzipped(zr *gzip.Reader, decode bool) {
 		if decode {
 			err = r.measured(zr)
 		} else {
+			buf := r.buf()
 			for err == nil {
 				var n int
-				n, err = zr.Read(r.buf)
+				n, err = zr.Read(buf)
 				if n > 0 {
-					r.m.Feed(r.buf[:n], time.Now(), nil)
+					r.m.Feed(buf[:n], time.Now(), nil)
 				}
 			}
 			if err == io.EOF {
