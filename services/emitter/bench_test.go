@@ -45,6 +45,13 @@ func TestMain(m *testing.M) {
 // timing is one streamed request seen from the client.
 type timing struct{ ttft, total time.Duration }
 
+// The client's read buffers and meters, reused: the load generator shares the cores with
+// what it measures.
+var (
+	clientBufs   = sync.Pool{New: func() any { b := make([]byte, 4096); return &b }}
+	clientMeters = sync.Pool{New: func() any { return &meter.Meter{} }}
+)
+
 func streamOnce(client *http.Client, url, body string) (timing, error) {
 	start := time.Now()
 	resp, err := client.Post(url, "application/json", strings.NewReader(body))
@@ -52,12 +59,15 @@ func streamOnce(client *http.Client, url, body string) (timing, error) {
 		return timing{}, err
 	}
 	defer resp.Body.Close()
-	m := meter.New(meter.OpenAIChat, true, start)
-	buf := make([]byte, 4096)
+	m := clientMeters.Get().(*meter.Meter)
+	defer clientMeters.Put(m)
+	m.Reset(meter.OpenAIChat, true, start)
+	bp := clientBufs.Get().(*[]byte)
+	defer clientBufs.Put(bp)
 	for {
-		n, err := resp.Body.Read(buf)
+		n, err := resp.Body.Read(*bp)
 		if n > 0 {
-			m.Feed(buf[:n], time.Now(), nil)
+			m.Feed((*bp)[:n], time.Now(), nil)
 		}
 		if err == io.EOF {
 			break
@@ -78,22 +88,107 @@ func pct(v []time.Duration, p float64) time.Duration {
 	return v[min(int(p*float64(len(v))), len(v)-1)]
 }
 
+// child is an emitter serving in its own process: this test binary started again.
+type child struct {
+	base string
+	pid  int
+	cmd  *exec.Cmd
+}
+
+// startChild starts the emitter in its own process against the fake at upstream, publishing
+// to the NATS at natsURL. Under BENCH_PROFILE_DIR it also serves profiles, on pprofAddr.
+func startChild(b *testing.B, natsURL, upstream string, env ...string) (c *child, pprofAddr string) {
+	addr := freeAddr(b)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "EMITTER_TEST_CHILD=serve", "HTTP_ADDR="+addr, "NATS_URL="+natsURL,
+		"EMITTER_UPSTREAM_URL="+upstream, "LOG_LEVEL=error", "EMITTER_SHUTDOWN_GRACE=1s")
+	cmd.Env = append(cmd.Env, env...)
+	cmd.Stderr = os.Stderr
+	if os.Getenv("BENCH_PROFILE_DIR") != "" {
+		pprofAddr = freeAddr(b)
+		cmd.Env = append(cmd.Env, "EMITTER_TEST_PPROF="+pprofAddr)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	c = &child{base: "http://" + addr, pid: cmd.Process.Pid, cmd: cmd}
+	waitReady(b, c.base)
+	return c, pprofAddr
+}
+
+// cpuTime is the CPU time, user and system, a process has used so far.
+func cpuTime(b *testing.B, pid int) time.Duration {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Skipf("no /proc: %v", err) // the figure needs Linux
+	}
+	// Fields after the command name, which is in parentheses: utime and stime are the
+	// 14th and 15th of the whole line, in clock ticks (USER_HZ, 100 on Linux).
+	f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
 // BenchmarkProxyAddedLatency runs streaming requests through the proxy and, side by side, as
 // many straight to the fake LLM, and reports the difference of the client-seen TTFT and total
-// percentiles. Each iteration starts one request of each; the rate is per path. Client, fake
-// LLM, NATS and proxy share the machine. Run it with -benchtime=3000x.
+// percentiles, and the proxy's CPU time per request. Each iteration starts one request of
+// each; the rate is per path. The emitter runs in its own process (its garbage collector and
+// scheduler do not stop the client's or the fake's clock, and its CPU time is its own); the
+// client, the fake LLM and NATS share this one, and all share the machine. BENCH_PROXY_INPROC=1
+// runs the emitter in this process instead, as a library. Run it with -benchtime=3000x.
 func BenchmarkProxyAddedLatency(b *testing.B) {
-	base, _, stop := serveRigWith(b, fakellm.Options{TTFT: 20 * time.Millisecond, TPOT: 2 * time.Millisecond, Tokens: 20})
-	defer stop()
+	opts := fakellm.Options{TTFT: 20 * time.Millisecond, TPOT: 2 * time.Millisecond, Tokens: 20}
+	var base, direct, pprofAddr string
+	pid := 0
+	if os.Getenv("BENCH_PROXY_INPROC") == "1" {
+		var stop func()
+		base, _, stop = serveRigWith(b, opts)
+		defer stop()
+		direct = fakeUpstream(b, base)
+	} else {
+		ns := testbed.NATS(b)
+		fake := httptest.NewServer(fakellm.New(opts))
+		defer fake.Close()
+		var c *child
+		c, pprofAddr = startChild(b, ns.ClientURL(), fake.URL)
+		base, direct, pid = c.base, fake.URL, c.pid
+	}
 	for _, rate := range []int{1000, 250} {
-		b.Run(fmt.Sprintf("rate=%d", rate), func(b *testing.B) { addedLatency(b, base, time.Second/time.Duration(rate)) })
+		b.Run(fmt.Sprintf("rate=%d", rate), func(b *testing.B) {
+			var prof sync.WaitGroup
+			if pprofAddr != "" {
+				// The emitter's CPU profile of two seconds under load.
+				prof.Go(func() {
+					path := filepath.Join(os.Getenv("BENCH_PROFILE_DIR"), fmt.Sprintf("cpu-rate%d.pb.gz", rate))
+					if err := fetch("http://"+pprofAddr+"/debug/pprof/profile?seconds=2", path); err != nil {
+						b.Error(err)
+					}
+				})
+			}
+			addedLatency(b, base, direct, pid, time.Second/time.Duration(rate))
+			prof.Wait()
+		})
 	}
 }
 
-func addedLatency(b *testing.B, base string, every time.Duration) {
-	direct := fakeUpstream(b, base)
+func addedLatency(b *testing.B, base, direct string, pid int, every time.Duration) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2000, DisableCompression: true}}
+	defer client.CloseIdleConnections()
 	body := `{"model":"gpt-4o","stream":true,"max_tokens":20,"messages":[{"role":"user","content":"measure the proxy"}]}`
+	// Warm up: connections in both pools, the proxy's to the fake included.
+	var warm sync.WaitGroup
+	for range 100 {
+		for _, u := range []string{base, direct} {
+			warm.Go(func() {
+				if _, err := streamOnce(client, u+"/v1/chat/completions", body); err != nil {
+					b.Error(err)
+				}
+			})
+		}
+	}
+	warm.Wait()
 	var mu sync.Mutex
 	var viaT, dirT []timing
 	var failures int
@@ -109,15 +204,22 @@ func addedLatency(b *testing.B, base string, every time.Duration) {
 		}
 		*into = append(*into, t)
 	}
+	var cpu0 time.Duration
+	var mem0 map[string]float64
+	if pid != 0 {
+		cpu0, mem0 = cpuTime(b, pid), childMemory(b, base, pid)
+	}
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	b.ReportAllocs()
+	start := time.Now()
 	for b.Loop() {
 		wg.Add(2)
 		go one(base+"/v1/chat/completions", &viaT)
 		go one(direct+"/v1/chat/completions", &dirT)
 		<-tick.C
 	}
+	sent := time.Since(start)
 	wg.Wait()
 	if failures > 0 || len(viaT) == 0 {
 		b.Fatalf("%d requests failed", failures)
@@ -136,10 +238,19 @@ func addedLatency(b *testing.B, base string, every time.Duration) {
 	b.ReportMetric(ms(pct(vtot, .5)-pct(dtot, .5)), "added-total-p50-ms")
 	b.ReportMetric(ms(pct(vtot, .99)-pct(dtot, .99)), "added-total-p99-ms")
 	b.ReportMetric(ms(pct(dt, .99)), "direct-ttft-p99-ms")
+	// The rate the loop kept up (it falls behind when the machine is saturated).
+	b.ReportMetric(float64(len(viaT))/sent.Seconds(), "req/s")
+	if pid != 0 {
+		b.ReportMetric(float64((cpuTime(b, pid)-cpu0).Microseconds())/float64(len(viaT)), "proxy-cpu-us/req")
+		const allocs = "go_memstats_alloc_bytes_total"
+		b.ReportMetric((childMemory(b, base, pid)[allocs]-mem0[allocs])/float64(len(viaT))/1024, "proxy-alloc-KB/req")
+	}
 }
 
 // BenchmarkOpenStreams holds 5,000 streams open through an emitter running in its own process
-// and reports its memory per stream: Go heap and stacks in use, and resident set size.
+// and reports its memory per stream: Go heap and stacks in use, and resident set size. The
+// client and the fake LLM run in this process, so none of their memory is counted; what is
+// counted is the difference the streams make, measured after 50 streams opened and closed.
 // Run it with -benchtime=1x.
 func BenchmarkOpenStreams(b *testing.B) {
 	const streams = 5000
@@ -147,37 +258,23 @@ func BenchmarkOpenStreams(b *testing.B) {
 	// The first token comes at once, the next only after an hour: every stream stays open.
 	fake := httptest.NewServer(fakellm.New(fakellm.Options{TPOT: time.Hour, Tokens: 2}))
 	defer fake.Close()
-	addr := freeAddr(b)
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "EMITTER_TEST_CHILD=serve", "HTTP_ADDR="+addr, "NATS_URL="+ns.ClientURL(),
-		"EMITTER_UPSTREAM_URL="+fake.URL, "EMITTER_STREAM_IDLE_TIMEOUT=1h", "LOG_LEVEL=error", "EMITTER_SHUTDOWN_GRACE=1s")
-	cmd.Stderr = os.Stderr
-	profDir := os.Getenv("BENCH_PROFILE_DIR")
-	pprofAddr := ""
-	if profDir != "" {
-		pprofAddr = freeAddr(b)
-		cmd.Env = append(cmd.Env, "EMITTER_TEST_PPROF="+pprofAddr)
-	}
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	base := "http://" + addr
-	waitReady(b, base)
+	c, pprofAddr := startChild(b, ns.ClientURL(), fake.URL, "EMITTER_STREAM_IDLE_TIMEOUT=1h")
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: streams, DisableCompression: true}}
 	body := `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hold on"}]}`
 	// Warm up: connection pools, buffers and the first event.
-	holdStreams(b, client, base, body, 50)()
-	before := childMemory(b, base, cmd.Process.Pid)
-	release := holdStreams(b, client, base, body, streams)
+	holdStreams(b, client, c.base, body, 50)()
+	before := childMemory(b, c.base, c.pid)
+	release := holdStreams(b, client, c.base, body, streams)
 	time.Sleep(time.Second)
-	after := childMemory(b, base, cmd.Process.Pid)
+	after := childMemory(b, c.base, c.pid)
 	if after["emitter_proxy_inflight_streams"] != streams {
 		b.Fatalf("inflight_streams = %v, want %d", after["emitter_proxy_inflight_streams"], streams)
 	}
-	if profDir != "" {
+	if dir := os.Getenv("BENCH_PROFILE_DIR"); dir != "" {
 		for name, path := range map[string]string{"heap.pb.gz": "heap?gc=1", "goroutine.txt": "goroutine?debug=1"} {
-			saveProfile(b, "http://"+pprofAddr+"/debug/pprof/"+path, filepath.Join(profDir, name))
+			if err := fetch("http://"+pprofAddr+"/debug/pprof/"+path, filepath.Join(dir, name)); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
 	b.ReportAllocs()
@@ -193,20 +290,18 @@ func BenchmarkOpenStreams(b *testing.B) {
 	release()
 }
 
-// saveProfile writes the profile at url to path.
-func saveProfile(b testing.TB, url, path string) {
+// fetch writes what url answers to path.
+func fetch(url, path string) error {
 	resp, err := http.Get(url)
 	if err != nil {
-		b.Fatal(err)
+		return err
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)
 	if err != nil {
-		b.Fatal(err)
+		return err
 	}
-	if err := os.WriteFile(path, raw, 0o644); err != nil {
-		b.Fatal(err)
-	}
+	return os.WriteFile(path, raw, 0o644)
 }
 
 func waitReady(b testing.TB, base string) {
