@@ -169,6 +169,12 @@ func BenchmarkProxyAddedLatency(b *testing.B) {
 			}
 			addedLatency(b, base, direct, pid, time.Second/time.Duration(rate))
 			prof.Wait()
+			if pprofAddr != "" {
+				path := filepath.Join(os.Getenv("BENCH_PROFILE_DIR"), fmt.Sprintf("allocs-rate%d.pb.gz", rate))
+				if err := fetch("http://"+pprofAddr+"/debug/pprof/allocs", path); err != nil {
+					b.Error(err)
+				}
+			}
 		})
 	}
 }

@@ -304,6 +304,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	}
 	out, cancel := p.outgoing(r, base, body, length)
 	defer cancel(nil)
+	outCtx := out.Context() // kept instead of out, which an open stream need not keep
 	if x.strip {
 		// The proxy must edit this stream: the upstream may only encode it in a way the
 		// proxy can decode.
@@ -365,6 +366,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	}
 	h := w.Header()
 	copyHeader(h, resp.Header)
+	resp.Header = nil // copied: an open stream need not keep the map
 	if strip {
 		h.Del("Content-Length")
 		if enc == gzipped {
@@ -410,7 +412,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	}
 	res := m.Result(end)
 	res.Fill(&ev)
-	cause := context.Cause(out.Context())
+	cause := context.Cause(outCtx)
 	switch {
 	case writeErr != nil || (readErr != nil && r.Context().Err() != nil):
 		ev.Status, ev.ErrorCode = events.StatusCanceled, CodeClientGone

@@ -30,8 +30,6 @@ type h1 struct {
 	mu     sync.Mutex
 	idle   map[string][]*h1Conn // by host:port, most recently used last
 	closed bool
-
-	heads sync.Pool // request heads being written
 }
 
 type h1Conn struct {
@@ -47,10 +45,8 @@ type h1Conn struct {
 const h1ReadBuffer = 1 << 10
 
 func newH1(maxIdle int, idleTimeout time.Duration) *h1 {
-	c := &h1{dialer: net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second},
+	return &h1{dialer: net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second},
 		maxIdle: maxIdle, idleTimeout: idleTimeout, idle: map[string][]*h1Conn{}}
-	c.heads.New = func() any { b := make([]byte, 0, 2<<10); return &b }
-	return c
 }
 
 // canDial reports whether the upstream at u is one h1 serves: plain HTTP, not through an
@@ -69,14 +65,14 @@ func canDial(u *url.URL) bool {
 // closed is replaced once, when that is safe (see exchange).
 func (c *h1) roundTrip(req *http.Request, body []byte) (*http.Response, error) {
 	ctx := req.Context()
-	head := c.writeHead(req, len(body))
-	defer c.heads.Put(head)
+	// Not pooled: a burst of thousands of streams would leave thousands in the pool.
+	head := writeHead(req, body)
 	for attempt := 0; ; attempt++ {
 		conn, err := c.get(ctx, hostPort(req.URL.Host))
 		if err != nil {
 			return nil, err
 		}
-		resp, err := c.exchange(ctx, conn, req, *head, body)
+		resp, err := c.exchange(ctx, conn, req, head, body)
 		if err == nil {
 			return resp, nil
 		}
@@ -105,8 +101,8 @@ func (c *h1) exchange(ctx context.Context, conn *h1Conn, req *http.Request, head
 		return nil, err
 	}
 	var err error
-	if len(body) <= 16<<10 {
-		_, err = conn.nc.Write(append(head, body...))
+	if len(body) <= smallBody {
+		_, err = conn.nc.Write(head[:len(head)+len(body)]) // writeHead put the body after the head
 	} else {
 		bufs := net.Buffers{head, body}
 		_, err = bufs.WriteTo(conn.nc)
@@ -130,6 +126,8 @@ func (c *h1) exchange(ctx context.Context, conn *h1Conn, req *http.Request, head
 			break
 		}
 	}
+	// An open stream need not keep the request it answers (its headers, its URL).
+	resp.Request = nil
 	b := &h1Body{c: c, conn: conn, body: resp.Body, stop: stop, keep: !resp.Close}
 	if resp.Body == http.NoBody {
 		b.finish(true)
@@ -138,11 +136,22 @@ func (c *h1) exchange(ctx context.Context, conn *h1Conn, req *http.Request, head
 	return resp, nil
 }
 
-// writeHead renders the request line and headers into a pooled buffer, with room for a small
-// body after them so that both go in one write.
-func (c *h1) writeHead(req *http.Request, length int) *[]byte {
-	bp := c.heads.Get().(*[]byte)
-	b := (*bp)[:0]
+// smallBody is the largest body sent in the same write as the request's head.
+const smallBody = 16 << 10
+
+// writeHead renders the request line and headers. A small body is copied after them, past
+// the returned slice's length, so that both go in one write.
+func writeHead(req *http.Request, body []byte) []byte {
+	size := 64 + len(req.URL.Path) + len(req.URL.RawQuery) + len(req.URL.Host)
+	for k, vs := range req.Header {
+		for _, v := range vs {
+			size += len(k) + len(v) + 4
+		}
+	}
+	if len(body) <= smallBody {
+		size += len(body)
+	}
+	b := make([]byte, 0, size)
 	b = append(b, req.Method...)
 	b = append(b, ' ')
 	b = append(b, req.URL.RequestURI()...)
@@ -164,14 +173,16 @@ func (c *h1) writeHead(req *http.Request, length int) *[]byte {
 			b = append(b, "\r\n"...)
 		}
 	}
-	if length > 0 || req.Method == http.MethodPost || req.Method == http.MethodPut || req.Method == http.MethodPatch {
+	if len(body) > 0 || req.Method == http.MethodPost || req.Method == http.MethodPut || req.Method == http.MethodPatch {
 		b = append(b, "Content-Length: "...)
-		b = strconv.AppendInt(b, int64(length), 10)
+		b = strconv.AppendInt(b, int64(len(body)), 10)
 		b = append(b, "\r\n"...)
 	}
 	b = append(b, "\r\n"...)
-	*bp = b
-	return bp
+	if len(body) <= smallBody {
+		b = append(b, body...)[:len(b)]
+	}
+	return b
 }
 
 func hostPort(host string) string {
