@@ -137,7 +137,8 @@ func cpuTime(b *testing.B, pid int) time.Duration {
 // each; the rate is per path. The emitter runs in its own process (its garbage collector and
 // scheduler do not stop the client's or the fake's clock, and its CPU time is its own); the
 // client, the fake LLM and NATS share this one, and all share the machine. BENCH_PROXY_INPROC=1
-// runs the emitter in this process instead, as a library. Run it with -benchtime=3000x.
+// runs the emitter in this process instead, as a library; BENCH_RATES=1000,500,250 sets the
+// rates. Run it with -benchtime=3000x.
 func BenchmarkProxyAddedLatency(b *testing.B) {
 	opts := fakellm.Options{TTFT: 20 * time.Millisecond, TPOT: 2 * time.Millisecond, Tokens: 20}
 	var base, direct, pprofAddr string
@@ -155,7 +156,18 @@ func BenchmarkProxyAddedLatency(b *testing.B) {
 		c, pprofAddr = startChild(b, ns.ClientURL(), fake.URL)
 		base, direct, pid = c.base, fake.URL, c.pid
 	}
-	for _, rate := range []int{1000, 250} {
+	rates := []int{1000, 250}
+	if v := os.Getenv("BENCH_RATES"); v != "" { // such as 1000,500,250
+		rates = rates[:0]
+		for _, f := range strings.Split(v, ",") {
+			r, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || r <= 0 {
+				b.Fatalf("BENCH_RATES=%q: %q is not a rate", v, f)
+			}
+			rates = append(rates, r)
+		}
+	}
+	for _, rate := range rates {
 		b.Run(fmt.Sprintf("rate=%d", rate), func(b *testing.B) {
 			var prof sync.WaitGroup
 			if pprofAddr != "" {
@@ -215,6 +227,7 @@ func addedLatency(b *testing.B, base, direct string, pid int, every time.Duratio
 	if pid != 0 {
 		cpu0, mem0 = cpuTime(b, pid), childMemory(b, base, pid)
 	}
+	self0 := cpuTime(b, os.Getpid())
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	b.ReportAllocs()
@@ -227,6 +240,7 @@ func addedLatency(b *testing.B, base, direct string, pid int, every time.Duratio
 	}
 	sent := time.Since(start)
 	wg.Wait()
+	self := cpuTime(b, os.Getpid()) - self0
 	if failures > 0 || len(viaT) == 0 {
 		b.Fatalf("%d requests failed", failures)
 	}
@@ -244,8 +258,11 @@ func addedLatency(b *testing.B, base, direct string, pid int, every time.Duratio
 	b.ReportMetric(ms(pct(vtot, .5)-pct(dtot, .5)), "added-total-p50-ms")
 	b.ReportMetric(ms(pct(vtot, .99)-pct(dtot, .99)), "added-total-p99-ms")
 	b.ReportMetric(ms(pct(dt, .99)), "direct-ttft-p99-ms")
-	// The rate the loop kept up (it falls behind when the machine is saturated).
+	// The rate the loop kept up (it falls behind when the machine is saturated), and the CPU
+	// time this process (client, fake LLM, NATS; and the emitter when in-process) spent per
+	// pair of requests: with the emitter's, what the load costs the two cores.
 	b.ReportMetric(float64(len(viaT))/sent.Seconds(), "req/s")
+	b.ReportMetric(float64(self.Microseconds())/float64(len(viaT)), "harness-cpu-us/pair")
 	if pid != 0 {
 		b.ReportMetric(float64((cpuTime(b, pid)-cpu0).Microseconds())/float64(len(viaT)), "proxy-cpu-us/req")
 		const allocs = "go_memstats_alloc_bytes_total"

@@ -41,7 +41,7 @@ func kindOf(name []byte) fastKind {
 		return kindOther
 	}
 	for _, n := range names {
-		if !bytes.EqualFold(name, []byte(n)) {
+		if name[0]|0x20 != n[0] || !bytes.EqualFold(name, []byte(n)) {
 			continue
 		}
 		switch n {

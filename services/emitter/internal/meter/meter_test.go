@@ -271,3 +271,14 @@ func FuzzOpenAIFast(f *testing.F) {
 		}
 	})
 }
+
+func BenchmarkOpenAIFast(b *testing.B) {
+	chunk := []byte(`{"id":"chatcmpl-c0a0879ce1ff00a7","object":"chat.completion.chunk","created":1700102055,"model":"gpt-4o","system_fingerprint":"fp_fake","choices":[{"index":0,"delta":{"content":"percentiles "},"logprobs":null,"finish_reason":null}]}`)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(chunk)))
+	for b.Loop() {
+		if n, ok := openAIFast(chunk); !ok || n == 0 {
+			b.Fatal("not measured")
+		}
+	}
+}
