@@ -138,7 +138,8 @@ func cpuTime(b *testing.B, pid int) time.Duration {
 // scheduler do not stop the client's or the fake's clock, and its CPU time is its own); the
 // client, the fake LLM and NATS share this one, and all share the machine. BENCH_PROXY_INPROC=1
 // runs the emitter in this process instead, as a library; BENCH_RATES=1000,500,250 sets the
-// rates. Run it with -benchtime=3000x.
+// rates; BENCH_EMITTER_ENV="GOMAXPROCS=1 …" adds to the emitter's environment. Run it with
+// -benchtime=3000x.
 func BenchmarkProxyAddedLatency(b *testing.B) {
 	opts := fakellm.Options{TTFT: 20 * time.Millisecond, TPOT: 2 * time.Millisecond, Tokens: 20}
 	var base, direct, pprofAddr string
@@ -153,7 +154,7 @@ func BenchmarkProxyAddedLatency(b *testing.B) {
 		fake := httptest.NewServer(fakellm.New(opts))
 		defer fake.Close()
 		var c *child
-		c, pprofAddr = startChild(b, ns.ClientURL(), fake.URL)
+		c, pprofAddr = startChild(b, ns.ClientURL(), fake.URL, strings.Fields(os.Getenv("BENCH_EMITTER_ENV"))...)
 		base, direct, pid = c.base, fake.URL, c.pid
 	}
 	rates := []int{1000, 250}
