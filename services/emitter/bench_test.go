@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	_ "net/http/pprof" // the OpenStreams child serves profiles on EMITTER_TEST_PPROF
@@ -19,7 +20,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/pkg/ops"
 	"github.com/tokenscope/tokenscope/pkg/testbed"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/fakellm"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/meter"
@@ -28,18 +32,42 @@ import (
 // TestMain lets a benchmark start this test binary as the emitter in its own process, so
 // that the proxy's memory can be measured apart from the client's and the fake LLM's.
 func TestMain(m *testing.M) {
-	if os.Getenv("EMITTER_TEST_CHILD") == "serve" {
+	if mode := os.Getenv("EMITTER_TEST_CHILD"); mode != "" {
 		if addr := os.Getenv("EMITTER_TEST_PPROF"); addr != "" {
-			// Profiles of the child, fetched by BenchmarkOpenStreams under BENCH_PROFILE_DIR.
+			// Profiles of the child, fetched by the benchmarks under BENCH_PROFILE_DIR.
 			go func() { _ = http.ListenAndServe(addr, nil) }()
 		}
-		if err := run(context.Background(), nil, os.Environ(), os.Stdout, os.Stderr); err != nil {
+		serve := func() error { return run(context.Background(), nil, os.Environ(), os.Stdout, os.Stderr) }
+		if mode == "bare" {
+			serve = serveBare
+		}
+		if err := serve(); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
+}
+
+// serveBare serves, on the emitter's HTTP server (pkg/ops) and HTTP_ADDR, a handler that only
+// holds streams: it reads the request, sends the headers and one event, and waits for the
+// client to leave. Its memory per stream is net/http's own, the floor under the proxy's.
+func serveBare() error {
+	srv := ops.NewServer(os.Getenv("HTTP_ADDR"), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	streams := prometheus.NewGauge(prometheus.GaugeOpts{Name: "emitter_proxy_inflight_streams", Help: "Streams held."})
+	srv.Registry().MustRegister(streams)
+	srv.Handle("POST /v1/chat/completions", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		streams.Inc()
+		defer streams.Dec()
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n")
+		_ = http.NewResponseController(w).Flush()
+		<-r.Context().Done()
+	}))
+	return srv.Run(context.Background(), time.Second)
 }
 
 // timing is one streamed request seen from the client.
@@ -275,14 +303,26 @@ func addedLatency(b *testing.B, base, direct string, pid int, every time.Duratio
 // and reports its memory per stream: Go heap and stacks in use, and resident set size. The
 // client and the fake LLM run in this process, so none of their memory is counted; what is
 // counted is the difference the streams make, measured after 50 streams opened and closed.
+// The sub-benchmark bare holds as many streams on the same HTTP server with a handler that
+// does nothing else: the part of the figure that is net/http's, not the proxy's.
 // Run it with -benchtime=1x.
 func BenchmarkOpenStreams(b *testing.B) {
+	for _, mode := range []string{"proxy", "bare"} {
+		b.Run(mode, func(b *testing.B) { openStreams(b, mode) })
+	}
+}
+
+func openStreams(b *testing.B, mode string) {
 	const streams = 5000
 	ns := testbed.NATS(b)
 	// The first token comes at once, the next only after an hour: every stream stays open.
 	fake := httptest.NewServer(fakellm.New(fakellm.Options{TPOT: time.Hour, Tokens: 2}))
 	defer fake.Close()
-	c, pprofAddr := startChild(b, ns.ClientURL(), fake.URL, "EMITTER_STREAM_IDLE_TIMEOUT=1h")
+	env := []string{"EMITTER_STREAM_IDLE_TIMEOUT=1h"}
+	if mode == "bare" {
+		env = append(env, "EMITTER_TEST_CHILD=bare")
+	}
+	c, pprofAddr := startChild(b, ns.ClientURL(), fake.URL, env...)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: streams, DisableCompression: true}}
 	body := `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hold on"}]}`
 	// Warm up: connection pools, buffers and the first event.
@@ -296,7 +336,7 @@ func BenchmarkOpenStreams(b *testing.B) {
 	}
 	if dir := os.Getenv("BENCH_PROFILE_DIR"); dir != "" {
 		for name, path := range map[string]string{"heap.pb.gz": "heap?gc=1", "goroutine.txt": "goroutine?debug=1"} {
-			if err := fetch("http://"+pprofAddr+"/debug/pprof/"+path, filepath.Join(dir, name)); err != nil {
+			if err := fetch("http://"+pprofAddr+"/debug/pprof/"+path, filepath.Join(dir, mode+"-"+name)); err != nil {
 				b.Fatal(err)
 			}
 		}
