@@ -4,5 +4,5 @@ package proxy
 
 import "net"
 
-// alive cannot peek here; a connection the upstream closed fails on use and is replaced.
-func alive(net.Conn) bool { return true }
+// peek cannot look here: a connection the upstream closed fails on use and is replaced.
+func peek(net.Conn) peekState { return unknown }

@@ -7,25 +7,31 @@ import (
 	"syscall"
 )
 
-// alive reports whether an idle connection is still open: the upstream may have closed it
-// since (uvicorn, which vLLM runs on, closes idle ones after 5 s). It peeks without waiting.
-func alive(nc net.Conn) bool {
+// peek reports, without waiting, whether nc has bytes to read (ready), nothing yet (idle), or
+// is closed or broken (gone).
+func peek(nc net.Conn) peekState {
 	sc, ok := nc.(syscall.Conn)
 	if !ok {
-		return true
+		return unknown
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
-		return false
+		return gone
 	}
-	open := true
+	state := gone
 	var b [1]byte
 	err = rc.Read(func(fd uintptr) bool {
-		_, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		// Nothing to read is the one good answer: an end of stream, an error, or bytes
-		// nobody asked for all make the connection useless.
-		open = err == syscall.EAGAIN || err == syscall.EWOULDBLOCK
+		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		switch {
+		case err == syscall.EAGAIN || err == syscall.EWOULDBLOCK:
+			state = idle
+		case err == nil && n > 0:
+			state = ready
+		}
 		return true
 	})
-	return err == nil && open
+	if err != nil {
+		return gone
+	}
+	return state
 }

@@ -373,9 +373,14 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 			h.Del("Content-Encoding")
 		}
 	}
-	if stream {
+	open := stream // counted in inflight_streams until the event goes out
+	if open {
 		p.m.streams.Inc()
-		defer p.m.streams.Dec()
+		defer func() {
+			if open {
+				p.m.streams.Dec()
+			}
+		}()
 	}
 	w.WriteHeader(resp.StatusCode)
 	rc := http.NewResponseController(w)
@@ -433,6 +438,10 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	if !stream && x.stream && ok {
 		// A streaming request answered with a plain body: measured as one.
 		ev.Stream = false
+	}
+	if open {
+		p.m.streams.Dec()
+		open = false
 	}
 	p.finish(&ev, end)
 }

@@ -107,8 +107,14 @@ func (c *h1) exchange(ctx context.Context, conn *h1Conn, req *http.Request, head
 		bufs := net.Buffers{head, body}
 		_, err = bufs.WriteTo(conn.nc)
 	}
-	if err != nil {
-		return fail(err)
+	wrote := err == nil
+	if !wrote {
+		// The upstream may have answered before reading the whole request (a 413, say) and
+		// stopped reading: its answer is the one to relay, as http.Transport would.
+		if conn.br.Buffered() == 0 && peek(conn.nc) != ready {
+			return fail(err)
+		}
+		retry = false
 	}
 	retry = retry && (req.Header.Get("Idempotency-Key") != "" || req.Header.Get("X-Idempotency-Key") != "")
 	if _, err := conn.br.Peek(1); err != nil {
@@ -128,7 +134,7 @@ func (c *h1) exchange(ctx context.Context, conn *h1Conn, req *http.Request, head
 	}
 	// An open stream need not keep the request it answers (its headers, its URL).
 	resp.Request = nil
-	b := &h1Body{c: c, conn: conn, body: resp.Body, stop: stop, keep: !resp.Close}
+	b := &h1Body{c: c, conn: conn, body: resp.Body, stop: stop, keep: !resp.Close && wrote}
 	if resp.Body == http.NoBody {
 		b.finish(true)
 	}
@@ -185,6 +191,16 @@ func writeHead(req *http.Request, body []byte) []byte {
 	return b
 }
 
+// peekState is what a look at a connection's read side found.
+type peekState uint8
+
+const (
+	unknown peekState = iota // this platform cannot tell
+	idle                     // open, nothing to read
+	ready                    // bytes to read
+	gone                     // closed or broken
+)
+
 func hostPort(host string) string {
 	if _, _, err := net.SplitHostPort(host); err == nil {
 		return host
@@ -206,9 +222,13 @@ func (c *h1) get(ctx context.Context, addr string) (*h1Conn, error) {
 		list[len(list)-1] = nil
 		c.idle[addr] = list[:len(list)-1]
 		c.mu.Unlock()
-		if now.Sub(conn.idleAt) < c.idleTimeout && conn.br.Buffered() == 0 && alive(conn.nc) {
-			conn.reused = true
-			return conn, nil
+		// An idle connection with bytes to read, or closed, is of no use: the upstream closes
+		// idle ones (uvicorn, which vLLM runs on, after 5 s).
+		if now.Sub(conn.idleAt) < c.idleTimeout && conn.br.Buffered() == 0 {
+			if st := peek(conn.nc); st == idle || st == unknown {
+				conn.reused = true
+				return conn, nil
+			}
 		}
 		_ = conn.nc.Close()
 	}

@@ -159,3 +159,42 @@ func TestUpstreamFraming(t *testing.T) {
 		t.Fatalf("Connection: close ignored: %d connections for 2 requests", n)
 	}
 }
+
+// TestUpstreamAnswersEarly: an upstream that answers 413 before reading a big body, and stops
+// reading: the client gets the 413, as it would directly.
+func TestUpstreamAnswersEarly(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	const answer = `{"error":{"message":"too big","type":"invalid_request_error"}}`
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				br := bufio.NewReader(c)
+				if _, err := http.ReadRequest(br); err != nil { // the head only
+					c.Close()
+					return
+				}
+				fmt.Fprintf(c, "HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(answer), answer)
+				time.Sleep(200 * time.Millisecond) // the proxy's write fills the socket buffers
+				c.Close()
+			}()
+		}
+	}()
+	u, _ := ParseUpstream("http://" + ln.Addr().String())
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream = u; c.MaxParseBytes = 64 << 20 })
+	big := `{"model":"gpt-4o","messages":[{"role":"user","content":"` + strings.Repeat("word ", 4<<20) + `"}]}`
+	via := call(t, r.proxy.URL, chatPath, big, nil)
+	if via.status != http.StatusRequestEntityTooLarge || string(via.body) != answer {
+		t.Fatalf("client got %d %v %q", via.status, via.err, via.body)
+	}
+	if ev := r.cap.next(t); ev.Status != events.StatusError || ev.ErrorCode != "413" {
+		t.Fatalf("event %s %s", ev.Status, ev.ErrorCode)
+	}
+}
