@@ -95,6 +95,21 @@ func newRig(t *testing.T, opts fakellm.Options, tweak func(*Config)) *rig {
 	return &rig{fake: fake, proxy: srv, p: p, cap: cap, reg: reg}
 }
 
+// bothClients runs f with each of the proxy's upstream clients: its own (plain-HTTP upstreams,
+// bodies in memory, as here) and http.Transport (TLS upstreams, HTTP proxies, bodies
+// streamed through unread).
+func bothClients(t *testing.T, f func(t *testing.T, transport bool)) {
+	t.Run("own client", func(t *testing.T) { f(t, false) })
+	t.Run("http.Transport", func(t *testing.T) { f(t, true) })
+}
+
+// viaTransport sends every upstream request through http.Transport.
+func (r *rig) viaTransport() {
+	for u := range r.p.dialable {
+		r.p.dialable[u] = false
+	}
+}
+
 type reply struct {
 	status int
 	header http.Header
@@ -139,7 +154,14 @@ func chatBody(stream bool, extra string) string {
 }
 
 func TestIdenticalBytesAndMeasurements(t *testing.T) {
+	bothClients(t, testIdenticalBytesAndMeasurements)
+}
+
+func testIdenticalBytesAndMeasurements(t *testing.T, transport bool) {
 	r := newRig(t, fakellm.Options{TTFT: 60 * time.Millisecond, TPOT: 2 * time.Millisecond}, nil)
+	if transport {
+		r.viaTransport()
+	}
 	tests := []struct {
 		name, path, body string
 		stream           bool
@@ -190,11 +212,16 @@ func TestIdenticalBytesAndMeasurements(t *testing.T) {
 	}
 }
 
-func TestStatuses(t *testing.T) {
+func TestStatuses(t *testing.T) { bothClients(t, testStatuses) }
+
+func testStatuses(t *testing.T, transport bool) {
 	r := newRig(t, fakellm.Options{TTFT: 10 * time.Millisecond, TPOT: time.Millisecond, Tokens: 8}, func(c *Config) {
 		c.UpstreamTimeout = 300 * time.Millisecond
 		c.IdleTimeout = 300 * time.Millisecond
 	})
+	if transport {
+		r.viaTransport()
+	}
 	anth := `{"model":"claude-haiku","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi there"}]}`
 	tests := []struct {
 		name, path, body, mode string
@@ -248,8 +275,13 @@ func TestStatuses(t *testing.T) {
 	}
 }
 
-func TestClientHangsUp(t *testing.T) {
+func TestClientHangsUp(t *testing.T) { bothClients(t, testClientHangsUp) }
+
+func testClientHangsUp(t *testing.T, transport bool) {
 	r := newRig(t, fakellm.Options{TTFT: 10 * time.Millisecond, TPOT: 20 * time.Millisecond, Tokens: 200}, nil)
+	if transport {
+		r.viaTransport()
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.proxy.URL+chatPath, strings.NewReader(chatBody(true, "")))
 	req.Header.Set("X-Fakellm-Tokens", "200")
@@ -384,7 +416,9 @@ func TestWithUsage(t *testing.T) {
 
 // TestForwardedBodyIsTheClients checks that the upstream receives the client's body byte for
 // byte, with only include_usage spliced in: key order, spacing, escapes and numbers as sent.
-func TestForwardedBodyIsTheClients(t *testing.T) {
+func TestForwardedBodyIsTheClients(t *testing.T) { bothClients(t, testForwardedBodyIsTheClients) }
+
+func testForwardedBodyIsTheClients(t *testing.T, transport bool) {
 	seen := make(chan []byte, 1)
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
@@ -395,6 +429,9 @@ func TestForwardedBodyIsTheClients(t *testing.T) {
 	defer up.Close()
 	u, _ := ParseUpstream(up.URL)
 	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream = u })
+	if transport {
+		r.viaTransport()
+	}
 	const msgs = `"messages": [ {"role":"user", "content":"<b>&amp; caf\u00e9 \"q\" 1e3"} ], "temperature": 1.0e0, "z":{"b":1,"a":2}`
 	tests := []struct{ name, body, want string }{
 		{"no stream_options", `{"model":"gpt-4o", "stream": true, ` + msgs + `}`,
@@ -456,7 +493,9 @@ func FuzzWithUsage(f *testing.F) {
 // times, and checks that each request has one outcome: the client gets the whole response and
 // the event says ok, or the client gets a 504 and the event says timeout. Never a 200 cut
 // short, never a timeout event for a response the client got, never a stream_idle.
-func TestTimeoutAsTheHeadersArrive(t *testing.T) {
+func TestTimeoutAsTheHeadersArrive(t *testing.T) { bothClients(t, testTimeoutAsTheHeadersArrive) }
+
+func testTimeoutAsTheHeadersArrive(t *testing.T, transport bool) {
 	const timeout = 20 * time.Millisecond
 	const sse = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n"
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -474,6 +513,9 @@ func TestTimeoutAsTheHeadersArrive(t *testing.T) {
 	defer up.Close()
 	u, _ := ParseUpstream(up.URL)
 	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream = u; c.UpstreamTimeout = timeout; c.IdleTimeout = time.Second })
+	if transport {
+		r.viaTransport()
+	}
 	const n, parallel = 400, 16
 	got := make([]reply, n)
 	var wg sync.WaitGroup
@@ -515,6 +557,10 @@ func TestTimeoutAsTheHeadersArrive(t *testing.T) {
 // timeout while the upstream has long finished sending: the stream is not the upstream's
 // stall, and ends ok.
 func TestSlowClientIsNotAnIdleUpstream(t *testing.T) {
+	bothClients(t, testSlowClientIsNotAnIdleUpstream)
+}
+
+func testSlowClientIsNotAnIdleUpstream(t *testing.T, transport bool) {
 	chunk := "data: {\"choices\":[{\"delta\":{\"content\":\"" + strings.Repeat("x", 4000) + "\"}}]}\n\n"
 	const chunks = 4000 // 16 MB: more than the sockets buffer, so the proxy's writes block
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -527,6 +573,9 @@ func TestSlowClientIsNotAnIdleUpstream(t *testing.T) {
 	defer up.Close()
 	u, _ := ParseUpstream(up.URL)
 	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream = u; c.IdleTimeout = 150 * time.Millisecond })
+	if transport {
+		r.viaTransport()
+	}
 	resp, err := http.Post(r.proxy.URL+chatPath, "application/json", strings.NewReader(chatBody(true, `,"stream_options":{"include_usage":true}`)))
 	if err != nil {
 		t.Fatal(err)
@@ -561,8 +610,13 @@ func gunzipAll(t testing.TB, b []byte) []byte {
 // TestGzipStreams: a gzip stream the proxy must strip its usage chunk from reaches the client
 // decoded, with exactly the content a direct call decodes to; one it need not edit passes
 // through compressed, byte for byte. Either way it is measured: TTFT and usage.
-func TestGzipStreams(t *testing.T) {
+func TestGzipStreams(t *testing.T) { bothClients(t, testGzipStreams) }
+
+func testGzipStreams(t *testing.T, transport bool) {
 	r := newRig(t, fakellm.Options{TTFT: 60 * time.Millisecond, TPOT: 2 * time.Millisecond}, nil)
+	if transport {
+		r.viaTransport()
+	}
 	anth := `{"model":"claude-sonnet-4-5","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"one two three four"}]}`
 	tests := []struct {
 		name, path, body string
@@ -639,7 +693,9 @@ func TestGzipStreamWithCurl(t *testing.T) {
 
 // TestAcceptEncodingNarrowed: for a stream it must edit, the proxy lets the upstream choose
 // only an encoding it can decode; other requests keep the client's Accept-Encoding.
-func TestAcceptEncodingNarrowed(t *testing.T) {
+func TestAcceptEncodingNarrowed(t *testing.T) { bothClients(t, testAcceptEncodingNarrowed) }
+
+func testAcceptEncodingNarrowed(t *testing.T, transport bool) {
 	seen := make(chan string, 1)
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		seen <- strings.Join(r.Header.Values("Accept-Encoding"), "|")
@@ -649,6 +705,9 @@ func TestAcceptEncodingNarrowed(t *testing.T) {
 	defer up.Close()
 	u, _ := ParseUpstream(up.URL)
 	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream = u })
+	if transport {
+		r.viaTransport()
+	}
 	f := func(body, acceptEncoding, want string) {
 		t.Helper()
 		call(t, r.proxy.URL, chatPath, body, map[string]string{"Accept-Encoding": acceptEncoding})
@@ -667,7 +726,9 @@ func TestAcceptEncodingNarrowed(t *testing.T) {
 // TestCorruptGzip: a body that says gzip and is not. Passed through, the client gets every
 // byte; decoded to strip the usage chunk, the client's connection breaks as the upstream's
 // would. The event says malformed_gzip.
-func TestCorruptGzip(t *testing.T) {
+func TestCorruptGzip(t *testing.T) { bothClients(t, testCorruptGzip) }
+
+func testCorruptGzip(t *testing.T, transport bool) {
 	var good bytes.Buffer
 	zw := gzip.NewWriter(&good)
 	_, _ = io.WriteString(zw, "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n")
@@ -681,6 +742,9 @@ func TestCorruptGzip(t *testing.T) {
 	defer up.Close()
 	u, _ := ParseUpstream(up.URL)
 	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream = u })
+	if transport {
+		r.viaTransport()
+	}
 
 	via := call(t, r.proxy.URL, chatPath, chatBody(true, `,"stream_options":{"include_usage":true}`), nil)
 	if via.err != nil || !bytes.Equal(via.body, bad) {
