@@ -6,10 +6,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	_ "net/http/pprof" // the OpenStreams child serves profiles on EMITTER_TEST_PPROF
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,7 +22,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/pkg/ops"
 	"github.com/tokenscope/tokenscope/pkg/testbed"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/fakellm"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/meter"
@@ -28,8 +34,16 @@ import (
 // TestMain lets a benchmark start this test binary as the emitter in its own process, so
 // that the proxy's memory can be measured apart from the client's and the fake LLM's.
 func TestMain(m *testing.M) {
-	if os.Getenv("EMITTER_TEST_CHILD") == "serve" {
-		if err := run(context.Background(), nil, os.Environ(), os.Stdout, os.Stderr); err != nil {
+	if mode := os.Getenv("EMITTER_TEST_CHILD"); mode != "" {
+		if addr := os.Getenv("EMITTER_TEST_PPROF"); addr != "" {
+			// Profiles of the child, fetched by the benchmarks under BENCH_PROFILE_DIR.
+			go func() { _ = http.ListenAndServe(addr, nil) }()
+		}
+		serve := func() error { return run(context.Background(), nil, os.Environ(), os.Stdout, os.Stderr) }
+		if mode == "bare" {
+			serve = serveBare
+		}
+		if err := serve(); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
@@ -38,8 +52,35 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// serveBare serves, on the emitter's HTTP server (pkg/ops) and HTTP_ADDR, a handler that only
+// holds streams: it reads the request, sends the headers and one event, and waits for the
+// client to leave. Its memory per stream is net/http's own, the floor under the proxy's.
+func serveBare() error {
+	srv := ops.NewServer(os.Getenv("HTTP_ADDR"), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	streams := prometheus.NewGauge(prometheus.GaugeOpts{Name: "emitter_proxy_inflight_streams", Help: "Streams held."})
+	srv.Registry().MustRegister(streams)
+	srv.Handle("POST /v1/chat/completions", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		streams.Inc()
+		defer streams.Dec()
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		_, _ = io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n")
+		_ = http.NewResponseController(w).Flush()
+		<-r.Context().Done()
+	}))
+	return srv.Run(context.Background(), time.Second)
+}
+
 // timing is one streamed request seen from the client.
 type timing struct{ ttft, total time.Duration }
+
+// The client's read buffers and meters, reused: the load generator shares the cores with
+// what it measures.
+var (
+	clientBufs   = sync.Pool{New: func() any { b := make([]byte, 4096); return &b }}
+	clientMeters = sync.Pool{New: func() any { return &meter.Meter{} }}
+)
 
 func streamOnce(client *http.Client, url, body string) (timing, error) {
 	start := time.Now()
@@ -48,12 +89,15 @@ func streamOnce(client *http.Client, url, body string) (timing, error) {
 		return timing{}, err
 	}
 	defer resp.Body.Close()
-	m := meter.New(meter.OpenAIChat, true, start)
-	buf := make([]byte, 4096)
+	m := clientMeters.Get().(*meter.Meter)
+	defer clientMeters.Put(m)
+	m.Reset(meter.OpenAIChat, true, start)
+	bp := clientBufs.Get().(*[]byte)
+	defer clientBufs.Put(bp)
 	for {
-		n, err := resp.Body.Read(buf)
+		n, err := resp.Body.Read(*bp)
 		if n > 0 {
-			m.Feed(buf[:n], time.Now(), nil)
+			m.Feed((*bp)[:n], time.Now(), nil)
 		}
 		if err == io.EOF {
 			break
@@ -74,22 +118,126 @@ func pct(v []time.Duration, p float64) time.Duration {
 	return v[min(int(p*float64(len(v))), len(v)-1)]
 }
 
+// child is an emitter serving in its own process: this test binary started again.
+type child struct {
+	base string
+	pid  int
+	cmd  *exec.Cmd
+}
+
+// startChild starts the emitter in its own process against the fake at upstream, publishing
+// to the NATS at natsURL. Under BENCH_PROFILE_DIR it also serves profiles, on pprofAddr.
+func startChild(b *testing.B, natsURL, upstream string, env ...string) (c *child, pprofAddr string) {
+	addr := freeAddr(b)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "EMITTER_TEST_CHILD=serve", "HTTP_ADDR="+addr, "NATS_URL="+natsURL,
+		"EMITTER_UPSTREAM_URL="+upstream, "LOG_LEVEL=error", "EMITTER_SHUTDOWN_GRACE=1s")
+	cmd.Env = append(cmd.Env, env...)
+	cmd.Stderr = os.Stderr
+	if os.Getenv("BENCH_PROFILE_DIR") != "" {
+		pprofAddr = freeAddr(b)
+		cmd.Env = append(cmd.Env, "EMITTER_TEST_PPROF="+pprofAddr)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	c = &child{base: "http://" + addr, pid: cmd.Process.Pid, cmd: cmd}
+	waitReady(b, c.base)
+	return c, pprofAddr
+}
+
+// cpuTime is the CPU time, user and system, a process has used so far.
+func cpuTime(b *testing.B, pid int) time.Duration {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Skipf("no /proc: %v", err) // the figure needs Linux
+	}
+	// Fields after the command name, which is in parentheses: utime and stime are the
+	// 14th and 15th of the whole line, in clock ticks (USER_HZ, 100 on Linux).
+	f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}
+
 // BenchmarkProxyAddedLatency runs streaming requests through the proxy and, side by side, as
 // many straight to the fake LLM, and reports the difference of the client-seen TTFT and total
-// percentiles. Each iteration starts one request of each; the rate is per path. Client, fake
-// LLM, NATS and proxy share the machine. Run it with -benchtime=3000x.
+// percentiles, and the proxy's CPU time per request. Each iteration starts one request of
+// each; the rate is per path. The emitter runs in its own process (its garbage collector and
+// scheduler do not stop the client's or the fake's clock, and its CPU time is its own); the
+// client, the fake LLM and NATS share this one, and all share the machine. BENCH_PROXY_INPROC=1
+// runs the emitter in this process instead, as a library; BENCH_RATES=1000,500,250 sets the
+// rates; BENCH_EMITTER_ENV="GOMAXPROCS=1 …" adds to the emitter's environment. Run it with
+// -benchtime=3000x.
 func BenchmarkProxyAddedLatency(b *testing.B) {
-	base, _, stop := serveRigWith(b, fakellm.Options{TTFT: 20 * time.Millisecond, TPOT: 2 * time.Millisecond, Tokens: 20})
-	defer stop()
-	for _, rate := range []int{1000, 250} {
-		b.Run(fmt.Sprintf("rate=%d", rate), func(b *testing.B) { addedLatency(b, base, time.Second/time.Duration(rate)) })
+	opts := fakellm.Options{TTFT: 20 * time.Millisecond, TPOT: 2 * time.Millisecond, Tokens: 20}
+	var base, direct, pprofAddr string
+	pid := 0
+	if os.Getenv("BENCH_PROXY_INPROC") == "1" {
+		var stop func()
+		base, _, stop = serveRigWith(b, opts)
+		defer stop()
+		direct = fakeUpstream(b, base)
+	} else {
+		ns := testbed.NATS(b)
+		fake := httptest.NewServer(fakellm.New(opts))
+		defer fake.Close()
+		var c *child
+		c, pprofAddr = startChild(b, ns.ClientURL(), fake.URL, strings.Fields(os.Getenv("BENCH_EMITTER_ENV"))...)
+		base, direct, pid = c.base, fake.URL, c.pid
+	}
+	rates := []int{1000, 250}
+	if v := os.Getenv("BENCH_RATES"); v != "" { // such as 1000,500,250
+		rates = rates[:0]
+		for _, f := range strings.Split(v, ",") {
+			r, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || r <= 0 {
+				b.Fatalf("BENCH_RATES=%q: %q is not a rate", v, f)
+			}
+			rates = append(rates, r)
+		}
+	}
+	for _, rate := range rates {
+		b.Run(fmt.Sprintf("rate=%d", rate), func(b *testing.B) {
+			var prof sync.WaitGroup
+			if pprofAddr != "" {
+				// The emitter's CPU profile of two seconds under load.
+				prof.Go(func() {
+					path := filepath.Join(os.Getenv("BENCH_PROFILE_DIR"), fmt.Sprintf("cpu-rate%d.pb.gz", rate))
+					if err := fetch("http://"+pprofAddr+"/debug/pprof/profile?seconds=2", path); err != nil {
+						b.Error(err)
+					}
+				})
+			}
+			addedLatency(b, base, direct, pid, time.Second/time.Duration(rate))
+			prof.Wait()
+			if pprofAddr != "" {
+				path := filepath.Join(os.Getenv("BENCH_PROFILE_DIR"), fmt.Sprintf("allocs-rate%d.pb.gz", rate))
+				if err := fetch("http://"+pprofAddr+"/debug/pprof/allocs", path); err != nil {
+					b.Error(err)
+				}
+			}
+		})
 	}
 }
 
-func addedLatency(b *testing.B, base string, every time.Duration) {
-	direct := fakeUpstream(b, base)
+func addedLatency(b *testing.B, base, direct string, pid int, every time.Duration) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2000, DisableCompression: true}}
+	defer client.CloseIdleConnections()
 	body := `{"model":"gpt-4o","stream":true,"max_tokens":20,"messages":[{"role":"user","content":"measure the proxy"}]}`
+	// Warm up: connections in both pools, the proxy's to the fake included.
+	var warm sync.WaitGroup
+	for range 100 {
+		for _, u := range []string{base, direct} {
+			warm.Go(func() {
+				if _, err := streamOnce(client, u+"/v1/chat/completions", body); err != nil {
+					b.Error(err)
+				}
+			})
+		}
+	}
+	warm.Wait()
 	var mu sync.Mutex
 	var viaT, dirT []timing
 	var failures int
@@ -105,16 +253,25 @@ func addedLatency(b *testing.B, base string, every time.Duration) {
 		}
 		*into = append(*into, t)
 	}
+	var cpu0 time.Duration
+	var mem0 map[string]float64
+	if pid != 0 {
+		cpu0, mem0 = cpuTime(b, pid), childMemory(b, base, pid)
+	}
+	self0 := cpuTime(b, os.Getpid())
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	b.ReportAllocs()
+	start := time.Now()
 	for b.Loop() {
 		wg.Add(2)
 		go one(base+"/v1/chat/completions", &viaT)
 		go one(direct+"/v1/chat/completions", &dirT)
 		<-tick.C
 	}
+	sent := time.Since(start)
 	wg.Wait()
+	self := cpuTime(b, os.Getpid()) - self0
 	if failures > 0 || len(viaT) == 0 {
 		b.Fatalf("%d requests failed", failures)
 	}
@@ -132,38 +289,59 @@ func addedLatency(b *testing.B, base string, every time.Duration) {
 	b.ReportMetric(ms(pct(vtot, .5)-pct(dtot, .5)), "added-total-p50-ms")
 	b.ReportMetric(ms(pct(vtot, .99)-pct(dtot, .99)), "added-total-p99-ms")
 	b.ReportMetric(ms(pct(dt, .99)), "direct-ttft-p99-ms")
+	// The rate the loop kept up (it falls behind when the machine is saturated), and the CPU
+	// time this process (client, fake LLM, NATS; and the emitter when in-process) spent per
+	// pair of requests: with the emitter's, what the load costs the two cores.
+	b.ReportMetric(float64(len(viaT))/sent.Seconds(), "req/s")
+	b.ReportMetric(float64(self.Microseconds())/float64(len(viaT)), "harness-cpu-us/pair")
+	if pid != 0 {
+		b.ReportMetric(float64((cpuTime(b, pid)-cpu0).Microseconds())/float64(len(viaT)), "proxy-cpu-us/req")
+		const allocs = "go_memstats_alloc_bytes_total"
+		b.ReportMetric((childMemory(b, base, pid)[allocs]-mem0[allocs])/float64(len(viaT))/1024, "proxy-alloc-KB/req")
+	}
 }
 
 // BenchmarkOpenStreams holds 5,000 streams open through an emitter running in its own process
-// and reports its memory per stream: Go heap and stacks in use, and resident set size.
+// and reports its memory per stream: Go heap and stacks in use, and resident set size. The
+// client and the fake LLM run in this process, so none of their memory is counted; what is
+// counted is the difference the streams make, measured after 50 streams opened and closed.
+// The sub-benchmark bare holds as many streams on the same HTTP server with a handler that
+// does nothing else: the part of the figure that is net/http's, not the proxy's.
 // Run it with -benchtime=1x.
 func BenchmarkOpenStreams(b *testing.B) {
+	for _, mode := range []string{"proxy", "bare"} {
+		b.Run(mode, func(b *testing.B) { openStreams(b, mode) })
+	}
+}
+
+func openStreams(b *testing.B, mode string) {
 	const streams = 5000
 	ns := testbed.NATS(b)
 	// The first token comes at once, the next only after an hour: every stream stays open.
 	fake := httptest.NewServer(fakellm.New(fakellm.Options{TPOT: time.Hour, Tokens: 2}))
 	defer fake.Close()
-	addr := freeAddr(b)
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "EMITTER_TEST_CHILD=serve", "HTTP_ADDR="+addr, "NATS_URL="+ns.ClientURL(),
-		"EMITTER_UPSTREAM_URL="+fake.URL, "EMITTER_STREAM_IDLE_TIMEOUT=1h", "LOG_LEVEL=error", "EMITTER_SHUTDOWN_GRACE=1s")
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
+	env := []string{"EMITTER_STREAM_IDLE_TIMEOUT=1h"}
+	if mode == "bare" {
+		env = append(env, "EMITTER_TEST_CHILD=bare")
 	}
-	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	base := "http://" + addr
-	waitReady(b, base)
+	c, pprofAddr := startChild(b, ns.ClientURL(), fake.URL, env...)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: streams, DisableCompression: true}}
 	body := `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hold on"}]}`
 	// Warm up: connection pools, buffers and the first event.
-	holdStreams(b, client, base, body, 50)()
-	before := childMemory(b, base, cmd.Process.Pid)
-	release := holdStreams(b, client, base, body, streams)
+	holdStreams(b, client, c.base, body, 50)()
+	before := childMemory(b, c.base, c.pid)
+	release := holdStreams(b, client, c.base, body, streams)
 	time.Sleep(time.Second)
-	after := childMemory(b, base, cmd.Process.Pid)
+	after := childMemory(b, c.base, c.pid)
 	if after["emitter_proxy_inflight_streams"] != streams {
 		b.Fatalf("inflight_streams = %v, want %d", after["emitter_proxy_inflight_streams"], streams)
+	}
+	if dir := os.Getenv("BENCH_PROFILE_DIR"); dir != "" {
+		for name, path := range map[string]string{"heap.pb.gz": "heap?gc=1", "goroutine.txt": "goroutine?debug=1"} {
+			if err := fetch("http://"+pprofAddr+"/debug/pprof/"+path, filepath.Join(dir, mode+"-"+name)); err != nil {
+				b.Fatal(err)
+			}
+		}
 	}
 	b.ReportAllocs()
 	for b.Loop() {
@@ -176,6 +354,20 @@ func BenchmarkOpenStreams(b *testing.B) {
 	b.ReportMetric((after["rss"]-before["rss"])/streams/1024, "rss-KB/stream")
 	b.ReportMetric(streams, "streams")
 	release()
+}
+
+// fetch writes what url answers to path.
+func fetch(url, path string) error {
+	resp, err := http.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, raw, 0o644)
 }
 
 func waitReady(b testing.TB, base string) {

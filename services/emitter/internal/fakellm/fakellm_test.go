@@ -1,9 +1,12 @@
 package fakellm
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -94,5 +97,51 @@ func TestTimingAndStall(t *testing.T) {
 	resp.Body.Close()
 	if err == nil {
 		t.Fatal("a disconnect mode stream ended cleanly")
+	}
+}
+
+// TestGoldenOutput pins the fake's bytes: clients' fixtures and the direct-versus-proxy
+// comparisons rely on them staying the same. UPDATE_GOLDEN=1 rewrites testdata/golden.
+func TestGoldenOutput(t *testing.T) {
+	s := New(Options{Tokens: 4})
+	cases := []struct{ name, path, body, mode string }{
+		{"chat_stream", "/v1/chat/completions", `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"a b c"}]}`, ""},
+		{"chat_stream_usage", "/v1/chat/completions", `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"a \"b\" c"}]}`, ""},
+		{"chat_whole", "/v1/chat/completions", `{"model":"gpt-4o","messages":[{"role":"user","content":"a b c"}]}`, ""},
+		{"completions_stream_usage", "/v1/completions", `{"model":"gpt-3.5-turbo-instruct","prompt":"a b","stream":true,"stream_options":{"include_usage":true}}`, ""},
+		{"completions_whole", "/v1/completions", `{"model":"gpt-3.5-turbo-instruct","prompt":"a b"}`, ""},
+		{"messages_stream", "/v1/messages", `{"model":"claude-x","stream":true,"max_tokens":3,"system":"be brief","messages":[{"role":"user","content":"a"}]}`, ""},
+		{"messages_whole", "/v1/messages", `{"model":"claude-x","max_tokens":3,"messages":[{"role":"user","content":"a"}]}`, ""},
+		{"chat_stream_malformed", "/v1/chat/completions", `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"a"}]}`, ModeMalformed},
+		{"chat_stream_sse_error", "/v1/chat/completions", `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"a"}]}`, ModeSSEError},
+		{"messages_stream_sse_error", "/v1/messages", `{"model":"claude-x","stream":true,"max_tokens":4,"messages":[{"role":"user","content":"a"}]}`, ModeSSEError},
+		{"chat_ratelimit", "/v1/chat/completions", `{"model":"gpt-4o","messages":[{"role":"user","content":"a"}]}`, ModeRateLimit},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			hdr := map[string]string{}
+			if c.mode != "" {
+				hdr["X-Fakellm-Mode"] = c.mode
+			}
+			rec := post(t, s, c.path, c.body, hdr)
+			got := fmt.Sprintf("%d %s\n\n%s", rec.Code, rec.Header().Get("Content-Type"), rec.Body.String())
+			path := filepath.Join("testdata", "golden", c.name+".txt")
+			if os.Getenv("UPDATE_GOLDEN") == "1" {
+				if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != string(want) {
+				t.Fatalf("output changed:\n%s\nwant:\n%s", got, want)
+			}
+		})
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
+	"time"
 )
 
 // sseWriter writes events and flushes each one, through gzip when asked.
@@ -62,12 +64,15 @@ func (s *Server) streamOut(w http.ResponseWriter, r *http.Request, p *plan) {
 	w.WriteHeader(http.StatusOK)
 	// As vLLM and the providers do, the opening events (role, message_start) go out at once
 	// and the first token only after prefill: a proxy timing the first byte gets TTFT wrong.
-	if !s.open(sw, p) || !sleep(r, p.ttft-p.ttft/2) {
+	pace := newPacer(r)
+	defer pace.stop()
+	if !s.open(sw, p) || !pace.sleep(p.ttft-p.ttft/2) {
 		return
 	}
+	te := newTokenEvent(p)
 	cut := p.output / 2
 	for i := range p.output {
-		if i > 0 && !sleep(r, p.tpot) {
+		if i > 0 && !pace.sleep(p.tpot) {
 			return
 		}
 		if i == cut && i > 0 {
@@ -89,7 +94,7 @@ func (s *Server) streamOut(w http.ResponseWriter, r *http.Request, p *plan) {
 				}
 			}
 		}
-		if !s.token(sw, p, i) {
+		if !s.token(sw, p, &te, i) {
 			return
 		}
 	}
@@ -112,18 +117,32 @@ func (s *Server) open(sw *sseWriter, p *plan) bool {
 	return true
 }
 
-func (s *Server) token(sw *sseWriter, p *plan, i int) bool {
-	word := p.word(i)
+// tokenEvent is the bytes of one token's event around its quoted word, made once per
+// stream: the fake serves thousands of tokens a second in the benchmarks, next to the proxy
+// they measure, so it must cost little.
+type tokenEvent struct{ before, after []byte }
+
+func newTokenEvent(p *plan) tokenEvent {
+	q := func(s string) string { return strconv.Quote(s) }
 	switch p.api {
 	case chat:
-		return sw.data(`{"id":%q,"object":"chat.completion.chunk","created":%d,"model":%q,"system_fingerprint":"fp_fake","choices":[{"index":0,"delta":{"content":%q},"logprobs":null,"finish_reason":null}]}`,
-			p.id, p.created, p.model, word)
+		return tokenEvent{[]byte(`data: {"id":` + q(p.id) + `,"object":"chat.completion.chunk","created":` + strconv.FormatInt(p.created, 10) +
+			`,"model":` + q(p.model) + `,"system_fingerprint":"fp_fake","choices":[{"index":0,"delta":{"content":`),
+			[]byte("},\"logprobs\":null,\"finish_reason\":null}]}\n\n")}
 	case completions:
-		return sw.data(`{"id":%q,"object":"text_completion","created":%d,"choices":[{"text":%q,"index":0,"logprobs":null,"finish_reason":null}],"model":%q}`,
-			p.id, p.created, word, p.model)
+		return tokenEvent{[]byte(`data: {"id":` + q(p.id) + `,"object":"text_completion","created":` + strconv.FormatInt(p.created, 10) + `,"choices":[{"text":`),
+			[]byte(`,"index":0,"logprobs":null,"finish_reason":null}],"model":` + q(p.model) + "}\n\n")}
 	default:
-		return sw.event("content_block_delta", `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":%q}}`, word)
+		return tokenEvent{[]byte("event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":"),
+			[]byte("}}\n\n")}
 	}
+}
+
+func (s *Server) token(sw *sseWriter, p *plan, te *tokenEvent, i int) bool {
+	sw.buf = append(sw.buf[:0], te.before...)
+	sw.buf = strconv.AppendQuote(sw.buf, p.word(i))
+	sw.buf = append(sw.buf, te.after...)
+	return sw.send(sw.buf)
 }
 
 func (s *Server) close(sw *sseWriter, p *plan) {
@@ -161,4 +180,35 @@ func (s *Server) sseError(sw *sseWriter, p *plan) {
 		return
 	}
 	sw.data(`{"error":{"message":"The server had an error while processing your request.","type":"server_error","param":null,"code":null}}`)
+}
+
+// pacer sleeps between a stream's events on one timer, and wakes when the client leaves.
+type pacer struct {
+	r *http.Request
+	t *time.Timer
+}
+
+func newPacer(r *http.Request) *pacer { return &pacer{r: r} }
+
+func (p *pacer) sleep(d time.Duration) bool {
+	if d <= 0 {
+		return p.r.Context().Err() == nil
+	}
+	if p.t == nil {
+		p.t = time.NewTimer(d)
+	} else {
+		p.t.Reset(d)
+	}
+	select {
+	case <-p.t.C:
+		return true
+	case <-p.r.Context().Done():
+		return false
+	}
+}
+
+func (p *pacer) stop() {
+	if p.t != nil {
+		p.t.Stop()
+	}
 }

@@ -284,6 +284,7 @@ type openAIChunk struct {
 		Delta struct {
 			Content          string          `json:"content"`
 			ReasoningContent string          `json:"reasoning_content"`
+			Reasoning        string          `json:"reasoning"`
 			Refusal          string          `json:"refusal"`
 			ToolCalls        json.RawMessage `json:"tool_calls"`
 			FunctionCall     json.RawMessage `json:"function_call"`
@@ -314,13 +315,18 @@ func (m *Meter) openAIEvent(data []byte, now time.Time) (keep bool) {
 		m.malformed++
 		return true
 	}
+	return m.slowOpenAIEvent(&c, now)
+}
+
+// slowOpenAIEvent measures a decoded chunk and reports whether to forward it.
+func (m *Meter) slowOpenAIEvent(c *openAIChunk, now time.Time) (keep bool) {
 	if c.Error != nil {
 		m.errCode = c.Error.code()
 	}
 	n := 0
 	for i := range c.Choices {
 		ch := &c.Choices[i]
-		n += len(ch.Delta.Content) + len(ch.Delta.ReasoningContent) + len(ch.Delta.Refusal) + len(ch.Text)
+		n += len(ch.Delta.Content) + len(ch.Delta.ReasoningContent) + len(ch.Delta.Reasoning) + len(ch.Delta.Refusal) + len(ch.Text)
 		if present(ch.Delta.ToolCalls) || present(ch.Delta.FunctionCall) {
 			n += max(len(ch.Delta.ToolCalls)+len(ch.Delta.FunctionCall), 1)
 		}
@@ -428,67 +434,3 @@ func (m *Meter) anthropicEvent(name, data []byte, now time.Time) {
 
 // Stripping reports whether Feed drops the usage chunk.
 func (m *Meter) Stripping() bool { return m.strip }
-
-// Byte patterns of the keys the fast path looks for. JSON escapes every quote inside a string,
-// so `"key":` can only match a real key, never text inside a value.
-var (
-	keyUsage     = []byte(`"usage":{`)
-	keyError     = []byte(`"error":`)
-	keyToolCalls = []byte(`"tool_calls":`)
-	keyFunction  = []byte(`"function_call":`)
-	contentKeys  = [][]byte{[]byte(`"content":"`), []byte(`"text":"`), []byte(`"reasoning_content":"`), []byte(`"refusal":"`), []byte(`"reasoning":"`)}
-)
-
-// wellFormed is the cheap check the fast path makes instead of a full parse: a compact JSON
-// object, cut nowhere. The fast path's patterns are written without spaces, so a chunk whose
-// writer puts spaces between tokens (Python's json.dumps does: `"usage": {`) goes to the
-// full parse, as does one whose text merely contains such a sequence. A data line that fails
-// the full parse is counted if it is not JSON.
-func wellFormed(data []byte) bool {
-	if len(data) < 2 || data[0] != '{' || data[len(data)-1] != '}' {
-		return false
-	}
-	for _, sep := range spacedSeparators {
-		if bytes.Contains(data, sep) {
-			return false
-		}
-	}
-	return true
-}
-
-var spacedSeparators = [][]byte{[]byte(`": `), []byte(`" :`), []byte(`":` + "\t"), []byte(`, "`), []byte(`{ "`), []byte(`,` + "\n"), []byte(`{` + "\n")}
-
-// openAIFast measures the common OpenAI chunk (content, role or finish only) without decoding
-// it. It reports ok=false for anything else: usage, errors, tool calls, or odd shapes, which
-// the full decoder then handles.
-func openAIFast(data []byte) (n int, ok bool) {
-	if !wellFormed(data) || bytes.Contains(data, keyUsage) || bytes.Contains(data, keyError) ||
-		bytes.Contains(data, keyToolCalls) || bytes.Contains(data, keyFunction) {
-		return 0, false
-	}
-	for _, k := range contentKeys {
-		rest := data
-		for {
-			i := bytes.Index(rest, k)
-			if i < 0 {
-				break
-			}
-			rest = rest[i+len(k):]
-			if len(rest) > 0 && rest[0] != '"' {
-				end := bytes.IndexByte(rest, '"')
-				for end > 0 && rest[end-1] == '\\' {
-					next := bytes.IndexByte(rest[end+1:], '"')
-					if next < 0 {
-						return 0, false
-					}
-					end += next + 1
-				}
-				if end < 0 {
-					return 0, false
-				}
-				n += end
-			}
-		}
-	}
-	return n, true
-}

@@ -2,6 +2,7 @@ package meter
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
@@ -204,24 +205,80 @@ func TestOpenAIFastAgreesWithDecoder(t *testing.T) {
 		if ok != wantFast || (ok && (n > 0) != wantContent) {
 			t.Fatalf("openAIFast(%s) = %d %v, want content %v fast %v", data, n, ok, wantContent, wantFast)
 		}
+		var c openAIChunk
+		if json.Unmarshal([]byte(data), &c) != nil {
+			return
+		}
 		m := New(OpenAIChat, true, t0)
-		m.openAIEvent([]byte(data), t0) // the full path, when the fast one declines
-		if !ok && m.SeenContent() != wantContent {
+		m.slowOpenAIEvent(&c, t0)
+		if m.SeenContent() != wantContent {
 			t.Fatalf("decoder on %s: content %v, want %v", data, m.SeenContent(), wantContent)
 		}
 	}
 	f(`{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}`, false, true)
 	f(`{"choices":[{"index":0,"delta":{"content":"hi"}}]}`, true, true)
-	// Written the way Python's json.dumps writes: the fast path must decline, and the
-	// decoder must see the content (and, below, the usage).
-	f(`{"choices": [{"index": 0, "delta": {"content": "hi"}}]}`, true, false)
+	f(`{"choices":[{"index":0,"delta":{"content":"\u00e9"}}],"usage":null}`, true, true)
+	// Written the way Python's json.dumps writes: spaces change nothing.
+	f(`{"choices": [{"index": 0, "delta": {"content": "hi"}}]}`, true, true)
+	f("{\n\t\"choices\" : [ ] ,\"x\":[1, -0.5e+3, true, false, null, {}]\r\n}", false, true)
 	f(`{"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}}`, false, false)
-	f(`{"choices":[{"index":0,"delta":{"content":"say \"usage\":{ and \"error\": here"}}]}`, true, false) // its text looks spaced: the full parse
+	f(`{"choices":[{"index":0,"delta":{"content":"say \"usage\":{ and \"error\": here"}}]}`, true, true)
 	f(`{"choices":[{"index":0,"delta":{"content":null,"reasoning_content":"hmm"}}]}`, true, true)
-	f(`{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`, false, true)
+	f(`{"choices":[{"index":0,"delta":{"reasoning":"hmm"}}]}`, true, true)
+	f(`{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"error":null}`, false, true)
 	f(`{"choices":[{"text":"x","index":0}]}`, true, true)
 	f(`{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}`, false, false)
-	f(`{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}}]}`, true, false)
+	f(`{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}}]}`, true, true)
+	f(`{"choices":[{"delta":{"tool_calls":[]}}]}`, false, true)
+	f(`{"choices":[{"delta":{"tool_calls":null,"function_call":{"name":"f"}}}]}`, true, true)
 	f(`{"error":{"type":"server_error"}}`, false, false)
+	f(`{"choices":[{"delta":{"cont\u0065nt":"hi"}}]}`, true, false) // an escaped name goes to the decoder
+	// Not JSON: the decoder sees it, and counts it malformed.
 	f(`{"choices": [oops`, false, false)
+	f(`{"choices":[{"delta":{"content":"hi"}}]`, false, false)
+	f(`{"choices":[{"delta":{"content":"hi"}}]}}`, false, false)
+	f(`{"choices":[{"delta":{"content":"h\qi"}}]}`, false, false)
+	f("{\"choices\":[{\"delta\":{\"content\":\"h\ti\"}}]}", false, false)
+	f(`{"choices":[{"delta":{"content":"hi"},}]}`, false, false)
+	f(`{"n":01}`, false, false)
+	f(`{"n":1.}`, false, false)
+	f(`{"n":tru}`, false, false)
+	f(`["a"]`, false, false)
+}
+
+// FuzzOpenAIFast: the fast path accepts only JSON, and never misses content the decoder sees.
+func FuzzOpenAIFast(f *testing.F) {
+	for _, s := range []string{`{"choices":[{"index":0,"delta":{"content":"hi"}}]}`, `{"choices": [{"delta": {"tool_calls": [{"a": "\""}]}}]}`,
+		`{"choices":[{"text":"x"}],"usage":null}`, `{"a":[1,2.5e3,-0,true,false,null,{"b":"\u00e9"}]}`, `{"choices":[{"delta":{"refusal":"no"}}]}`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, data string) {
+		n, ok := openAIFast([]byte(data))
+		if ok && !json.Valid([]byte(data)) {
+			t.Fatalf("openAIFast accepted %q, which is not JSON", data)
+		}
+		if !ok {
+			return
+		}
+		var c openAIChunk
+		if json.Unmarshal([]byte(data), &c) != nil {
+			return // valid JSON of another shape: the fast path need not agree
+		}
+		m := New(OpenAIChat, true, t0)
+		m.slowOpenAIEvent(&c, t0)
+		if m.SeenContent() && n == 0 {
+			t.Fatalf("openAIFast missed the content of %q", data)
+		}
+	})
+}
+
+func BenchmarkOpenAIFast(b *testing.B) {
+	chunk := []byte(`{"id":"chatcmpl-c0a0879ce1ff00a7","object":"chat.completion.chunk","created":1700102055,"model":"gpt-4o","system_fingerprint":"fp_fake","choices":[{"index":0,"delta":{"content":"percentiles "},"logprobs":null,"finish_reason":null}]}`)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(chunk)))
+	for b.Loop() {
+		if n, ok := openAIFast(chunk); !ok || n == 0 {
+			b.Fatal("not measured")
+		}
+	}
 }

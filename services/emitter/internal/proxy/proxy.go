@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -58,11 +57,14 @@ type Emitter interface {
 type Proxy struct {
 	cfg       Config
 	transport http.RoundTripper
+	h1        *h1
+	dialable  map[*url.URL]bool // the upstreams h1 serves
 	emit      Emitter
 	logger    *slog.Logger
 	m         *metrics
 	bufs      sync.Pool
 	meters    sync.Pool
+	gzips     sync.Pool
 }
 
 // New returns a proxy sending to the upstreams of cfg and emitting through emit.
@@ -88,7 +90,13 @@ func New(cfg Config, emit Emitter, reg prometheus.Registerer, logger *slog.Logge
 		WriteBufferSize: 1 << 10,
 		ReadBufferSize:  1 << 10,
 	}
-	p := &Proxy{cfg: cfg, transport: t, emit: emit, logger: logger.With("component", "proxy"), m: newMetrics(reg, cfg.MaxLabels)}
+	p := &Proxy{cfg: cfg, transport: t, h1: newH1(1024, 90*time.Second), dialable: map[*url.URL]bool{},
+		emit: emit, logger: logger.With("component", "proxy"), m: newMetrics(reg, cfg.MaxLabels)}
+	for _, u := range append([]*url.URL{cfg.Upstream}, routeURLs(cfg.Routes)...) {
+		if u != nil {
+			p.dialable[u] = canDial(u)
+		}
+	}
 	p.bufs.New = func() any { b := make([]byte, 2<<10); return &b }
 	p.meters.New = func() any { return &meter.Meter{} }
 	return p
@@ -108,6 +116,15 @@ func (p *Proxy) Close() {
 	if t, ok := p.transport.(*http.Transport); ok {
 		t.CloseIdleConnections()
 	}
+	p.h1.closeIdle(true)
+}
+
+func routeURLs(routes []Route) []*url.URL {
+	out := make([]*url.URL, len(routes))
+	for i, r := range routes {
+		out[i] = r.URL
+	}
+	return out
 }
 
 func (p *Proxy) handler(proto meter.Protocol) http.Handler {
@@ -143,42 +160,6 @@ func (p *Proxy) readBody(r *http.Request) (head []byte, rest io.Reader, err erro
 		return nil, io.MultiReader(bytes.NewReader(buf.Bytes()), r.Body), nil
 	}
 	return buf.Bytes(), nil, nil
-}
-
-// withUsage adds stream_options.include_usage=true to an OpenAI request body, keeping the
-// client's bytes otherwise. It reports false when the client asked for usage itself.
-func withUsage(body []byte, opts json.RawMessage) ([]byte, bool) {
-	if len(opts) == 0 {
-		end := bytes.LastIndexByte(body, '}')
-		if end < 0 {
-			return body, false
-		}
-		out := make([]byte, 0, len(body)+40)
-		out = append(out, body[:end]...)
-		out = append(out, `,"stream_options":{"include_usage":true}`...)
-		return append(out, body[end:]...), true
-	}
-	var o map[string]json.RawMessage
-	if json.Unmarshal(opts, &o) != nil {
-		return body, false
-	}
-	if o == nil { // "stream_options":null
-		o = map[string]json.RawMessage{}
-	}
-	if v, ok := o["include_usage"]; ok && string(v) == "true" {
-		return body, false
-	}
-	var all map[string]json.RawMessage
-	if json.Unmarshal(body, &all) != nil {
-		return body, false
-	}
-	o["include_usage"] = json.RawMessage("true")
-	all["stream_options"], _ = json.Marshal(o)
-	out, err := json.Marshal(all)
-	if err != nil {
-		return body, false
-	}
-	return out, true
 }
 
 // exchange is one request on its way through.
@@ -314,33 +295,46 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		Model: x.model, Provider: x.proto.Provider(), Instance: base.Host, Stream: x.stream}
 	p.labels(&ev, r.Header)
 
+	// A body in memory to a plain-HTTP upstream goes through the proxy's own client.
+	direct := x.rest == nil && p.dialable[base]
 	var body io.Reader = x.rest
 	length := int64(-1)
-	if x.body != nil {
+	if x.body != nil && !direct {
 		body, length = bytes.NewReader(x.body), int64(len(x.body))
 	}
 	out, cancel := p.outgoing(r, base, body, length)
 	defer cancel(nil)
-	// One timer guards both waits: for the response headers (the upstream timeout), then
-	// for each read of the body (the idle timeout).
-	var reading atomic.Bool
-	timer := time.AfterFunc(p.cfg.UpstreamTimeout, func() {
-		if reading.Load() {
-			cancel(errStreamIdle)
-		} else {
-			cancel(errUpstreamTimeout)
-		}
-	})
-	defer timer.Stop()
+	outCtx := out.Context() // kept instead of out, which an open stream need not keep
+	if x.strip {
+		// The proxy must edit this stream: the upstream may only encode it in a way the
+		// proxy can decode.
+		decodableEncodings(out.Header)
+	}
+	var dog watchdog
+	dog.arm(x.start, p.cfg.UpstreamTimeout, p.cfg.IdleTimeout, cancel)
+	defer dog.stop()
 
-	resp, err := p.transport.RoundTrip(out)
+	var resp *http.Response
+	var err error
+	if direct {
+		resp, err = p.h1.roundTrip(out, x.body)
+		x.body = nil // the upstream has it: an open stream need not keep it
+	} else {
+		resp, err = p.transport.RoundTrip(out)
+	}
+	if err == nil && !dog.answer(time.Now()) {
+		// The timeout fired as the headers arrived: it wins, the late response is dropped.
+		resp.Body.Close()
+		err = errUpstreamTimeout
+	}
 	if err != nil {
 		end := time.Now()
 		ev.TotalMs = msSince(x.start, end)
-		switch cause := context.Cause(out.Context()); {
+		late := dog.expired()
+		switch {
 		case r.Context().Err() != nil:
 			ev.Status, ev.ErrorCode = events.StatusCanceled, CodeClientGone
-		case errors.Is(cause, errUpstreamTimeout):
+		case late:
 			ev.Status, ev.ErrorCode = events.StatusTimeout, CodeUpstreamTimeout
 			writeError(w, x.proto, http.StatusGatewayTimeout, "the upstream did not answer in time")
 		default:
@@ -352,8 +346,6 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		return
 	}
 	defer resp.Body.Close()
-	reading.Store(true)
-	timer.Reset(p.cfg.IdleTimeout)
 
 	ok := resp.StatusCode < 300
 	stream := x.stream && ok && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
@@ -365,83 +357,67 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	m.Reset(x.proto, stream, x.start)
 	m.SetInputEstimate(x.input)
 
-	var gz *gunzip
-	if enc := resp.Header.Get("Content-Encoding"); !isIdentity(enc) {
-		if strings.EqualFold(enc, "gzip") {
-			gz = newGunzip(m)
-		}
-	} else if x.strip && stream {
+	enc := contentEncoding(resp.Header)
+	// The usage chunk the proxy asked for is stripped from an identity stream, and from a
+	// gzip one by decoding it for the client.
+	strip := x.strip && stream && enc != other
+	if strip {
 		m.StripUsageChunk()
 	}
 	h := w.Header()
 	copyHeader(h, resp.Header)
-	if m.Stripping() {
+	resp.Header = nil // copied: an open stream need not keep the map
+	if strip {
 		h.Del("Content-Length")
+		if enc == gzipped {
+			h.Del("Content-Encoding")
+		}
 	}
-	if stream {
+	open := stream // counted in inflight_streams until the event goes out
+	if open {
 		p.m.streams.Inc()
-		defer p.m.streams.Dec()
+		defer func() {
+			if open {
+				p.m.streams.Dec()
+			}
+		}()
 	}
 	w.WriteHeader(resp.StatusCode)
 	rc := http.NewResponseController(w)
 	_ = rc.Flush()
 
-	bp := p.bufs.Get().(*[]byte)
-	defer p.bufs.Put(bp)
-	buf := *bp
-	var fwd []byte
-	var readErr, writeErr error
-	for {
-		n, err := resp.Body.Read(buf)
-		if n > 0 {
-			timer.Reset(p.cfg.IdleTimeout)
-			now := time.Now()
-			chunk := buf[:n]
-			if gz != nil {
-				gz.write(chunk)
-			} else {
-				fwd = m.Feed(chunk, now, fwd[:0])
-				chunk = fwd
-			}
-			if len(chunk) > 0 {
-				// A client slow to read is not an upstream falling silent: the idle clock
-				// stops while the client takes the bytes.
-				timer.Stop()
-				if _, writeErr = w.Write(chunk); writeErr == nil {
-					writeErr = rc.Flush()
-				}
-				if writeErr != nil {
-					break
-				}
-				timer.Reset(p.cfg.IdleTimeout)
-			}
+	rl := relay{w: w, rc: rc, dog: &dog, m: m, bufs: &p.bufs, body: upstreamBody{r: resp.Body, dog: &dog}}
+	defer rl.release()
+	switch enc {
+	case identity:
+		rl.measured(&rl.body)
+	case gzipped:
+		zr, _ := p.gzips.Get().(*gzip.Reader)
+		if zr == nil {
+			zr = new(gzip.Reader)
 		}
-		if err != nil {
-			if err != io.EOF {
-				readErr = err
-			}
-			break
-		}
+		rl.gunzipped(zr, strip)
+		p.gzips.Put(zr)
+	default:
+		rl.raw()
 	}
-	timer.Stop()
+	dog.stop()
 	end := time.Now()
-	if gz != nil {
-		gz.close()
-	} else if tail := m.Flush(end, fwd[:0]); len(tail) > 0 && writeErr == nil {
-		if _, writeErr = w.Write(tail); writeErr == nil {
-			_ = rc.Flush()
-		}
+	if enc != other {
+		rl.tail(end)
 	}
-	if readErr != nil && writeErr == nil && r.Context().Err() == nil {
-		// The upstream broke off: break the client's connection too, so its SDK sees the
-		// failure it would have seen talking to the upstream directly.
+	readErr, writeErr := rl.body.err, rl.writeErr
+	if (readErr != nil || (rl.badGzip != nil && strip)) && writeErr == nil && r.Context().Err() == nil {
+		// The upstream broke off, or its stream cannot be decoded for the client: break the
+		// client's connection too, so its SDK sees the failure it would have seen talking
+		// to the upstream directly.
 		if conn, _, err := rc.Hijack(); err == nil {
 			_ = conn.Close()
 		}
 	}
 	res := m.Result(end)
 	res.Fill(&ev)
-	cause := context.Cause(out.Context())
+	cause := context.Cause(outCtx)
 	switch {
 	case writeErr != nil || (readErr != nil && r.Context().Err() != nil):
 		ev.Status, ev.ErrorCode = events.StatusCanceled, CodeClientGone
@@ -451,12 +427,21 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		ev.Status, ev.ErrorCode = events.StatusError, strconv.Itoa(resp.StatusCode)
 	case readErr != nil:
 		ev.Status, ev.ErrorCode = events.StatusError, CodeUpstreamDisconnect
+	case rl.badGzip != nil:
+		ev.Status, ev.ErrorCode = events.StatusError, CodeMalformedGzip
+	case enc == other:
+		// Encoded in a way the meter cannot read: the HTTP status is all there is.
+		ev.Status, ev.ErrorCode = events.StatusOK, ""
 	default:
 		ev.Status, ev.ErrorCode = res.Status(stream)
 	}
 	if !stream && x.stream && ok {
 		// A streaming request answered with a plain body: measured as one.
 		ev.Stream = false
+	}
+	if open {
+		p.m.streams.Dec()
+		open = false
 	}
 	p.finish(&ev, end)
 }
@@ -485,42 +470,3 @@ func (p *Proxy) finish(ev *events.RequestEvent, end time.Time) {
 }
 
 func msSince(start, end time.Time) float64 { return float64(end.Sub(start).Microseconds()) / 1000 }
-
-// gunzip measures a gzip-encoded body: the client gets the compressed bytes untouched while
-// the meter reads them decompressed, as they arrive.
-type gunzip struct {
-	pw   *io.PipeWriter
-	done chan struct{}
-}
-
-func newGunzip(m *meter.Meter) *gunzip {
-	pr, pw := io.Pipe()
-	g := &gunzip{pw: pw, done: make(chan struct{})}
-	go func() {
-		defer close(g.done)
-		zr, err := gzip.NewReader(pr)
-		if err != nil {
-			_ = pr.CloseWithError(err)
-			return
-		}
-		buf := make([]byte, 4<<10)
-		for {
-			n, err := zr.Read(buf)
-			if n > 0 {
-				m.Feed(buf[:n], time.Now(), nil)
-			}
-			if err != nil {
-				_ = pr.CloseWithError(err)
-				return
-			}
-		}
-	}()
-	return g
-}
-
-func (g *gunzip) write(p []byte) { _, _ = g.pw.Write(p) }
-
-func (g *gunzip) close() {
-	_ = g.pw.Close()
-	<-g.done
-}

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"io"
@@ -9,6 +10,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -90,6 +95,21 @@ func newRig(t *testing.T, opts fakellm.Options, tweak func(*Config)) *rig {
 	return &rig{fake: fake, proxy: srv, p: p, cap: cap, reg: reg}
 }
 
+// bothClients runs f with each of the proxy's upstream clients: its own (plain-HTTP upstreams,
+// bodies in memory, as here) and http.Transport (TLS upstreams, HTTP proxies, bodies
+// streamed through unread).
+func bothClients(t *testing.T, f func(t *testing.T, transport bool)) {
+	t.Run("own client", func(t *testing.T) { f(t, false) })
+	t.Run("http.Transport", func(t *testing.T) { f(t, true) })
+}
+
+// viaTransport sends every upstream request through http.Transport.
+func (r *rig) viaTransport() {
+	for u := range r.p.dialable {
+		r.p.dialable[u] = false
+	}
+}
+
 type reply struct {
 	status int
 	header http.Header
@@ -134,7 +154,14 @@ func chatBody(stream bool, extra string) string {
 }
 
 func TestIdenticalBytesAndMeasurements(t *testing.T) {
+	bothClients(t, testIdenticalBytesAndMeasurements)
+}
+
+func testIdenticalBytesAndMeasurements(t *testing.T, transport bool) {
 	r := newRig(t, fakellm.Options{TTFT: 60 * time.Millisecond, TPOT: 2 * time.Millisecond}, nil)
+	if transport {
+		r.viaTransport()
+	}
 	tests := []struct {
 		name, path, body string
 		stream           bool
@@ -185,11 +212,16 @@ func TestIdenticalBytesAndMeasurements(t *testing.T) {
 	}
 }
 
-func TestStatuses(t *testing.T) {
+func TestStatuses(t *testing.T) { bothClients(t, testStatuses) }
+
+func testStatuses(t *testing.T, transport bool) {
 	r := newRig(t, fakellm.Options{TTFT: 10 * time.Millisecond, TPOT: time.Millisecond, Tokens: 8}, func(c *Config) {
 		c.UpstreamTimeout = 300 * time.Millisecond
 		c.IdleTimeout = 300 * time.Millisecond
 	})
+	if transport {
+		r.viaTransport()
+	}
 	anth := `{"model":"claude-haiku","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi there"}]}`
 	tests := []struct {
 		name, path, body, mode string
@@ -243,8 +275,13 @@ func TestStatuses(t *testing.T) {
 	}
 }
 
-func TestClientHangsUp(t *testing.T) {
+func TestClientHangsUp(t *testing.T) { bothClients(t, testClientHangsUp) }
+
+func testClientHangsUp(t *testing.T, transport bool) {
 	r := newRig(t, fakellm.Options{TTFT: 10 * time.Millisecond, TPOT: 20 * time.Millisecond, Tokens: 200}, nil)
+	if transport {
+		r.viaTransport()
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.proxy.URL+chatPath, strings.NewReader(chatBody(true, "")))
 	req.Header.Set("X-Fakellm-Tokens", "200")
@@ -344,14 +381,439 @@ func TestWithUsage(t *testing.T) {
 	f := func(in string, want string, added bool) {
 		t.Helper()
 		var info requestInfo
-		_ = json.Unmarshal([]byte(in), &info)
+		if err := json.Unmarshal([]byte(in), &info); err != nil {
+			t.Fatal(err)
+		}
 		got, ok := withUsage([]byte(in), info.StreamOptions)
 		if string(got) != want || ok != added {
 			t.Fatalf("withUsage(%s) = %s %v, want %s %v", in, got, ok, want, added)
 		}
+		if ok && !json.Valid(got) {
+			t.Fatalf("withUsage(%s) = %s: not JSON", in, got)
+		}
 	}
 	f(`{"stream":true}`, `{"stream":true,"stream_options":{"include_usage":true}}`, true)
+	f(`{"stream":true} `+"\n", `{"stream":true,"stream_options":{"include_usage":true}} `+"\n", true)
 	f(`{"stream":true,"stream_options":{"include_usage":true}}`, `{"stream":true,"stream_options":{"include_usage":true}}`, false)
+	f(`{"stream":true,"stream_options":{"include_usage": true }}`, `{"stream":true,"stream_options":{"include_usage": true }}`, false)
 	f(`{"stream":true,"stream_options":{"include_usage":false}}`, `{"stream":true,"stream_options":{"include_usage":true}}`, true)
+	f(`{"stream":true,"stream_options":{"include_usage":null,"x":1}}`, `{"stream":true,"stream_options":{"include_usage":true,"x":1}}`, true)
 	f(`{"stream":true,"stream_options":null}`, `{"stream":true,"stream_options":{"include_usage":true}}`, true)
+	f(`{"stream":true,"stream_options":{}}`, `{"stream":true,"stream_options":{"include_usage":true}}`, true)
+	f(`{"stream":true,"stream_options":{ }}`, `{"stream":true,"stream_options":{ "include_usage":true}}`, true)
+	// Another option is kept where it is, with its spacing; the member goes last.
+	f(`{"stream_options": {"include_obfuscation": false} ,"stream":true}`, `{"stream_options": {"include_obfuscation": false,"include_usage":true} ,"stream":true}`, true)
+	// A duplicate: the upstream keeps the last one, so that is the one changed.
+	f(`{"stream":true,"stream_options":{"include_usage":true},"stream_options":{"a":1}}`, `{"stream":true,"stream_options":{"include_usage":true},"stream_options":{"a":1,"include_usage":true}}`, true)
+	// Look-alikes inside strings and nested objects are not the member.
+	f(`{"messages":[{"content":"\\\"stream_options\":{}"},{"stream_options":{"include_usage":false}}],"stream":true,"stream_options":{"z":"}\""}}`,
+		`{"messages":[{"content":"\\\"stream_options\":{}"},{"stream_options":{"include_usage":false}}],"stream":true,"stream_options":{"z":"}\"","include_usage":true}}`, true)
+	// An escaped name is the same name to a JSON decoder.
+	f(`{"stream":true,"stream\u005foptions":{"a":[1,{"b":2}]}}`, `{"stream":true,"stream\u005foptions":{"a":[1,{"b":2}],"include_usage":true}}`, true)
+	// Not an object: the upstream rejects it; nothing to add.
+	f(`{"stream":true,"stream_options":"yes"}`, `{"stream":true,"stream_options":"yes"}`, false)
+}
+
+// TestForwardedBodyIsTheClients checks that the upstream receives the client's body byte for
+// byte, with only include_usage spliced in: key order, spacing, escapes and numbers as sent.
+func TestForwardedBodyIsTheClients(t *testing.T) { bothClients(t, testForwardedBodyIsTheClients) }
+
+func testForwardedBodyIsTheClients(t *testing.T, transport bool) {
+	seen := make(chan []byte, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		seen <- b
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":1,"completion_tokens":1}}`)
+	}))
+	defer up.Close()
+	u, _ := ParseUpstream(up.URL)
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream = u })
+	if transport {
+		r.viaTransport()
+	}
+	const msgs = `"messages": [ {"role":"user", "content":"<b>&amp; caf\u00e9 \"q\" 1e3"} ], "temperature": 1.0e0, "z":{"b":1,"a":2}`
+	tests := []struct{ name, body, want string }{
+		{"no stream_options", `{"model":"gpt-4o", "stream": true, ` + msgs + `}`,
+			`{"model":"gpt-4o", "stream": true, ` + msgs + `,"stream_options":{"include_usage":true}}`},
+		{"stream_options without include_usage", `{"stream_options": {"include_obfuscation": false}, "model":"gpt-4o", "stream": true, ` + msgs + "}\n",
+			`{"stream_options": {"include_obfuscation": false,"include_usage":true}, "model":"gpt-4o", "stream": true, ` + msgs + "}\n"},
+		{"include_usage false", `{"model":"gpt-4o","stream":true,"stream_options":{ "include_usage" : false },` + msgs + `}`,
+			`{"model":"gpt-4o","stream":true,"stream_options":{ "include_usage" : true },` + msgs + `}`},
+		{"stream_options null", `{"model":"gpt-4o","stream":true,"stream_options":null,` + msgs + `}`,
+			`{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},` + msgs + `}`},
+		{"usage asked for", `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},` + msgs + `}`,
+			`{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},` + msgs + `}`},
+		{"not streamed", `{"model":"gpt-4o", ` + msgs + `}`, `{"model":"gpt-4o", ` + msgs + `}`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if via := call(t, r.proxy.URL, chatPath, tt.body, nil); via.err != nil || via.status != 200 {
+				t.Fatalf("status %d %v", via.status, via.err)
+			}
+			if got := <-seen; string(got) != tt.want {
+				t.Fatalf("upstream got\n%s\nwant\n%s", got, tt.want)
+			}
+			r.cap.next(t)
+		})
+	}
+}
+
+// FuzzWithUsage checks that a spliced body is still JSON and asks for usage, whatever the
+// client's body looks like.
+func FuzzWithUsage(f *testing.F) {
+	for _, s := range []string{`{"stream":true}`, `{"stream_options":{ },"a":[{"b":"}"}]}`, `{"stream_options":null}`,
+		`{"stream_options":{"include_usage":false,"x":"\"{"}}`, `{"stream_options":{"a":1},"stream_options":{}}`, `{"stream_options":[]}`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		var info requestInfo
+		if json.Unmarshal([]byte(in), &info) != nil {
+			return
+		}
+		out, added := withUsage([]byte(in), info.StreamOptions)
+		if !added {
+			if string(out) != in {
+				t.Fatalf("changed without adding: %s -> %s", in, out)
+			}
+			return
+		}
+		var got struct {
+			StreamOptions struct {
+				IncludeUsage bool `json:"include_usage"`
+			} `json:"stream_options"`
+		}
+		if err := json.Unmarshal(out, &got); err != nil || !got.StreamOptions.IncludeUsage {
+			t.Fatalf("%s -> %s: %v, include_usage %v", in, out, err, got.StreamOptions.IncludeUsage)
+		}
+	})
+}
+
+// TestTimeoutAsTheHeadersArrive makes the upstream answer right at the upstream timeout, many
+// times, and checks that each request has one outcome: the client gets the whole response and
+// the event says ok, or the client gets a 504 and the event says timeout. Never a 200 cut
+// short, never a timeout event for a response the client got, never a stream_idle.
+func TestTimeoutAsTheHeadersArrive(t *testing.T) { bothClients(t, testTimeoutAsTheHeadersArrive) }
+
+func testTimeoutAsTheHeadersArrive(t *testing.T, transport bool) {
+	const timeout = 20 * time.Millisecond
+	const sse = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n"
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		d, _ := time.ParseDuration(r.Header.Get("X-Delay"))
+		time.Sleep(d)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		_ = http.NewResponseController(w).Flush()
+		// The body comes a little after the headers: a request the timeout cancels after
+		// its headers arrived would lose it.
+		time.Sleep(time.Millisecond)
+		_, _ = io.WriteString(w, sse)
+	}))
+	defer up.Close()
+	u, _ := ParseUpstream(up.URL)
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream = u; c.UpstreamTimeout = timeout; c.IdleTimeout = time.Second })
+	if transport {
+		r.viaTransport()
+	}
+	const n, parallel = 400, 16
+	got := make([]reply, n)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, parallel)
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			// Around the timeout, in 50 µs steps.
+			delay := timeout - 3*time.Millisecond + time.Duration(i%80)*50*time.Microsecond
+			got[i] = call(t, r.proxy.URL, chatPath, chatBody(true, `,"stream_options":{"include_usage":true}`),
+				map[string]string{"X-Delay": delay.String(), HeaderConversation: strconv.Itoa(i)})
+		}()
+	}
+	wg.Wait()
+	evs := map[int]events.RequestEvent{}
+	for range n {
+		ev := r.cap.next(t)
+		i, _ := strconv.Atoi(ev.ConversationID)
+		evs[i] = ev
+	}
+	var answered, timedOut int
+	for i, c := range got {
+		ev := evs[i]
+		switch {
+		case c.err == nil && c.status == 200 && string(c.body) == sse && ev.Status == events.StatusOK && ev.HTTPStatus == 200:
+			answered++
+		case c.err == nil && c.status == http.StatusGatewayTimeout && ev.Status == events.StatusTimeout && ev.ErrorCode == CodeUpstreamTimeout && ev.HTTPStatus == 0:
+			timedOut++
+		default:
+			t.Errorf("request %d: client got %d %v %q; event %s %q http %d", i, c.status, c.err, c.body, ev.Status, ev.ErrorCode, ev.HTTPStatus)
+		}
+	}
+	t.Logf("%d answered, %d timed out", answered, timedOut)
+}
+
+// TestSlowClientIsNotAnIdleUpstream has the client stop reading for longer than the idle
+// timeout while the upstream has long finished sending: the stream is not the upstream's
+// stall, and ends ok.
+func TestSlowClientIsNotAnIdleUpstream(t *testing.T) {
+	bothClients(t, testSlowClientIsNotAnIdleUpstream)
+}
+
+func testSlowClientIsNotAnIdleUpstream(t *testing.T, transport bool) {
+	chunk := "data: {\"choices\":[{\"delta\":{\"content\":\"" + strings.Repeat("x", 4000) + "\"}}]}\n\n"
+	const chunks = 4000 // 16 MB: more than the sockets buffer, so the proxy's writes block
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for range chunks {
+			_, _ = io.WriteString(w, chunk)
+		}
+		_, _ = io.WriteString(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":4000}}\n\ndata: [DONE]\n\n")
+	}))
+	defer up.Close()
+	u, _ := ParseUpstream(up.URL)
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream = u; c.IdleTimeout = 150 * time.Millisecond })
+	if transport {
+		r.viaTransport()
+	}
+	resp, err := http.Post(r.proxy.URL+chatPath, "application/json", strings.NewReader(chatBody(true, `,"stream_options":{"include_usage":true}`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if _, err := resp.Body.Read(make([]byte, 1024)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	n, err := io.Copy(io.Discard, resp.Body)
+	if err != nil || n < chunks*int64(len(chunk))-1024 {
+		t.Fatalf("read %d bytes after the pause: %v", n, err)
+	}
+	if ev := r.cap.next(t); ev.Status != events.StatusOK || ev.OutputTokens != 4000 {
+		t.Fatalf("event %s %q, %d tokens", ev.Status, ev.ErrorCode, ev.OutputTokens)
+	}
+}
+
+func gunzipAll(t testing.TB, b []byte) []byte {
+	t.Helper()
+	zr, err := gzip.NewReader(bytes.NewReader(b))
+	if err != nil {
+		t.Fatalf("not gzip: %v: %q", err, b)
+	}
+	out, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatalf("cannot gunzip: %v", err)
+	}
+	return out
+}
+
+// TestGzipStreams: a gzip stream the proxy must strip its usage chunk from reaches the client
+// decoded, with exactly the content a direct call decodes to; one it need not edit passes
+// through compressed, byte for byte. Either way it is measured: TTFT and usage.
+func TestGzipStreams(t *testing.T) { bothClients(t, testGzipStreams) }
+
+func testGzipStreams(t *testing.T, transport bool) {
+	r := newRig(t, fakellm.Options{TTFT: 60 * time.Millisecond, TPOT: 2 * time.Millisecond}, nil)
+	if transport {
+		r.viaTransport()
+	}
+	anth := `{"model":"claude-sonnet-4-5","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"one two three four"}]}`
+	tests := []struct {
+		name, path, body string
+		decoded          bool // the proxy decodes it for the client
+	}{
+		{"openai chat, usage added and stripped", chatPath, chatBody(true, ""), true},
+		{"openai chat, stream_options without usage", chatPath, chatBody(true, `,"stream_options":{"include_obfuscation":false}`), true},
+		{"openai completions, usage added and stripped", complPath, `{"model":"gpt-3.5-turbo-instruct","prompt":"one two three four","max_tokens":5,"stream":true}`, true},
+		{"openai chat, client asked for usage", chatPath, chatBody(true, `,"stream_options":{"include_usage":true}`), false},
+		{"anthropic messages", messagesPath, anth, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			hdr := map[string]string{"X-Fakellm-Mode": fakellm.ModeGzip, "Accept-Encoding": "gzip, br"}
+			direct := call(t, r.fake.URL, tt.path, tt.body, hdr)
+			via := call(t, r.proxy.URL, tt.path, tt.body, hdr)
+			if direct.err != nil || via.err != nil || via.status != 200 {
+				t.Fatalf("direct %v, via proxy %d %v", direct.err, via.status, via.err)
+			}
+			if direct.header.Get("Content-Encoding") != "gzip" {
+				t.Fatalf("the fake did not gzip: %v", direct.header)
+			}
+			if tt.decoded {
+				if enc := via.header.Get("Content-Encoding"); enc != "" || via.header.Get("Content-Length") != "" {
+					t.Fatalf("decoded stream sent with Content-Encoding %q, Content-Length %q", enc, via.header.Get("Content-Length"))
+				}
+				if want := gunzipAll(t, direct.body); !bytes.Equal(via.body, want) {
+					t.Fatalf("via proxy:\n%s\ndirect, decoded:\n%s", via.body, want)
+				}
+				if bytes.Contains(via.body, []byte(`"usage"`)) {
+					t.Fatalf("the usage chunk the proxy asked for reached the client:\n%s", via.body)
+				}
+			} else if via.header.Get("Content-Encoding") != "gzip" || !bytes.Equal(via.body, direct.body) {
+				t.Fatalf("via proxy (%q):\n%q\ndirect:\n%q", via.header.Get("Content-Encoding"), via.body, direct.body)
+			}
+			ev := r.cap.next(t)
+			if ev.Status != events.StatusOK || !ev.Stream || ev.TokensEstimated || ev.InputTokens != 4 || ev.OutputTokens != 5 {
+				t.Fatalf("event %+v", ev)
+			}
+			if ev.TTFTMs < 55 || ev.TotalMs < ev.TTFTMs || ev.MaxITLMs <= 0 {
+				t.Fatalf("ttft %.1f total %.1f max ITL %.1f: not measured on the decoded stream", ev.TTFTMs, ev.TotalMs, ev.MaxITLMs)
+			}
+		})
+	}
+}
+
+// TestGzipStreamWithCurl: curl --compressed prints the same through the proxy as directly, for
+// a gzip stream the proxy decodes to strip its usage chunk.
+func TestGzipStreamWithCurl(t *testing.T) {
+	if _, err := exec.LookPath("curl"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("curl is required under CI")
+		}
+		t.Skip("curl not found")
+	}
+	r := newRig(t, fakellm.Options{TPOT: time.Millisecond}, nil)
+	curl := func(base string) []byte {
+		t.Helper()
+		out, err := exec.Command("curl", "-sS", "-N", "--fail-with-body", "--compressed", base+chatPath,
+			"-H", "X-Fakellm-Mode: gzip", "-H", "Authorization: Bearer sk-x", "-d", chatBody(true, "")).Output()
+		if err != nil {
+			t.Fatalf("curl %s: %v\n%s", base, err, out)
+		}
+		return out
+	}
+	direct, via := curl(r.fake.URL), curl(r.proxy.URL)
+	if !bytes.Equal(direct, via) || !bytes.HasSuffix(via, []byte("data: [DONE]\n\n")) {
+		t.Fatalf("curl via proxy:\n%s\ndirect:\n%s", via, direct)
+	}
+	if ev := r.cap.next(t); ev.Status != events.StatusOK || ev.TokensEstimated {
+		t.Fatalf("event %+v", ev)
+	}
+}
+
+// TestAcceptEncodingNarrowed: for a stream it must edit, the proxy lets the upstream choose
+// only an encoding it can decode; other requests keep the client's Accept-Encoding.
+func TestAcceptEncodingNarrowed(t *testing.T) { bothClients(t, testAcceptEncodingNarrowed) }
+
+func testAcceptEncodingNarrowed(t *testing.T, transport bool) {
+	seen := make(chan string, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- strings.Join(r.Header.Values("Accept-Encoding"), "|")
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	}))
+	defer up.Close()
+	u, _ := ParseUpstream(up.URL)
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream = u })
+	if transport {
+		r.viaTransport()
+	}
+	f := func(body, acceptEncoding, want string) {
+		t.Helper()
+		call(t, r.proxy.URL, chatPath, body, map[string]string{"Accept-Encoding": acceptEncoding})
+		if got := <-seen; got != want {
+			t.Fatalf("Accept-Encoding %q went upstream as %q, want %q", acceptEncoding, got, want)
+		}
+		r.cap.next(t)
+	}
+	f(chatBody(true, ""), "br, gzip;q=0.5, zstd", "gzip")
+	f(chatBody(true, ""), "br, zstd", "identity")
+	f(chatBody(true, ""), "gzip;q=0, br", "identity")
+	f(chatBody(true, `,"stream_options":{"include_usage":true}`), "br, zstd", "br, zstd")
+	f(chatBody(false, ""), "br", "br")
+}
+
+// TestCorruptGzip: a body that says gzip and is not. Passed through, the client gets every
+// byte; decoded to strip the usage chunk, the client's connection breaks as the upstream's
+// would. The event says malformed_gzip.
+func TestCorruptGzip(t *testing.T) { bothClients(t, testCorruptGzip) }
+
+func testCorruptGzip(t *testing.T, transport bool) {
+	var good bytes.Buffer
+	zw := gzip.NewWriter(&good)
+	_, _ = io.WriteString(zw, "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n")
+	_ = zw.Flush()
+	bad := append(append([]byte{}, good.Bytes()...), []byte("this is not deflate data at all, not at all")...)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Content-Encoding", "gzip")
+		_, _ = w.Write(bad)
+	}))
+	defer up.Close()
+	u, _ := ParseUpstream(up.URL)
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream = u })
+	if transport {
+		r.viaTransport()
+	}
+
+	via := call(t, r.proxy.URL, chatPath, chatBody(true, `,"stream_options":{"include_usage":true}`), nil)
+	if via.err != nil || !bytes.Equal(via.body, bad) {
+		t.Fatalf("passed through: %v %q", via.err, via.body)
+	}
+	if ev := r.cap.next(t); ev.Status != events.StatusError || ev.ErrorCode != CodeMalformedGzip {
+		t.Fatalf("event %s %q", ev.Status, ev.ErrorCode)
+	}
+	via = call(t, r.proxy.URL, chatPath, chatBody(true, ""), nil)
+	if via.err == nil {
+		t.Fatalf("decoded: the client saw a whole response: %q", via.body)
+	}
+	if ev := r.cap.next(t); ev.Status != events.StatusError || ev.ErrorCode != CodeMalformedGzip {
+		t.Fatalf("event %s %q", ev.Status, ev.ErrorCode)
+	}
+}
+
+// sdkDir holds the Node project that drives the proxy with the official OpenAI SDK.
+const sdkDir = "testdata/sdk"
+
+func needNode(t *testing.T) {
+	t.Helper()
+	for _, bin := range []string{"node", "npm"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("%s is required under CI: %v", bin, err)
+			}
+			t.Skipf("%s not found: install Node.js 20+ to run the SDK tests", bin)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(sdkDir, "node_modules")); err == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund")
+	cmd.Dir = sdkDir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("npm ci in %s: %v\n%s", sdkDir, err, out)
+	}
+}
+
+// TestGzipStreamWithOpenAISDK: the OpenAI SDK, not asking for usage, yields the same chunks
+// through the proxy as directly when the upstream gzips its stream.
+func TestGzipStreamWithOpenAISDK(t *testing.T) {
+	needNode(t)
+	r := newRig(t, fakellm.Options{TPOT: time.Millisecond}, nil)
+	run := func(base string) []byte {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "node", "gzip_stream.mjs", base)
+		cmd.Dir = sdkDir
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("node gzip_stream.mjs %s: %v\n%s", base, err, stderr.String())
+		}
+		return out
+	}
+	direct, via := run(r.fake.URL), run(r.proxy.URL)
+	if !bytes.Equal(direct, via) {
+		t.Fatalf("the SDK saw different chunks through the proxy:\nvia    %s\ndirect %s", via, direct)
+	}
+	if bytes.Contains(via, []byte(`"usage":{`)) || !bytes.Contains(via, []byte(`"content":"`)) {
+		t.Fatalf("chunks %s", via)
+	}
+	if ev := r.cap.next(t); ev.Status != events.StatusOK || ev.TokensEstimated || ev.OutputTokens != 6 {
+		t.Fatalf("event %+v", ev)
+	}
 }

@@ -1,0 +1,8 @@
+//go:build !unix || aix
+
+package proxy
+
+import "net"
+
+// peek cannot look here: a connection the upstream closed fails on use and is replaced.
+func peek(net.Conn) peekState { return unknown }

@@ -1,0 +1,251 @@
+package proxy
+
+import (
+	"compress/gzip"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tokenscope/tokenscope/services/emitter/internal/meter"
+)
+
+// CodeMalformedGzip is the error code of a gzip-encoded body that does not decode.
+const CodeMalformedGzip = "malformed_gzip"
+
+var errClientGone = errors.New("the client stopped reading")
+
+// relay copies an upstream body to the client, flushing each piece as it arrives, while the
+// meter reads it. How depends on the body's encoding:
+//   - identity: the meter sees the bytes and returns what to forward (all of them, or all but
+//     the usage chunk the proxy asked for);
+//   - gzip, nothing to strip: the client gets the compressed bytes as they come, and the
+//     meter reads a decompressed copy;
+//   - gzip with the usage chunk to strip: the proxy decodes the stream and the client gets
+//     it decoded, without the chunk (the caller removed Content-Encoding and Content-Length);
+//   - another encoding: forwarded untouched and not measured.
+type relay struct {
+	w    http.ResponseWriter
+	rc   *http.ResponseController
+	dog  *watchdog
+	m    *meter.Meter
+	bufs *sync.Pool // of *[]byte
+	bp   *[]byte    // the read buffer, taken from bufs while in use
+	fwd  []byte
+	body upstreamBody
+
+	writeErr error // the client is gone
+	badGzip  error // the body is not the gzip it says it is
+}
+
+// upstreamBody reads the response body, telling the watchdog about each byte that comes.
+type upstreamBody struct {
+	r   io.Reader
+	dog *watchdog
+	err error // how the body broke off, if it did
+	eof bool
+}
+
+// waiter is a body that can wait for the upstream without a buffer of the reader's.
+type waiter interface{ wait() error }
+
+func (u *upstreamBody) Read(p []byte) (int, error) {
+	n, err := u.r.Read(p)
+	if n > 0 {
+		u.dog.active(time.Now())
+	}
+	if err == io.EOF {
+		u.eof = true
+	} else if err != nil && u.err == nil {
+		u.err = err
+	}
+	return n, err
+}
+
+// send writes p to the client and flushes it.
+func (r *relay) send(p []byte) bool {
+	// A client slow to read is not an upstream falling silent: the idle clock stops while
+	// the client takes the bytes.
+	r.dog.writing()
+	_, err := r.w.Write(p)
+	if err == nil {
+		err = r.rc.Flush()
+	}
+	r.dog.active(time.Now())
+	if err != nil {
+		r.writeErr = err
+		return false
+	}
+	return true
+}
+
+// buf returns the read buffer.
+func (r *relay) buf() []byte {
+	if r.bp == nil {
+		r.bp = r.bufs.Get().(*[]byte)
+	}
+	return *r.bp
+}
+
+// release gives the read buffer back.
+func (r *relay) release() {
+	if r.bp != nil {
+		r.bufs.Put(r.bp)
+		r.bp = nil
+	}
+}
+
+// measured copies src to the client through the meter, which holds back the usage chunk
+// when it strips it. It returns the error that ended src, nil at its end. Reading the body
+// itself, it waits for the upstream before taking a buffer when the body allows, so that an
+// idle stream holds none.
+func (r *relay) measured(src io.Reader) error {
+	w, _ := r.body.r.(waiter)
+	if src != io.Reader(&r.body) {
+		w = nil
+	}
+	for {
+		if w != nil {
+			r.release()
+			_ = w.wait() // an error shows in the Read that follows
+		}
+		buf := r.buf()
+		n, err := src.Read(buf)
+		if n > 0 {
+			out := r.m.Feed(buf[:n], time.Now(), r.fwd[:0])
+			if r.m.Stripping() {
+				r.fwd = out // its own buffer, kept for the next piece
+			}
+			if len(out) > 0 && !r.send(out) {
+				return errClientGone
+			}
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// raw copies the body to the client untouched and unmeasured.
+func (r *relay) raw() {
+	buf := r.buf()
+	for {
+		n, err := r.body.Read(buf)
+		if n > 0 && !r.send(buf[:n]) {
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// gunzipped runs the body through zr, the client getting the decoded bytes (decode) or the
+// bytes as they came (!decode).
+func (r *relay) gunzipped(zr *gzip.Reader, decode bool) {
+	var src io.Reader = &r.body
+	if !decode {
+		src = teeToClient{r}
+	}
+	err := zr.Reset(src)
+	if err == io.EOF {
+		return // an empty body
+	}
+	if err == nil {
+		if decode {
+			err = r.measured(zr)
+		} else {
+			buf := r.buf()
+			for err == nil {
+				var n int
+				n, err = zr.Read(buf)
+				if n > 0 {
+					r.m.Feed(buf[:n], time.Now(), nil)
+				}
+			}
+			if err == io.EOF {
+				err = nil
+			}
+		}
+	}
+	if err != nil && r.body.err == nil && r.writeErr == nil {
+		// Not the upstream breaking off, nor the client leaving: the data is not gzip.
+		r.badGzip = err
+		if !decode {
+			r.raw() // the client still gets every byte
+		}
+	}
+}
+
+// teeToClient forwards what the gzip reader reads, as it reads it.
+type teeToClient struct{ r *relay }
+
+func (t teeToClient) Read(p []byte) (int, error) {
+	n, err := t.r.body.Read(p)
+	if n > 0 && !t.r.send(p[:n]) {
+		return 0, errClientGone
+	}
+	return n, err
+}
+
+// tail sends what the meter held back when the body ended.
+func (r *relay) tail(end time.Time) {
+	if r.writeErr != nil {
+		return
+	}
+	if rest := r.m.Flush(end, r.fwd[:0]); len(rest) > 0 {
+		r.send(rest)
+	}
+}
+
+// encoding is how the proxy handles a response body's Content-Encoding.
+type encoding uint8
+
+const (
+	identity encoding = iota
+	gzipped
+	other
+)
+
+func contentEncoding(h http.Header) encoding {
+	switch enc := h.Get("Content-Encoding"); {
+	case isIdentity(enc):
+		return identity
+	case strings.EqualFold(enc, "gzip") || strings.EqualFold(enc, "x-gzip"):
+		return gzipped
+	}
+	return other
+}
+
+// decodableEncodings narrows a client's Accept-Encoding to what the proxy can decode, for the
+// requests whose stream it must edit: gzip if the client takes it, identity otherwise.
+func decodableEncodings(h http.Header) {
+	vals := h.Values("Accept-Encoding")
+	if len(vals) == 0 {
+		return
+	}
+	for _, v := range vals {
+		for _, c := range strings.Split(v, ",") {
+			name, params, _ := strings.Cut(strings.TrimSpace(c), ";")
+			if strings.EqualFold(strings.TrimSpace(name), "gzip") && !zeroQ(params) {
+				h.Set("Accept-Encoding", "gzip")
+				return
+			}
+		}
+	}
+	h.Set("Accept-Encoding", "identity")
+}
+
+// zeroQ reports whether a coding's parameters say q=0, "not acceptable".
+func zeroQ(params string) bool {
+	_, q, ok := strings.Cut(strings.ReplaceAll(params, " ", ""), "q=")
+	if !ok {
+		return false
+	}
+	return strings.Trim(q, "0.") == ""
+}

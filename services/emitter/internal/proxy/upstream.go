@@ -1,0 +1,318 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// h1 is the proxy's HTTP/1.1 client for plain-HTTP upstreams (an inference server in the same
+// cluster, the fake LLM), used when the request body is in memory. http.Transport keeps two
+// goroutines per connection and hands every request and response between them and the
+// caller; with thousands of streams open that is most of the proxy's memory, and at a
+// thousand requests a second a good share of its CPU. Here the handler's goroutine writes the
+// request and reads the response itself, on a pooled keep-alive connection; net/http still
+// parses the response (http.ReadResponse). TLS upstreams, upstreams behind an HTTP proxy,
+// bodies streamed through unread, and the unmeasured paths keep using http.Transport.
+type h1 struct {
+	dialer      net.Dialer
+	maxIdle     int // idle connections kept per upstream
+	idleTimeout time.Duration
+
+	mu     sync.Mutex
+	idle   map[string][]*h1Conn // by host:port, most recently used last
+	closed bool
+}
+
+type h1Conn struct {
+	nc     net.Conn
+	br     *bufio.Reader
+	addr   string
+	reused bool
+	idleAt time.Time
+}
+
+// h1ReadBuffer is each connection's read buffer: a few SSE events. Longer header lines
+// and bigger reads work too, in more pieces (a read at least this big bypasses it).
+const h1ReadBuffer = 1 << 10
+
+func newH1(maxIdle int, idleTimeout time.Duration) *h1 {
+	return &h1{dialer: net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second},
+		maxIdle: maxIdle, idleTimeout: idleTimeout, idle: map[string][]*h1Conn{}}
+}
+
+// canDial reports whether the upstream at u is one h1 serves: plain HTTP, not through an
+// HTTP proxy.
+func canDial(u *url.URL) bool {
+	if u.Scheme != "http" {
+		return false
+	}
+	p, err := http.ProxyFromEnvironment(&http.Request{URL: u})
+	return err == nil && p == nil
+}
+
+// roundTrip sends req with body and returns the response once its headers are in; the
+// response's body gives the connection back when read to its end. req's context ends the
+// exchange at any point, as with http.Transport. A pooled connection that turns out to be
+// closed is replaced once, when that is safe (see exchange).
+func (c *h1) roundTrip(req *http.Request, body []byte) (*http.Response, error) {
+	ctx := req.Context()
+	// Not pooled: a burst of thousands of streams would leave thousands in the pool.
+	head := writeHead(req, body)
+	for attempt := 0; ; attempt++ {
+		conn, err := c.get(ctx, hostPort(req.URL.Host))
+		if err != nil {
+			return nil, err
+		}
+		resp, err := c.exchange(ctx, conn, req, head, body)
+		if err == nil {
+			return resp, nil
+		}
+		if !errors.Is(err, errRetry) || attempt > 0 || ctx.Err() != nil {
+			return nil, err
+		}
+	}
+}
+
+var errRetry = errors.New("the upstream closed a kept-alive connection before answering")
+
+func (c *h1) exchange(ctx context.Context, conn *h1Conn, req *http.Request, head, body []byte) (*http.Response, error) {
+	// Ending the context unblocks whatever the connection is doing, and spoils it.
+	stop := context.AfterFunc(ctx, func() { _ = conn.nc.SetDeadline(time.Unix(1, 0)) })
+	// A kept-alive connection the upstream closed just as this request went out: if the
+	// request did not get out whole, the upstream cannot have acted on it, and the proxy
+	// sends it again on a new connection. If it got out and no answer came, it is sent again
+	// only if the client says it may be (Idempotency-Key), as http.Transport does.
+	retry := conn.reused
+	fail := func(err error) (*http.Response, error) {
+		stop()
+		_ = conn.nc.Close()
+		if retry && ctx.Err() == nil {
+			return nil, errors.Join(errRetry, err)
+		}
+		return nil, err
+	}
+	var err error
+	if len(body) <= smallBody {
+		_, err = conn.nc.Write(head[:len(head)+len(body)]) // writeHead put the body after the head
+	} else {
+		bufs := net.Buffers{head, body}
+		_, err = bufs.WriteTo(conn.nc)
+	}
+	wrote := err == nil
+	if !wrote {
+		// The upstream may have answered before reading the whole request (a 413, say) and
+		// stopped reading: its answer is the one to relay, as http.Transport would.
+		if conn.br.Buffered() == 0 && peek(conn.nc) != ready {
+			return fail(err)
+		}
+		retry = false
+	}
+	retry = retry && (req.Header.Get("Idempotency-Key") != "" || req.Header.Get("X-Idempotency-Key") != "")
+	if _, err := conn.br.Peek(1); err != nil {
+		return fail(err)
+	}
+	retry = false
+	var resp *http.Response
+	for {
+		resp, err = http.ReadResponse(conn.br, req)
+		if err != nil {
+			return fail(err)
+		}
+		// 1xx answers (100 Continue, 103 Early Hints) come before the real one.
+		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+			break
+		}
+	}
+	// An open stream need not keep the request it answers (its headers, its URL).
+	resp.Request = nil
+	b := &h1Body{c: c, conn: conn, body: resp.Body, stop: stop, keep: !resp.Close && wrote}
+	if resp.Body == http.NoBody {
+		b.finish(true)
+	}
+	resp.Body = b
+	return resp, nil
+}
+
+// smallBody is the largest body sent in the same write as the request's head.
+const smallBody = 16 << 10
+
+// writeHead renders the request line and headers. A small body is copied after them, past
+// the returned slice's length, so that both go in one write.
+func writeHead(req *http.Request, body []byte) []byte {
+	size := 64 + len(req.URL.Path) + len(req.URL.RawQuery) + len(req.URL.Host)
+	for k, vs := range req.Header {
+		for _, v := range vs {
+			size += len(k) + len(v) + 4
+		}
+	}
+	if len(body) <= smallBody {
+		size += len(body)
+	}
+	b := make([]byte, 0, size)
+	b = append(b, req.Method...)
+	b = append(b, ' ')
+	b = append(b, req.URL.RequestURI()...)
+	b = append(b, " HTTP/1.1\r\nHost: "...)
+	b = append(b, req.URL.Host...)
+	b = append(b, "\r\n"...)
+	for k, vs := range req.Header {
+		switch k {
+		case "Host", "Content-Length", "Transfer-Encoding", "Connection", "Expect", "Trailer":
+			continue // the proxy frames the request itself
+		}
+		for _, v := range vs {
+			if strings.ContainsAny(v, "\r\n") {
+				continue
+			}
+			b = append(b, k...)
+			b = append(b, ": "...)
+			b = append(b, v...)
+			b = append(b, "\r\n"...)
+		}
+	}
+	if len(body) > 0 || req.Method == http.MethodPost || req.Method == http.MethodPut || req.Method == http.MethodPatch {
+		b = append(b, "Content-Length: "...)
+		b = strconv.AppendInt(b, int64(len(body)), 10)
+		b = append(b, "\r\n"...)
+	}
+	b = append(b, "\r\n"...)
+	if len(body) <= smallBody {
+		b = append(b, body...)[:len(b)]
+	}
+	return b
+}
+
+// peekState is what a look at a connection's read side found.
+type peekState uint8
+
+const (
+	unknown peekState = iota // this platform cannot tell
+	idle                     // open, nothing to read
+	ready                    // bytes to read
+	gone                     // closed or broken
+)
+
+func hostPort(host string) string {
+	if _, _, err := net.SplitHostPort(host); err == nil {
+		return host
+	}
+	return net.JoinHostPort(strings.Trim(host, "[]"), "80")
+}
+
+// get returns an idle connection to addr that is still open, or dials one.
+func (c *h1) get(ctx context.Context, addr string) (*h1Conn, error) {
+	now := time.Now()
+	for {
+		c.mu.Lock()
+		list := c.idle[addr]
+		if len(list) == 0 {
+			c.mu.Unlock()
+			break
+		}
+		conn := list[len(list)-1]
+		list[len(list)-1] = nil
+		c.idle[addr] = list[:len(list)-1]
+		c.mu.Unlock()
+		// An idle connection with bytes to read, or closed, is of no use: the upstream closes
+		// idle ones (uvicorn, which vLLM runs on, after 5 s).
+		if now.Sub(conn.idleAt) < c.idleTimeout && conn.br.Buffered() == 0 {
+			if st := peek(conn.nc); st == idle || st == unknown {
+				conn.reused = true
+				return conn, nil
+			}
+		}
+		_ = conn.nc.Close()
+	}
+	nc, err := c.dialer.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	return &h1Conn{nc: nc, br: bufio.NewReaderSize(nc, h1ReadBuffer), addr: addr}, nil
+}
+
+// put keeps conn for the next request to its upstream.
+func (c *h1) put(conn *h1Conn) {
+	conn.idleAt = time.Now()
+	c.mu.Lock()
+	if c.closed || len(c.idle[conn.addr]) >= c.maxIdle {
+		c.mu.Unlock()
+		_ = conn.nc.Close()
+		return
+	}
+	c.idle[conn.addr] = append(c.idle[conn.addr], conn)
+	c.mu.Unlock()
+}
+
+// closeIdle closes the idle connections; with stop, those given back later too.
+func (c *h1) closeIdle(stop bool) {
+	c.mu.Lock()
+	idle := c.idle
+	c.idle = map[string][]*h1Conn{}
+	c.closed = c.closed || stop
+	c.mu.Unlock()
+	for _, list := range idle {
+		for _, conn := range list {
+			_ = conn.nc.Close()
+		}
+	}
+}
+
+// h1Body is a response body read straight from the connection. Read to its end, it gives
+// the connection back; closed before, it closes it (http's body would read the rest first).
+type h1Body struct {
+	c        *h1
+	conn     *h1Conn
+	body     io.ReadCloser
+	stop     func() bool
+	keep     bool
+	finished bool
+}
+
+func (b *h1Body) Read(p []byte) (int, error) {
+	if b.finished {
+		return 0, io.EOF
+	}
+	n, err := b.body.Read(p)
+	if err != nil {
+		b.finish(err == io.EOF)
+	}
+	return n, err
+}
+
+// wait blocks until the upstream sends something, without a buffer of the caller's: an idle
+// stream holds only the connection's.
+func (b *h1Body) wait() error {
+	if b.finished {
+		return nil
+	}
+	_, err := b.conn.br.Peek(1)
+	return err
+}
+
+func (b *h1Body) Close() error {
+	b.finish(false)
+	return nil
+}
+
+func (b *h1Body) finish(atEnd bool) {
+	if b.finished {
+		return
+	}
+	b.finished = true
+	// The context's end did not spoil the connection (stop reports that it had not fired),
+	// the upstream did not ask to close it, and its response is read to the end: reuse it.
+	if b.stop() && atEnd && b.keep {
+		b.c.put(b.conn)
+		return
+	}
+	_ = b.conn.nc.Close()
+}

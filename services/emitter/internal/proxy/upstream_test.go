@@ -1,0 +1,200 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/fakellm"
+)
+
+// countConns starts srv counting the connections it accepts.
+func countConns(srv *httptest.Server) *atomic.Int64 {
+	var n atomic.Int64
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			n.Add(1)
+		}
+	}
+	srv.Start()
+	return &n
+}
+
+// TestUpstreamKeepAlive: sequential requests share one upstream connection; one the
+// upstream closed while idle is noticed and replaced, and the request still succeeds.
+func TestUpstreamKeepAlive(t *testing.T) {
+	fake := httptest.NewUnstartedServer(fakellm.New(fakellm.Options{Tokens: 3}))
+	fake.Config.IdleTimeout = 100 * time.Millisecond
+	conns := countConns(fake)
+	defer fake.Close()
+	u, _ := ParseUpstream(fake.URL)
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream = u })
+	if !r.p.dialable[u] {
+		t.Fatal("a plain-HTTP upstream does not go through the proxy's own client")
+	}
+	for i := range 20 {
+		if via := call(t, r.proxy.URL, chatPath, chatBody(i%2 == 0, ""), nil); via.status != 200 {
+			t.Fatalf("request %d: %d %v", i, via.status, via.err)
+		}
+		if ev := r.cap.next(t); ev.Status != events.StatusOK {
+			t.Fatalf("request %d: %s %s", i, ev.Status, ev.ErrorCode)
+		}
+	}
+	if n := conns.Load(); n != 1 {
+		t.Fatalf("20 sequential requests opened %d upstream connections", n)
+	}
+	time.Sleep(300 * time.Millisecond) // the upstream closes the idle connection
+	if via := call(t, r.proxy.URL, chatPath, chatBody(true, ""), nil); via.status != 200 || via.err != nil {
+		t.Fatalf("after the upstream closed the idle connection: %d %v", via.status, via.err)
+	}
+	if ev := r.cap.next(t); ev.Status != events.StatusOK || conns.Load() != 2 {
+		t.Fatalf("%s %s, %d connections", ev.Status, ev.ErrorCode, conns.Load())
+	}
+}
+
+// TestUpstreamClosesAsItIsReused: an upstream that drops a kept-alive connection once the next
+// request is on it, without answering. A request with an Idempotency-Key is sent again on a
+// new connection; one without gets a 502 and an error event, as with http.Transport: the
+// upstream read it and may have acted on it.
+func TestUpstreamClosesAsItIsReused(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	bodies := make(chan string, 8)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for i := 0; ; i++ {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					b, _ := io.ReadAll(req.Body)
+					if i == 1 {
+						return // the second request on a connection: drop it unanswered
+					}
+					bodies <- string(b)
+					const out = `{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":1,"completion_tokens":1}}`
+					fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(out), out)
+				}
+			}()
+		}
+	}()
+	u, _ := ParseUpstream("http://" + ln.Addr().String())
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream = u })
+	idem := map[string]string{"Idempotency-Key": "k-1"}
+	for i := range 3 {
+		body := chatBody(false, fmt.Sprintf(`,"n":%d`, i))
+		if via := call(t, r.proxy.URL, chatPath, body, idem); via.status != 200 || via.err != nil {
+			t.Fatalf("request %d: %d %v %s", i, via.status, via.err, via.body)
+		}
+		if got := <-bodies; got != body {
+			t.Fatalf("request %d: the upstream got %s", i, got)
+		}
+		if ev := r.cap.next(t); ev.Status != events.StatusOK {
+			t.Fatalf("request %d: %s %s", i, ev.Status, ev.ErrorCode)
+		}
+	}
+	if via := call(t, r.proxy.URL, chatPath, chatBody(false, ""), nil); via.status != http.StatusBadGateway {
+		t.Fatalf("without an Idempotency-Key: %d %v %s", via.status, via.err, via.body)
+	}
+	if ev := r.cap.next(t); ev.Status != events.StatusError || ev.ErrorCode != CodeUpstreamUnreachable {
+		t.Fatalf("without an Idempotency-Key: %s %s", ev.Status, ev.ErrorCode)
+	}
+}
+
+// TestUpstreamFraming: a big body written in two pieces arrives whole; 1xx answers are skipped;
+// Connection: close is honoured; the proxy frames the request itself.
+func TestUpstreamFraming(t *testing.T) {
+	type seen struct {
+		body   []byte
+		header http.Header
+	}
+	got := make(chan seen, 1)
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got <- seen{b, r.Header.Clone()}
+		w.Header().Set("Link", "</style.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Connection", "close")
+		_, _ = io.WriteString(w, `{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":1,"completion_tokens":1}}`)
+	}))
+	conns := countConns(up)
+	defer up.Close()
+	u, _ := ParseUpstream(up.URL)
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream = u })
+	big := `{"model":"gpt-4o","messages":[{"role":"user","content":"` + strings.Repeat("word ", 40_000) + `"}]}`
+	for i := range 2 {
+		via := call(t, r.proxy.URL, chatPath, big, map[string]string{"Expect": "100-continue", "X-Custom": "a"})
+		if via.status != 200 || !strings.Contains(string(via.body), `"hi"`) {
+			t.Fatalf("request %d: %d %v %s", i, via.status, via.err, via.body)
+		}
+		s := <-got
+		if !bytes.Equal(s.body, []byte(big)) || s.header.Get("X-Custom") != "a" || s.header.Get("Expect") != "" {
+			t.Fatalf("request %d: the upstream got %d bytes, headers %v", i, len(s.body), s.header)
+		}
+		if ev := r.cap.next(t); ev.Status != events.StatusOK || ev.HTTPStatus != 200 {
+			t.Fatalf("request %d: %s %s %d", i, ev.Status, ev.ErrorCode, ev.HTTPStatus)
+		}
+	}
+	if n := conns.Load(); n != 2 {
+		t.Fatalf("Connection: close ignored: %d connections for 2 requests", n)
+	}
+}
+
+// TestUpstreamAnswersEarly: an upstream that answers 413 before reading a big body, and stops
+// reading: the client gets the 413, as it would directly.
+func TestUpstreamAnswersEarly(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	const answer = `{"error":{"message":"too big","type":"invalid_request_error"}}`
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				br := bufio.NewReader(c)
+				if _, err := http.ReadRequest(br); err != nil { // the head only
+					c.Close()
+					return
+				}
+				fmt.Fprintf(c, "HTTP/1.1 413 Request Entity Too Large\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s", len(answer), answer)
+				time.Sleep(200 * time.Millisecond) // the proxy's write fills the socket buffers
+				c.Close()
+			}()
+		}
+	}()
+	u, _ := ParseUpstream("http://" + ln.Addr().String())
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream = u; c.MaxParseBytes = 64 << 20 })
+	big := `{"model":"gpt-4o","messages":[{"role":"user","content":"` + strings.Repeat("word ", 4<<20) + `"}]}`
+	via := call(t, r.proxy.URL, chatPath, big, nil)
+	if via.status != http.StatusRequestEntityTooLarge || string(via.body) != answer {
+		t.Fatalf("client got %d %v %q", via.status, via.err, via.body)
+	}
+	if ev := r.cap.next(t); ev.Status != events.StatusError || ev.ErrorCode != "413" {
+		t.Fatalf("event %s %s", ev.Status, ev.ErrorCode)
+	}
+}

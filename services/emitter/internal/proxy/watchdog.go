@@ -1,0 +1,88 @@
+package proxy
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+)
+
+// The phases of a watched exchange.
+const (
+	waitingHeaders int32 = iota
+	answered             // the response headers arrived first: the upstream timeout no longer applies
+	timedOut             // the upstream timeout fired first: the response, if it comes, is dropped
+	finished
+)
+
+// watchdog ends an exchange whose upstream is too slow: no response headers within the
+// upstream timeout, or a body silent for the idle timeout. Which of "headers arrived" and
+// "timeout fired" came first is decided once, by one compare-and-swap, so a response that
+// arrives as the timeout fires is either relayed whole or dropped for a 504, never both.
+// The body's reads only store a timestamp; the timer checks it when it fires, so no timer
+// is reset per chunk.
+type watchdog struct {
+	phase  atomic.Int32
+	last   atomic.Int64 // upstream activity, in ns since start; busy while writing to the client
+	start  time.Time
+	idle   time.Duration
+	cancel context.CancelCauseFunc
+	timer  *time.Timer
+}
+
+// busy marks the time spent writing to the client: a slow client is not a silent upstream.
+const busy = -1
+
+func (d *watchdog) arm(start time.Time, headers, idle time.Duration, cancel context.CancelCauseFunc) {
+	d.start, d.idle, d.cancel = start, idle, cancel
+	d.timer = time.AfterFunc(headers, d.fire)
+}
+
+func (d *watchdog) fire() {
+	if d.phase.CompareAndSwap(waitingHeaders, timedOut) {
+		d.cancel(errUpstreamTimeout)
+		return
+	}
+	if d.phase.Load() != answered {
+		return
+	}
+	last := d.last.Load()
+	if last == busy {
+		d.timer.Reset(d.idle)
+		return
+	}
+	if wait := d.idle - (time.Since(d.start) - time.Duration(last)); wait > 0 {
+		d.timer.Reset(wait)
+		return
+	}
+	d.cancel(errStreamIdle)
+}
+
+// answer reports whether the response headers beat the upstream timeout; from then on the
+// idle timeout watches the body.
+func (d *watchdog) answer(now time.Time) bool {
+	if !d.phase.CompareAndSwap(waitingHeaders, answered) {
+		return false
+	}
+	d.active(now)
+	d.timer.Reset(d.idle)
+	return true
+}
+
+// active records bytes from the upstream at now.
+func (d *watchdog) active(now time.Time) { d.last.Store(int64(now.Sub(d.start))) }
+
+// writing stops the idle clock while the client takes the bytes; active restarts it.
+func (d *watchdog) writing() { d.last.Store(busy) }
+
+// stop ends the watch; a fire already under way does nothing more.
+func (d *watchdog) stop() {
+	d.phase.Store(finished)
+	d.timer.Stop()
+}
+
+// expired settles a request that got no response: it reports whether the upstream timeout
+// fired first. Once it returns, the timeout can no longer fire, so an error it did not
+// cause stays the upstream's or the client's.
+func (d *watchdog) expired() bool {
+	return !d.phase.CompareAndSwap(waitingHeaders, finished) && d.phase.Load() == timedOut
+}
