@@ -482,7 +482,7 @@ func BenchmarkIngestNATS(b *testing.B) {
 	b.SetParallelism(2) // four clients with GOMAXPROCS 2
 	b.ReportAllocs()
 	b.ResetTimer()
-	start, cpu0 := time.Now(), cpuTime()
+	start, cpu0 := time.Now(), selfCPU()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			body := bodies[next.Add(1)-1]
@@ -512,12 +512,12 @@ func BenchmarkIngestNATS(b *testing.B) {
 	n := int(next.Load())
 	waitMsgs(b, js, uint64(n*batch))
 	b.ReportMetric(float64(n*batch)/time.Since(start).Seconds(), "events/s")
-	b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(n*batch), "cpu-µs/event")
+	b.ReportMetric(float64((selfCPU()-cpu0).Microseconds())/float64(n*batch), "cpu-µs/event")
 	b.ReportMetric(float64(retries.Load()), "retried-batches")
 }
 
-// cpuTime is the CPU time, user and system, this process has used.
-func cpuTime() time.Duration {
+// selfCPU is the CPU time, user and system, this process has used.
+func selfCPU() time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
 		return 0
