@@ -29,8 +29,8 @@ import (
 //
 // INGEST_RAW_ACK_EVERY changes how often the raw consumer acknowledges (500), to compare with
 // the aggregator's acknowledgement pattern; INGEST_FLUSH_INTERVAL and INGEST_PULL_BATCH set
-// AGG_FLUSH_INTERVAL and AGG_PULL_BATCH; INGEST_PROFILE writes a CPU profile of the
-// aggregator's phase alone.
+// AGG_FLUSH_INTERVAL and AGG_PULL_BATCH; INGEST_PROFILE and INGEST_RAW_PROFILE write CPU
+// profiles of the aggregator's phase and of the raw consumer's.
 func BenchmarkIngest(b *testing.B) {
 	const n = 200_000
 	bd := newBed(b)
@@ -61,6 +61,7 @@ func BenchmarkIngest(b *testing.B) {
 			b.Fatal(err)
 		}
 		rawAckEvery, _ := strconv.Atoi(envOr("INGEST_RAW_ACK_EVERY", "500"))
+		stopRawProfile := startProfile(b, os.Getenv("INGEST_RAW_PROFILE"))
 		var from time.Time
 		for i := range n {
 			m, err := it.Next()
@@ -76,17 +77,11 @@ func BenchmarkIngest(b *testing.B) {
 		}
 		raw := float64(n-n/10) / time.Since(from).Seconds()
 		it.Stop()
+		stopRawProfile()
 
 		// The aggregator, from the same stream.
 		addr := freeAddr(b)
-		if f := os.Getenv("INGEST_PROFILE"); f != "" { // profile the aggregator's phase alone
-			out, err := os.Create(f)
-			if err != nil {
-				b.Fatal(err)
-			}
-			pprof.StartCPUProfile(out)
-			defer pprof.StopCPUProfile()
-		}
+		defer startProfile(b, os.Getenv("INGEST_PROFILE"))()
 		stop := startAggregator(b, bd.env(envVars{"HTTP_ADDR": addr, "AGG_LOG_LEVEL": "warn", "AGG_STORE_REQUESTS": storeRequests(), "AGG_FLUSH_INTERVAL": flushInterval(), "AGG_PULL_BATCH": envOr("INGEST_PULL_BATCH", "10000")}))
 		// Timed like the raw consumer: from the tenth of the events to the last, so that
 		// neither start-up (connecting, migrations, the ledger) nor the first pull counts.
@@ -111,6 +106,21 @@ func BenchmarkIngest(b *testing.B) {
 		b.ReportMetric(agg, "aggregator_msgs/s")
 		b.ReportMetric(100*agg/raw, "%_of_raw")
 	}
+}
+
+// startProfile writes a CPU profile to file (when named) until the returned function is called.
+func startProfile(b *testing.B, file string) (stop func()) {
+	if file == "" {
+		return func() {}
+	}
+	out, err := os.Create(file)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(out); err != nil {
+		b.Fatal(err)
+	}
+	return func() { pprof.StopCPUProfile(); out.Close() }
 }
 
 // storeRequests is AGG_STORE_REQUESTS for the benchmark: INGEST_STORE_REQUESTS=false

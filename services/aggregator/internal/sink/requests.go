@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
@@ -52,6 +53,7 @@ type RequestWriter struct {
 	password string
 	tsMillis bool   // ts is DateTime64(3): milliseconds, not seconds
 	consumer []byte // the consumer column's encoded value
+	blocks   *blockPool
 }
 
 // NewRequestWriter checks the requests table's columns against what the writer encodes
@@ -73,7 +75,7 @@ func NewRequestWriter(ctx context.Context, conn driver.Conn, cfg chdb.Config, co
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("cannot read the columns of requests: %w", err)
 	}
-	w := &RequestWriter{user: cfg.User, password: cfg.Password}
+	w := &RequestWriter{user: cfg.User, password: cfg.Password, blocks: &blockPool{}}
 	for name, want := range requestTypes {
 		typ, ok := got[name]
 		switch {
@@ -132,7 +134,7 @@ func (w *RequestWriter) ping(ctx context.Context, timeout time.Duration) error {
 
 // NewBuffer returns an empty buffer encoding rows for w.
 func (w *RequestWriter) NewBuffer() *Requests {
-	return &Requests{tsMillis: w.tsMillis, consumer: w.consumer}
+	return &Requests{tsMillis: w.tsMillis, consumer: w.consumer, blocks: w.blocks}
 }
 
 // Write inserts the buffered events in one INSERT tagged queryID (see Settle). The rows are
@@ -146,10 +148,11 @@ func (w *RequestWriter) Write(ctx context.Context, r *Requests, queryID string) 
 		q[k] = v
 	}
 	q.Set("query_id", queryID)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.base+"?"+q.Encode(), bytes.NewReader(r.buf))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.base+"?"+q.Encode(), r.body())
 	if err != nil {
 		return fmt.Errorf("cannot insert into requests: %w", err)
 	}
+	req.ContentLength = int64(r.Bytes())
 	req.SetBasicAuth(w.user, w.password)
 	req.Header.Set("Content-Type", "application/octet-stream")
 	resp, err := w.client.Do(req)
@@ -165,19 +168,35 @@ func (w *RequestWriter) Write(ctx context.Context, r *Requests, queryID string) 
 }
 
 // Requests buffers request events for the requests table as RowBinary rows, in the order of
-// requestColumns. The buffer is reused: once it has grown, adding an event allocates
-// nothing.
+// requestColumns, in blocks of blockSize bytes: growing never copies what is written (a
+// 64k-event batch is ~14 MB), and the blocks go back to the writer's pool for the next
+// batch, so that once warm adding an event neither allocates nor touches fresh memory.
 type Requests struct {
-	buf      []byte
+	full     [][]byte // filled blocks
+	cur      []byte   // the block being filled
+	size     int      // bytes in full
 	n        int
 	lo, hi   uint64
 	tsMillis bool
 	consumer []byte
+	blocks   *blockPool
 }
+
+// blockSize is the unit Requests grows by.
+const blockSize = 1 << 20
+
+// rowFixed bounds a row's bytes other than its strings' (numbers, length prefixes, NULL flag).
+const rowFixed = 128 + 14*binary.MaxVarintLen64
 
 // Add appends one event at stream position seq.
 func (r *Requests) Add(ev *events.RequestEvent, bucket string, cost float64, seq uint64) {
-	b := r.buf
+	need := rowFixed + len(r.consumer) + len(ev.EventID) + len(ev.Env) + len(ev.Scene) + len(ev.Model) +
+		len(ev.Instance) + len(ev.Tenant) + len(ev.Provider) + len(bucket) + len(ev.Status) + len(ev.ErrorCode) +
+		len(ev.ConversationID) + len(ev.Outcome)
+	if cap(r.cur)-len(r.cur) < need {
+		r.grow(need)
+	}
+	b := r.cur
 	if r.tsMillis {
 		b = binary.LittleEndian.AppendUint64(b, uint64(ev.TS.UnixMilli()))
 	} else {
@@ -214,7 +233,7 @@ func (r *Requests) Add(ev *events.RequestEvent, bucket string, cost float64, seq
 	b = appendFloat(b, cost)
 	b = append(b, r.consumer...)
 	b = binary.LittleEndian.AppendUint64(b, seq)
-	r.buf = b
+	r.cur = b
 	if r.n == 0 {
 		r.lo = seq
 	}
@@ -222,19 +241,80 @@ func (r *Requests) Add(ev *events.RequestEvent, bucket string, cost float64, seq
 	r.n++
 }
 
+// grow starts a new block with room for at least need bytes.
+func (r *Requests) grow(need int) {
+	if len(r.cur) > 0 {
+		r.full = append(r.full, r.cur)
+		r.size += len(r.cur)
+	} else if r.cur != nil {
+		r.blocks.put(r.cur)
+	}
+	r.cur = r.blocks.get(need)
+}
+
 // Len returns the number of buffered events.
 func (r *Requests) Len() int { return r.n }
 
 // Bytes returns the size of the encoded rows.
-func (r *Requests) Bytes() int { return len(r.buf) }
+func (r *Requests) Bytes() int { return r.size + len(r.cur) }
 
 // SeqRange returns the first and last stream positions buffered.
 func (r *Requests) SeqRange() (lo, hi uint64) { return r.lo, r.hi }
 
-// Reset empties the buffer, keeping its storage.
-func (r *Requests) Reset() {
-	r.buf, r.n, r.lo, r.hi = r.buf[:0], 0, 0, 0
+// body reads the encoded rows.
+func (r *Requests) body() io.Reader {
+	rs := make([]io.Reader, 0, len(r.full)+1)
+	for _, b := range r.full {
+		rs = append(rs, bytes.NewReader(b))
+	}
+	return io.MultiReader(append(rs, bytes.NewReader(r.cur))...)
 }
+
+// Reset empties the buffer; its blocks go back to the pool.
+func (r *Requests) Reset() {
+	for _, b := range r.full {
+		r.blocks.put(b)
+	}
+	clear(r.full)
+	r.full, r.cur = r.full[:0], r.cur[:0]
+	r.size, r.n, r.lo, r.hi = 0, 0, 0, 0
+}
+
+// blockPool keeps the blocks of a writer's buffers for reuse. Unlike a sync.Pool it keeps
+// them across garbage collections: memory the buffers have used stays theirs.
+type blockPool struct {
+	mu   sync.Mutex
+	free [][]byte
+}
+
+func (p *blockPool) get(need int) []byte {
+	if p == nil || need > blockSize {
+		return make([]byte, 0, max(need, blockSize))
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if n := len(p.free); n > 0 {
+		b := p.free[n-1]
+		p.free[n-1] = nil
+		p.free = p.free[:n-1]
+		return b[:0]
+	}
+	return make([]byte, 0, blockSize)
+}
+
+func (p *blockPool) put(b []byte) {
+	if p == nil || cap(b) != blockSize {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.free) < maxFreeBlocks {
+		p.free = append(p.free, b[:0])
+	}
+}
+
+// maxFreeBlocks bounds the pool: two full batches (the one being written and the next).
+const maxFreeBlocks = 40
 
 func appendString(b []byte, s string) []byte {
 	if len(s) < 0x80 {

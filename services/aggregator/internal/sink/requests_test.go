@@ -114,6 +114,44 @@ func TestRequestsRoundTrip(t *testing.T) {
 	}
 }
 
+// TestRequestsManyBlocks writes batches spanning several blocks, twice through the same
+// buffer, and finds every row.
+func TestRequestsManyBlocks(t *testing.T) {
+	db, cfg := openDB(t)
+	ctx := context.Background()
+	w, err := NewRequestWriter(ctx, db.Conn(), cfg, "agg-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := w.NewBuffer()
+	ev := sampleEvent()
+	const rows = 20_000
+	var seq uint64
+	for round := range 2 {
+		for range rows {
+			seq++
+			r.Add(&ev, "500-2000", 0.001, seq)
+		}
+		if r.Bytes() < 3*blockSize {
+			t.Fatalf("%d bytes: the test needs several blocks", r.Bytes())
+		}
+		if err := w.Write(ctx, r, "blocks-"+strconv.Itoa(round)); err != nil {
+			t.Fatal(err)
+		}
+		r.Reset()
+		if r.Len() != 0 || r.Bytes() != 0 {
+			t.Fatalf("after Reset: %d events, %d bytes", r.Len(), r.Bytes())
+		}
+	}
+	var n, sum uint64
+	if err := db.Conn().QueryRow(ctx, "SELECT count(), sum(stream_seq) FROM requests").Scan(&n, &sum); err != nil {
+		t.Fatal(err)
+	}
+	if n != 2*rows || sum != seq*(seq+1)/2 {
+		t.Fatalf("requests holds %d rows summing to %d, want %d and %d", n, sum, 2*rows, seq*(seq+1)/2)
+	}
+}
+
 // TestRequestWriterErrors: a table whose columns differ, and a server refusing the insert,
 // are errors that say what is wrong.
 func TestRequestWriterErrors(t *testing.T) {
@@ -228,7 +266,7 @@ func serverCPU(dir string) (time.Duration, bool) {
 
 // BenchmarkRequestsAdd measures encoding one event into the buffer.
 func BenchmarkRequestsAdd(b *testing.B) {
-	r := &Requests{consumer: appendString(nil, "aggregator")}
+	r := &Requests{consumer: appendString(nil, "aggregator"), blocks: &blockPool{}}
 	ev := sampleEvent()
 	i := 0
 	for b.Loop() {
