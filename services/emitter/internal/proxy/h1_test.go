@@ -4,13 +4,18 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/tokenscope/tokenscope/services/emitter/internal/fakellm"
 )
 
 // scripted is an upstream that reads each request and answers with answer(n), n counting
@@ -273,5 +278,116 @@ func TestH1BodyErrorIsSticky(t *testing.T) {
 	resp.Body.Close()
 	if c.idleCount() != 0 {
 		t.Fatal("a connection whose body broke off went back to the pool")
+	}
+}
+
+// TestHopByHopNotForwarded: the connection's own headers, and those Connection names, stay
+// with the client's connection; the upstream gets its own Host.
+func TestHopByHopNotForwarded(t *testing.T) { bothClients(t, testHopByHopNotForwarded) }
+
+func testHopByHopNotForwarded(t *testing.T, transport bool) {
+	type seen struct {
+		host   string
+		header http.Header
+	}
+	got := make(chan seen, 1)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		got <- seen{r.Host, r.Header.Clone()}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":1,"completion_tokens":1}}`)
+	}))
+	defer up.Close()
+	u, _ := ParseUpstream(up.URL)
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream = u })
+	if transport {
+		r.viaTransport()
+	}
+	body := chatBody(false, "")
+	nc, err := net.Dial("tcp", strings.TrimPrefix(r.proxy.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	fmt.Fprintf(nc, "POST %s HTTP/1.1\r\nHost: proxy.example\r\nContent-Type: application/json\r\n"+
+		"Content-Length: %d\r\nConnection: keep-alive, X-Secret\r\nX-Secret: 1\r\nKeep-Alive: timeout=5\r\n"+
+		"Proxy-Authorization: Basic abc\r\nProxy-Connection: keep-alive\r\nTE: trailers\r\n"+
+		"Upgrade: websocket\r\nTrailer: X-T\r\nX-Keep: yes\r\n\r\n%s", chatPath, len(body), body)
+	resp, err := http.ReadResponse(bufio.NewReader(nc), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	s := <-got
+	for _, h := range []string{"Connection", "X-Secret", "Keep-Alive", "Proxy-Authorization", "Proxy-Connection", "Te", "Upgrade", "Trailer"} {
+		if v, ok := s.header[h]; ok {
+			t.Errorf("%s forwarded: %q", h, v)
+		}
+	}
+	if s.header.Get("X-Keep") != "yes" || s.host != u.Host {
+		t.Fatalf("host %q, headers %v", s.host, s.header)
+	}
+	r.cap.next(t)
+}
+
+// TestNoLeakAfterHangUps: streams the client hangs up on leave no goroutine and no upstream
+// connection behind.
+func TestNoLeakAfterHangUps(t *testing.T) {
+	fake := httptest.NewUnstartedServer(fakellm.New(fakellm.Options{TTFT: 10 * time.Millisecond, TPOT: 20 * time.Millisecond, Tokens: 200}))
+	upConns := make(chan struct{}, 64)
+	fake.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateClosed || s == http.StateHijacked {
+			upConns <- struct{}{}
+		}
+	}
+	fake.Start()
+	defer fake.Close()
+	u, _ := ParseUpstream(fake.URL)
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream = u })
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+	stream := func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.proxy.URL+chatPath, strings.NewReader(chatBody(true, "")))
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := resp.Body.Read(make([]byte, 256)); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		resp.Body.Close()
+		r.cap.next(t)
+	}
+	stream() // warm up: the servers' and clients' own goroutines
+	<-upConns
+	base := runtime.NumGoroutine()
+	const n = 8
+	for range n {
+		stream()
+	}
+	for i := range n {
+		select {
+		case <-upConns:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d of %d upstream connections still open", n-i, n)
+		}
+	}
+	if r.p.h1.idleCount() != 0 {
+		t.Fatal("a connection the client hung up on went back to the pool")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > base {
+		if time.Now().After(deadline) {
+			buf := make([]byte, 1<<20)
+			t.Fatalf("%d goroutines, %d before the streams\n%s", runtime.NumGoroutine(), base, buf[:runtime.Stack(buf, true)])
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
