@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -26,19 +27,49 @@ type h1 struct {
 	dialer      net.Dialer
 	maxIdle     int // idle connections kept per upstream
 	idleTimeout time.Duration
+	maxHeader   int64         // bytes of response headers, 1xx ones included, as http.Transport's limit
+	sweepEvery  time.Duration // how often the idle connections are checked
 
-	mu     sync.Mutex
-	idle   map[string][]*h1Conn // by host:port, most recently used last
-	closed bool
+	mu      sync.Mutex
+	idle    map[string][]*h1Conn // by host:port, most recently used last
+	closed  bool
+	sweeper *time.Timer // armed while connections are idle
 }
 
 type h1Conn struct {
 	nc     net.Conn
+	lr     limitedConn // what br reads from
 	br     *bufio.Reader
 	addr   string
 	reused bool
 	idleAt time.Time
 }
+
+// limitedConn reads from a connection at most n bytes: the limit on a response's headers
+// while they are read, none (maxInt64) while its body is.
+type limitedConn struct {
+	nc net.Conn
+	n  int64
+}
+
+func (l *limitedConn) Read(p []byte) (int, error) {
+	if l.n <= 0 {
+		return 0, errHeadersTooBig
+	}
+	if int64(len(p)) > l.n {
+		p = p[:l.n]
+	}
+	n, err := l.nc.Read(p)
+	l.n -= int64(n)
+	return n, err
+}
+
+const noLimit = 1<<63 - 1
+
+var errHeadersTooBig = errors.New("the upstream's response headers are too big")
+
+// defaultMaxHeader is http.Transport's default MaxResponseHeaderBytes.
+const defaultMaxHeader = 10 << 20
 
 // h1ReadBuffer is each connection's read buffer: a few SSE events. Longer header lines
 // and bigger reads work too, in more pieces (a read at least this big bypasses it).
@@ -46,7 +77,8 @@ const h1ReadBuffer = 1 << 10
 
 func newH1(maxIdle int, idleTimeout time.Duration) *h1 {
 	return &h1{dialer: net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second},
-		maxIdle: maxIdle, idleTimeout: idleTimeout, idle: map[string][]*h1Conn{}}
+		maxIdle: maxIdle, idleTimeout: idleTimeout, maxHeader: defaultMaxHeader,
+		sweepEvery: min(idleTimeout, 5*time.Second), idle: map[string][]*h1Conn{}}
 }
 
 // canDial reports whether the upstream at u is one h1 serves: plain HTTP, not through an
@@ -66,7 +98,10 @@ func canDial(u *url.URL) bool {
 func (c *h1) roundTrip(req *http.Request, body []byte) (*http.Response, error) {
 	ctx := req.Context()
 	// Not pooled: a burst of thousands of streams would leave thousands in the pool.
-	head := writeHead(req, body)
+	head, err := writeHead(req, body)
+	if err != nil {
+		return nil, err
+	}
 	for attempt := 0; ; attempt++ {
 		conn, err := c.get(ctx, hostPort(req.URL.Host))
 		if err != nil {
@@ -117,6 +152,8 @@ func (c *h1) exchange(ctx context.Context, conn *h1Conn, req *http.Request, head
 		retry = false
 	}
 	retry = retry && (req.Header.Get("Idempotency-Key") != "" || req.Header.Get("X-Idempotency-Key") != "")
+	// The headers of the answer, 1xx ones included, are bounded as with http.Transport.
+	conn.lr.n = c.maxHeader
 	if _, err := conn.br.Peek(1); err != nil {
 		return fail(err)
 	}
@@ -124,14 +161,23 @@ func (c *h1) exchange(ctx context.Context, conn *h1Conn, req *http.Request, head
 	var resp *http.Response
 	for {
 		resp, err = http.ReadResponse(conn.br, req)
+		if err != nil && conn.lr.n <= 0 {
+			err = errHeadersTooBig
+		}
 		if err != nil {
 			return fail(err)
 		}
 		// 1xx answers (100 Continue, 103 Early Hints) come before the real one.
-		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
+		if resp.StatusCode >= 200 {
 			break
 		}
+		if resp.StatusCode == http.StatusSwitchingProtocols {
+			// The proxy never asks for an upgrade (Upgrade is not forwarded): what follows
+			// on the connection is not HTTP/1.1.
+			return fail(errors.New("the upstream switched protocols unasked"))
+		}
 	}
+	conn.lr.n = noLimit
 	// An open stream need not keep the request it answers (its headers, its URL).
 	resp.Request = nil
 	b := &h1Body{c: c, conn: conn, body: resp.Body, stop: stop, keep: !resp.Close && wrote}
@@ -146,8 +192,13 @@ func (c *h1) exchange(ctx context.Context, conn *h1Conn, req *http.Request, head
 const smallBody = 16 << 10
 
 // writeHead renders the request line and headers. A small body is copied after them, past
-// the returned slice's length, so that both go in one write.
-func writeHead(req *http.Request, body []byte) []byte {
+// the returned slice's length, so that both go in one write. Like http.Transport, it refuses
+// a header field name or value, a target or a host that could end a line or the head early.
+func writeHead(req *http.Request, body []byte) ([]byte, error) {
+	uri := req.URL.RequestURI()
+	if !validValue(uri) || strings.ContainsAny(uri, " \t") || !validValue(req.URL.Host) || strings.ContainsAny(req.URL.Host, " \t") {
+		return nil, errors.New("invalid request target or host")
+	}
 	size := 64 + len(req.URL.Path) + len(req.URL.RawQuery) + len(req.URL.Host)
 	for k, vs := range req.Header {
 		for _, v := range vs {
@@ -160,7 +211,7 @@ func writeHead(req *http.Request, body []byte) []byte {
 	b := make([]byte, 0, size)
 	b = append(b, req.Method...)
 	b = append(b, ' ')
-	b = append(b, req.URL.RequestURI()...)
+	b = append(b, uri...)
 	b = append(b, " HTTP/1.1\r\nHost: "...)
 	b = append(b, req.URL.Host...)
 	b = append(b, "\r\n"...)
@@ -169,9 +220,12 @@ func writeHead(req *http.Request, body []byte) []byte {
 		case "Host", "Content-Length", "Transfer-Encoding", "Connection", "Expect", "Trailer":
 			continue // the proxy frames the request itself
 		}
+		if !validName(k) {
+			return nil, fmt.Errorf("invalid header field name %q", k)
+		}
 		for _, v := range vs {
-			if strings.ContainsAny(v, "\r\n") {
-				continue
+			if !validValue(v) {
+				return nil, fmt.Errorf("invalid header field value for %q", k)
 			}
 			b = append(b, k...)
 			b = append(b, ": "...)
@@ -188,7 +242,46 @@ func writeHead(req *http.Request, body []byte) []byte {
 	if len(body) <= smallBody {
 		b = append(b, body...)[:len(b)]
 	}
-	return b
+	return b, nil
+}
+
+// validName reports whether k is a token (RFC 9110, 5.1).
+func validName(k string) bool {
+	if k == "" {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if c >= 0x80 || !tokenChar[c] {
+			return false
+		}
+	}
+	return true
+}
+
+var tokenChar = func() (t [128]bool) {
+	for c := '0'; c <= '9'; c++ {
+		t[c] = true
+	}
+	for c := 'a'; c <= 'z'; c++ {
+		t[c] = true
+		t[c-'a'+'A'] = true
+	}
+	for _, c := range "!#$%&'*+-.^_`|~" {
+		t[c] = true
+	}
+	return t
+}()
+
+// validValue reports whether v holds no control character but tab (RFC 9110, 5.5), as
+// net/http's check of header values does.
+func validValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; (c < ' ' && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 // peekState is what a look at a connection's read side found.
@@ -236,20 +329,63 @@ func (c *h1) get(ctx context.Context, addr string) (*h1Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &h1Conn{nc: nc, br: bufio.NewReaderSize(nc, h1ReadBuffer), addr: addr}, nil
+	conn := &h1Conn{nc: nc, lr: limitedConn{nc: nc, n: noLimit}, addr: addr}
+	conn.br = bufio.NewReaderSize(&conn.lr, h1ReadBuffer)
+	return conn, nil
 }
 
 // put keeps conn for the next request to its upstream.
 func (c *h1) put(conn *h1Conn) {
 	conn.idleAt = time.Now()
 	c.mu.Lock()
-	if c.closed || len(c.idle[conn.addr]) >= c.maxIdle {
+	if c.closed || len(c.idle[conn.addr]) >= c.maxIdle || conn.br.Buffered() > 0 {
 		c.mu.Unlock()
 		_ = conn.nc.Close()
 		return
 	}
 	c.idle[conn.addr] = append(c.idle[conn.addr], conn)
+	if c.sweeper == nil {
+		c.sweeper = time.AfterFunc(c.sweepEvery, c.sweep)
+	}
 	c.mu.Unlock()
+}
+
+// sweep closes the idle connections past the idle timeout, and those the upstream closed or
+// sent something on. Without it an idle connection is looked at only when taken, and one
+// under a burst's worth of others could stay open, closed at the upstream's end, for good.
+func (c *h1) sweep() {
+	now := time.Now()
+	var drop []*h1Conn
+	c.mu.Lock()
+	for addr, list := range c.idle {
+		keep := list[:0]
+		for _, conn := range list {
+			st := gone
+			if now.Sub(conn.idleAt) < c.idleTimeout && conn.br.Buffered() == 0 {
+				st = peek(conn.nc) // without waiting: fine under the lock
+			}
+			if st == idle || st == unknown {
+				keep = append(keep, conn)
+			} else {
+				drop = append(drop, conn)
+			}
+		}
+		clear(list[len(keep):])
+		if len(keep) == 0 {
+			delete(c.idle, addr)
+		} else {
+			c.idle[addr] = keep
+		}
+	}
+	if len(c.idle) > 0 && c.sweeper != nil {
+		c.sweeper.Reset(c.sweepEvery)
+	} else {
+		c.sweeper = nil
+	}
+	c.mu.Unlock()
+	for _, conn := range drop {
+		_ = conn.nc.Close()
+	}
 }
 
 // closeIdle closes the idle connections; with stop, those given back later too.
@@ -258,6 +394,10 @@ func (c *h1) closeIdle(stop bool) {
 	idle := c.idle
 	c.idle = map[string][]*h1Conn{}
 	c.closed = c.closed || stop
+	if c.sweeper != nil {
+		c.sweeper.Stop()
+		c.sweeper = nil
+	}
 	c.mu.Unlock()
 	for _, list := range idle {
 		for _, conn := range list {
@@ -275,14 +415,19 @@ type h1Body struct {
 	stop     func() bool
 	keep     bool
 	finished bool
+	err      error // what the reads after the end get: io.EOF, or how the body broke off
 }
 
 func (b *h1Body) Read(p []byte) (int, error) {
 	if b.finished {
-		return 0, io.EOF
+		if b.err == nil {
+			return 0, io.EOF // an empty body
+		}
+		return 0, b.err
 	}
 	n, err := b.body.Read(p)
 	if err != nil {
+		b.err = err
 		b.finish(err == io.EOF)
 	}
 	return n, err
@@ -299,6 +444,9 @@ func (b *h1Body) wait() error {
 }
 
 func (b *h1Body) Close() error {
+	if !b.finished {
+		b.err = http.ErrBodyReadAfterClose
+	}
 	b.finish(false)
 	return nil
 }
