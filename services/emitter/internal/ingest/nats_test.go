@@ -72,7 +72,8 @@ func TestIngestNATSGoesAway(t *testing.T) {
 
 	second := mk(2, 2000)
 	code, a = post(h, second)
-	if code != 202 || a.Accepted != buffer-heldAtStop || a.Rejected != 2000-a.Accepted {
+	// Acks read late can only free room while NATS is away, never take it.
+	if code != 202 || a.Accepted < buffer-heldAtStop || a.Accepted > buffer || a.Rejected != 2000-a.Accepted || a.Rejected == 0 {
 		t.Fatalf("second batch with %d held: %d accepted %d rejected %d", heldAtStop, code, a.Accepted, a.Rejected)
 	}
 	accepted += a.Accepted
