@@ -132,6 +132,32 @@ func StartClickHouse(dir string) (*ClickHouseServer, error) {
 	return s, nil
 }
 
+// CPU returns the CPU time, user and system, the server process has used, read from /proc;
+// false for a server the tests did not start or where /proc cannot tell.
+func (s *ClickHouseServer) CPU() (time.Duration, bool) {
+	if s == nil || s.cmd == nil || s.cmd.Process == nil {
+		return 0, false
+	}
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
+	if err != nil {
+		return 0, false
+	}
+	i := bytes.LastIndexByte(st, ')')
+	if i < 0 || i+2 > len(st) {
+		return 0, false
+	}
+	f := strings.Fields(string(st[i+2:])) // fields after the command name: utime, stime are 12th and 13th
+	if len(f) < 13 {
+		return 0, false
+	}
+	user, err1 := strconv.ParseInt(f[11], 10, 64)
+	sys, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, false
+	}
+	return time.Duration(user+sys) * 10 * time.Millisecond, true // USER_HZ is 100 on Linux
+}
+
 // Pause stops the server process (SIGSTOP) so that it neither answers nor closes
 // connections, the way a hung server behaves; Resume continues it.
 func (s *ClickHouseServer) Pause() error { return s.signal(syscall.SIGSTOP) }

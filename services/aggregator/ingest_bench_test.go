@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -84,8 +83,8 @@ func BenchmarkIngest(b *testing.B) {
 		// The aggregator, from the same stream.
 		addr := freeAddr(b)
 		defer startProfile(b, os.Getenv("INGEST_PROFILE"))()
-		chDir := testbed.Server(b).Dir
-		chCPU0 := processCPU(chDir)
+		chSrv := testbed.Server(b)
+		chCPU0, _ := chSrv.CPU()
 		stop := startAggregator(b, bd.env(envVars{"HTTP_ADDR": addr, "AGG_LOG_LEVEL": "warn", "AGG_STORE_REQUESTS": storeRequests(), "AGG_FLUSH_INTERVAL": flushInterval(), "AGG_PULL_BATCH": envOr("INGEST_PULL_BATCH", "10000")}))
 		// Timed like the raw consumer: from the tenth of the events to the last, so that
 		// neither start-up (connecting, migrations, the ledger) nor the first pull counts.
@@ -111,37 +110,14 @@ func BenchmarkIngest(b *testing.B) {
 			}
 		}
 		agg := float64(n-fromCount) / time.Since(from).Seconds()
-		chCPU := processCPU(chDir) - chCPU0
+		chCPU1, _ := chSrv.CPU()
+		chCPU := chCPU1 - chCPU0
 		stop()
 		b.ReportMetric(raw, "raw_msgs/s")
 		b.ReportMetric(agg, "aggregator_msgs/s")
 		b.ReportMetric(100*agg/raw, "%_of_raw")
 		b.ReportMetric(chCPU.Seconds(), "clickhouse_cpu_s")
 	}
-}
-
-// processCPU returns the CPU time used by the clickhouse-server whose data is in dir (the test
-// binary's), or 0 where /proc cannot tell.
-func processCPU(dir string) time.Duration {
-	if dir == "" {
-		return 0
-	}
-	ms, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, m := range ms {
-		c, _ := os.ReadFile(m)
-		if !strings.Contains(string(c), "clickhouse") || !strings.Contains(string(c), dir) {
-			continue
-		}
-		st, err := os.ReadFile(strings.TrimSuffix(m, "cmdline") + "stat")
-		if err != nil {
-			return 0
-		}
-		f := strings.Fields(string(st)[strings.LastIndexByte(string(st), ')')+2:])
-		user, _ := strconv.Atoi(f[11])
-		sys, _ := strconv.Atoi(f[12])
-		return time.Duration(user+sys) * 10 * time.Millisecond // USER_HZ is 100 on Linux
-	}
-	return 0
 }
 
 // startProfile writes a CPU profile to file (when named) until the returned function is called.

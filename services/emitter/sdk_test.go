@@ -4,9 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/nodetest"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,27 +17,7 @@ import (
 // sdkDir holds the Node project that drives endpoints with the official SDKs.
 const sdkDir = "testdata/sdk"
 
-func needNode(t *testing.T) {
-	t.Helper()
-	for _, bin := range []string{"node", "npm"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatalf("%s is required under CI: %v", bin, err)
-			}
-			t.Skipf("%s not found: install Node.js 20+ to run the SDK tests", bin)
-		}
-	}
-	if _, err := os.Stat(filepath.Join(sdkDir, "node_modules")); err == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund")
-	cmd.Dir = sdkDir
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("npm ci in %s: %v\n%s", sdkDir, err, out)
-	}
-}
+func needNode(t *testing.T) { nodetest.Need(t, sdkDir) }
 
 func runSDK(t *testing.T, base string) []byte {
 	t.Helper()

@@ -3,8 +3,6 @@ package sink
 import (
 	"context"
 	"math"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -216,8 +214,8 @@ func BenchmarkWriteRequests(b *testing.B) {
 	ev := sampleEvent()
 	const rows = 1 << 16
 	var tAdd, tSend time.Duration
-	dir := testbed.Server(b).Dir
-	cpu0, cpuOK := serverCPU(dir)
+	srv := testbed.Server(b)
+	cpu0, cpuOK := srv.CPU()
 	i := 0
 	for b.Loop() {
 		t0 := time.Now()
@@ -236,43 +234,7 @@ func BenchmarkWriteRequests(b *testing.B) {
 	n := float64(b.N * rows)
 	b.ReportMetric(float64(tAdd.Nanoseconds())/n, "add_ns/row")
 	b.ReportMetric(float64(tSend.Nanoseconds())/n, "send_ns/row")
-	if cpu1, ok := serverCPU(dir); ok && cpuOK {
+	if cpu1, ok := srv.CPU(); ok && cpuOK {
 		b.ReportMetric(float64((cpu1-cpu0).Nanoseconds())/n, "server_cpu_ns/row")
-	}
-}
-
-// serverCPU reads the CPU time the test binary's clickhouse-server has used.
-func serverCPU(dir string) (time.Duration, bool) {
-	if dir == "" { // a server the tests did not start
-		return 0, false
-	}
-	ms, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, m := range ms {
-		c, _ := os.ReadFile(m)
-		if !strings.Contains(string(c), "clickhouse") || !strings.Contains(string(c), dir) {
-			continue
-		}
-		st, err := os.ReadFile(strings.TrimSuffix(m, "cmdline") + "stat")
-		if err != nil {
-			return 0, false
-		}
-		f := strings.Fields(string(st)[strings.LastIndexByte(string(st), ')')+2:])
-		user, _ := strconv.Atoi(f[11])
-		sys, _ := strconv.Atoi(f[12])
-		return time.Duration(user+sys) * 10 * time.Millisecond, true // USER_HZ is 100 on Linux
-	}
-	return 0, false
-}
-
-// BenchmarkRequestsAdd measures encoding one event into the buffer.
-func BenchmarkRequestsAdd(b *testing.B) {
-	r := &Requests{consumer: appendString(nil, "aggregator"), blocks: &blockPool{}}
-	ev := sampleEvent()
-	i := 0
-	for b.Loop() {
-		if i++; i%(1<<16) == 0 {
-			r.Reset()
-		}
-		r.Add(&ev, "500-2000", 0.001, uint64(i))
 	}
 }

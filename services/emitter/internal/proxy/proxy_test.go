@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/json"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/nodetest"
 	"io"
 	"log/slog"
 	"net/http"
@@ -12,7 +13,6 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -762,30 +762,11 @@ func testCorruptGzip(t *testing.T, transport bool) {
 	}
 }
 
-// sdkDir holds the Node project that drives the proxy with the official OpenAI SDK.
-const sdkDir = "testdata/sdk"
+// sdkDir holds the Node project that drives the proxy with the official SDKs (shared with
+// the emitter's own SDK tests).
+const sdkDir = "../../testdata/sdk"
 
-func needNode(t *testing.T) {
-	t.Helper()
-	for _, bin := range []string{"node", "npm"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatalf("%s is required under CI: %v", bin, err)
-			}
-			t.Skipf("%s not found: install Node.js 20+ to run the SDK tests", bin)
-		}
-	}
-	if _, err := os.Stat(filepath.Join(sdkDir, "node_modules")); err == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund")
-	cmd.Dir = sdkDir
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("npm ci in %s: %v\n%s", sdkDir, err, out)
-	}
-}
+func needNode(t *testing.T) { nodetest.Need(t, sdkDir) }
 
 // TestGzipStreamWithOpenAISDK: the OpenAI SDK, not asking for usage, yields the same chunks
 // through the proxy as directly when the upstream gzips its stream.
