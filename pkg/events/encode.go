@@ -10,6 +10,26 @@ import (
 // TimeLayout is how ts travels: RFC 3339 in UTC with milliseconds.
 const TimeLayout = "2006-01-02T15:04:05.000Z07:00"
 
+// AppendTime appends t in UTC as TimeLayout writes it (2026-11-30T12:00:00.123Z), several
+// times faster than time.Time.AppendFormat for the years 0–9999.
+func AppendTime(dst []byte, t time.Time) []byte {
+	t = t.UTC()
+	year, month, day := t.Date()
+	if year < 0 || year > 9999 {
+		return t.AppendFormat(dst, TimeLayout)
+	}
+	hour, minute, sec := t.Clock()
+	ms := t.Nanosecond() / 1e6
+	return append(dst,
+		byte('0'+year/1000), byte('0'+year/100%10), byte('0'+year/10%10), byte('0'+year%10), '-',
+		byte('0'+int(month)/10), byte('0'+int(month)%10), '-',
+		byte('0'+day/10), byte('0'+day%10), 'T',
+		byte('0'+hour/10), byte('0'+hour%10), ':',
+		byte('0'+minute/10), byte('0'+minute%10), ':',
+		byte('0'+sec/10), byte('0'+sec%10), '.',
+		byte('0'+ms/100), byte('0'+ms/10%10), byte('0'+ms%10), 'Z')
+}
+
 // AppendRequest appends ev as JSON to dst and returns the extended slice. It writes the
 // same document encoding/json would for the struct tags, without reflection or allocation
 // when dst has room. A non-finite duration is written as null, so the event fails
@@ -19,7 +39,7 @@ func AppendRequest(dst []byte, ev *RequestEvent) []byte {
 	dst = strconv.AppendInt(dst, int64(ev.V), 10)
 	dst = appendStrField(dst, "event_id", ev.EventID)
 	dst = append(dst, `,"ts":"`...)
-	dst = ev.TS.UTC().AppendFormat(dst, TimeLayout)
+	dst = AppendTime(dst, ev.TS)
 	dst = append(dst, '"')
 	dst = appendStrField(dst, "model", ev.Model)
 	dst = appendStrField(dst, "scene", ev.Scene)

@@ -50,3 +50,26 @@ func TestFastFloatMatchesParseFloat(t *testing.T) {
 		}
 	}
 }
+
+// TestAppendTime checks the fast path against time.Time.AppendFormat, across zones,
+// precisions and the years it falls back on.
+func TestAppendTime(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	zones := []*time.Location{time.UTC, time.FixedZone("x", -7*3600-30*60), time.FixedZone("y", 14*3600)}
+	cases := []time.Time{
+		time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(9999, 12, 31, 23, 59, 59, 999_999_999, time.UTC),
+		time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(-1, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(2026, 11, 30, 12, 0, 0, 123_456_789, zones[1]),
+	}
+	for range 10_000 {
+		cases = append(cases, time.Unix(rng.Int64N(1<<36)-(1<<35), rng.Int64N(1e9)).In(zones[rng.IntN(len(zones))]))
+	}
+	for _, c := range cases {
+		want := c.UTC().AppendFormat(nil, TimeLayout)
+		if got := AppendTime(nil, c); string(got) != string(want) {
+			t.Fatalf("AppendTime(%v) = %s, want %s", c, got, want)
+		}
+	}
+}

@@ -12,7 +12,7 @@ func appendSample(dst []byte, s *events.GPUSample) []byte {
 	dst = append(dst, `{"v":`...)
 	dst = strconv.AppendInt(dst, int64(s.V), 10)
 	dst = append(dst, `,"ts":"`...)
-	dst = s.TS.UTC().AppendFormat(dst, events.TimeLayout)
+	dst = events.AppendTime(dst, s.TS)
 	dst = append(dst, `","host":`...)
 	dst = events.AppendString(dst, s.Host)
 	dst = append(dst, `,"gpu_index":`...)
@@ -70,5 +70,5 @@ func appendMsgID(dst []byte, s *events.GPUSample) []byte {
 	dst = append(dst, '/')
 	dst = append(dst, s.GPUUUID...)
 	dst = append(dst, '/')
-	return s.TS.UTC().AppendFormat(dst, events.TimeLayout)
+	return events.AppendTime(dst, s.TS)
 }
