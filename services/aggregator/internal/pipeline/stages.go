@@ -57,7 +57,7 @@ func NewTokens(ctx context.Context, o Options, cfg window.Config, prices *price.
 	cfg.Prices = prices
 	m := d.Metrics.forStream("tokens")
 	st := &tokenStage{
-		agg: window.New(cfg, done), dec: events.NewDecoder(4096), cfg: cfg, prices: prices,
+		agg: window.New(cfg, done), dec: events.NewDecoder(4096), cfg: cfg,
 		store: storeRequests, reqThrough: reqThrough, sink: sk, m: m,
 	}
 	if storeRequests {
@@ -69,11 +69,10 @@ func NewTokens(ctx context.Context, o Options, cfg window.Config, prices *price.
 }
 
 type tokenStage struct {
-	agg    *window.Aggregator
-	dec    *events.Decoder
-	ev     events.RequestEvent
-	cfg    window.Config
-	prices *price.Table
+	agg *window.Aggregator
+	dec *events.Decoder
+	ev  events.RequestEvent
+	cfg window.Config
 
 	store       bool
 	writer      *sink.RequestWriter
@@ -98,13 +97,13 @@ func (s *tokenStage) handle(data []byte, seq uint64, ack jetstream.Msg, now time
 	if ack != nil {
 		before = ack
 	}
-	res := s.agg.Add(&s.ev, seq, before, now)
+	p := s.agg.Price(&s.ev)
+	res := s.agg.AddPriced(&s.ev, p, seq, before, now)
 	if s.store && seq > s.reqThrough {
 		if s.reqs.Len() == 0 {
 			s.reqMin, s.reqAck = seq, ack
 		}
-		cost, _ := s.prices.Cost(s.ev.Model, s.ev.InputTokens, s.ev.CachedInputTokens, s.ev.OutputTokens)
-		s.reqs.Add(&s.ev, s.cfg.Buckets.Label(s.cfg.Buckets.Index(s.ev.InputTokens)), cost, seq)
+		s.reqs.Add(&s.ev, s.cfg.Buckets.Label(p.Bucket), p.USD, seq)
 	}
 	switch res {
 	case window.AddedLate:

@@ -290,19 +290,41 @@ const (
 	Skipped                 // already stored before a restart
 )
 
+// Priced is an event's input-length bucket and cost, worked out once for whoever else needs
+// them too (the raw requests table).
+type Priced struct {
+	Bucket int     // index into Config.Buckets
+	USD    float64 // 0 when unpriced
+	OK     bool    // the model has a price
+}
+
+// Price returns ev's bucket and cost.
+func (a *Aggregator) Price(ev *events.RequestEvent) Priced {
+	p := Priced{Bucket: a.cfg.Buckets.Index(ev.InputTokens)}
+	if a.cfg.Prices != nil {
+		p.USD, p.OK = a.cfg.Prices.Cost(ev.Model, ev.InputTokens, ev.CachedInputTokens, ev.OutputTokens)
+	}
+	return p
+}
+
 // Add routes one valid event at stream position seq. ack is the caller's handle of the
 // message processed before this one (see Unit.Ack); now is the clock.
 func (a *Aggregator) Add(ev *events.RequestEvent, seq uint64, ack any, now time.Time) Result {
+	return a.AddPriced(ev, a.Price(ev), seq, ack, now)
+}
+
+// AddPriced is Add for an event whose Price the caller already has.
+func (a *Aggregator) AddPriced(ev *events.RequestEvent, p Priced, seq uint64, ack any, now time.Time) Result {
 	ts := ev.TS.UnixNano()
 	clock := now.UnixNano()
 	u, res := a.route(ts, ts+int64(ev.TotalMs*1e6), seq, ack, clock)
 	if res == Skipped {
 		return res
 	}
-	k := Key{Env: ev.Env, Scene: ev.Scene, Model: ev.Model, Instance: ev.Instance, Bucket: a.cfg.Buckets.Index(ev.InputTokens)}
+	k := Key{Env: ev.Env, Scene: ev.Scene, Model: ev.Model, Instance: ev.Instance, Bucket: p.Bucket}
 	k.Env, k.Scene, k.Model, k.Instance = a.series.admit(k.Env, k.Scene, k.Model, k.Instance, clock)
 	s := a.stats(u, k, cloneKey)
-	a.count(s, ev)
+	a.count(s, ev, p)
 	if res == AddedLate {
 		s.Late++
 	}
@@ -319,7 +341,7 @@ func cloneKey(k Key) Key {
 	return Key{Env: strings.Clone(k.Env), Scene: strings.Clone(k.Scene), Model: strings.Clone(k.Model), Instance: strings.Clone(k.Instance), Bucket: k.Bucket}
 }
 
-func (a *Aggregator) count(s *Stats, ev *events.RequestEvent) {
+func (a *Aggregator) count(s *Stats, ev *events.RequestEvent, p Priced) {
 	s.Requests++
 	switch ev.Status {
 	case events.StatusOK:
@@ -341,8 +363,8 @@ func (a *Aggregator) count(s *Stats, ev *events.RequestEvent) {
 	s.OutputTokens += uint64(ev.OutputTokens)
 	s.CachedInputTokens += uint64(ev.CachedInputTokens)
 	if a.cfg.Prices != nil {
-		if usd, ok := a.cfg.Prices.Cost(ev.Model, ev.InputTokens, ev.CachedInputTokens, ev.OutputTokens); ok {
-			s.CostUSD += usd
+		if p.OK {
+			s.CostUSD += p.USD
 		} else {
 			s.Unpriced++
 		}
