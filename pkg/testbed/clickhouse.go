@@ -132,13 +132,19 @@ func StartClickHouse(dir string) (*ClickHouseServer, error) {
 	return s, nil
 }
 
-// CPU returns the CPU time, user and system, the server process has used, read from /proc;
-// false for a server the tests did not start or where /proc cannot tell.
+// CPU returns the CPU time, user and system, the server process has used (see ProcessCPU);
+// false for a server the tests did not start.
 func (s *ClickHouseServer) CPU() (time.Duration, bool) {
 	if s == nil || s.cmd == nil || s.cmd.Process == nil {
 		return 0, false
 	}
-	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
+	return ProcessCPU(s.cmd.Process.Pid)
+}
+
+// ProcessCPU returns the CPU time, user and system, process pid has used, read from
+// /proc/<pid>/stat; false where /proc cannot tell (not Linux, no such process).
+func ProcessCPU(pid int) (time.Duration, bool) {
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, false
 	}

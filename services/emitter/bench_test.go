@@ -149,16 +149,11 @@ func startChild(b *testing.B, natsURL, upstream string, env ...string) (c *child
 
 // cpuTime is the CPU time, user and system, a process has used so far.
 func cpuTime(b *testing.B, pid int) time.Duration {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		b.Skipf("no /proc: %v", err) // the figure needs Linux
+	d, ok := testbed.ProcessCPU(pid)
+	if !ok {
+		b.Skip("no /proc: the figure needs Linux")
 	}
-	// Fields after the command name, which is in parentheses: utime and stime are the
-	// 14th and 15th of the whole line, in clock ticks (USER_HZ, 100 on Linux).
-	f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+2:]))
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(utime+stime) * 10 * time.Millisecond
+	return d
 }
 
 // BenchmarkProxyAddedLatency runs streaming requests through the proxy and, side by side, as
