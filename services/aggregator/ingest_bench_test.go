@@ -64,19 +64,21 @@ func BenchmarkIngest(b *testing.B) {
 		rawAckEvery, _ := strconv.Atoi(envOr("INGEST_RAW_ACK_EVERY", "500"))
 		stopRawProfile := startProfile(b, os.Getenv("INGEST_RAW_PROFILE"))
 		var from time.Time
+		var rawCPU0 time.Duration
 		for i := range n {
 			m, err := it.Next()
 			if err != nil {
 				b.Fatal(err)
 			}
 			if i == n/10 {
-				from = time.Now()
+				from, rawCPU0 = time.Now(), selfCPU()
 			}
 			if (i+1)%rawAckEvery == 0 || i == n-1 {
 				m.Ack()
 			}
 		}
 		raw := float64(n-n/10) / time.Since(from).Seconds()
+		rawCPU := selfCPU() - rawCPU0
 		it.Stop()
 		stopRawProfile()
 
@@ -90,10 +92,13 @@ func BenchmarkIngest(b *testing.B) {
 		// neither start-up (connecting, migrations, the ledger) nor the first pull counts.
 		deadline := time.Now().Add(5 * time.Minute)
 		from, fromCount := time.Time{}, 0
+		var aggCPU0, chCPUFrom time.Duration
 		for {
 			got := addedEvents(addr)
 			if from.IsZero() && got >= n/10 {
 				from, fromCount = time.Now(), got
+				aggCPU0 = selfCPU()
+				chCPUFrom, _ = chSrv.CPU()
 			}
 			if got >= n {
 				break
@@ -110,14 +115,27 @@ func BenchmarkIngest(b *testing.B) {
 			}
 		}
 		agg := float64(n-fromCount) / time.Since(from).Seconds()
+		aggCPU := selfCPU() - aggCPU0
 		chCPU1, _ := chSrv.CPU()
 		chCPU := chCPU1 - chCPU0
+		perEvent := func(d time.Duration, events int) float64 { return float64(d.Nanoseconds()) / 1e3 / float64(events) }
 		stop()
 		b.ReportMetric(raw, "raw_msgs/s")
 		b.ReportMetric(agg, "aggregator_msgs/s")
 		b.ReportMetric(100*agg/raw, "%_of_raw")
 		b.ReportMetric(chCPU.Seconds(), "clickhouse_cpu_s")
+		// CPU per event in the timed spans: this process (nats-server and the raw consumer, or
+		// nats-server and the aggregator) and the ClickHouse server. Two cores bound their sum.
+		b.ReportMetric(perEvent(rawCPU, n-n/10), "raw_cpu_us/msg")
+		b.ReportMetric(perEvent(aggCPU, n-fromCount), "agg_cpu_us/msg")
+		b.ReportMetric(perEvent(chCPU1-chCPUFrom, n-fromCount), "ch_cpu_us/msg")
 	}
+}
+
+// selfCPU is this process's CPU time so far, user and system.
+func selfCPU() time.Duration {
+	d, _ := testbed.ProcessCPU(os.Getpid())
+	return d
 }
 
 // startProfile writes a CPU profile to file (when named) until the returned function is called.

@@ -3,6 +3,7 @@ package sink
 import (
 	"context"
 	"math"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -212,7 +213,10 @@ func BenchmarkWriteRequests(b *testing.B) {
 	}
 	r := w.NewBuffer()
 	ev := sampleEvent()
-	const rows = 1 << 16
+	rows := 1 << 16
+	if v, err := strconv.Atoi(os.Getenv("BENCH_ROWS")); err == nil && v > 0 {
+		rows = v
+	}
 	var tAdd, tSend time.Duration
 	srv := testbed.Server(b)
 	cpu0, cpuOK := srv.CPU()
