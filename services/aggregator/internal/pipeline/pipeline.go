@@ -124,9 +124,8 @@ func resetConsumer(ctx context.Context, js jetstream.JetStream, o Options) (jets
 
 // consumerFilter returns the filter subject for a consumer of stream that should see the
 // messages matching filter: none when filter is the stream's one subject, as it is by default
-// (llm.req.> on LLM_EVENTS). An unfiltered consumer takes nats-server's fast path, which reads
-// the next message without matching its subject: ~8 % of the aggregator process's CPU at full
-// ingest (nats-server runs in the benchmark's process).
+// (llm.req.> on LLM_EVENTS). nats-server then reads the next message without tokenizing and
+// matching its subject against the filter, a small saving on every message delivered.
 func consumerFilter(ctx context.Context, js jetstream.JetStream, stream, filter string) (string, error) {
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
