@@ -161,26 +161,37 @@ func cpuTime(b *testing.B, pid int) time.Duration {
 // percentiles, and the proxy's CPU time per request. Each iteration starts one request of
 // each; the rate is per path. The emitter runs in its own process (its garbage collector and
 // scheduler do not stop the client's or the fake's clock, and its CPU time is its own); the
-// client, the fake LLM and NATS share this one, and all share the machine. BENCH_PROXY_INPROC=1
-// runs the emitter in this process instead, as a library; BENCH_RATES=1000,500,250 sets the
-// rates; BENCH_EMITTER_ENV="GOMAXPROCS=1 …" adds to the emitter's environment. Run it with
-// -benchtime=3000x.
+// client, the fake LLM and NATS share this one, and all share the machine. On Linux the client
+// and the fake LLM are the epoll load generator of loadgen_linux_test.go (the fake sends
+// fakellm's bytes at the same pace); BENCH_HARNESS=nethttp uses net/http's client and
+// fakellm's server instead, which cost more CPU per request than the proxy measured.
+// BENCH_PROXY_INPROC=1 runs the emitter in this process instead, as a library, with net/http's
+// harness; BENCH_RATES=1000,500,250 sets the rates; BENCH_EMITTER_ENV="GOMAXPROCS=1 …" adds to
+// the emitter's environment. Run it with -benchtime=3000x.
 func BenchmarkProxyAddedLatency(b *testing.B) {
 	opts := fakellm.Options{TTFT: 20 * time.Millisecond, TPOT: 2 * time.Millisecond, Tokens: 20}
 	var base, direct, pprofAddr string
 	pid := 0
-	if os.Getenv("BENCH_PROXY_INPROC") == "1" {
+	inproc := os.Getenv("BENCH_PROXY_INPROC") == "1"
+	epoll := haveEpollHarness && !inproc && os.Getenv("BENCH_HARNESS") != "nethttp"
+	if inproc {
 		var stop func()
 		base, _, stop = serveRigWith(b, opts)
 		defer stop()
 		direct = fakeUpstream(b, base)
 	} else {
 		ns := testbed.NATS(b)
-		fake := httptest.NewServer(fakellm.New(opts))
-		defer fake.Close()
+		upstream := ""
+		if epoll {
+			upstream = "http://" + startEpollFake(b, opts.TTFT, opts.TPOT, opts.Tokens).addr
+		} else {
+			fake := httptest.NewServer(fakellm.New(opts))
+			defer fake.Close()
+			upstream = fake.URL
+		}
 		var c *child
-		c, pprofAddr = startChild(b, ns.ClientURL(), fake.URL, strings.Fields(os.Getenv("BENCH_EMITTER_ENV"))...)
-		base, direct, pid = c.base, fake.URL, c.pid
+		c, pprofAddr = startChild(b, ns.ClientURL(), upstream, strings.Fields(os.Getenv("BENCH_EMITTER_ENV"))...)
+		base, direct, pid = c.base, upstream, c.pid
 	}
 	rates := []int{1000, 250}
 	if v := os.Getenv("BENCH_RATES"); v != "" { // such as 1000,500,250
@@ -205,7 +216,11 @@ func BenchmarkProxyAddedLatency(b *testing.B) {
 					}
 				})
 			}
-			addedLatency(b, base, direct, pid, time.Second/time.Duration(rate))
+			if epoll {
+				epollAddedLatency(b, base, direct, pid, time.Second/time.Duration(rate))
+			} else {
+				addedLatency(b, base, direct, pid, time.Second/time.Duration(rate))
+			}
 			prof.Wait()
 			if pprofAddr != "" {
 				path := filepath.Join(os.Getenv("BENCH_PROFILE_DIR"), fmt.Sprintf("allocs-rate%d.pb.gz", rate))
@@ -270,6 +285,12 @@ func addedLatency(b *testing.B, base, direct string, pid int, every time.Duratio
 	if failures > 0 || len(viaT) == 0 {
 		b.Fatalf("%d requests failed", failures)
 	}
+	reportAdded(b, viaT, dirT, sent, self, base, pid, cpu0, mem0)
+}
+
+// reportAdded reports the added latency of the proxy (through minus direct, per percentile),
+// the rate kept, and the CPU time of the harness and of the emitter per request.
+func reportAdded(b *testing.B, viaT, dirT []timing, sent, self time.Duration, base string, pid int, cpu0 time.Duration, mem0 map[string]float64) {
 	split := func(ts []timing) (ttft, total []time.Duration) {
 		for _, t := range ts {
 			ttft, total = append(ttft, t.ttft), append(total, t.total)

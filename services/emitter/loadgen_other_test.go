@@ -1,0 +1,21 @@
+//go:build !linux
+
+package main
+
+import (
+	"testing"
+	"time"
+)
+
+// The epoll load generator is Linux's; elsewhere the benchmark uses net/http's client and
+// fakellm's server.
+const haveEpollHarness = false
+
+func startEpollFake(b testing.TB, _, _ time.Duration, _ int) *struct{ addr string } {
+	b.Skip("the epoll load generator needs Linux")
+	return nil
+}
+
+func epollAddedLatency(b *testing.B, _, _ string, _ int, _ time.Duration) {
+	b.Skip("the epoll load generator needs Linux")
+}
