@@ -18,7 +18,7 @@ import (
 // BenchmarkHeldAcks measures what holding acknowledgements costs nats-server: a durable
 // AckAll consumer of LLM_EVENTS (file storage, as in production) reads 10,000 events/s for
 // five seconds while `held` delivered messages stay unacknowledged, acknowledging
-// cumulatively behind them, as the aggregator does while its windows stay open. held=450000
+// cumulatively behind them, as the aggregator did before it kept a replay floor. held=450000
 // is 10k events/s held for the default 15 s window and 30 s lateness. The figure is the CPU
 // time of this process (nats-server and the consumer) per message read. For each held
 // message nats-server keeps a pending entry and re-encodes the whole set ~10 times a second

@@ -35,14 +35,19 @@ type AggConfig struct {
 	Filter        string        `env:"FILTER" envDefault:"llm.req.>"` // this aggregator's share of LLM_EVENTS
 	FlushInterval time.Duration `env:"FLUSH_INTERVAL" envDefault:"1s"`
 	WriteTimeout  time.Duration `env:"WRITE_TIMEOUT" envDefault:"5m"`
-	AckWait       time.Duration `env:"ACK_WAIT" envDefault:"10m"`
-	MaxAckPending int           `env:"MAX_ACK_PENDING" envDefault:"-1"`
 	MaxBuffered   int           `env:"MAX_BUFFERED" envDefault:"1000000"`
 	PullBatch     int           `env:"PULL_BATCH" envDefault:"10000"`
 	Compression   float64       `env:"COMPRESSION" envDefault:"200"`
 }
 
 func loadConfig(getenv func(string) string) (Config, error) {
+	// The consumer acknowledges nothing since the floor moved to the AGGREGATOR bucket: a
+	// setting that no longer acts is an error, not a silent no-op.
+	for _, gone := range []string{"AGG_ACK_WAIT", "AGG_MAX_ACK_PENDING"} {
+		if getenv(gone) != "" {
+			return Config{}, fmt.Errorf("%s is no longer used: the aggregator keeps its replay position in the NATS key-value bucket AGGREGATOR and acknowledges nothing; remove it", gone)
+		}
+	}
 	return envconf.Load[Config](getenv)
 }
 
@@ -78,12 +83,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("AGG_FILTER=%q is not a valid subject", a.Filter)
 	case a.FlushInterval < 10*time.Millisecond:
 		return fmt.Errorf("AGG_FLUSH_INTERVAL=%s is too short (at least 10ms)", a.FlushInterval)
-	case a.AckWait <= a.Window+a.Lateness+a.FlushInterval:
-		return fmt.Errorf("AGG_ACK_WAIT=%s must exceed AGG_WINDOW + AGG_LATENESS + AGG_FLUSH_INTERVAL (%s)", a.AckWait, a.Window+a.Lateness+a.FlushInterval)
 	case a.WriteTimeout < 100*time.Millisecond:
 		return fmt.Errorf("AGG_WRITE_TIMEOUT=%s is too short (at least 100ms)", a.WriteTimeout)
-	case a.MaxAckPending == 0 || a.MaxAckPending < -1:
-		return fmt.Errorf("AGG_MAX_ACK_PENDING=%d must be positive, or -1 for no limit", a.MaxAckPending)
 	case a.MaxBuffered < 1000:
 		return fmt.Errorf("AGG_MAX_BUFFERED=%d is too small (at least 1000)", a.MaxBuffered)
 	case a.PullBatch < 1:

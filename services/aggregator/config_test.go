@@ -30,8 +30,8 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{envVars{"AGG_MAX_SERIES": "0"}, "AGG_MAX_SERIES"},
 		{envVars{"AGG_CONSUMER": "a.b"}, "AGG_CONSUMER"},
 		{envVars{"AGG_FILTER": "gpu.sample.>"}, "AGG_FILTER"},
-		{envVars{"AGG_ACK_WAIT": "30s"}, "AGG_ACK_WAIT"},
-		{envVars{"AGG_MAX_ACK_PENDING": "0"}, "AGG_MAX_ACK_PENDING"},
+		{envVars{"AGG_ACK_WAIT": "10m"}, "AGG_ACK_WAIT"}, // no longer used: refused, not ignored
+		{envVars{"AGG_MAX_ACK_PENDING": "-1"}, "AGG_MAX_ACK_PENDING"},
 		{envVars{"AGG_COMPRESSION": "5"}, "AGG_COMPRESSION"},
 		{envVars{"AGG_LOG_LEVEL": "loud"}, "AGG_LOG_LEVEL"},
 		{envVars{"AGG_STORE_REQUESTS": "maybe"}, "AGG_STORE_REQUESTS"},

@@ -399,7 +399,7 @@ func TestMergedAccuracy240Windows(t *testing.T) {
 			all = append(all, ttft)
 			seq++
 			agg.Add(&events.RequestEvent{V: 1, EventID: "x", TS: base.Add(time.Duration(w) * 15 * time.Second), Model: "m", Scene: "s", Env: "e",
-				InputTokens: 10, OutputTokens: 5, TTFTMs: ttft, TotalMs: ttft + 100, Status: events.StatusOK}, seq, nil, base.Add(time.Duration(w)*15*time.Second))
+				InputTokens: 10, OutputTokens: 5, TTFTMs: ttft, TotalMs: ttft + 100, Status: events.StatusOK}, seq, base.Add(time.Duration(w)*15*time.Second))
 		}
 	}
 	var rows []events.TokenRollup

@@ -23,6 +23,7 @@ import (
 	"github.com/tokenscope/tokenscope/pkg/chdb"
 	"github.com/tokenscope/tokenscope/pkg/events"
 	"github.com/tokenscope/tokenscope/pkg/testbed"
+	"github.com/tokenscope/tokenscope/services/aggregator/internal/pipeline"
 )
 
 func TestMain(m *testing.M) { testbed.Main(m) }
@@ -450,5 +451,75 @@ func TestPartitions(t *testing.T) {
 	}
 	if n := b.scalar(t, "SELECT sum(requests) FROM token_rollups WHERE env = 'staging' AND consumer = 'agg-staging'"); n != 1000 {
 		t.Fatalf("staging partition counted %d, want 1000", n)
+	}
+}
+
+// TestFloorFollowsStoredWindows: the replay floor in the AGGREGATOR bucket reaches every event
+// once its windows are stored, stays below a window still open at shutdown, and a restart
+// replays that window from it: each event counted once.
+func TestFloorFollowsStoredWindows(t *testing.T) {
+	b := newBed(t)
+	vars := b.env(envVars{"AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "100ms", "AGG_STORE_REQUESTS": "false", "AGG_GPU": "false"})
+	ev := func(ts time.Time) events.RequestEvent {
+		return events.RequestEvent{V: 1, EventID: events.NewEventID(), TS: ts, Model: "m", Scene: "chat", Env: "prod",
+			InputTokens: 10, OutputTokens: 5, TTFTMs: 20, TotalMs: 100, Status: events.StatusOK}
+	}
+	floor := func() uint64 {
+		kv, err := b.js.KeyValue(context.Background(), pipeline.FloorBucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := kv.Get(context.Background(), events.StreamEvents+".aggregator")
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := strconv.ParseUint(string(e.Value()), 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	// 100 events of a minute ago: their windows close at the first flush.
+	old := time.Now().UTC().Add(-time.Minute)
+	var evs []events.RequestEvent
+	for i := range 100 {
+		evs = append(evs, ev(old.Add(time.Duration(i)*time.Millisecond)))
+	}
+	b.publish(t, evs)
+	stop := startAggregator(t, vars)
+	b.waitRows(t, 30*time.Second, 100, "SELECT sum(requests) FROM token_rollups")
+	deadline := time.Now().Add(5 * time.Second)
+	for floor() != 100 {
+		if time.Now().After(deadline) {
+			t.Fatalf("floor %d, want 100 once every window is stored", floor())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// 10 events of now: their window stays open for 3 s; stop before it closes.
+	evs = evs[:0]
+	for range 10 {
+		evs = append(evs, ev(time.Now().UTC()))
+	}
+	b.publish(t, evs)
+	time.Sleep(500 * time.Millisecond)
+	stop()
+	if got := floor(); got != 100 {
+		t.Fatalf("floor %d after a shutdown holding an open window of events 101-110, want 100", got)
+	}
+	if got := b.scalar(t, "SELECT sum(requests) FROM token_rollups"); got != 100 {
+		t.Fatalf("%d requests stored before the open window closed, want 100", got)
+	}
+	startAggregator(t, vars)
+	b.waitRows(t, 30*time.Second, 110, "SELECT sum(requests) FROM token_rollups")
+	deadline = time.Now().Add(5 * time.Second)
+	for floor() != 110 {
+		if time.Now().After(deadline) {
+			t.Fatalf("floor %d after the replayed window was stored, want 110", floor())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if got := b.scalar(t, "SELECT sum(requests) FROM token_rollups"); got != 110 {
+		t.Fatalf("sum(requests) = %d, want 110", got)
 	}
 }

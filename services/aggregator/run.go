@@ -22,8 +22,8 @@ import (
 	"github.com/tokenscope/tokenscope/services/aggregator/internal/window"
 )
 
-// run serves until ctx ends: it stops pulling, writes and acknowledges every closed window,
-// and leaves open windows unacknowledged for the next start, so nothing is lost.
+// run serves until ctx ends: it stops pulling, writes every closed window and saves the
+// replay floor, and leaves open windows above it for the next start, so nothing is lost.
 func run(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
 	cfg, err := loadConfig(getenv)
 	if err != nil {
@@ -78,7 +78,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	opts := func(stream, filter string) pipeline.Options {
 		return pipeline.Options{
 			Stream: stream, Filter: filter, Consumer: cfg.Agg.Consumer,
-			AckWait: cfg.Agg.AckWait, MaxAckPending: cfg.Agg.MaxAckPending, PullBatch: cfg.Agg.PullBatch,
+			Replicas: cfg.NATS.Streams.Replicas, PullBatch: cfg.Agg.PullBatch,
 			FlushEvery: cfg.Agg.FlushInterval, WriteTimeout: cfg.Agg.WriteTimeout, MaxBuffered: cfg.Agg.MaxBuffered,
 		}
 	}
@@ -127,7 +127,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	return err
 }
 
-// drain flushes what the connection still holds (acknowledgements included) and waits for
+// drain flushes what the connection still holds (rollups published) and waits for
 // it to close, up to a bound.
 func drain(nc interface {
 	Drain() error

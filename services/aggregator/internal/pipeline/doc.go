@@ -1,18 +1,18 @@
 // Package pipeline runs one stream through its windows into ClickHouse with an
 // exactly-once effect: it consumes a durable JetStream pull consumer in stream order,
 // writes closed windows (and the request events) in one batch per table per flush, publishes
-// the rollups, and only then acknowledges — cumulatively (AckAll), up to the oldest stream
-// position a window still holds.
+// the rollups, and only then saves its replay floor — the stream position before the oldest
+// one a window still holds — in the key-value bucket AGGREGATOR (see FloorBucket). The
+// consumer acknowledges nothing.
 //
 // Exactly once: every row records its consumer and seq_through, the last stream position
 // consumed when the flush was cut; every event of that window up to seq_through is in that
-// row or an earlier one. At start the consumer is reset to its ack floor, so everything not
-// acknowledged comes again in order, and the ledger read back from ClickHouse tells which of
-// those events are already in rows: they are skipped. A crash at any point — before an
-// insert, between insert and ack, during acks — therefore changes no total. An insert whose
-// outcome is unknown is settled by counting the flush's rows before retrying.
+// row or an earlier one. At start the consumer is reset to deliver from the floor, so
+// everything not yet stored comes again in order, and the ledger read back from ClickHouse
+// tells which of those events are already in rows: they are skipped. A crash at any point —
+// before an insert, between insert and floor, while saving it — therefore changes no total.
+// An insert whose outcome is unknown is settled by counting the flush's rows before retrying.
 //
-// Invalid messages are dead-lettered on llm.invalid with their reason and counted. They are
-// not Term'ed: with AckAll a Term acknowledges every earlier message too, including those
-// whose windows are not yet written; the next cumulative ack covers them instead.
+// Invalid messages are dead-lettered on llm.invalid with their reason and counted; the floor
+// moves past them like past any other message.
 package pipeline

@@ -19,26 +19,25 @@ import (
 
 // Options tune a pipeline.
 type Options struct {
-	Stream        string
-	Filter        string
-	Consumer      string        // durable consumer name; one aggregator per name
-	AckWait       time.Duration // must exceed window + lateness + the longest ClickHouse outage tolerated
-	MaxAckPending int           // -1: no limit (the pipeline bounds its memory itself)
-	PullBatch     int           // messages nats.go buffers ahead
-	FlushEvery    time.Duration // how often closed windows and request events are written
-	WriteTimeout  time.Duration // one write attempt; a hung ClickHouse is retried, not waited on
-	MaxBuffered   int           // buffered request events and unwritten rows before pulling pauses
-	Clock         func() time.Time
+	Stream       string
+	Filter       string
+	Consumer     string        // durable consumer name; one aggregator per name
+	Replicas     int           // of the floor bucket, as of the streams
+	PullBatch    int           // messages nats.go buffers ahead
+	FlushEvery   time.Duration // how often closed windows and request events are written
+	WriteTimeout time.Duration // one write attempt; a hung ClickHouse is retried, not waited on
+	MaxBuffered  int           // buffered request events and unwritten rows before pulling pauses
+	Clock        func() time.Time
 }
 
 // stage is what differs between the token and GPU pipelines.
 type stage interface {
-	// handle decodes, validates and routes one message. ack is the message before it.
-	handle(data []byte, seq uint64, ack jetstream.Msg, now time.Time) (result, error)
+	// handle decodes, validates and routes one message at stream position seq.
+	handle(data []byte, seq uint64, now time.Time) (result, error)
 	// cut moves every closed window (and buffered request events) into a flush.
 	cut(now time.Time, seqThrough uint64) flush
-	// held returns the lowest stream position still held, with the message before it.
-	held() (uint64, jetstream.Msg, bool)
+	// held returns the lowest stream position still held.
+	held() (uint64, bool)
 	// buffered returns how many events or rows wait in memory.
 	buffered() int
 	// full reports whether enough waits for a flush before the next tick.
@@ -70,6 +69,7 @@ type Pipeline struct {
 	js        jetstream.JetStream
 	nc        *nats.Conn
 	cons      jetstream.Consumer
+	floor     *floorStore
 	stage     stage
 	publisher *bus.Publisher
 	m         *metrics
@@ -81,45 +81,52 @@ type Pipeline struct {
 	processed uint64
 	mu        sync.Mutex
 	room      *sync.Cond
-	prev      jetstream.Msg // the last message processed
-	lastSeq   uint64
-	ackedSeq  uint64
+	lastSeq   uint64 // the last message processed
+	savedSeq  uint64 // the floor last saved
 	failing   bool
 	// pending is a flush whose write was interrupted by shutdown; only the goroutine that
 	// runs cycle touches it.
 	pending flush
 }
 
-// resetConsumer makes the durable consumer deliver again, in order, everything after its
-// ack floor, and returns that floor. A consumer redelivers unacknowledged messages only
-// after AckWait and after newer ones; starting over from the floor keeps stream order,
-// which the ledger relies on.
-func resetConsumer(ctx context.Context, js jetstream.JetStream, o Options) (jetstream.Consumer, uint64, error) {
-	var floor uint64
+// resetConsumer makes the durable consumer deliver again, in order, everything after the
+// stored floor, and returns the consumer, the floor and its store. The consumer acknowledges
+// nothing (see FloorBucket); starting over from the floor keeps stream order, which the
+// ledger relies on. A consumer left by an earlier version, which acknowledged cumulatively,
+// gives its ack floor the first time.
+func resetConsumer(ctx context.Context, js jetstream.JetStream, o Options) (jetstream.Consumer, uint64, *floorStore, error) {
+	store, err := openFloor(ctx, js, o.Stream, o.Consumer, o.Replicas)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	floor, err := store.load(ctx)
+	if err != nil {
+		return nil, 0, nil, err
+	}
 	if c, err := js.Consumer(ctx, o.Stream, o.Consumer); err == nil {
-		floor = c.CachedInfo().AckFloor.Stream
+		// An AckNone consumer's ack floor is only what it delivered: never a floor to trust.
+		if info := c.CachedInfo(); info.Config.AckPolicy != jetstream.AckNonePolicy {
+			floor = max(floor, info.AckFloor.Stream)
+		}
 		if err := js.DeleteConsumer(ctx, o.Stream, o.Consumer); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return nil, 0, fmt.Errorf("cannot reset consumer %s: %w", o.Consumer, err)
+			return nil, 0, nil, fmt.Errorf("cannot reset consumer %s: %w", o.Consumer, err)
 		}
 	} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return nil, 0, fmt.Errorf("cannot look up consumer %s on %s: %w", o.Consumer, o.Stream, err)
+		return nil, 0, nil, fmt.Errorf("cannot look up consumer %s on %s: %w", o.Consumer, o.Stream, err)
 	}
 	filter, err := consumerFilter(ctx, js, o.Stream, o.Filter)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, nil, err
 	}
-	cc := bus.ConsumerConfig{
-		Stream: o.Stream, Durable: o.Consumer, FilterSubject: filter,
-		AckPolicy: jetstream.AckAllPolicy, AckWait: o.AckWait, MaxAckPending: o.MaxAckPending,
-	}
+	cc := bus.ConsumerConfig{Stream: o.Stream, Durable: o.Consumer, FilterSubject: filter, AckPolicy: jetstream.AckNonePolicy}
 	if floor > 0 {
 		cc.DeliverPolicy, cc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, floor+1
 	}
 	cons, err := bus.EnsureConsumer(ctx, js, cc)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, nil, err
 	}
-	return cons, floor, nil
+	return cons, floor, store, nil
 }
 
 // consumerFilter returns the filter subject for a consumer of stream that should see the
@@ -137,20 +144,21 @@ func consumerFilter(ctx context.Context, js jetstream.JetStream, stream, filter 
 	return filter, nil
 }
 
-func newPipeline(o Options, js jetstream.JetStream, nc *nats.Conn, cons jetstream.Consumer, floor uint64, st stage, pub *bus.Publisher, m *metrics, logger *slog.Logger) *Pipeline {
+func newPipeline(o Options, js jetstream.JetStream, nc *nats.Conn, cons jetstream.Consumer, floor uint64, store *floorStore, st stage, pub *bus.Publisher, m *metrics, logger *slog.Logger) *Pipeline {
 	if o.Clock == nil {
 		o.Clock = time.Now
 	}
 	if o.WriteTimeout <= 0 {
 		o.WriteTimeout = 5 * time.Minute
 	}
-	p := &Pipeline{opts: o, js: js, nc: nc, cons: cons, stage: st, publisher: pub, m: m, logger: logger, lastSeq: floor, ackedSeq: floor, kick: make(chan struct{}, 1)}
+	p := &Pipeline{opts: o, js: js, nc: nc, cons: cons, floor: store, stage: st, publisher: pub, m: m, logger: logger, lastSeq: floor, savedSeq: floor, kick: make(chan struct{}, 1)}
+	m.ackFloor.Set(float64(floor))
 	p.room = sync.NewCond(&p.mu)
 	return p
 }
 
-// Run consumes until ctx ends, then stops pulling, writes what is closed, acknowledges it
-// and returns. Windows still open are left unacknowledged for the next start.
+// Run consumes until ctx ends, then stops pulling, writes what is closed, saves the floor
+// and returns. Windows still open are above the floor: the next start replays them.
 func (p *Pipeline) Run(ctx context.Context) error {
 	it, err := p.cons.Messages(jetstream.PullMaxMessages(p.opts.PullBatch))
 	if err != nil {
@@ -231,11 +239,12 @@ func (p *Pipeline) process(msg jetstream.Msg) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if seq <= p.lastSeq {
-		// A redelivery of a message already held (AckWait passed while ClickHouse was away).
+		// Delivered twice: a consumer acknowledging nothing should not, but the position
+		// decides, not the delivery.
 		p.m.redelivered.Inc()
 		return
 	}
-	res, err := p.stage.handle(msg.Data(), seq, p.prev, p.opts.Clock())
+	res, err := p.stage.handle(msg.Data(), seq, p.opts.Clock())
 	switch {
 	case err != nil:
 		p.deadLetter(msg, seq, err)
@@ -246,7 +255,7 @@ func (p *Pipeline) process(msg jetstream.Msg) {
 	case res == resSkipped:
 		p.m.skipped.Inc()
 	}
-	p.prev, p.lastSeq = msg, seq
+	p.lastSeq = seq
 	if p.stage.full() {
 		select { // write now rather than at the next tick, so batches stay bounded
 		case p.kick <- struct{}{}:
@@ -281,7 +290,7 @@ func (p *Pipeline) deadLetter(msg jetstream.Msg, seq uint64, err error) {
 }
 
 // cycle cuts what is closed, writes it (retrying until it is stored or ctx ends), publishes
-// it, and acknowledges everything no window holds any more.
+// it, and saves the floor: the position before the oldest one still held.
 func (p *Pipeline) cycle(ctx context.Context) {
 	// A flush interrupted by shutdown is written first, alone: a later flush of the same
 	// window or of later request events would record a seq_through that claims its events.
@@ -296,7 +305,7 @@ func (p *Pipeline) cycle(ctx context.Context) {
 	}
 	if !f.empty() {
 		if !p.write(ctx, f) {
-			p.pending = f // its messages stay unacknowledged for the next start
+			p.pending = f // its messages stay above the floor for the next start
 			return
 		}
 		f.publish(p.publisher)
@@ -305,9 +314,10 @@ func (p *Pipeline) cycle(ctx context.Context) {
 		p.mu.Unlock()
 	}
 	p.mu.Lock()
-	p.ack()
+	floor := p.floorNow()
 	p.room.Broadcast()
 	p.mu.Unlock()
+	p.saveFloor(ctx, floor)
 }
 
 func (p *Pipeline) write(ctx context.Context, f flush) bool {
@@ -351,27 +361,30 @@ func (p *Pipeline) observeLag(ctx context.Context) {
 	p.m.lag.Set(float64(info.NumPending))
 }
 
-// ack acknowledges, cumulatively, every message before the oldest one still held.
-func (p *Pipeline) ack() {
-	var target jetstream.Msg
-	var seq uint64
-	if minSeq, before, ok := p.stage.held(); ok {
-		if before == nil {
-			return
-		}
-		target, seq = before, minSeq-1
-	} else if p.prev != nil {
-		target, seq = p.prev, p.lastSeq
+// floorNow returns the position before the oldest one still held, or the last processed
+// when nothing is held. Called under the lock.
+func (p *Pipeline) floorNow() uint64 {
+	if minSeq, ok := p.stage.held(); ok {
+		return minSeq - 1
 	}
-	if target == nil || seq <= p.ackedSeq {
+	return p.lastSeq
+}
+
+// saveFloor stores floor when it moved. A failure is counted and logged; the next cycle saves
+// a later floor, and a start meanwhile replays more, which the ledger skips.
+func (p *Pipeline) saveFloor(ctx context.Context, floor uint64) {
+	if floor <= p.savedSeq {
 		return
 	}
-	if err := target.Ack(); err != nil {
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := p.floor.save(sctx, floor); err != nil {
 		p.m.ackErrors.Inc()
+		p.logger.Warn("cannot save the floor; the next flush tries again", "err", err)
 		return
 	}
-	p.ackedSeq = seq
-	p.m.ackFloor.Set(float64(seq))
+	p.savedSeq = floor
+	p.m.ackFloor.Set(float64(floor))
 }
 
 // streamSeq reads the stream sequence from a JetStream reply subject without allocating:

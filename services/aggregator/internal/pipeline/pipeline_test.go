@@ -2,8 +2,8 @@ package pipeline
 
 import (
 	"context"
+	"strings"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -48,18 +48,115 @@ func TestConsumerFilter(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cons, _, err := resetConsumer(ctx, js, Options{Stream: events.StreamEvents, Filter: "llm.req.prod.>", Consumer: "prod", MaxAckPending: -1, AckWait: time.Minute})
+	cons, _, _, err := resetConsumer(ctx, js, Options{Stream: events.StreamEvents, Filter: "llm.req.prod.>", Consumer: "prod"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if n := cons.CachedInfo().NumPending; n != 2 {
 		t.Errorf("the llm.req.prod.> consumer has %d messages pending, want 2", n)
 	}
-	cons, _, err = resetConsumer(ctx, js, Options{Stream: events.StreamEvents, Filter: events.SubjectRequestsAll, Consumer: "all", MaxAckPending: -1, AckWait: time.Minute})
+	cons, _, _, err = resetConsumer(ctx, js, Options{Stream: events.StreamEvents, Filter: events.SubjectRequestsAll, Consumer: "all"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if n := cons.CachedInfo().NumPending; n != 3 {
 		t.Errorf("the llm.req.> consumer has %d messages pending, want 3", n)
+	}
+}
+
+// TestFloor: the replay floor is stored per stream and consumer, read back, and decides where
+// a reset consumer starts; a consumer left acknowledging cumulatively gives its ack floor, and
+// an AckNone consumer's (only what it delivered) is never trusted.
+func TestFloor(t *testing.T) {
+	srv := testbed.NATS(t)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := bus.EnsureStreams(ctx, js, bus.StreamLimits{}, events.StreamEvents); err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		if _, err := js.Publish(ctx, "llm.req.prod.chat", []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	o := Options{Stream: events.StreamEvents, Filter: events.SubjectRequestsAll, Consumer: "agg"}
+
+	// Nothing stored: everything is delivered, and nothing is acknowledged.
+	cons, floor, store, err := resetConsumer(ctx, js, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := cons.CachedInfo()
+	if floor != 0 || info.NumPending != 10 || info.Config.AckPolicy != jetstream.AckNonePolicy {
+		t.Fatalf("fresh: floor %d, %d pending, ack policy %v", floor, info.NumPending, info.Config.AckPolicy)
+	}
+	// Delivering moves an AckNone consumer's ack floor; a reset must not take it.
+	it, err := cons.Messages()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 8 {
+		if _, err := it.Next(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	it.Stop()
+	if err := store.save(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	cons, floor, store, err = resetConsumer(ctx, js, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info := cons.CachedInfo(); floor != 3 || info.NumPending != 7 {
+		t.Fatalf("after saving 3: floor %d, %d pending; want 3 and 7", floor, info.NumPending)
+	}
+
+	// A consumer of the earlier version, acknowledged through 6: its floor wins over 3.
+	if err := js.DeleteConsumer(ctx, events.StreamEvents, "agg"); err != nil {
+		t.Fatal(err)
+	}
+	legacy, err := js.CreateOrUpdateConsumer(ctx, events.StreamEvents, jetstream.ConsumerConfig{Durable: "agg", AckPolicy: jetstream.AckAllPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := legacy.Fetch(6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last jetstream.Msg
+	for m := range batch.Messages() {
+		last = m
+	}
+	if err := last.DoubleAck(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, floor, _, err = resetConsumer(ctx, js, o); err != nil || floor != 6 {
+		t.Fatalf("legacy consumer acknowledged through 6: floor %d, %v", floor, err)
+	}
+
+	// Another consumer's floor is its own.
+	if _, floor, _, err := resetConsumer(ctx, js, Options{Stream: o.Stream, Filter: o.Filter, Consumer: "other"}); err != nil || floor != 0 {
+		t.Fatalf("other consumer: floor %d, %v", floor, err)
+	}
+
+	// A value that is not a position stops the start with an error naming the key.
+	kv, err := js.KeyValue(ctx, FloorBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, events.StreamEvents+".agg", []byte("soon")); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, err := resetConsumer(ctx, js, o); err == nil || !strings.Contains(err.Error(), "AGGREGATOR/LLM_EVENTS.agg") {
+		t.Fatalf("garbage floor: %v", err)
 	}
 }

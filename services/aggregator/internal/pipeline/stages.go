@@ -34,11 +34,11 @@ type Deps struct {
 	Logger    *slog.Logger
 }
 
-// NewTokens resets the request-event consumer to its ack floor, reads the ledger back from
+// NewTokens resets the request-event consumer to its stored floor, reads the ledger back from
 // ClickHouse, and returns the pipeline from LLM_EVENTS to token_rollups (and requests, when
 // d.Requests is set).
 func NewTokens(ctx context.Context, o Options, cfg window.Config, prices *price.Table, d Deps) (*Pipeline, error) {
-	cons, floor, err := resetConsumer(ctx, d.JS, o)
+	cons, floor, store, err := resetConsumer(ctx, d.JS, o)
 	if err != nil {
 		return nil, err
 	}
@@ -64,8 +64,8 @@ func NewTokens(ctx context.Context, o Options, cfg window.Config, prices *price.
 		st.writer = d.Requests
 		st.reqs, st.spare = d.Requests.NewBuffer(), d.Requests.NewBuffer()
 	}
-	d.Logger.Info("consuming", "stream", o.Stream, "consumer", o.Consumer, "ack_floor", floor, "windows_already_stored", len(done), "requests_stored_through", reqThrough)
-	return newPipeline(o, d.JS, d.NC, cons, floor, st, d.Publisher, m, d.Logger.With("stream", o.Stream)), nil
+	d.Logger.Info("consuming", "stream", o.Stream, "consumer", o.Consumer, "floor", floor, "windows_already_stored", len(done), "requests_stored_through", reqThrough)
+	return newPipeline(o, d.JS, d.NC, cons, floor, store, st, d.Publisher, m, d.Logger.With("stream", o.Stream)), nil
 }
 
 type tokenStage struct {
@@ -79,29 +79,24 @@ type tokenStage struct {
 	reqThrough  uint64
 	reqs, spare *sink.Requests
 	reqMin      uint64
-	reqAck      jetstream.Msg
 
 	sink       *sink.ClickHouse
 	m          *metrics
 	lastFolded uint64
 }
 
-func (s *tokenStage) handle(data []byte, seq uint64, ack jetstream.Msg, now time.Time) (result, error) {
+func (s *tokenStage) handle(data []byte, seq uint64, now time.Time) (result, error) {
 	if err := s.dec.Decode(data, &s.ev); err != nil {
 		return 0, err
 	}
 	if err := s.ev.ValidateAt(now); err != nil {
 		return 0, err
 	}
-	var before any
-	if ack != nil {
-		before = ack
-	}
 	p := s.agg.Price(&s.ev)
-	res := s.agg.AddPriced(&s.ev, p, seq, before, now)
+	res := s.agg.AddPriced(&s.ev, p, seq, now)
 	if s.store && seq > s.reqThrough {
 		if s.reqs.Len() == 0 {
-			s.reqMin, s.reqAck = seq, ack
+			s.reqMin = seq
 		}
 		s.reqs.Add(&s.ev, s.cfg.Buckets.Label(p.Bucket), p.USD, seq)
 	}
@@ -114,13 +109,12 @@ func (s *tokenStage) handle(data []byte, seq uint64, ack jetstream.Msg, now time
 	return resAdded, nil
 }
 
-func (s *tokenStage) held() (uint64, jetstream.Msg, bool) {
-	seq, before, ok := s.agg.Held()
-	ack, _ := before.(jetstream.Msg)
+func (s *tokenStage) held() (uint64, bool) {
+	seq, ok := s.agg.Held()
 	if s.pendingRequests() > 0 && (!ok || s.reqMin < seq) {
-		return s.reqMin, s.reqAck, true
+		return s.reqMin, true
 	}
-	return seq, ack, ok
+	return seq, ok
 }
 
 // maxBatch bounds the request events written in one insert: the buffers are reused, so they
@@ -265,7 +259,7 @@ func (f *tokenFlush) done(now time.Time) {
 
 // NewGPU returns the pipeline from GPU_SAMPLES to gpu_rollups; see NewTokens.
 func NewGPU(ctx context.Context, o Options, cfg window.Config, d Deps) (*Pipeline, error) {
-	cons, floor, err := resetConsumer(ctx, d.JS, o)
+	cons, floor, store, err := resetConsumer(ctx, d.JS, o)
 	if err != nil {
 		return nil, err
 	}
@@ -276,8 +270,8 @@ func NewGPU(ctx context.Context, o Options, cfg window.Config, d Deps) (*Pipelin
 	}
 	m := d.Metrics.forStream("gpu")
 	st := &gpuStage{agg: window.NewGPU(cfg, done), cfg: cfg, sink: sk, m: m}
-	d.Logger.Info("consuming", "stream", o.Stream, "consumer", o.Consumer, "ack_floor", floor, "windows_already_stored", len(done))
-	return newPipeline(o, d.JS, d.NC, cons, floor, st, d.Publisher, m, d.Logger.With("stream", o.Stream)), nil
+	d.Logger.Info("consuming", "stream", o.Stream, "consumer", o.Consumer, "floor", floor, "windows_already_stored", len(done))
+	return newPipeline(o, d.JS, d.NC, cons, floor, store, st, d.Publisher, m, d.Logger.With("stream", o.Stream)), nil
 }
 
 type gpuStage struct {
@@ -288,18 +282,14 @@ type gpuStage struct {
 	m      *metrics
 }
 
-func (s *gpuStage) handle(data []byte, seq uint64, ack jetstream.Msg, now time.Time) (result, error) {
+func (s *gpuStage) handle(data []byte, seq uint64, now time.Time) (result, error) {
 	if err := events.UnmarshalGPUSample(data, &s.sample); err != nil {
 		return 0, err
 	}
 	if err := s.sample.ValidateAt(now); err != nil {
 		return 0, err
 	}
-	var before any
-	if ack != nil {
-		before = ack
-	}
-	switch s.agg.Add(&s.sample, seq, before, now) {
+	switch s.agg.Add(&s.sample, seq, now) {
 	case window.AddedLate:
 		return resLate, nil
 	case window.Skipped:
@@ -308,11 +298,7 @@ func (s *gpuStage) handle(data []byte, seq uint64, ack jetstream.Msg, now time.T
 	return resAdded, nil
 }
 
-func (s *gpuStage) held() (uint64, jetstream.Msg, bool) {
-	seq, before, ok := s.agg.Held()
-	ack, _ := before.(jetstream.Msg)
-	return seq, ack, ok
-}
+func (s *gpuStage) held() (uint64, bool) { return s.agg.Held() }
 
 func (s *gpuStage) full() bool { return false }
 

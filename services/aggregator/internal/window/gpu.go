@@ -71,9 +71,9 @@ const idleReason = 0x1
 const maxIntegrationGap = int64(time.Minute)
 
 // Add routes one valid sample at stream position seq; see Aggregator.Add.
-func (a *GPUAggregator) Add(s *events.GPUSample, seq uint64, ack any, now time.Time) Result {
+func (a *GPUAggregator) Add(s *events.GPUSample, seq uint64, now time.Time) Result {
 	ts := s.TS.UnixNano()
-	u, res := a.route(ts, ts, seq, ack, now.UnixNano())
+	u, res := a.route(ts, ts, seq, now.UnixNano())
 	if res == Skipped {
 		return res
 	}

@@ -22,7 +22,7 @@ func TestGPUWindows(t *testing.T) {
 			UtilGPUPct: f64(float64(i % 10 * 10)), PowerW: f64(power), EnergyJ: f64(energy), TempC: f64(40 + float64(i)),
 			MemUsedBytes: u64(uint64(i) << 30), MemTotalBytes: u64(141 << 30), ThrottleReasons: u64(uint64(1 + 4*(i%2)))}
 		energy += 150 // joules between this sample and the next
-		a.Add(s, uint64(i+1), nil, now)
+		a.Add(s, uint64(i+1), now)
 	}
 	units := a.Advance(t0.Add(time.Hour))
 	if len(units) != 2 {
@@ -53,7 +53,7 @@ func TestGPUWindows(t *testing.T) {
 func TestGPUPowerIntegrationWithoutCounter(t *testing.T) {
 	a := window.NewGPU(cfg(t), nil)
 	for i := range 5 {
-		a.Add(&events.GPUSample{V: 1, TS: t0.Add(time.Duration(i) * time.Second), Host: "h", GPUUUID: "u", PowerW: f64(200)}, uint64(i+1), nil, t0.Add(time.Minute))
+		a.Add(&events.GPUSample{V: 1, TS: t0.Add(time.Duration(i) * time.Second), Host: "h", GPUUUID: "u", PowerW: f64(200)}, uint64(i+1), t0.Add(time.Minute))
 	}
 	units := a.Advance(t0.Add(time.Hour))
 	rows := a.Rollups(units[0], nil)

@@ -38,7 +38,7 @@ func BenchmarkMemoryPerSeries(b *testing.B) {
 			e.TTFTMs = math.Exp(5 + 0.8*r.NormFloat64())
 			e.TotalMs = e.TTFTMs + 49*math.Exp(3+0.3*r.NormFloat64())
 			seq++
-			a.Add(&e, seq, nil, now)
+			a.Add(&e, seq, now)
 		}
 		runtime.GC()
 		runtime.ReadMemStats(&after)

@@ -49,14 +49,11 @@ func (s *Stats) reset() {
 }
 
 // Unit is one window's aggregates — the window itself, or a correction of it — with the
-// stream positions it holds. Ack is whatever the caller passed with the message processed
-// just before the unit's first one: acknowledging it (cumulatively) releases everything
-// before this unit.
+// lowest stream position it holds: everything before the oldest unit's is stored.
 type Unit[K comparable, S any] struct {
 	Start      time.Time
 	Correction bool
 	MinSeq     uint64
-	Ack        any
 	Keys       map[K]*S
 }
 
@@ -97,7 +94,7 @@ func newWindows[K comparable, S any](window, lateness time.Duration, done map[ti
 }
 
 // route finds the unit for an event at ts (unix ns) ending at end, at stream position seq.
-func (w *windows[K, S]) route(ts, end int64, seq uint64, ack any, clock int64) (*Unit[K, S], Result) {
+func (w *windows[K, S]) route(ts, end int64, seq uint64, clock int64) (*Unit[K, S], Result) {
 	start := floorDiv(ts, w.window) * w.window
 	if seq <= w.done[start] {
 		return nil, Skipped
@@ -113,14 +110,14 @@ func (w *windows[K, S]) route(ts, end int64, seq uint64, ack any, clock int64) (
 	if start+w.window+w.late <= wm || w.written[start] {
 		u := w.corr[start]
 		if u == nil {
-			u = w.newUnit(start, true, seq, ack)
+			u = w.newUnit(start, true, seq)
 			w.corr[start] = u
 		}
 		return u, AddedLate
 	}
 	// A window stored before a restart gets its remainder as a correction, not counted late.
 	_, restarted := w.done[start]
-	u := w.newUnit(start, restarted, seq, ack)
+	u := w.newUnit(start, restarted, seq)
 	w.open[start] = u
 	return u, Added
 }
@@ -205,17 +202,17 @@ func (w *windows[K, S]) Flushed(starts []time.Time, seq uint64, now time.Time) {
 	}
 }
 
-// Held returns the lowest stream position held by a unit not yet handed out by Advance,
-// with its unit's Ack, and false when nothing is held.
-func (w *windows[K, S]) Held() (minSeq uint64, ack any, ok bool) {
+// Held returns the lowest stream position held by a unit not yet handed out by Advance, and
+// false when nothing is held.
+func (w *windows[K, S]) Held() (minSeq uint64, ok bool) {
 	for _, m := range []map[int64]*Unit[K, S]{w.open, w.corr} {
 		for _, u := range m {
 			if !ok || u.MinSeq < minSeq {
-				minSeq, ack, ok = u.MinSeq, u.Ack, true
+				minSeq, ok = u.MinSeq, true
 			}
 		}
 	}
-	return minSeq, ack, ok
+	return minSeq, ok
 }
 
 // OpenWindows returns how many windows and corrections are held, and their keys.
@@ -236,11 +233,10 @@ func (w *windows[K, S]) Release(u *Unit[K, S]) {
 		w.free = append(w.free, s)
 		delete(u.Keys, k)
 	}
-	u.Ack = nil
 	w.units = append(w.units, u)
 }
 
-func (w *windows[K, S]) newUnit(start int64, correction bool, seq uint64, ack any) *Unit[K, S] {
+func (w *windows[K, S]) newUnit(start int64, correction bool, seq uint64) *Unit[K, S] {
 	var u *Unit[K, S]
 	if n := len(w.units); n > 0 {
 		u, w.units = w.units[n-1], w.units[:n-1]
@@ -250,7 +246,6 @@ func (w *windows[K, S]) newUnit(start int64, correction bool, seq uint64, ack an
 	u.Start = time.Unix(0, start).UTC()
 	u.Correction = correction
 	u.MinSeq = seq
-	u.Ack = ack
 	return u
 }
 
@@ -307,17 +302,16 @@ func (a *Aggregator) Price(ev *events.RequestEvent) Priced {
 	return p
 }
 
-// Add routes one valid event at stream position seq. ack is the caller's handle of the
-// message processed before this one (see Unit.Ack); now is the clock.
-func (a *Aggregator) Add(ev *events.RequestEvent, seq uint64, ack any, now time.Time) Result {
-	return a.AddPriced(ev, a.Price(ev), seq, ack, now)
+// Add routes one valid event at stream position seq; now is the clock.
+func (a *Aggregator) Add(ev *events.RequestEvent, seq uint64, now time.Time) Result {
+	return a.AddPriced(ev, a.Price(ev), seq, now)
 }
 
 // AddPriced is Add for an event whose Price the caller already has.
-func (a *Aggregator) AddPriced(ev *events.RequestEvent, p Priced, seq uint64, ack any, now time.Time) Result {
+func (a *Aggregator) AddPriced(ev *events.RequestEvent, p Priced, seq uint64, now time.Time) Result {
 	ts := ev.TS.UnixNano()
 	clock := now.UnixNano()
-	u, res := a.route(ts, ts+int64(ev.TotalMs*1e6), seq, ack, clock)
+	u, res := a.route(ts, ts+int64(ev.TotalMs*1e6), seq, clock)
 	if res == Skipped {
 		return res
 	}

@@ -44,7 +44,7 @@ func TestWindowsCloseByWatermark(t *testing.T) {
 	seq := uint64(0)
 	add := func(e *events.RequestEvent) window.Result {
 		seq++
-		return a.Add(e, seq, seq-1, now)
+		return a.Add(e, seq, now)
 	}
 	add(ev(0, events.StatusOK, 100, 11, 200, 1200))
 	add(ev(time.Second, events.StatusError, 100, 0, 0, 50))
@@ -62,7 +62,7 @@ func TestWindowsCloseByWatermark(t *testing.T) {
 		t.Fatalf("result %v", r)
 	}
 	units := a.Advance(now)
-	if len(units) != 1 || !units[0].Start.Equal(t0) || units[0].MinSeq != 1 || units[0].Ack != uint64(0) {
+	if len(units) != 1 || !units[0].Start.Equal(t0) || units[0].MinSeq != 1 {
 		t.Fatalf("closed %+v", units)
 	}
 	got := rollups(a, units)
@@ -89,8 +89,8 @@ func TestWindowsCloseByWatermark(t *testing.T) {
 	if r := add(ev(5*time.Second, events.StatusOK, 10, 1, 5, 5)); r != window.AddedLate {
 		t.Fatalf("straggler: %v", r)
 	}
-	if seq, ack, ok := a.Held(); !ok || seq != 6 || ack != uint64(5) {
-		t.Fatalf("held %d %v %v: the open window at 45s holds seq 6", seq, ack, ok)
+	if seq, ok := a.Held(); !ok || seq != 6 {
+		t.Fatalf("held %d %v: the open window at 45s holds seq 6", seq, ok)
 	}
 	got = rollups(a, a.Advance(now))
 	corr := got["10:00:00/correction/m1/0-499"]
@@ -101,7 +101,7 @@ func TestWindowsCloseByWatermark(t *testing.T) {
 
 func TestQuietStreamStillCloses(t *testing.T) {
 	a := window.New(cfg(t), nil)
-	a.Add(ev(0, events.StatusOK, 1, 2, 1, 2), 1, nil, t0.Add(time.Second))
+	a.Add(ev(0, events.StatusOK, 1, 2, 1, 2), 1, t0.Add(time.Second))
 	if n := len(a.Advance(t0.Add(40 * time.Second))); n != 0 {
 		t.Fatalf("closed early: %d", n)
 	}
@@ -113,8 +113,8 @@ func TestQuietStreamStillCloses(t *testing.T) {
 func TestClockBoundsWatermark(t *testing.T) {
 	a := window.New(cfg(t), nil)
 	// A client clock 4 minutes ahead must not close the current windows.
-	a.Add(ev(4*time.Minute, events.StatusOK, 1, 2, 1, 2), 1, nil, t0)
-	a.Add(ev(0, events.StatusOK, 1, 2, 1, 2), 2, nil, t0)
+	a.Add(ev(4*time.Minute, events.StatusOK, 1, 2, 1, 2), 1, t0)
+	a.Add(ev(0, events.StatusOK, 1, 2, 1, 2), 2, t0)
 	if wm := a.Watermark(t0); wm.After(t0) {
 		t.Fatalf("watermark %v ahead of the clock %v", wm, t0)
 	}
@@ -127,10 +127,10 @@ func TestRestartSkipsStored(t *testing.T) {
 	done := map[time.Time]uint64{t0: 10}
 	a := window.New(cfg(t), done)
 	now := t0.Add(2 * time.Second)
-	if r := a.Add(ev(time.Second, events.StatusOK, 1, 2, 1, 2), 9, nil, now); r != window.Skipped {
+	if r := a.Add(ev(time.Second, events.StatusOK, 1, 2, 1, 2), 9, now); r != window.Skipped {
 		t.Fatalf("stored event not skipped: %v", r)
 	}
-	if r := a.Add(ev(time.Second, events.StatusOK, 1, 2, 1, 2), 11, nil, now); r != window.Added {
+	if r := a.Add(ev(time.Second, events.StatusOK, 1, 2, 1, 2), 11, now); r != window.Added {
 		t.Fatalf("new event: %v", r)
 	}
 	// The same window's remainder is a correction: a window row for it is already stored.
@@ -139,7 +139,7 @@ func TestRestartSkipsStored(t *testing.T) {
 		t.Fatalf("units %+v", units)
 	}
 	a.Flushed([]time.Time{units[0].Start}, 11, t0.Add(time.Hour))
-	if r := a.Add(ev(time.Second, events.StatusOK, 1, 2, 1, 2), 11, nil, t0.Add(time.Hour)); r != window.Skipped {
+	if r := a.Add(ev(time.Second, events.StatusOK, 1, 2, 1, 2), 11, t0.Add(time.Hour)); r != window.Skipped {
 		t.Fatalf("redelivered event after a flush: %v", r)
 	}
 }
@@ -152,7 +152,7 @@ func TestSeriesFolding(t *testing.T) {
 	for i := range 10 {
 		e := ev(0, events.StatusOK, 1, 2, 1, 2)
 		e.Model = fmt.Sprint("m", i)
-		a.Add(e, uint64(i+1), nil, now)
+		a.Add(e, uint64(i+1), now)
 	}
 	got := rollups(a, a.Advance(t0.Add(time.Hour)))
 	var total uint64
@@ -169,7 +169,7 @@ func TestReuseKeepsCountsApart(t *testing.T) {
 	for w := range 5 {
 		now := t0.Add(time.Duration(w) * time.Minute)
 		for i := range 100 {
-			a.Add(ev(time.Duration(w)*time.Minute, events.StatusOK, 10, 3, 1, float64(i+2)), uint64(w*100+i+1), nil, now)
+			a.Add(ev(time.Duration(w)*time.Minute, events.StatusOK, 10, 3, 1, float64(i+2)), uint64(w*100+i+1), now)
 		}
 		units := a.Advance(now.Add(time.Minute))
 		got := rollups(a, units)
@@ -217,7 +217,7 @@ func BenchmarkHotPath(b *testing.B) {
 		if err := e.ValidateAt(now); err != nil {
 			b.Fatal(err)
 		}
-		a.Add(&e, uint64(i+1), nil, now)
+		a.Add(&e, uint64(i+1), now)
 		if i%2000 == 0 {
 			for _, u := range a.Advance(now) {
 				a.Release(u)
