@@ -16,7 +16,7 @@ import (
 // The floor is kept here, not as the consumer's acknowledgements, because holding
 // acknowledgements for window + lateness makes nats-server keep a pending entry per
 // message and rewrite them all into the consumer's state about ten times a second:
-// ~0.4 core at 10k events/s with the default 45 s held (BenchmarkHeldAcks in pkg/bus).
+// ~0.5 core at 10k events/s with the default 45 s held (BenchmarkHeldAcks in pkg/bus).
 // The consumer acknowledges nothing (AckNone); the floor is saved after each flush is
 // stored, so it is never ahead of ClickHouse, and a floor left behind by a crash only
 // replays events the ledger then skips.
