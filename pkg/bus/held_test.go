@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokenscope/tokenscope/pkg/bus"
@@ -33,16 +32,7 @@ func BenchmarkHeldAcks(b *testing.B) {
 
 func heldAcks(b *testing.B, held int) {
 	const rate, seconds = 10_000, 5
-	srv := testbed.NATS(b)
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		b.Fatal(err)
-	}
+	_, js := testbed.JetStream(b)
 	ctx := context.Background()
 	if err := bus.EnsureStreams(ctx, js, bus.StreamLimits{}, events.StreamEvents); err != nil {
 		b.Fatal(err)

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // NATS starts an in-process nats-server with JetStream on a free port and a temporary store,
@@ -42,4 +44,20 @@ func StartNATS(t testing.TB, dir string, port int) *server.Server {
 		s.WaitForShutdown()
 	})
 	return s
+}
+
+// JetStream starts an in-process nats-server as NATS does and returns a connection to it and
+// its JetStream context; the connection closes when the test ends.
+func JetStream(t testing.TB) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(NATS(t).ClientURL())
+	if err != nil {
+		t.Fatalf("cannot connect to nats-server: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("cannot open JetStream: %v", err)
+	}
+	return nc, js
 }

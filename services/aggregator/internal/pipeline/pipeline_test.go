@@ -5,7 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokenscope/tokenscope/pkg/bus"
@@ -16,16 +15,7 @@ import (
 // TestConsumerFilter: a filter that is the stream's one subject is dropped, so nats-server
 // takes its unfiltered path; a narrower filter is kept, and the consumer sees only its share.
 func TestConsumerFilter(t *testing.T) {
-	srv := testbed.NATS(t)
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := testbed.JetStream(t)
 	ctx := context.Background()
 	if err := bus.EnsureStreams(ctx, js, bus.StreamLimits{}, events.StreamEvents); err != nil {
 		t.Fatal(err)
@@ -68,16 +58,7 @@ func TestConsumerFilter(t *testing.T) {
 // a reset consumer starts; a consumer left acknowledging cumulatively gives its ack floor, and
 // an AckNone consumer's (only what it delivered) is never trusted.
 func TestFloor(t *testing.T) {
-	srv := testbed.NATS(t)
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := testbed.JetStream(t)
 	ctx := context.Background()
 	if err := bus.EnsureStreams(ctx, js, bus.StreamLimits{}, events.StreamEvents); err != nil {
 		t.Fatal(err)
