@@ -110,8 +110,11 @@ func (s stalling) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	_, _ = io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n")
 	_ = http.NewResponseController(w).Flush()
-	<-r.Context().Done()
-	s.done <- context.Cause(r.Context())
+	select {
+	case <-r.Context().Done():
+		s.done <- context.Cause(r.Context())
+	case <-time.After(20 * time.Second): // a broken proxy must not hang the test's cleanup
+	}
 }
 
 // TestDetachedClientHangsUp: a client that hangs up on a stream the proxy took over, parked
@@ -288,6 +291,7 @@ func TestDetachedPipelined(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
 	stream, whole := chatBody(true, ""), chatBody(false, "")
 	raw := fmt.Sprintf("POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Fakellm-TPOT: 10ms\r\nContent-Length: %d\r\n\r\n%s", chatPath, len(stream), stream) +
 		fmt.Sprintf("POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Tokenscope-Turn: 2\r\nContent-Length: %d\r\n\r\n%s", chatPath, len(whole), whole) +
@@ -331,6 +335,7 @@ func TestDetachedConnectionClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
 	body := chatBody(true, "")
 	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Fakellm-TPOT: 10ms\r\nContent-Length: %d\r\n\r\n%s", chatPath, len(body), body)
 	br := bufio.NewReader(conn)
@@ -463,6 +468,7 @@ func TestListenerClosesWaitingConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
 	body := chatBody(true, "")
 	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nX-Fakellm-TPOT: 10ms\r\nContent-Length: %d\r\n\r\n%s", chatPath, len(body), body)
 	br := bufio.NewReader(conn)
