@@ -47,7 +47,7 @@ func TestOfficialSDKs(t *testing.T) {
 // for the SDKs' next requests.
 func TestOfficialSDKsDetached(t *testing.T) {
 	needNode(t)
-	officialSDKs(t, fakellm.Options{TTFT: 5 * time.Millisecond, TPOT: 100 * time.Millisecond, Tokens: 4}, func(base string) {
+	officialSDKs(t, fakellm.Options{TTFT: 5 * time.Millisecond, TPOT: 150 * time.Millisecond, Tokens: 4}, func(base string) {
 		if n := metric(t, base, "emitter_proxy_detached_streams_total"); n != 3 {
 			t.Fatalf("%v streams detached, want the 3 streamed calls'", n)
 		}

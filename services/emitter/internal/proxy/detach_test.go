@@ -237,8 +237,7 @@ func TestDetachedKeepAlive(t *testing.T) {
 	tr := &http.Transport{DisableCompression: true}
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr}
-	hdr := slowChat(10)
-	hdr["X-Fakellm-Tokens"] = "5" // as chatBody's max_tokens, for the direct call
+	hdr := slowChat(10) // 100 ms: detached after 30
 	direct := post(t, http.DefaultClient, r.fake.URL, hdr)
 	for i, pause := range []time.Duration{0, 0, 200 * time.Millisecond} {
 		time.Sleep(pause)
@@ -246,7 +245,7 @@ func TestDetachedKeepAlive(t *testing.T) {
 		if via.err != nil || via.status != 200 || string(via.body) != string(direct.body) {
 			t.Fatalf("request %d: %d %v\n%s\nwant\n%s", i, via.status, via.err, via.body, direct.body)
 		}
-		if ev := r.cap.next(t); ev.Status != events.StatusOK || ev.OutputTokens != 5 || ev.TokensEstimated {
+		if ev := r.cap.next(t); ev.Status != events.StatusOK || ev.OutputTokens != 10 || ev.TokensEstimated {
 			t.Fatalf("request %d: event %+v", i, ev)
 		}
 		if got := testutil.ToFloat64(r.p.m.detaches); got != float64(i+1) {
@@ -293,9 +292,9 @@ func TestDetachedPipelined(t *testing.T) {
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
 	stream, whole := chatBody(true, ""), chatBody(false, "")
-	raw := fmt.Sprintf("POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Fakellm-TPOT: 10ms\r\nContent-Length: %d\r\n\r\n%s", chatPath, len(stream), stream) +
+	raw := fmt.Sprintf("POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Fakellm-TPOT: 10ms\r\nX-Fakellm-Tokens: 10\r\nContent-Length: %d\r\n\r\n%s", chatPath, len(stream), stream) +
 		fmt.Sprintf("POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Tokenscope-Turn: 2\r\nContent-Length: %d\r\n\r\n%s", chatPath, len(whole), whole) +
-		fmt.Sprintf("POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Tokenscope-Turn: 3\r\nX-Fakellm-TPOT: 10ms\r\nContent-Length: %d\r\n\r\n%s", chatPath, len(stream), stream)
+		fmt.Sprintf("POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Tokenscope-Turn: 3\r\nX-Fakellm-TPOT: 10ms\r\nX-Fakellm-Tokens: 10\r\nContent-Length: %d\r\n\r\n%s", chatPath, len(stream), stream)
 	if _, err := io.WriteString(conn, raw); err != nil {
 		t.Fatal(err)
 	}
@@ -337,7 +336,7 @@ func TestDetachedConnectionClose(t *testing.T) {
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
 	body := chatBody(true, "")
-	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Fakellm-TPOT: 10ms\r\nContent-Length: %d\r\n\r\n%s", chatPath, len(body), body)
+	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Fakellm-TPOT: 10ms\r\nX-Fakellm-Tokens: 10\r\nContent-Length: %d\r\n\r\n%s", chatPath, len(body), body)
 	br := bufio.NewReader(conn)
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
@@ -470,7 +469,7 @@ func TestListenerClosesWaitingConnections(t *testing.T) {
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
 	body := chatBody(true, "")
-	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nX-Fakellm-TPOT: 10ms\r\nContent-Length: %d\r\n\r\n%s", chatPath, len(body), body)
+	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nX-Fakellm-TPOT: 10ms\r\nX-Fakellm-Tokens: 10\r\nContent-Length: %d\r\n\r\n%s", chatPath, len(body), body)
 	br := bufio.NewReader(conn)
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil {
