@@ -313,7 +313,8 @@ func addedLatency(b *testing.B, base, direct string, pid int, every time.Duratio
 // proxy has taken every one off net/http (emitter_proxy_parked_streams). The settled-
 // figures are measured after that, once the emitter collected its garbage and returned the
 // memory it held to the OS (/debug/settle): what the held streams occupy, without what
-// opening 5,000 connections at once left behind. Run it with -benchtime=1x.
+// opening 5,000 connections at once left behind. BENCH_OPEN_HOLD=2m30s holds them that much
+// longer first, with nothing forced, and reports held- figures. Run it with -benchtime=1x.
 func BenchmarkOpenStreams(b *testing.B) {
 	for _, mode := range []string{"proxy", "bare"} {
 		b.Run(mode, func(b *testing.B) { openStreams(b, mode) })
@@ -325,7 +326,7 @@ func openStreams(b *testing.B, mode string) {
 	ns := testbed.NATS(b)
 	// The first token comes at once, the next only after an hour: every stream stays open.
 	fake := httptest.NewServer(fakellm.New(fakellm.Options{TPOT: time.Hour, Tokens: 2}))
-	defer fake.Close()
+	b.Cleanup(fake.Close) // after the streams are released, even when the benchmark fails
 	env := []string{"EMITTER_STREAM_IDLE_TIMEOUT=1h"}
 	if mode == "bare" {
 		env = append(env, "EMITTER_TEST_CHILD=bare")
@@ -349,11 +350,15 @@ func openStreams(b *testing.B, mode string) {
 	for range streams / wave {
 		releases = append(releases, holdStreams(b, client, c.base, body, wave))
 	}
+	var once sync.Once
 	release := func() {
-		for _, r := range releases {
-			r()
-		}
+		once.Do(func() {
+			for _, r := range releases {
+				r()
+			}
+		})
 	}
+	b.Cleanup(release)
 	time.Sleep(time.Second)
 	// Silent streams leave net/http after half a second (internal/proxy, detach.go); with
 	// 5,000 to take over on a busy machine, it can take a little longer.
@@ -379,6 +384,19 @@ func openStreams(b *testing.B, mode string) {
 	b.ReportMetric(float64(after["go_goroutines"]-before["go_goroutines"])/streams, "goroutines/stream")
 	b.ReportMetric((after["rss"]-before["rss"])/streams/1024, "rss-KB/stream")
 	b.ReportMetric(streams, "streams")
+	if v := os.Getenv("BENCH_OPEN_HOLD"); v != "" {
+		// Hold the streams longer, with nothing forced: the runtime's own collection (at
+		// least every two minutes) and scavenger run as in a service.
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			b.Fatalf("BENCH_OPEN_HOLD=%q: %v", v, err)
+		}
+		time.Sleep(d)
+		held := childMemory(b, c.base, c.pid)
+		b.ReportMetric(((held["go_memstats_heap_inuse_bytes"]+held["go_memstats_stack_inuse_bytes"])-
+			(before["go_memstats_heap_inuse_bytes"]+before["go_memstats_stack_inuse_bytes"]))/streams/1024, "held-go-KB/stream")
+		b.ReportMetric((held["rss"]-before["rss"])/streams/1024, "held-rss-KB/stream")
+	}
 	settle(b, pprofAddr)
 	settled := childMemory(b, c.base, c.pid)
 	b.ReportMetric(((settled["go_memstats_heap_inuse_bytes"]+settled["go_memstats_stack_inuse_bytes"])-
@@ -406,7 +424,8 @@ func waitMetric(b testing.TB, base, name string, want float64, limit time.Durati
 			return
 		}
 		if time.Now().After(deadline) {
-			b.Fatalf("%s = %v after %s, want %v", name, v, limit, want)
+			b.Fatalf("%s = %v after %s, want %v (emitter_proxy_detached_streams %v, go_goroutines %v)",
+				name, v, limit, want, m["emitter_proxy_detached_streams"], m["go_goroutines"])
 		}
 	}
 }
