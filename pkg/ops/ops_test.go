@@ -6,9 +6,11 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -76,5 +78,68 @@ func TestLimiter(t *testing.T) {
 	got := []string{l.Value("a"), l.Value("b"), l.Value("c"), l.Value("a"), l.Value("d")}
 	if strings.Join(got, ",") != "a,b,other,a,other" || l.Folded() != 2 {
 		t.Fatalf("got %v, folded %d", got, l.Folded())
+	}
+}
+
+type wrapped struct {
+	net.Listener
+	accepted *atomic.Int64
+}
+
+func (w wrapped) Accept() (net.Conn, error) {
+	c, err := w.Listener.Accept()
+	if err == nil {
+		w.accepted.Add(1)
+	}
+	return c, err
+}
+
+// TestWrapListenerAndOnShutdown: Run serves through the wrapped listener, and calls the
+// shutdown hooks after the HTTP server's shutdown, with what is left of the grace.
+func TestWrapListenerAndOnShutdown(t *testing.T) {
+	s := ops.NewServer("127.0.0.1:0", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err := s.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	var accepted atomic.Int64
+	s.WrapListener(func(ln net.Listener) net.Listener { return wrapped{ln, &accepted} })
+	entered, release := make(chan struct{}), make(chan struct{})
+	s.Handle("GET /slow", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { close(entered); <-release }))
+	hook := make(chan time.Duration, 1)
+	s.OnShutdown(func(ctx context.Context) error {
+		deadline, _ := ctx.Deadline()
+		hook <- time.Until(deadline)
+		return nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx, 2*time.Second) }()
+	slow := make(chan error, 1)
+	go func() {
+		resp, err := http.Get("http://" + s.Addr() + "/slow")
+		if err == nil {
+			resp.Body.Close()
+		}
+		slow <- err
+	}()
+	<-entered
+	if accepted.Load() != 1 {
+		t.Fatalf("%d connections through the wrapped listener", accepted.Load())
+	}
+	cancel()
+	select {
+	case <-hook:
+		t.Fatal("the hook ran before the server's requests ended")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	if err := <-slow; err != nil {
+		t.Fatal(err)
+	}
+	if left := <-hook; left <= 0 || left > 2*time.Second {
+		t.Fatalf("the hook got %s of grace", left)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -30,7 +30,9 @@ type Server struct {
 	mu     sync.Mutex
 	checks []namedCheck
 
-	ln net.Listener
+	ln         net.Listener
+	wrap       func(net.Listener) net.Listener
+	onShutdown []func(ctx context.Context) error
 }
 
 type namedCheck struct {
@@ -93,6 +95,18 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(map[string]any{"ready": true})
 }
 
+// WrapListener makes Run serve the connections that wrap(listener) accepts: for a service
+// that takes connections over from the HTTP server and gives them back (the emitter's proxy).
+func (s *Server) WrapListener(wrap func(net.Listener) net.Listener) { s.wrap = wrap }
+
+// OnShutdown adds f to Run's shutdown, after the HTTP server's: f gets what is left of the
+// grace, for what the server no longer tracks, such as hijacked connections.
+func (s *Server) OnShutdown(f func(ctx context.Context) error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.onShutdown = append(s.onShutdown, f)
+}
+
 // Listen binds the address now, so a start-up error is reported before anything runs
 // and Addr knows the port when HTTP_ADDR asks for port 0.
 func (s *Server) Listen() error {
@@ -120,8 +134,12 @@ func (s *Server) Run(ctx context.Context, grace time.Duration) error {
 		}
 	}
 	srv := &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second}
+	ln := s.ln
+	if s.wrap != nil {
+		ln = s.wrap(ln)
+	}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(s.ln) }()
+	go func() { errc <- srv.Serve(ln) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("HTTP server on %s stopped: %w", s.Addr(), err)
@@ -131,6 +149,14 @@ func (s *Server) Run(ctx context.Context, grace time.Duration) error {
 	defer cancel()
 	if err := srv.Shutdown(shutCtx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("cannot shut down the HTTP server: %w", err)
+	}
+	s.mu.Lock()
+	hooks := append([]func(context.Context) error(nil), s.onShutdown...)
+	s.mu.Unlock()
+	for _, f := range hooks {
+		if err := f(shutCtx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("cannot shut down: %w", err)
+		}
 	}
 	return nil
 }

@@ -13,6 +13,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,7 +38,13 @@ import (
 func TestMain(m *testing.M) {
 	if mode := os.Getenv("EMITTER_TEST_CHILD"); mode != "" {
 		if addr := os.Getenv("EMITTER_TEST_PPROF"); addr != "" {
-			// Profiles of the child, fetched by the benchmarks under BENCH_PROFILE_DIR.
+			// Profiles of the child, fetched by the benchmarks under BENCH_PROFILE_DIR, and
+			// /debug/settle for OpenStreams: the garbage collected and the memory it held
+			// returned to the OS.
+			http.HandleFunc("/debug/settle", func(http.ResponseWriter, *http.Request) {
+				runtime.GC()
+				debug.FreeOSMemory()
+			})
 			go func() { _ = http.ListenAndServe(addr, nil) }()
 		}
 		serve := func() error { return run(context.Background(), nil, os.Environ(), os.Stdout, os.Stderr) }
@@ -126,7 +134,7 @@ type child struct {
 }
 
 // startChild starts the emitter in its own process against the fake at upstream, publishing
-// to the NATS at natsURL. Under BENCH_PROFILE_DIR it also serves profiles, on pprofAddr.
+// to the NATS at natsURL. It also serves profiles and /debug/settle, on pprofAddr.
 func startChild(b *testing.B, natsURL, upstream string, env ...string) (c *child, pprofAddr string) {
 	addr := freeAddr(b)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
@@ -134,10 +142,8 @@ func startChild(b *testing.B, natsURL, upstream string, env ...string) (c *child
 		"EMITTER_UPSTREAM_URL="+upstream, "LOG_LEVEL=error", "EMITTER_SHUTDOWN_GRACE=1s")
 	cmd.Env = append(cmd.Env, env...)
 	cmd.Stderr = os.Stderr
-	if os.Getenv("BENCH_PROFILE_DIR") != "" {
-		pprofAddr = freeAddr(b)
-		cmd.Env = append(cmd.Env, "EMITTER_TEST_PPROF="+pprofAddr)
-	}
+	pprofAddr = freeAddr(b)
+	cmd.Env = append(cmd.Env, "EMITTER_TEST_PPROF="+pprofAddr)
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
@@ -207,7 +213,7 @@ func BenchmarkProxyAddedLatency(b *testing.B) {
 	for _, rate := range rates {
 		b.Run(fmt.Sprintf("rate=%d", rate), func(b *testing.B) {
 			var prof sync.WaitGroup
-			if pprofAddr != "" {
+			if pprofAddr != "" && os.Getenv("BENCH_PROFILE_DIR") != "" {
 				// The emitter's CPU profile of two seconds under load.
 				prof.Go(func() {
 					path := filepath.Join(os.Getenv("BENCH_PROFILE_DIR"), fmt.Sprintf("cpu-rate%d.pb.gz", rate))
@@ -222,7 +228,7 @@ func BenchmarkProxyAddedLatency(b *testing.B) {
 				addedLatency(b, base, direct, pid, time.Second/time.Duration(rate))
 			}
 			prof.Wait()
-			if pprofAddr != "" {
+			if pprofAddr != "" && os.Getenv("BENCH_PROFILE_DIR") != "" {
 				path := filepath.Join(os.Getenv("BENCH_PROFILE_DIR"), fmt.Sprintf("allocs-rate%d.pb.gz", rate))
 				if err := fetch("http://"+pprofAddr+"/debug/pprof/allocs", path); err != nil {
 					b.Error(err)
@@ -323,7 +329,13 @@ func reportAdded(b *testing.B, viaT, dirT []timing, sent, self time.Duration, ba
 // counted is the difference the streams make, measured after 50 streams opened and closed.
 // The sub-benchmark bare holds as many streams on the same HTTP server with a handler that
 // does nothing else: the part of the figure that is net/http's, not the proxy's.
-// Run it with -benchtime=1x.
+//
+// The streams are opened all at once (BENCH_OPEN_WAVE=n: n at a time), and measured once the
+// proxy has taken every one off net/http (emitter_proxy_parked_streams). The settled-
+// figures are measured after that, once the emitter collected its garbage and returned the
+// memory it held to the OS (/debug/settle): what the held streams occupy, without what
+// opening 5,000 connections at once left behind. BENCH_OPEN_HOLD=2m30s holds them that much
+// longer first, with nothing forced, and reports held- figures. Run it with -benchtime=1x.
 func BenchmarkOpenStreams(b *testing.B) {
 	for _, mode := range []string{"proxy", "bare"} {
 		b.Run(mode, func(b *testing.B) { openStreams(b, mode) })
@@ -335,7 +347,7 @@ func openStreams(b *testing.B, mode string) {
 	ns := testbed.NATS(b)
 	// The first token comes at once, the next only after an hour: every stream stays open.
 	fake := httptest.NewServer(fakellm.New(fakellm.Options{TPOT: time.Hour, Tokens: 2}))
-	defer fake.Close()
+	b.Cleanup(fake.Close) // after the streams are released, even when the benchmark fails
 	env := []string{"EMITTER_STREAM_IDLE_TIMEOUT=1h"}
 	if mode == "bare" {
 		env = append(env, "EMITTER_TEST_CHILD=bare")
@@ -345,9 +357,33 @@ func openStreams(b *testing.B, mode string) {
 	body := `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hold on"}]}`
 	// Warm up: connection pools, buffers and the first event.
 	holdStreams(b, client, c.base, body, 50)()
+	settle(b, pprofAddr)
 	before := childMemory(b, c.base, c.pid)
-	release := holdStreams(b, client, c.base, body, streams)
+	wave := streams
+	if v := os.Getenv("BENCH_OPEN_WAVE"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 || streams%n != 0 {
+			b.Fatalf("BENCH_OPEN_WAVE=%q: want a divisor of %d", v, streams)
+		}
+		wave = n
+	}
+	var releases []func()
+	for range streams / wave {
+		releases = append(releases, holdStreams(b, client, c.base, body, wave))
+	}
+	var once sync.Once
+	release := func() {
+		once.Do(func() {
+			for _, r := range releases {
+				r()
+			}
+		})
+	}
+	b.Cleanup(release)
 	time.Sleep(time.Second)
+	// Silent streams leave net/http after half a second (internal/proxy, detach.go); with
+	// 5,000 to take over on a busy machine, it can take a little longer.
+	waitMetric(b, c.base, "emitter_proxy_parked_streams", streams, 30*time.Second)
 	after := childMemory(b, c.base, c.pid)
 	if after["emitter_proxy_inflight_streams"] != streams {
 		b.Fatalf("inflight_streams = %v, want %d", after["emitter_proxy_inflight_streams"], streams)
@@ -369,7 +405,50 @@ func openStreams(b *testing.B, mode string) {
 	b.ReportMetric(float64(after["go_goroutines"]-before["go_goroutines"])/streams, "goroutines/stream")
 	b.ReportMetric((after["rss"]-before["rss"])/streams/1024, "rss-KB/stream")
 	b.ReportMetric(streams, "streams")
+	if v := os.Getenv("BENCH_OPEN_HOLD"); v != "" {
+		// Hold the streams longer, with nothing forced: the runtime's own collection (at
+		// least every two minutes) and scavenger run as in a service.
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			b.Fatalf("BENCH_OPEN_HOLD=%q: %v", v, err)
+		}
+		time.Sleep(d)
+		held := childMemory(b, c.base, c.pid)
+		b.ReportMetric(((held["go_memstats_heap_inuse_bytes"]+held["go_memstats_stack_inuse_bytes"])-
+			(before["go_memstats_heap_inuse_bytes"]+before["go_memstats_stack_inuse_bytes"]))/streams/1024, "held-go-KB/stream")
+		b.ReportMetric((held["rss"]-before["rss"])/streams/1024, "held-rss-KB/stream")
+	}
+	settle(b, pprofAddr)
+	settled := childMemory(b, c.base, c.pid)
+	b.ReportMetric(((settled["go_memstats_heap_inuse_bytes"]+settled["go_memstats_stack_inuse_bytes"])-
+		(before["go_memstats_heap_inuse_bytes"]+before["go_memstats_stack_inuse_bytes"]))/streams/1024, "settled-go-KB/stream")
+	b.ReportMetric((settled["rss"]-before["rss"])/streams/1024, "settled-rss-KB/stream")
 	release()
+}
+
+// settle has the child collect its garbage and return the memory it held to the OS.
+func settle(b testing.TB, pprofAddr string) {
+	resp, err := http.Get("http://" + pprofAddr + "/debug/settle")
+	if err != nil {
+		b.Fatal(err)
+	}
+	resp.Body.Close()
+}
+
+// waitMetric waits until the child's metric reaches want; a metric the child does not have
+// (the bare server, an emitter before detached streams) is not waited for.
+func waitMetric(b testing.TB, base, name string, want float64, limit time.Duration) {
+	for deadline := time.Now().Add(limit); ; time.Sleep(100 * time.Millisecond) {
+		m := childMemory(b, base, 0)
+		v, ok := m[name]
+		if !ok || v >= want {
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%s = %v after %s, want %v (emitter_proxy_detached_streams %v, go_goroutines %v)",
+				name, v, limit, want, m["emitter_proxy_detached_streams"], m["go_goroutines"])
+		}
+	}
 }
 
 // fetch writes what url answers to path.
@@ -460,7 +539,7 @@ func childMemory(b testing.TB, base string, pid int) map[string]float64 {
 		}
 	}
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err == nil {
+	if err == nil && pid != 0 {
 		for _, line := range strings.Split(string(status), "\n") {
 			if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
 				kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)

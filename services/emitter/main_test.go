@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -236,3 +237,78 @@ func TestServeProxyAndIngestIntoJetStream(t *testing.T) {
 }
 
 const proxyScene = "X-Tokenscope-Scene"
+
+// metric reads one unlabelled metric from the emitter's /metrics; -1 when it is not there.
+func metric(t testing.TB, base, name string) float64 {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("%s: %v", line, err)
+			}
+			return f
+		}
+	}
+	return -1
+}
+
+// TestShutdownDrainsDetachedStreams: at SIGTERM (run's context ending), a stream the proxy took
+// off net/http (internal/proxy, detach.go) is not cut: it is waited for within the grace, and
+// its event is published.
+func TestShutdownDrainsDetachedStreams(t *testing.T) {
+	base, js, stop := serveRigWith(t, fakellm.Options{TTFT: 5 * time.Millisecond, TPOT: 100 * time.Millisecond, Tokens: 20},
+		"EMITTER_SHUTDOWN_GRACE=10s")
+	got := make(chan string, 1)
+	go func() {
+		resp, err := http.Post(base+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"gpt-4o","stream":true,"max_tokens":20,"messages":[{"role":"user","content":"a b c"}]}`))
+		if err != nil {
+			got <- err.Error()
+			return
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			got <- err.Error()
+			return
+		}
+		got <- string(b)
+	}()
+	for deadline := time.Now().Add(10 * time.Second); metric(t, base, "emitter_proxy_detached_streams") != 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the stream was not detached")
+		}
+	}
+	stop()
+	select {
+	case body := <-got:
+		if !strings.HasSuffix(body, "data: [DONE]\n\n") {
+			t.Fatalf("the client got %q", body)
+		}
+	case <-time.After(200 * time.Millisecond):
+		t.Fatal("run returned before the stream ended")
+	}
+	waitMsgs(t, js, 1)
+	s, err := js.Stream(context.Background(), events.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := s.GetMsg(context.Background(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ev events.RequestEvent
+	if err := events.UnmarshalRequest(raw.Data, &ev); err != nil {
+		t.Fatal(err)
+	}
+	if ev.Status != events.StatusOK || ev.OutputTokens != 20 {
+		t.Fatalf("event %s %q, %d tokens", ev.Status, ev.ErrorCode, ev.OutputTokens)
+	}
+}

@@ -104,6 +104,10 @@ func serve(ctx context.Context, environ map[string]string, stderr io.Writer) err
 	px := proxy.New(cfg.proxyConfig(), em, srv.Registry(), logger)
 	defer px.Close()
 	px.Register(srv)
+	// Streams detached from net/http come back to it through the listener, and are waited
+	// for at shutdown after the server's own requests.
+	srv.WrapListener(px.Listener)
+	srv.OnShutdown(px.Drain)
 	srv.Handle("POST /v1/events", ingest.New(ingest.Options{MaxBytes: cfg.IngestMaxBytes, Token: cfg.IngestToken},
 		pub, time.Now, srv.Registry(), logger))
 

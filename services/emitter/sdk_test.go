@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/fakellm"
 )
 
 // sdkDir holds the Node project that drives endpoints with the official SDKs.
@@ -38,7 +39,24 @@ func runSDK(t *testing.T, base string) []byte {
 // that what the SDKs return is identical to a direct call, and that each call became an event.
 func TestOfficialSDKs(t *testing.T) {
 	needNode(t)
-	base, js, stop := serveRig(t)
+	officialSDKs(t, fakellm.Options{TTFT: 5 * time.Millisecond, Tokens: 4}, func(string) {})
+}
+
+// TestOfficialSDKsDetached is TestOfficialSDKs with streams that last long enough for the
+// proxy to take them off net/http (internal/proxy, detach.go) and give their connections back
+// for the SDKs' next requests.
+func TestOfficialSDKsDetached(t *testing.T) {
+	needNode(t)
+	officialSDKs(t, fakellm.Options{TTFT: 5 * time.Millisecond, TPOT: 150 * time.Millisecond, Tokens: 4}, func(base string) {
+		if n := metric(t, base, "emitter_proxy_detached_streams_total"); n != 3 {
+			t.Fatalf("%v streams detached, want the 3 streamed calls'", n)
+		}
+	})
+}
+
+// officialSDKs runs the SDK comparison against a fake answering as opts says, then check.
+func officialSDKs(t *testing.T, opts fakellm.Options, check func(base string)) {
+	base, js, stop := serveRigWith(t, opts)
 	defer stop()
 	fakeURL := fakeUpstream(t, base)
 
@@ -87,6 +105,7 @@ func TestOfficialSDKs(t *testing.T) {
 	if statuses["ok/"] != 6 || statuses["error/429"] != 1 {
 		t.Fatalf("statuses %v", statuses)
 	}
+	check(base)
 }
 
 // TestCurl checks the proxy with curl, streamed (-N, no buffering) and not, with and without
@@ -115,6 +134,8 @@ func TestCurl(t *testing.T) {
 		{"/v1/chat/completions", "-H", "Authorization: Bearer sk-x", "-d", `{"model":"gpt-4o","stream":true,"max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`},
 		{"/v1/messages", "-H", "x-api-key: sk-ant", "-H", "anthropic-version: 2023-06-01", "-d", `{"model":"claude-x","stream":true,"max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`},
 		{"/v1/chat/completions", "--compressed", "-H", "X-Fakellm-Mode: gzip", "-d", `{"model":"gpt-4o","max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`},
+		// Long enough for the proxy to take the stream off net/http (internal/proxy, detach.go).
+		{"/v1/chat/completions", "-H", "X-Fakellm-TPOT: 100ms", "-d", `{"model":"gpt-4o","stream":true,"max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`},
 	}
 	for _, c := range cases {
 		direct := curl(fake+c[0], c[1:]...)
@@ -124,4 +145,7 @@ func TestCurl(t *testing.T) {
 		}
 	}
 	waitMsgs(t, js, uint64(len(cases)))
+	if n := metric(t, base, "emitter_proxy_detached_streams_total"); n != 1 {
+		t.Fatalf("%v streams detached, want the slow one", n)
+	}
 }

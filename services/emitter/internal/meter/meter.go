@@ -3,6 +3,7 @@ package meter
 import (
 	"bytes"
 	"encoding/json"
+	"sync"
 	"time"
 )
 
@@ -70,7 +71,14 @@ type Meter struct {
 
 	body     []byte
 	bodyOver bool
+
+	held *scratch // what pending, data and name came from, given back by Idle
 }
+
+// scratch holds a meter's line and event buffers while a stream waits between events.
+type scratch struct{ pending, data, name []byte }
+
+var scratches = sync.Pool{New: func() any { return new(scratch) }}
 
 // New returns a meter for a response to a request that started at start.
 func New(proto Protocol, stream bool, start time.Time) *Meter {
@@ -82,7 +90,32 @@ func New(proto Protocol, stream bool, start time.Time) *Meter {
 // Reset readies the meter for another response, keeping its buffers.
 func (m *Meter) Reset(proto Protocol, stream bool, start time.Time) {
 	*m = Meter{proto: proto, stream: stream, start: start,
-		pending: m.pending[:0], data: m.data[:0], name: m.name[:0], body: m.body[:0]}
+		pending: m.pending[:0], data: m.data[:0], name: m.name[:0], body: m.body[:0], held: m.held}
+}
+
+// Idle lets the line and event buffers go when the meter is between events, so that a stream
+// waiting for its next event holds none; Feed takes them back. It is for a stream that may
+// wait long: between two reads that follow each other it is only work.
+func (m *Meter) Idle() {
+	if len(m.pending) > 0 || m.lines > 0 || (m.pending == nil && m.data == nil && m.name == nil) {
+		return
+	}
+	h := m.held
+	if h == nil {
+		h = new(scratch)
+	}
+	h.pending, h.data, h.name = m.pending[:0], m.data[:0], m.name[:0]
+	m.pending, m.data, m.name, m.held = nil, nil, nil, nil
+	scratches.Put(h)
+}
+
+// unidle takes buffers back after Idle.
+func (m *Meter) unidle() {
+	if m.pending != nil || m.data != nil || m.name != nil {
+		return
+	}
+	h := scratches.Get().(*scratch)
+	m.pending, m.data, m.name, m.held = h.pending, h.data, h.name, h
 }
 
 // StripUsageChunk makes Feed drop OpenAI's final usage-only chunk from what it returns: the
@@ -93,6 +126,7 @@ func (m *Meter) StripUsageChunk() { m.strip = m.proto != Anthropic && m.stream }
 // client: p itself, unless the meter strips the usage chunk, in which case it returns only
 // complete SSE events (appended to out) and keeps the rest until it is complete.
 func (m *Meter) Feed(p []byte, now time.Time, out []byte) []byte {
+	m.unidle()
 	if !m.stream {
 		if !m.bodyOver {
 			if len(m.body)+len(p) > MaxBody {

@@ -96,11 +96,13 @@ func TestStreams(t *testing.T) {
 					t.Errorf("forwarded bytes differ from the upstream's")
 				}
 			}
-			// Byte by byte, all arriving at once: the same tokens and status.
+			// Byte by byte, all arriving at once, the stream waiting (Idle) after each: the
+			// same tokens and status.
 			m := New(tt.proto, true, t0)
 			m.SetInputEstimate(7)
 			for i := range raw {
 				m.Feed(raw[i:i+1], t0, nil)
+				m.Idle()
 			}
 			m.Flush(t0, nil)
 			r := m.Result(t0)
@@ -121,6 +123,7 @@ func TestStripUsageChunk(t *testing.T) {
 		var out []byte
 		for i := 0; i < len(raw); i += step {
 			out = m.Feed(raw[i:min(i+step, len(raw))], t0, out)
+			m.Idle()
 		}
 		out = m.Flush(t0, out)
 		if !bytes.Equal(out, want) {
@@ -280,5 +283,25 @@ func BenchmarkOpenAIFast(b *testing.B) {
 		if n, ok := openAIFast(chunk); !ok || n == 0 {
 			b.Fatal("not measured")
 		}
+	}
+}
+
+// TestIdleLetsBuffersGo: between events a waiting stream's meter holds no buffer; in the middle
+// of one it keeps what it has.
+func TestIdleLetsBuffersGo(t *testing.T) {
+	m := New(OpenAIChat, true, t0)
+	m.Feed([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\ndata: {\"cho"), t0, nil)
+	m.Idle()
+	if m.pending == nil {
+		t.Fatal("Idle let an unfinished line go")
+	}
+	m.Feed([]byte("ices\":[]}\n\n"), t0, nil)
+	m.Idle()
+	if m.pending != nil || m.data != nil || m.name != nil || m.held != nil {
+		t.Fatal("Idle between events kept buffers")
+	}
+	m.Feed([]byte("data: [DONE]\n\n"), t0, nil)
+	if r := m.Result(t0); r.ContentEvents != 1 || !m.done {
+		t.Fatalf("content %d done %v", r.ContentEvents, m.done)
 	}
 }

@@ -12,6 +12,9 @@ type metrics struct {
 	rateLimited *prometheus.CounterVec
 	inflight    prometheus.Gauge
 	streams     prometheus.Gauge
+	detached    prometheus.Gauge
+	detaches    prometheus.Counter
+	parked      prometheus.Gauge
 	ttft        *prometheus.HistogramVec
 	passthrough prometheus.Counter
 	models      *ops.Limiter
@@ -27,6 +30,12 @@ func newMetrics(reg prometheus.Registerer, maxLabels int) *metrics {
 			Help: "Proxied requests in progress."}),
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "emitter", Subsystem: "proxy", Name: "inflight_streams",
 			Help: "Streamed (SSE) responses being relayed: the gateway's concurrent open streams."}),
+		detached: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "emitter", Subsystem: "proxy", Name: "detached_streams",
+			Help: "Open streams the proxy relays itself, off net/http: those open for half a second or more."}),
+		detaches: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "detached_streams_total",
+			Help: "Streams the proxy took off net/http."}),
+		parked: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "emitter", Subsystem: "proxy", Name: "parked_streams",
+			Help: "Detached streams whose upstream is silent, waiting without a goroutine."}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "emitter", Subsystem: "proxy", Name: "ttft_seconds",
 			Help:    "Time to the first content event of successful streamed requests.",
 			Buckets: []float64{.05, .1, .25, .5, 1, 2, 5, 10, 30, 60}}, []string{"provider", "model"}),
@@ -38,7 +47,7 @@ func newMetrics(reg prometheus.Registerer, maxLabels int) *metrics {
 		m.rateLimited.WithLabelValues(p)
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.rateLimited, m.inflight, m.streams, m.ttft, m.passthrough)
+		reg.MustRegister(m.requests, m.rateLimited, m.inflight, m.streams, m.detached, m.detaches, m.parked, m.ttft, m.passthrough)
 	}
 	return m
 }

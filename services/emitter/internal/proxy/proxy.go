@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -65,6 +66,14 @@ type Proxy struct {
 	bufs      sync.Pool
 	meters    sync.Pool
 	gzips     sync.Pool
+
+	// Set by Listener, before serving: streams are detached from net/http (detach.go).
+	detachAfter  time.Duration
+	parkAfter    time.Duration
+	ln           *listener
+	watch        *watcher
+	open         streamSet
+	watchFailing atomic.Bool
 }
 
 // New returns a proxy sending to the upstreams of cfg and emitting through emit.
@@ -91,7 +100,8 @@ func New(cfg Config, emit Emitter, reg prometheus.Registerer, logger *slog.Logge
 		ReadBufferSize:  1 << 10,
 	}
 	p := &Proxy{cfg: cfg, transport: t, h1: newH1(1024, 90*time.Second), dialable: map[*url.URL]bool{},
-		emit: emit, logger: logger.With("component", "proxy"), m: newMetrics(reg, cfg.MaxLabels)}
+		emit: emit, logger: logger.With("component", "proxy"), m: newMetrics(reg, cfg.MaxLabels),
+		detachAfter: detachAfter, parkAfter: parkAfter}
 	for _, u := range append([]*url.URL{cfg.Upstream}, routeURLs(cfg.Routes)...) {
 		if u != nil {
 			p.dialable[u] = canDial(u)
@@ -111,12 +121,31 @@ func (p *Proxy) Register(mux interface{ Handle(string, http.Handler) }) {
 	mux.Handle("/v1/", http.HandlerFunc(p.passthrough))
 }
 
-// Close releases the upstream connections.
+// Listener wraps the listener of the HTTP server the proxy serves on, before it serves.
+// Through it the proxy detaches streams from net/http, so that an open stream costs the
+// proxy's own state only, and gives their connections back for the clients' next requests
+// (detach.go). Without it, or where connections cannot be watched (not Linux), streams stay
+// with net/http. Call Drain after the server's Shutdown.
+func (p *Proxy) Listener(ln net.Listener) net.Listener {
+	w, err := newWatcher()
+	if err != nil {
+		p.logger.Info("streams stay with net/http", "err", err)
+		return ln
+	}
+	p.watch, p.ln = w, newListener(ln, w)
+	return p.ln
+}
+
+// Close releases the upstream connections and the watcher; call it once the server and
+// Drain have returned.
 func (p *Proxy) Close() {
 	if t, ok := p.transport.(*http.Transport); ok {
 		t.CloseIdleConnections()
 	}
 	p.h1.closeIdle(true)
+	if p.watch != nil {
+		_ = p.watch.Close()
+	}
 }
 
 func routeURLs(routes []Route) []*url.URL {
@@ -176,11 +205,11 @@ type exchange struct {
 
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, proto meter.Protocol) {
 	x := exchange{start: time.Now(), proto: proto, model: unknownModel}
-	p.m.inflight.Inc()
-	defer p.m.inflight.Dec()
+	p.m.inflight.Inc() // until the flight closes
 	head, rest, err := p.readBody(r)
 	if err != nil {
 		// The client's body broke off: nothing went upstream, nothing to measure.
+		p.m.inflight.Dec()
 		http.Error(w, "cannot read the request body", http.StatusBadRequest)
 		return
 	}
@@ -206,7 +235,7 @@ func isIdentity(enc string) bool { return enc == "" || strings.EqualFold(enc, "i
 // passthrough forwards any other /v1/ request to the default upstream, unmeasured.
 func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 	p.m.passthrough.Inc()
-	out, cancel := p.outgoing(r, p.cfg.Upstream, r.Body, -1)
+	out, cancel := p.outgoing(r.Context(), r, p.cfg.Upstream, r.Body, -1)
 	defer cancel(nil)
 	resp, err := p.transport.RoundTrip(out)
 	if err != nil {
@@ -233,10 +262,10 @@ func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// outgoing builds the upstream request. Its context ends with the client's, or with the
-// cause given to the returned cancel.
-func (p *Proxy) outgoing(r *http.Request, base *url.URL, body io.Reader, length int64) (*http.Request, context.CancelCauseFunc) {
-	ctx, cancel := context.WithCancelCause(r.Context())
+// outgoing builds the upstream request. Its context ends with parent, or with the cause given
+// to the returned cancel.
+func (p *Proxy) outgoing(parent context.Context, r *http.Request, base *url.URL, body io.Reader, length int64) (*http.Request, context.CancelCauseFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
 	u := *base
 	u.Path = base.Path + r.URL.Path
 	u.RawPath = ""
@@ -289,11 +318,45 @@ func writeError(w http.ResponseWriter, proto meter.Protocol, status int, msg str
 	_, _ = io.WriteString(w, `{"error":{"message":`+strconv.Quote(msg)+`,"type":"upstream_error","param":null,"code":null}}`)
 }
 
+// A flight is one measured request from when it goes upstream until its event is out. A stream
+// detached from net/http outlives the handler, and its flight with it.
+type flight struct {
+	p      *Proxy
+	ev     events.RequestEvent
+	dog    watchdog
+	ctx    context.Context // the upstream request's
+	cancel context.CancelCauseFunc
+	start  time.Time
+	proto  meter.Protocol
+	stream bool // the client asked for a stream
+	input  int64
+
+	// Once the response headers are in:
+	status int
+	body   io.ReadCloser
+	m      *meter.Meter
+	enc    encoding
+	sse    bool // the answer is a stream
+	strip  bool // of the usage chunk the proxy asked for
+	rl     relay
+
+	// A stream that may be detached (detach.go), until it is: the response to hijack, whether
+	// the connection may serve another request, and the end of the client's watch by net/http.
+	w      http.ResponseWriter
+	keep   bool
+	unhook func() bool
+	d      *detached // once detached
+
+	pk   sync.Mutex
+	park parking
+}
+
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	base := p.cfg.upstream(x.model)
-	ev := events.RequestEvent{V: events.Version, EventID: events.NewEventID(), TS: x.start.UTC(),
+	c := &flight{p: p, start: x.start, proto: x.proto, stream: x.stream, input: x.input}
+	c.ev = events.RequestEvent{V: events.Version, EventID: events.NewEventID(), TS: x.start.UTC(),
 		Model: x.model, Provider: x.proto.Provider(), Instance: base.Host, Stream: x.stream}
-	p.labels(&ev, r.Header)
+	p.labels(&c.ev, r.Header)
 
 	// A body in memory to a plain-HTTP upstream goes through the proxy's own client.
 	direct := x.rest == nil && p.dialable[base]
@@ -302,17 +365,21 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	if x.body != nil && !direct {
 		body, length = bytes.NewReader(x.body), int64(len(x.body))
 	}
-	out, cancel := p.outgoing(r, base, body, length)
-	defer cancel(nil)
-	outCtx := out.Context() // kept instead of out, which an open stream need not keep
+	// The upstream request's context is the proxy's, not the handler's, so that a detached
+	// stream outlives the handler; until then the client's connection is net/http's, and
+	// its end ends the upstream request.
+	out, cancel := p.outgoing(context.Background(), r, base, body, length)
+	c.ctx, c.cancel = out.Context(), cancel
+	unhook := context.AfterFunc(r.Context(), func() { cancel(errClientGone) })
 	if x.strip {
 		// The proxy must edit this stream: the upstream may only encode it in a way the
 		// proxy can decode.
 		decodableEncodings(out.Header)
 	}
-	var dog watchdog
-	dog.arm(x.start, p.cfg.UpstreamTimeout, p.cfg.IdleTimeout, cancel)
-	defer dog.stop()
+	if direct && p.canDetach(r, x) {
+		c.dog.park, c.dog.parkAfter = c.askPark, p.parkAfter
+	}
+	c.dog.arm(x.start, p.cfg.UpstreamTimeout, p.cfg.IdleTimeout, cancel)
 
 	var resp *http.Response
 	var err error
@@ -322,128 +389,198 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	} else {
 		resp, err = p.transport.RoundTrip(out)
 	}
-	if err == nil && !dog.answer(time.Now()) {
+	if err == nil && !c.dog.answer(time.Now()) {
 		// The timeout fired as the headers arrived: it wins, the late response is dropped.
 		resp.Body.Close()
 		err = errUpstreamTimeout
 	}
 	if err != nil {
 		end := time.Now()
-		ev.TotalMs = msSince(x.start, end)
-		late := dog.expired()
+		c.ev.TotalMs = msSince(x.start, end)
+		late := c.dog.expired()
 		switch {
 		case r.Context().Err() != nil:
-			ev.Status, ev.ErrorCode = events.StatusCanceled, CodeClientGone
+			c.ev.Status, c.ev.ErrorCode = events.StatusCanceled, CodeClientGone
 		case late:
-			ev.Status, ev.ErrorCode = events.StatusTimeout, CodeUpstreamTimeout
+			c.ev.Status, c.ev.ErrorCode = events.StatusTimeout, CodeUpstreamTimeout
 			writeError(w, x.proto, http.StatusGatewayTimeout, "the upstream did not answer in time")
 		default:
-			ev.Status, ev.ErrorCode = events.StatusError, CodeUpstreamUnreachable
+			c.ev.Status, c.ev.ErrorCode = events.StatusError, CodeUpstreamUnreachable
 			writeError(w, x.proto, http.StatusBadGateway, "cannot reach the upstream")
 		}
-		ev.InputTokens, ev.TokensEstimated = x.input, true
-		p.finish(&ev, end)
+		c.ev.InputTokens, c.ev.TokensEstimated = x.input, true
+		unhook()
+		c.close()
+		p.finish(&c.ev, end)
 		return
 	}
-	defer resp.Body.Close()
 
+	c.status, c.body = resp.StatusCode, resp.Body
 	ok := resp.StatusCode < 300
-	stream := x.stream && ok && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
-	ev.Stream = x.stream
-	ev.HTTPStatus = resp.StatusCode
-
-	m := p.meters.Get().(*meter.Meter)
-	defer p.meters.Put(m)
-	m.Reset(x.proto, stream, x.start)
-	m.SetInputEstimate(x.input)
-
-	enc := contentEncoding(resp.Header)
+	c.sse = x.stream && ok && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	c.ev.HTTPStatus = resp.StatusCode
+	c.m = p.meters.Get().(*meter.Meter)
+	c.m.Reset(x.proto, c.sse, x.start)
+	c.m.SetInputEstimate(x.input)
+	c.enc = contentEncoding(resp.Header)
 	// The usage chunk the proxy asked for is stripped from an identity stream, and from a
 	// gzip one by decoding it for the client.
-	strip := x.strip && stream && enc != other
-	if strip {
-		m.StripUsageChunk()
+	c.strip = x.strip && c.sse && c.enc != other
+	if c.strip {
+		c.m.StripUsageChunk()
 	}
 	h := w.Header()
 	copyHeader(h, resp.Header)
-	resp.Header = nil // copied: an open stream need not keep the map
-	if strip {
+	resp.Header = nil // copied: an open stream need not keep the map (net/http's body points to resp)
+	if c.strip {
 		h.Del("Content-Length")
-		if enc == gzipped {
+		if c.enc == gzipped {
 			h.Del("Content-Encoding")
 		}
 	}
-	open := stream // counted in inflight_streams until the event goes out
-	if open {
-		p.m.streams.Inc()
-		defer func() {
-			if open {
-				p.m.streams.Dec()
-			}
-		}()
+	if c.sse {
+		p.m.streams.Inc() // until the event goes out
 	}
+	_, framed := h["Content-Length"]
 	w.WriteHeader(resp.StatusCode)
 	rc := http.NewResponseController(w)
 	_ = rc.Flush()
+	if c.sse && !framed && c.enc == identity && p.canDetach(r, x) {
+		// net/http sent the head chunked: the stream may leave it later.
+		c.w, c.keep, c.unhook = w, !r.Close, unhook
+		c.mayPark()
+	}
+	if !c.relay(&response{w: w, rc: rc}) {
+		unhook()
+	}
+}
 
-	rl := relay{w: w, rc: rc, dog: &dog, m: m, bufs: &p.bufs, body: upstreamBody{r: resp.Body, dog: &dog}}
-	defer rl.release()
-	switch enc {
+// close ends the upstream request and its watchdog.
+func (c *flight) close() {
+	c.dog.stop()
+	c.cancel(nil)
+	c.p.m.inflight.Dec()
+}
+
+// client is the client's side of an answer: net/http's response, or a detached connection.
+type client interface {
+	send(p []byte) error // writes p and flushes it
+	abort()              // breaks the connection, so the client sees the answer cut short
+}
+
+// response is the client as net/http serves it.
+type response struct {
+	w  http.ResponseWriter
+	rc *http.ResponseController
+}
+
+func (r *response) send(p []byte) error {
+	if _, err := r.w.Write(p); err != nil {
+		return err
+	}
+	return r.rc.Flush()
+}
+
+func (r *response) abort() {
+	if conn, _, err := r.rc.Hijack(); err == nil {
+		_ = conn.Close()
+	}
+}
+
+// relay copies the body to the client; at its end it settles and publishes the event, and
+// ends a detached stream. It reports whether it handed the stream off instead (detached, or
+// parked, see detach.go and park.go): the handler must then return at once, and resume goes
+// on, on another goroutine.
+func (c *flight) relay(out client) (handedOff bool) {
+	p := c.p
+	c.rl = relay{out: out, dog: &c.dog, m: c.m, bufs: &p.bufs, body: upstreamBody{r: c.body, dog: &c.dog}}
+	if c.w != nil {
+		c.rl.hold = c.waitOrLeave
+	}
+	rl := &c.rl
+	switch c.enc {
 	case identity:
-		rl.measured(&rl.body)
+		if handedOff, _ := rl.measured(&rl.body); handedOff {
+			return true // the flight is another goroutine's now
+		}
 	case gzipped:
 		zr, _ := p.gzips.Get().(*gzip.Reader)
 		if zr == nil {
 			zr = new(gzip.Reader)
 		}
-		rl.gunzipped(zr, strip)
+		rl.gunzipped(zr, c.strip)
 		p.gzips.Put(zr)
 	default:
 		rl.raw()
 	}
-	dog.stop()
+	c.settle()
+	return false
+}
+
+// resume goes on with a stream handed off.
+func (c *flight) resume() {
+	if handedOff, _ := c.rl.measured(&c.rl.body); !handedOff {
+		c.settle()
+	}
+}
+
+// settle finishes a relay whose body ended: it sends what the meter held back, works out and
+// publishes the event, and ends a detached stream.
+func (c *flight) settle() {
+	p, rl := c.p, &c.rl
+	c.dog.stop()
 	end := time.Now()
-	if enc != other {
+	if c.enc != other {
 		rl.tail(end)
 	}
+	rl.release()
+	_ = c.body.Close()
+	cause := context.Cause(c.ctx)
+	gone := errors.Is(cause, errClientGone)
 	readErr, writeErr := rl.body.err, rl.writeErr
-	if (readErr != nil || (rl.badGzip != nil && strip)) && writeErr == nil && r.Context().Err() == nil {
+	if (readErr != nil || (rl.badGzip != nil && c.strip)) && writeErr == nil && !gone {
 		// The upstream broke off, or its stream cannot be decoded for the client: break the
 		// client's connection too, so its SDK sees the failure it would have seen talking
 		// to the upstream directly.
-		if conn, _, err := rc.Hijack(); err == nil {
-			_ = conn.Close()
-		}
+		rl.out.abort()
 	}
-	res := m.Result(end)
-	res.Fill(&ev)
-	cause := context.Cause(outCtx)
+	ev := &c.ev
+	res := c.m.Result(end)
+	res.Fill(ev)
+	ok := c.status < 300
 	switch {
-	case writeErr != nil || (readErr != nil && r.Context().Err() != nil):
+	case errors.Is(cause, errShutdown) && (readErr != nil || writeErr != nil):
+		ev.Status, ev.ErrorCode = events.StatusError, CodeShutdown
+	case writeErr != nil || (readErr != nil && gone):
 		ev.Status, ev.ErrorCode = events.StatusCanceled, CodeClientGone
 	case errors.Is(cause, errStreamIdle):
 		ev.Status, ev.ErrorCode = events.StatusTimeout, CodeStreamIdle
 	case !ok:
-		ev.Status, ev.ErrorCode = events.StatusError, strconv.Itoa(resp.StatusCode)
+		ev.Status, ev.ErrorCode = events.StatusError, strconv.Itoa(c.status)
 	case readErr != nil:
 		ev.Status, ev.ErrorCode = events.StatusError, CodeUpstreamDisconnect
 	case rl.badGzip != nil:
 		ev.Status, ev.ErrorCode = events.StatusError, CodeMalformedGzip
-	case enc == other:
+	case c.enc == other:
 		// Encoded in a way the meter cannot read: the HTTP status is all there is.
 		ev.Status, ev.ErrorCode = events.StatusOK, ""
 	default:
-		ev.Status, ev.ErrorCode = res.Status(stream)
+		ev.Status, ev.ErrorCode = res.Status(c.sse)
 	}
-	if !stream && x.stream && ok {
+	if !c.sse && c.stream && ok {
 		// A streaming request answered with a plain body: measured as one.
 		ev.Stream = false
 	}
-	if open {
+	if c.sse {
 		p.m.streams.Dec()
-		open = false
 	}
-	p.finish(&ev, end)
+	c.close()
+	p.meters.Put(c.m)
+	c.m = nil
+	p.finish(ev, end)
+	if c.d != nil {
+		c.d.end(readErr == nil && writeErr == nil && (rl.badGzip == nil || !c.strip) && cause == nil)
+	}
 }
 
 func (p *Proxy) labels(ev *events.RequestEvent, h http.Header) {

@@ -15,7 +15,7 @@ import (
 // CodeMalformedGzip is the error code of a gzip-encoded body that does not decode.
 const CodeMalformedGzip = "malformed_gzip"
 
-var errClientGone = errors.New("the client stopped reading")
+var errClientGone = errors.New("the client went away")
 
 // relay copies an upstream body to the client, flushing each piece as it arrives, while the
 // meter reads it. How depends on the body's encoding:
@@ -27,14 +27,16 @@ var errClientGone = errors.New("the client stopped reading")
 //     it decoded, without the chunk (the caller removed Content-Encoding and Content-Length);
 //   - another encoding: forwarded untouched and not measured.
 type relay struct {
-	w    http.ResponseWriter
-	rc   *http.ResponseController
+	out  client
 	dog  *watchdog
 	m    *meter.Meter
-	bufs *sync.Pool // of *[]byte
+	bufs *sync.Pool // of *[]byte, each as long as its capacity
 	bp   *[]byte    // the read buffer, taken from bufs while in use
-	fwd  []byte
+	fp   *[]byte    // where the meter puts what to forward when it strips, the same way
 	body upstreamBody
+	// hold is where the stream may leave its goroutine, between two reads (flight.waitOrLeave):
+	// it waits for the upstream if w is not nil, and reports whether it handed the stream off.
+	hold func(w waiter) (handedOff bool)
 
 	writeErr error // the client is gone
 	badGzip  error // the body is not the gzip it says it is
@@ -69,10 +71,7 @@ func (r *relay) send(p []byte) bool {
 	// A client slow to read is not an upstream falling silent: the idle clock stops while
 	// the client takes the bytes.
 	r.dog.writing()
-	_, err := r.w.Write(p)
-	if err == nil {
-		err = r.rc.Flush()
-	}
+	err := r.out.send(p)
 	r.dog.active(time.Now())
 	if err != nil {
 		r.writeErr = err
@@ -89,44 +88,70 @@ func (r *relay) buf() []byte {
 	return *r.bp
 }
 
-// release gives the read buffer back.
+// fwd returns the buffer the meter puts what to forward in, when it strips.
+func (r *relay) fwd() []byte {
+	if r.fp == nil {
+		r.fp = r.bufs.Get().(*[]byte)
+	}
+	return (*r.fp)[:0]
+}
+
+// release gives the buffers back.
 func (r *relay) release() {
 	if r.bp != nil {
 		r.bufs.Put(r.bp)
 		r.bp = nil
+	}
+	if r.fp != nil {
+		r.bufs.Put(r.fp)
+		r.fp = nil
 	}
 }
 
 // measured copies src to the client through the meter, which holds back the usage chunk
 // when it strips it. It returns the error that ended src, nil at its end. Reading the body
 // itself, it waits for the upstream before taking a buffer when the body allows, so that an
-// idle stream holds none.
-func (r *relay) measured(src io.Reader) error {
+// idle stream holds none. When hold hands the stream off, it returns at once, handedOff
+// set, and touches nothing more: another goroutine calls it again to go on.
+func (r *relay) measured(src io.Reader) (handedOff bool, err error) {
 	w, _ := r.body.r.(waiter)
-	if src != io.Reader(&r.body) {
+	own := src == io.Reader(&r.body) // not inside a decoder: the loop can stop and go on
+	if !own {
 		w = nil
 	}
 	for {
 		if w != nil {
+			// Nothing is held while the upstream is silent; between two reads that
+			// follow each other, this is a few pool operations.
 			r.release()
+			r.m.Idle()
+		}
+		if own && r.hold != nil {
+			if r.hold(w) {
+				return true, nil
+			}
+		} else if w != nil {
 			_ = w.wait() // an error shows in the Read that follows
 		}
 		buf := r.buf()
 		n, err := src.Read(buf)
 		if n > 0 {
-			out := r.m.Feed(buf[:n], time.Now(), r.fwd[:0])
+			var out []byte
 			if r.m.Stripping() {
-				r.fwd = out // its own buffer, kept for the next piece
+				out = r.m.Feed(buf[:n], time.Now(), r.fwd())
+				*r.fp = out[:cap(out)] // grown, maybe: kept for the next piece, whole as in the pool
+			} else {
+				out = r.m.Feed(buf[:n], time.Now(), nil)
 			}
 			if len(out) > 0 && !r.send(out) {
-				return errClientGone
+				return false, errClientGone
 			}
 		}
 		if err == io.EOF {
-			return nil
+			return false, nil
 		}
 		if err != nil {
-			return err
+			return false, err
 		}
 	}
 }
@@ -158,7 +183,7 @@ func (r *relay) gunzipped(zr *gzip.Reader, decode bool) {
 	}
 	if err == nil {
 		if decode {
-			err = r.measured(zr)
+			_, err = r.measured(zr)
 		} else {
 			buf := r.buf()
 			for err == nil {
@@ -198,7 +223,7 @@ func (r *relay) tail(end time.Time) {
 	if r.writeErr != nil {
 		return
 	}
-	if rest := r.m.Flush(end, r.fwd[:0]); len(rest) > 0 {
+	if rest := r.m.Flush(end, r.fwd()); len(rest) > 0 {
 		r.send(rest)
 	}
 }

@@ -38,11 +38,43 @@ type h1 struct {
 
 type h1Conn struct {
 	nc     net.Conn
-	lr     limitedConn // what br reads from
-	br     *bufio.Reader
+	lr     limitedConn   // what br reads from
+	br     *bufio.Reader // from h1Readers, only while headers are read and what came with them is
 	addr   string
 	reused bool
 	idleAt time.Time
+}
+
+// h1Readers hold the response headers being read and the first bytes of the body that come
+// with them. A connection takes one once its answer starts to come, and gives it back once the
+// body has read what it holds: a stream waiting for its upstream, or a request for its answer
+// (a long prefill), holds no read buffer.
+var h1Readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, h1ReadBuffer) }}
+
+// buffered reports how many bytes were read from the connection and not yet taken.
+func (conn *h1Conn) buffered() int {
+	if conn.br == nil {
+		return 0
+	}
+	return conn.br.Buffered()
+}
+
+// reader takes a header reader for the connection.
+func (conn *h1Conn) reader() *bufio.Reader {
+	if conn.br == nil {
+		conn.br = h1Readers.Get().(*bufio.Reader)
+		conn.br.Reset(&conn.lr)
+	}
+	return conn.br
+}
+
+// release gives the header reader back; what it still holds is lost.
+func (conn *h1Conn) release() {
+	if conn.br != nil {
+		conn.br.Reset(nil)
+		h1Readers.Put(conn.br)
+		conn.br = nil
+	}
 }
 
 // limitedConn reads from a connection at most n bytes: the limit on a response's headers
@@ -71,8 +103,8 @@ var errHeadersTooBig = errors.New("the upstream's response headers are too big")
 // defaultMaxHeader is http.Transport's default MaxResponseHeaderBytes.
 const defaultMaxHeader = 10 << 20
 
-// h1ReadBuffer is each connection's read buffer: a few SSE events. Longer header lines
-// and bigger reads work too, in more pieces (a read at least this big bypasses it).
+// h1ReadBuffer is the size of a header reader: the headers of most answers in one read.
+// Longer header lines and bigger reads work too, in more pieces.
 const h1ReadBuffer = 1 << 10
 
 func newH1(maxIdle int, idleTimeout time.Duration) *h1 {
@@ -120,8 +152,9 @@ func (c *h1) roundTrip(req *http.Request, body []byte) (*http.Response, error) {
 var errRetry = errors.New("the upstream closed a kept-alive connection before answering")
 
 func (c *h1) exchange(ctx context.Context, conn *h1Conn, req *http.Request, head, body []byte) (*http.Response, error) {
-	// Ending the context unblocks whatever the connection is doing, and spoils it.
-	stop := context.AfterFunc(ctx, func() { _ = conn.nc.SetDeadline(time.Unix(1, 0)) })
+	// Ending the context unblocks whatever the connection is doing, and spoils it. Closing,
+	// not a deadline in the past: a parked stream's goroutine uses the read deadline.
+	stop := context.AfterFunc(ctx, func() { _ = conn.nc.Close() })
 	// A kept-alive connection the upstream closed just as this request went out: if the
 	// request did not get out whole, the upstream cannot have acted on it, and the proxy
 	// sends it again on a new connection. If it got out and no answer came, it is sent again
@@ -129,6 +162,7 @@ func (c *h1) exchange(ctx context.Context, conn *h1Conn, req *http.Request, head
 	retry := conn.reused
 	fail := func(err error) (*http.Response, error) {
 		stop()
+		conn.release()
 		_ = conn.nc.Close()
 		if retry && ctx.Err() == nil {
 			return nil, errors.Join(errRetry, err)
@@ -146,21 +180,26 @@ func (c *h1) exchange(ctx context.Context, conn *h1Conn, req *http.Request, head
 	if !wrote {
 		// The upstream may have answered before reading the whole request (a 413, say) and
 		// stopped reading: its answer is the one to relay, as http.Transport would.
-		if conn.br.Buffered() == 0 && peek(conn.nc) != ready {
+		if peek(conn.nc) != ready {
 			return fail(err)
 		}
 		retry = false
 	}
 	retry = retry && (req.Header.Get("Idempotency-Key") != "" || req.Header.Get("X-Idempotency-Key") != "")
+	// The answer may take minutes (a long prefill): wait for it without a buffer.
+	if err := waitReadable(conn.nc); err != nil {
+		return fail(err)
+	}
 	// The headers of the answer, 1xx ones included, are bounded as with http.Transport.
 	conn.lr.n = c.maxHeader
-	if _, err := conn.br.Peek(1); err != nil {
+	br := conn.reader()
+	if _, err := br.Peek(1); err != nil {
 		return fail(err)
 	}
 	retry = false
 	var resp *http.Response
 	for {
-		resp, err = http.ReadResponse(conn.br, req)
+		resp, err = http.ReadResponse(br, req)
 		if err != nil && conn.lr.n <= 0 {
 			err = errHeadersTooBig
 		}
@@ -180,9 +219,16 @@ func (c *h1) exchange(ctx context.Context, conn *h1Conn, req *http.Request, head
 	conn.lr.n = noLimit
 	// An open stream need not keep the request it answers (its headers, its URL).
 	resp.Request = nil
-	b := &h1Body{c: c, conn: conn, body: resp.Body, stop: stop, keep: !resp.Close && wrote}
-	if resp.Body == http.NoBody {
+	// The body is read from the connection by h1Body, framing included, not by net/http's
+	// reader, which would keep the header reader for as long as the body lasts.
+	b := &h1Body{c: c, conn: conn, stop: stop, keep: !resp.Close && wrote, left: -1}
+	switch {
+	case resp.Body == http.NoBody:
 		b.finish(true)
+	case len(resp.TransferEncoding) > 0: // ReadResponse refuses any other coding than chunked
+		b.chunks = &chunked{src: b.raw()}
+	case resp.ContentLength >= 0:
+		b.left = resp.ContentLength
 	}
 	resp.Body = b
 	return resp, nil
@@ -317,7 +363,7 @@ func (c *h1) get(ctx context.Context, addr string) (*h1Conn, error) {
 		c.mu.Unlock()
 		// An idle connection with bytes to read, or closed, is of no use: the upstream closes
 		// idle ones (uvicorn, which vLLM runs on, after 5 s).
-		if now.Sub(conn.idleAt) < c.idleTimeout && conn.br.Buffered() == 0 {
+		if now.Sub(conn.idleAt) < c.idleTimeout && conn.buffered() == 0 {
 			if st := peek(conn.nc); st == idle || st == unknown {
 				conn.reused = true
 				return conn, nil
@@ -329,16 +375,16 @@ func (c *h1) get(ctx context.Context, addr string) (*h1Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn := &h1Conn{nc: nc, lr: limitedConn{nc: nc, n: noLimit}, addr: addr}
-	conn.br = bufio.NewReaderSize(&conn.lr, h1ReadBuffer)
-	return conn, nil
+	return &h1Conn{nc: nc, lr: limitedConn{nc: nc, n: noLimit}, addr: addr}, nil
 }
 
 // put keeps conn for the next request to its upstream.
 func (c *h1) put(conn *h1Conn) {
 	conn.idleAt = time.Now()
+	leftover := conn.buffered() > 0
+	conn.release()
 	c.mu.Lock()
-	if c.closed || len(c.idle[conn.addr]) >= c.maxIdle || conn.br.Buffered() > 0 {
+	if c.closed || len(c.idle[conn.addr]) >= c.maxIdle || leftover {
 		c.mu.Unlock()
 		_ = conn.nc.Close()
 		return
@@ -361,7 +407,7 @@ func (c *h1) sweep() {
 		keep := list[:0]
 		for _, conn := range list {
 			st := gone
-			if now.Sub(conn.idleAt) < c.idleTimeout && conn.br.Buffered() == 0 {
+			if now.Sub(conn.idleAt) < c.idleTimeout {
 				st = peek(conn.nc) // without waiting: fine under the lock
 			}
 			if st == idle || st == unknown {
@@ -406,14 +452,16 @@ func (c *h1) closeIdle(stop bool) {
 	}
 }
 
-// h1Body is a response body read straight from the connection. Read to its end, it gives
-// the connection back; closed before, it closes it (http's body would read the rest first).
+// h1Body is a response body read straight from the connection: first what the header reader
+// holds, then the connection itself, into the caller's buffer. Read to its end, it gives the
+// connection back; closed before, it closes it (http's body would read the rest first).
 type h1Body struct {
 	c        *h1
 	conn     *h1Conn
-	body     io.ReadCloser
 	stop     func() bool
 	keep     bool
+	chunks   *chunked // the chunked coding's state; nil for other framings
+	left     int64    // bytes left with a Content-Length, -1 without: read to the end
 	finished bool
 	err      error // what the reads after the end get: io.EOF, or how the body broke off
 }
@@ -425,7 +473,26 @@ func (b *h1Body) Read(p []byte) (int, error) {
 		}
 		return 0, b.err
 	}
-	n, err := b.body.Read(p)
+	var n int
+	var err error
+	switch {
+	case b.chunks != nil:
+		n, err = b.chunks.Read(p)
+	case b.left == 0:
+		err = io.EOF
+	case b.left > 0:
+		if int64(len(p)) > b.left {
+			p = p[:b.left]
+		}
+		n, err = b.raw().Read(p)
+		if b.left -= int64(n); b.left == 0 {
+			err = io.EOF
+		} else if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+	default:
+		n, err = b.raw().Read(p)
+	}
 	if err != nil {
 		b.err = err
 		b.finish(err == io.EOF)
@@ -433,14 +500,26 @@ func (b *h1Body) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// wait blocks until the upstream sends something, without a buffer of the caller's: an idle
-// stream holds only the connection's.
+// raw reads the connection's bytes: those the header reader holds, then the connection's.
+func (b *h1Body) raw() rawBody { return rawBody{b.conn} }
+
+type rawBody struct{ conn *h1Conn }
+
+func (r rawBody) Read(p []byte) (int, error) {
+	if r.conn.buffered() > 0 {
+		return r.conn.br.Read(p)
+	}
+	r.conn.release()
+	return r.conn.nc.Read(p)
+}
+
+// wait blocks until the upstream sends something, without a buffer: an idle stream holds none.
 func (b *h1Body) wait() error {
-	if b.finished {
+	if b.finished || b.conn.buffered() > 0 {
 		return nil
 	}
-	_, err := b.conn.br.Peek(1)
-	return err
+	b.conn.release()
+	return waitReadable(b.conn.nc)
 }
 
 func (b *h1Body) Close() error {
@@ -457,10 +536,12 @@ func (b *h1Body) finish(atEnd bool) {
 	}
 	b.finished = true
 	// The context's end did not spoil the connection (stop reports that it had not fired),
-	// the upstream did not ask to close it, and its response is read to the end: reuse it.
-	if b.stop() && atEnd && b.keep {
+	// the upstream did not ask to close it, its response is read to the end, and nothing
+	// came after it: reuse it.
+	if b.stop() && atEnd && b.keep && (b.chunks == nil || !b.chunks.over) {
 		b.c.put(b.conn)
 		return
 	}
+	b.conn.release()
 	_ = b.conn.nc.Close()
 }

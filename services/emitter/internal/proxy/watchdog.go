@@ -21,12 +21,14 @@ const (
 // The body's reads only store a timestamp; the timer checks it when it fires, so no timer
 // is reset per chunk.
 type watchdog struct {
-	phase  atomic.Int32
-	last   atomic.Int64 // upstream activity, in ns since start; busy while writing to the client
-	start  time.Time
-	idle   time.Duration
-	cancel context.CancelCauseFunc
-	timer  *time.Timer
+	phase     atomic.Int32
+	last      atomic.Int64 // upstream activity, in ns since start; busy while writing to the client
+	start     time.Time
+	idle      time.Duration
+	cancel    context.CancelCauseFunc
+	timer     *time.Timer
+	park      func() bool   // asks the stream to park once silent for parkAfter (park.go)
+	parkAfter time.Duration // set with park
 }
 
 // busy marks the time spent writing to the client: a slow client is not a silent upstream.
@@ -50,11 +52,29 @@ func (d *watchdog) fire() {
 		d.timer.Reset(d.idle)
 		return
 	}
-	if wait := d.idle - (time.Since(d.start) - time.Duration(last)); wait > 0 {
-		d.timer.Reset(wait)
+	silent := time.Since(d.start) - time.Duration(last)
+	wait := d.idle - silent
+	if wait <= 0 {
+		d.cancel(errStreamIdle)
 		return
 	}
-	d.cancel(errStreamIdle)
+	if d.park != nil {
+		if silent >= d.parkAfter {
+			if !d.park() {
+				wait = min(wait, d.parkAfter)
+			}
+		} else {
+			wait = min(wait, d.parkAfter-silent)
+		}
+	}
+	d.timer.Reset(wait)
+}
+
+// soon has the timer look again in parkAfter: a parked stream that woke may park again.
+func (d *watchdog) soon() {
+	if d.phase.Load() == answered {
+		d.timer.Reset(min(d.parkAfter, d.idle))
+	}
 }
 
 // answer reports whether the response headers beat the upstream timeout; from then on the
@@ -64,7 +84,11 @@ func (d *watchdog) answer(now time.Time) bool {
 		return false
 	}
 	d.active(now)
-	d.timer.Reset(d.idle)
+	if d.park != nil {
+		d.timer.Reset(min(d.parkAfter, d.idle))
+	} else {
+		d.timer.Reset(d.idle)
+	}
 	return true
 }
 
