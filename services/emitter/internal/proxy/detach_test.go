@@ -329,19 +329,7 @@ func boolInt(b bool) int {
 // after its stream, as net/http would.
 func TestDetachedConnectionClose(t *testing.T) {
 	r := newDetachRig(t, fakellm.New(fakellm.Options{}), nil)
-	conn, err := net.Dial("tcp", r.proxy.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	body := chatBody(true, "")
-	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Fakellm-TPOT: 10ms\r\nX-Fakellm-Tokens: 10\r\nContent-Length: %d\r\n\r\n%s", chatPath, len(body), body)
-	br := bufio.NewReader(conn)
-	resp, err := http.ReadResponse(br, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn, br, resp := rawStream(t, r, "Connection: close\r\n")
 	b, err := io.ReadAll(resp.Body)
 	if err != nil || !resp.Close || !strings.HasSuffix(string(b), "data: [DONE]\n\n") {
 		t.Fatalf("close %v, %v, %q", resp.Close, err, b)
@@ -462,19 +450,7 @@ func TestDrainDetached(t *testing.T) {
 // next request, is closed when the server shuts down, as net/http closes its idle ones.
 func TestListenerClosesWaitingConnections(t *testing.T) {
 	r := newDetachRig(t, fakellm.New(fakellm.Options{}), nil)
-	conn, err := net.Dial("tcp", r.proxy.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	body := chatBody(true, "")
-	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nX-Fakellm-TPOT: 10ms\r\nX-Fakellm-Tokens: 10\r\nContent-Length: %d\r\n\r\n%s", chatPath, len(body), body)
-	br := bufio.NewReader(conn)
-	resp, err := http.ReadResponse(br, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn, br, resp := rawStream(t, r, "")
 	if _, err := io.ReadAll(resp.Body); err != nil {
 		t.Fatal(err)
 	}
@@ -555,4 +531,24 @@ func TestHTTP2NotDetached(t *testing.T) {
 			}
 		})
 	}
+}
+
+// rawStream writes one streaming request of ten tokens, 10 ms apart, with extra header lines,
+// on a new connection to the rig's proxy, and reads the response head.
+func rawStream(t *testing.T, r *detachRig, extra string) (net.Conn, *bufio.Reader, *http.Response) {
+	t.Helper()
+	conn, err := net.Dial("tcp", r.proxy.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	body := chatBody(true, "")
+	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\n%sX-Fakellm-TPOT: 10ms\r\nX-Fakellm-Tokens: 10\r\nContent-Length: %d\r\n\r\n%s", chatPath, extra, len(body), body)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn, br, resp
 }
