@@ -6,24 +6,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/tokenscope/tokenscope/pkg/testbed"
 )
 
 func TestSaveLoad(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	nc, err := nats.Connect(testbed.NATS(t).ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := testbed.JetStream(t)
 	cp, err := Open(ctx, js, "alerter", 1)
 	if err != nil {
 		t.Fatal(err)

@@ -38,15 +38,7 @@ func newBed(t *testing.T) *bed {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
-	nc, err := nats.Connect(testbed.NATS(t).ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, js := testbed.JetStream(t)
 	if err := bus.EnsureStreams(ctx, js, limits, events.StreamRollups, events.StreamAlerts); err != nil {
 		t.Fatal(err)
 	}
