@@ -202,3 +202,19 @@ func EnsureConsumer(ctx context.Context, js jetstream.JetStream, c ConsumerConfi
 	}
 	return cons, nil
 }
+
+// EnsureKeyValue creates or updates a file-backed key-value bucket keeping only each key's
+// latest value, as the services keep their checkpoints, and returns it.
+func EnsureKeyValue(ctx context.Context, js jetstream.JetStream, bucket, description string, replicas int) (jetstream.KeyValue, error) {
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      bucket,
+		Description: description,
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    max(replicas, 1),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cannot create or update key-value bucket %s: %w", bucket, err)
+	}
+	return kv, nil
+}

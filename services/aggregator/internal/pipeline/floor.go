@@ -7,6 +7,8 @@ import (
 	"strconv"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tokenscope/tokenscope/pkg/bus"
 )
 
 // FloorBucket is the JetStream key-value bucket holding each pipeline's replay floor: the
@@ -29,15 +31,9 @@ type floorStore struct {
 }
 
 func openFloor(ctx context.Context, js jetstream.JetStream, stream, consumer string, replicas int) (*floorStore, error) {
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      FloorBucket,
-		Description: "tokenscope aggregator: stream position stored through, per stream and consumer",
-		History:     1,
-		Storage:     jetstream.FileStorage,
-		Replicas:    max(replicas, 1),
-	})
+	kv, err := bus.EnsureKeyValue(ctx, js, FloorBucket, "tokenscope aggregator: stream position stored through, per stream and consumer", replicas)
 	if err != nil {
-		return nil, fmt.Errorf("cannot create or update key-value bucket %s: %w", FloorBucket, err)
+		return nil, err
 	}
 	return &floorStore{kv: kv, key: stream + "." + consumer}, nil
 }

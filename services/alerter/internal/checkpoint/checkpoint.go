@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tokenscope/tokenscope/pkg/bus"
 )
 
 // Bucket is the key-value bucket the alerter keeps its checkpoints in, one key per durable
@@ -31,15 +33,9 @@ type value struct {
 // Open creates or updates the bucket and returns the checkpoint stored under key (the
 // consumer's name: letters, digits, - and _).
 func Open(ctx context.Context, js jetstream.JetStream, key string, replicas int) (*KV, error) {
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      Bucket,
-		Description: "tokenscope alerter: latest window evaluated and delivered, per consumer",
-		History:     1,
-		Storage:     jetstream.FileStorage,
-		Replicas:    max(replicas, 1),
-	})
+	kv, err := bus.EnsureKeyValue(ctx, js, Bucket, "tokenscope alerter: latest window evaluated and delivered, per consumer", replicas)
 	if err != nil {
-		return nil, fmt.Errorf("cannot create or update key-value bucket %s: %w", Bucket, err)
+		return nil, err
 	}
 	return &KV{kv: kv, key: key}, nil
 }
