@@ -45,12 +45,8 @@ func sampleEvent() events.RequestEvent {
 // TestRequestsRoundTrip writes events through the HTTP interface and reads every column
 // back through the native protocol.
 func TestRequestsRoundTrip(t *testing.T) {
-	db, cfg := openDB(t)
+	db, w := openWriter(t, "agg-a")
 	ctx := context.Background()
-	w, err := NewRequestWriter(ctx, db.Conn(), cfg, "agg-a")
-	if err != nil {
-		t.Fatal(err)
-	}
 	r := w.NewBuffer()
 	ev := sampleEvent()
 	r.Add(&ev, "500-2000", 0.0125, 41)
@@ -116,12 +112,8 @@ func TestRequestsRoundTrip(t *testing.T) {
 // TestRequestsManyBlocks writes batches spanning several blocks, twice through the same
 // buffer, and finds every row.
 func TestRequestsManyBlocks(t *testing.T) {
-	db, cfg := openDB(t)
+	db, w := openWriter(t, "agg-a")
 	ctx := context.Background()
-	w, err := NewRequestWriter(ctx, db.Conn(), cfg, "agg-a")
-	if err != nil {
-		t.Fatal(err)
-	}
 	r := w.NewBuffer()
 	ev := sampleEvent()
 	const rows = 20_000
@@ -205,12 +197,8 @@ func TestRequestWriterErrors(t *testing.T) {
 //
 //	go test -run '^$' -bench WriteRequests -benchtime 10x ./internal/sink
 func BenchmarkWriteRequests(b *testing.B) {
-	db, cfg := openDB(b)
+	_, w := openWriter(b, "bench")
 	ctx := context.Background()
-	w, err := NewRequestWriter(ctx, db.Conn(), cfg, "bench")
-	if err != nil {
-		b.Fatal(err)
-	}
 	r := w.NewBuffer()
 	ev := sampleEvent()
 	rows := 1 << 16
@@ -241,4 +229,15 @@ func BenchmarkWriteRequests(b *testing.B) {
 	if cpu1, ok := srv.CPU(); ok && cpuOK {
 		b.ReportMetric(float64((cpu1-cpu0).Nanoseconds())/n, "server_cpu_ns/row")
 	}
+}
+
+// openWriter opens a migrated database and a request writer for consumer on it.
+func openWriter(t testing.TB, consumer string) (*chdb.DB, *RequestWriter) {
+	t.Helper()
+	db, cfg := openDB(t)
+	w, err := NewRequestWriter(context.Background(), db.Conn(), cfg, consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return db, w
 }
