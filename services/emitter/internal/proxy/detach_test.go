@@ -39,18 +39,7 @@ func newDetachRig(t *testing.T, upstream http.Handler, tweak func(*Config)) *det
 	}
 	up := httptest.NewServer(upstream)
 	t.Cleanup(up.Close)
-	u, err := ParseUpstream(up.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := Config{Upstream: u, UpstreamTimeout: 5 * time.Second, IdleTimeout: 5 * time.Second,
-		DefaultScene: "default", DefaultEnv: "test", MaxParseBytes: 1 << 20, MaxLabels: 10}
-	if tweak != nil {
-		tweak(&cfg)
-	}
-	cap := newCapture(t)
-	reg := prometheus.NewRegistry()
-	p := New(cfg, cap, reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	p, cap, reg := newTestProxy(t, up.URL, tweak)
 	p.detachAfter, p.parkAfter = 30*time.Millisecond, 30*time.Millisecond
 	mux := http.NewServeMux()
 	p.Register(mux)

@@ -75,7 +75,20 @@ func newRig(t *testing.T, opts fakellm.Options, tweak func(*Config)) *rig {
 	t.Helper()
 	fake := httptest.NewServer(fakellm.New(opts))
 	t.Cleanup(fake.Close)
-	up, err := ParseUpstream(fake.URL + "/v1")
+	p, cap, reg := newTestProxy(t, fake.URL+"/v1", tweak)
+	mux := http.NewServeMux()
+	p.Register(mux)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	t.Cleanup(p.Close)
+	return &rig{fake: fake, proxy: srv, p: p, cap: cap, reg: reg}
+}
+
+// newTestProxy returns a proxy to upstream with the tests' configuration (tweak may change
+// it), capturing its events, and its metrics registry.
+func newTestProxy(t *testing.T, upstream string, tweak func(*Config)) (*Proxy, *capture, *prometheus.Registry) {
+	t.Helper()
+	up, err := ParseUpstream(upstream)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,13 +99,7 @@ func newRig(t *testing.T, opts fakellm.Options, tweak func(*Config)) *rig {
 	}
 	cap := newCapture(t)
 	reg := prometheus.NewRegistry()
-	p := New(cfg, cap, reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	mux := http.NewServeMux()
-	p.Register(mux)
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	t.Cleanup(p.Close)
-	return &rig{fake: fake, proxy: srv, p: p, cap: cap, reg: reg}
+	return New(cfg, cap, reg, slog.New(slog.NewTextHandler(io.Discard, nil))), cap, reg
 }
 
 // bothClients runs f with each of the proxy's upstream clients: its own (plain-HTTP upstreams,
