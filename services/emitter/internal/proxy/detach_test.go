@@ -157,7 +157,9 @@ func TestDetachedClientHangsUp(t *testing.T) {
 func TestManyParkedStreamsHangUp(t *testing.T) {
 	const n = 300
 	up := stalling{done: make(chan error, n)}
-	r := newDetachRig(t, up, nil)
+	// Idle far longer than opening 300 streams can take on two busy cores under -race: with
+	// the rig's 5 s, the first streams timed out before the last had parked.
+	r := newDetachRig(t, up, func(c *Config) { c.IdleTimeout = time.Minute })
 	tr := &http.Transport{MaxIdleConnsPerHost: n}
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr}
