@@ -22,6 +22,11 @@ type PublisherOptions struct {
 	Batch        int           // messages published and not yet acknowledged at any time (default 4,096)
 	AckTimeout   time.Duration // how long to wait for JetStream's ack before publishing again (default 5s)
 	FlushTimeout time.Duration // how long Run keeps publishing after its context ends (default 5s)
+	// Linger is how long the first message into an empty queue waits for others before
+	// Run publishes (0: at once). A publish costs a few goroutine hand-offs, the client's
+	// flusher and the ack's reader included: lingering pays them once for all the messages of
+	// the while, where a trickle of messages would pay them for each.
+	Linger time.Duration
 	Namespace    string        // metric namespace, such as "emitter"
 }
 
@@ -136,6 +141,11 @@ func (p *Publisher) Run(ctx context.Context) error {
 	defer func() { _ = s.sub.Unsubscribe() }()
 	tick := time.NewTicker(min(50*time.Millisecond, p.opts.AckTimeout/4))
 	defer tick.Stop()
+	// Armed by a wake-up when lingering: the queue is taken when it fires.
+	linger := time.NewTimer(time.Hour)
+	linger.Stop()
+	defer linger.Stop()
+	lingering := false
 	var deadline time.Time // set once ctx ends
 	done := ctx.Done()
 	for {
@@ -151,11 +161,25 @@ func (p *Publisher) Run(ctx context.Context) error {
 				s.ack(<-s.acks)
 			}
 			s.settle()
-			s.take()
+			if !lingering {
+				s.take()
+			}
 		case <-p.wake:
+			if p.opts.Linger > 0 && deadline.IsZero() {
+				if !lingering {
+					lingering = true
+					linger.Reset(p.opts.Linger)
+				}
+				continue
+			}
+			s.take()
+		case <-linger.C:
+			lingering = false
 			s.take()
 		case now := <-tick.C:
-			s.take() // messages queued while the window was full
+			if !lingering {
+				s.take() // messages queued while the window was full
+			}
 			s.expire(now)
 			if !deadline.IsZero() && now.After(deadline) {
 				lost := p.stop(s.abandon())

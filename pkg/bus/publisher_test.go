@@ -213,3 +213,45 @@ func TestPublisherGivesUpAtShutdown(t *testing.T) {
 		t.Fatalf("dropped %v, buffered %d", d, p.Buffered())
 	}
 }
+
+// TestPublisherLinger: with Linger, the first message into an empty queue waits that long
+// for others, and they go together; a shutdown during the wait publishes them at once.
+func TestPublisherLinger(t *testing.T) {
+	srv := testbed.NATS(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if err := bus.EnsureStreams(ctx, js, bus.StreamLimits{MaxBytes: 64 << 20, DuplicateWindow: time.Minute, Replicas: 1}, events.StreamEvents); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	const linger = 300 * time.Millisecond
+	p := bus.NewPublisher(js, bus.PublisherOptions{Buffer: 100, Linger: linger, Namespace: "t"}, reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- p.Run(runCtx) }()
+
+	start := time.Now()
+	for i := range 5 {
+		p.Publish("llm.req.prod.chat", fmt.Sprint("id-", i), []byte(`{}`))
+	}
+	waitFor(t, func() bool { return metric(reg, "t_published_total") == 5 })
+	if took := time.Since(start); took < linger {
+		t.Fatalf("published after %s, before the linger of %s", took, linger)
+	}
+
+	// Stopped while lingering: nothing waits for the timer, nothing is lost.
+	p.Publish("llm.req.prod.chat", "id-last", []byte(`{}`))
+	stop()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := metric(reg, "t_published_total"); got != 6 {
+		t.Fatalf("%v published, want 6", got)
+	}
+}

@@ -94,8 +94,9 @@ func (w wrapped) Accept() (net.Conn, error) {
 	return c, err
 }
 
-// TestWrapListenerAndOnShutdown: Run serves through the wrapped listener, and calls the
-// shutdown hooks after the HTTP server's shutdown, with what is left of the grace.
+// TestWrapListenerAndOnShutdown: Run serves through the wrapped listener, tells handlers their
+// connection through ConnContext, and calls the shutdown hooks after the HTTP server's
+// shutdown, with what is left of the grace.
 func TestWrapListenerAndOnShutdown(t *testing.T) {
 	s := ops.NewServer("127.0.0.1:0", slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := s.Listen(); err != nil {
@@ -103,8 +104,15 @@ func TestWrapListenerAndOnShutdown(t *testing.T) {
 	}
 	var accepted atomic.Int64
 	s.WrapListener(func(ln net.Listener) net.Listener { return wrapped{ln, &accepted} })
+	type connKey struct{}
+	s.ConnContext(func(ctx context.Context, c net.Conn) context.Context { return context.WithValue(ctx, connKey{}, c) })
 	entered, release := make(chan struct{}), make(chan struct{})
-	s.Handle("GET /slow", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { close(entered); <-release }))
+	var conn net.Conn
+	s.Handle("GET /slow", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, _ = r.Context().Value(connKey{}).(net.Conn)
+		close(entered)
+		<-release
+	}))
 	hook := make(chan time.Duration, 1)
 	s.OnShutdown(func(ctx context.Context) error {
 		deadline, _ := ctx.Deadline()
@@ -125,6 +133,9 @@ func TestWrapListenerAndOnShutdown(t *testing.T) {
 	<-entered
 	if accepted.Load() != 1 {
 		t.Fatalf("%d connections through the wrapped listener", accepted.Load())
+	}
+	if conn == nil || conn.LocalAddr().String() != s.Addr() {
+		t.Fatalf("ConnContext gave the handler %v, want the connection to %s", conn, s.Addr())
 	}
 	cancel()
 	select {

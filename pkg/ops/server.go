@@ -32,6 +32,7 @@ type Server struct {
 
 	ln         net.Listener
 	wrap       func(net.Listener) net.Listener
+	connCtx    func(context.Context, net.Conn) context.Context
 	onShutdown []func(ctx context.Context) error
 }
 
@@ -99,6 +100,10 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 // that takes connections over from the HTTP server and gives them back (the emitter's proxy).
 func (s *Server) WrapListener(wrap func(net.Listener) net.Listener) { s.wrap = wrap }
 
+// ConnContext sets the HTTP server's http.Server.ConnContext: for a handler that needs the
+// client's connection (the emitter's proxy writes streams to its socket).
+func (s *Server) ConnContext(f func(ctx context.Context, c net.Conn) context.Context) { s.connCtx = f }
+
 // OnShutdown adds f to Run's shutdown, after the HTTP server's: f gets what is left of the
 // grace, for what the server no longer tracks, such as hijacked connections.
 func (s *Server) OnShutdown(f func(ctx context.Context) error) {
@@ -133,7 +138,7 @@ func (s *Server) Run(ctx context.Context, grace time.Duration) error {
 			return err
 		}
 	}
-	srv := &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second, ConnContext: s.connCtx}
 	ln := s.ln
 	if s.wrap != nil {
 		ln = s.wrap(ln)

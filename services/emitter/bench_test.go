@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	_ "net/http/pprof" // the OpenStreams child serves profiles on EMITTER_TEST_PPROF
@@ -48,8 +49,11 @@ func TestMain(m *testing.M) {
 			go func() { _ = http.ListenAndServe(addr, nil) }()
 		}
 		serve := func() error { return run(context.Background(), nil, os.Environ(), os.Stdout, os.Stderr) }
-		if mode == "bare" {
+		switch mode {
+		case "bare":
 			serve = serveBare
+		case "floor":
+			serve = serveRelayFloor
 		}
 		if err := serve(); err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -126,6 +130,9 @@ func pct(v []time.Duration, p float64) time.Duration {
 	return v[min(int(p*float64(len(v))), len(v)-1)]
 }
 
+// benchFloor is set while BenchmarkProxyAddedLatency measures the relay floor, not the emitter.
+var benchFloor bool
+
 // child is an emitter serving in its own process: this test binary started again.
 type child struct {
 	base string
@@ -136,9 +143,14 @@ type child struct {
 // startChild starts the emitter in its own process against the fake at upstream, publishing
 // to the NATS at natsURL. It also serves profiles and /debug/settle, on pprofAddr.
 func startChild(b *testing.B, natsURL, upstream string, env ...string) (c *child, pprofAddr string) {
+	return startChildAs(b, "serve", natsURL, upstream, env...)
+}
+
+// startChildAs starts this test binary in the child mode given (TestMain): serve, bare or floor.
+func startChildAs(b *testing.B, mode, natsURL, upstream string, env ...string) (c *child, pprofAddr string) {
 	addr := freeAddr(b)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "EMITTER_TEST_CHILD=serve", "HTTP_ADDR="+addr, "NATS_URL="+natsURL,
+	cmd.Env = append(os.Environ(), "EMITTER_TEST_CHILD="+mode, "HTTP_ADDR="+addr, "NATS_URL="+natsURL,
 		"EMITTER_UPSTREAM_URL="+upstream, "LOG_LEVEL=error", "EMITTER_SHUTDOWN_GRACE=1s")
 	cmd.Env = append(cmd.Env, env...)
 	cmd.Stderr = os.Stderr
@@ -149,7 +161,11 @@ func startChild(b *testing.B, natsURL, upstream string, env ...string) (c *child
 	}
 	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	c = &child{base: "http://" + addr, pid: cmd.Process.Pid, cmd: cmd}
-	waitReady(b, c.base)
+	if mode == "floor" {
+		waitListening(b, addr) // it relays /readyz too
+	} else {
+		waitReady(b, c.base)
+	}
 	return c, pprofAddr
 }
 
@@ -176,6 +192,13 @@ func cpuTime(b *testing.B, pid int) time.Duration {
 // the emitter's environment. Run it with -benchtime=3000x.
 func BenchmarkProxyAddedLatency(b *testing.B) {
 	opts := fakellm.Options{TTFT: 20 * time.Millisecond, TPOT: 2 * time.Millisecond, Tokens: 20}
+	if v := os.Getenv("BENCH_TOKENS"); v != "" { // tokens per stream: 1 leaves the per-request cost
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			b.Fatalf("BENCH_TOKENS=%q: want a count of tokens", v)
+		}
+		opts.Tokens = n
+	}
 	var base, direct, pprofAddr string
 	pid := 0
 	inproc := os.Getenv("BENCH_PROXY_INPROC") == "1"
@@ -195,8 +218,16 @@ func BenchmarkProxyAddedLatency(b *testing.B) {
 			defer fake.Close()
 			upstream = fake.URL
 		}
+		mode := "serve"
+		if os.Getenv("BENCH_PROXY") == "floor" {
+			if !epoll {
+				b.Skip("BENCH_PROXY=floor needs the epoll load generator")
+			}
+			mode, benchFloor = "floor", true
+			defer func() { benchFloor = false }()
+		}
 		var c *child
-		c, pprofAddr = startChild(b, ns.ClientURL(), upstream, strings.Fields(os.Getenv("BENCH_EMITTER_ENV"))...)
+		c, pprofAddr = startChildAs(b, mode, ns.ClientURL(), upstream, strings.Fields(os.Getenv("BENCH_EMITTER_ENV"))...)
 		base, direct, pid = c.base, upstream, c.pid
 	}
 	rates := []int{1000, 250}
@@ -318,6 +349,9 @@ func reportAdded(b *testing.B, viaT, dirT []timing, sent, self time.Duration, ba
 	b.ReportMetric(float64(self.Microseconds())/float64(len(viaT)), "harness-cpu-us/pair")
 	if pid != 0 {
 		b.ReportMetric(float64((cpuTime(b, pid)-cpu0).Microseconds())/float64(len(viaT)), "proxy-cpu-us/req")
+		if mem0 == nil {
+			return // the relay floor serves no metrics
+		}
 		const allocs = "go_memstats_alloc_bytes_total"
 		b.ReportMetric((childMemory(b, base, pid)[allocs]-mem0[allocs])/float64(len(viaT))/1024, "proxy-alloc-KB/req")
 	}
@@ -618,4 +652,20 @@ func selfCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// waitListening waits until addr takes connections.
+func waitListening(b testing.TB, addr string) {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%s does not take connections: %v", addr, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

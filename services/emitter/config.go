@@ -30,6 +30,7 @@ type Config struct {
 	IngestMaxBytes int64  `env:"EMITTER_INGEST_MAX_BYTES" envDefault:"16777216"`
 
 	PublishBuffer int           `env:"EMITTER_PUBLISH_BUFFER" envDefault:"100000"`
+	PublishLinger time.Duration `env:"EMITTER_PUBLISH_LINGER" envDefault:"5ms"`
 	ShutdownGrace time.Duration `env:"EMITTER_SHUTDOWN_GRACE" envDefault:"30s"`
 }
 
@@ -68,10 +69,16 @@ func (c Config) Validate() error {
 		return fmt.Errorf("EMITTER_INGEST_MAX_BYTES=%d must be at least 1024", c.IngestMaxBytes)
 	case c.PublishBuffer < 1:
 		return fmt.Errorf("EMITTER_PUBLISH_BUFFER=%d must be at least 1", c.PublishBuffer)
+	case c.PublishLinger < 0 || c.PublishLinger > time.Second:
+		return fmt.Errorf("EMITTER_PUBLISH_LINGER=%s must be between 0 and 1s", c.PublishLinger)
 	case c.ShutdownGrace <= 0:
 		return fmt.Errorf("EMITTER_SHUTDOWN_GRACE=%s must be positive", c.ShutdownGrace)
 	}
 	return nil
+}
+
+func (c Config) publisherOptions() bus.PublisherOptions {
+	return bus.PublisherOptions{Buffer: c.PublishBuffer, Linger: c.PublishLinger}
 }
 
 func (c Config) proxyConfig() proxy.Config {

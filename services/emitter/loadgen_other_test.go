@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"testing"
 	"time"
 )
@@ -19,3 +20,5 @@ func startEpollFake(b testing.TB, _, _ time.Duration, _ int) *struct{ addr strin
 func epollAddedLatency(b *testing.B, _, _ string, _ int, _ time.Duration) {
 	b.Skip("the epoll load generator needs Linux")
 }
+
+func serveRelayFloor() error { return errors.New("the relay floor needs Linux") }

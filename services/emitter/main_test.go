@@ -37,6 +37,8 @@ func TestConfig(t *testing.T) {
 		{"not a duration", "EMITTER_STREAM_IDLE_TIMEOUT", "soon", "EMITTER_STREAM_IDLE_TIMEOUT"},
 		{"tiny ingest", "EMITTER_INGEST_MAX_BYTES", "10", "EMITTER_INGEST_MAX_BYTES"},
 		{"no buffer", "EMITTER_PUBLISH_BUFFER", "0", "EMITTER_PUBLISH_BUFFER"},
+		{"negative linger", "EMITTER_PUBLISH_LINGER", "-1ms", "EMITTER_PUBLISH_LINGER"},
+		{"long linger", "EMITTER_PUBLISH_LINGER", "2s", "EMITTER_PUBLISH_LINGER"},
 		{"bad NATS", "NATS_URL", "::", "NATS_URL"},
 		{"not a number", "NATS_STREAM_MAX_BYTES", "lots", "NATS_STREAM_MAX_BYTES"},
 		{"bad log level", "LOG_LEVEL", "loud", "LOG_LEVEL"},

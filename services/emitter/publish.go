@@ -27,7 +27,7 @@ func publishing(ctx context.Context, environ map[string]string, enabled bool, st
 	}
 	logger := newLogger(stderr, slog.LevelWarn)
 	srv := ops.NewServer(cfg.HTTPAddr, logger) // only for its registry: nothing listens
-	pub, nc, err := connectBus(ctx, cfg.NATS, cfg.PublishBuffer, srv, logger)
+	pub, nc, err := connectBus(ctx, cfg.NATS, cfg.publisherOptions(), srv, logger)
 	if err != nil {
 		return nil, nil, err
 	}

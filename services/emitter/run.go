@@ -60,7 +60,7 @@ func newLogger(w io.Writer, level slog.Level) *slog.Logger {
 
 // connectBus connects to NATS, makes sure LLM_EVENTS exists and returns a started-later
 // publisher; close closes the connection.
-func connectBus(ctx context.Context, cfg bus.Config, buffer int, srv *ops.Server, logger *slog.Logger) (*bus.Publisher, *nats.Conn, error) {
+func connectBus(ctx context.Context, cfg bus.Config, popts bus.PublisherOptions, srv *ops.Server, logger *slog.Logger) (*bus.Publisher, *nats.Conn, error) {
 	nc, err := bus.Connect(cfg, "tokenscope-emitter", logger)
 	if err != nil {
 		return nil, nil, err
@@ -75,7 +75,8 @@ func connectBus(ctx context.Context, cfg bus.Config, buffer int, srv *ops.Server
 		return nil, nil, err
 	}
 	var reg = srv.Registry()
-	pub := bus.NewPublisher(js, bus.PublisherOptions{Buffer: buffer, Namespace: "emitter"}, reg, logger.With("component", "publisher"))
+	popts.Namespace = "emitter"
+	pub := bus.NewPublisher(js, popts, reg, logger.With("component", "publisher"))
 	srv.AddCheck("nats", func(context.Context) error {
 		if !nc.IsConnected() {
 			return fmt.Errorf("not connected to NATS (%s)", nc.Status())
@@ -95,7 +96,7 @@ func serve(ctx context.Context, environ map[string]string, stderr io.Writer) err
 	if err := srv.Listen(); err != nil {
 		return err
 	}
-	pub, nc, err := connectBus(ctx, cfg.NATS, cfg.PublishBuffer, srv, logger)
+	pub, nc, err := connectBus(ctx, cfg.NATS, cfg.publisherOptions(), srv, logger)
 	if err != nil {
 		return err
 	}
@@ -107,6 +108,7 @@ func serve(ctx context.Context, environ map[string]string, stderr io.Writer) err
 	// Streams detached from net/http come back to it through the listener, and are waited
 	// for at shutdown after the server's own requests.
 	srv.WrapListener(px.Listener)
+	srv.ConnContext(px.ConnContext)
 	srv.OnShutdown(px.Drain)
 	srv.Handle("POST /v1/events", ingest.New(ingest.Options{MaxBytes: cfg.IngestMaxBytes, Token: cfg.IngestToken},
 		pub, time.Now, srv.Registry(), logger))

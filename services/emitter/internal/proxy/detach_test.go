@@ -46,6 +46,7 @@ func newDetachRig(t *testing.T, upstream http.Handler, tweak func(*Config)) *det
 	srv := httptest.NewUnstartedServer(mux)
 	r := &detachRig{rig: &rig{fake: up, proxy: srv, p: p, cap: cap, reg: reg}}
 	srv.Listener = p.Listener(countingListener{srv.Listener, &r.accepted})
+	srv.Config.ConnContext = p.ConnContext
 	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 		if s == http.StateHijacked {
 			r.hijacked.Add(1)
@@ -488,6 +489,7 @@ func TestHTTP2NotDetached(t *testing.T) {
 			p.Register(mux)
 			srv := httptest.NewUnstartedServer(mux)
 			srv.Listener = p.Listener(srv.Listener)
+			srv.Config.ConnContext = p.ConnContext
 			var client *http.Client
 			if tls {
 				srv.EnableHTTP2 = tc.http2

@@ -15,6 +15,7 @@ type metrics struct {
 	detached    prometheus.Gauge
 	detaches    prometheus.Counter
 	parked      prometheus.Gauge
+	clientWaits prometheus.Counter
 	ttft        *prometheus.HistogramVec
 	passthrough prometheus.Counter
 	models      *ops.Limiter
@@ -35,7 +36,9 @@ func newMetrics(reg prometheus.Registerer, maxLabels int) *metrics {
 		detaches: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "detached_streams_total",
 			Help: "Streams the proxy took off net/http."}),
 		parked: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "emitter", Subsystem: "proxy", Name: "parked_streams",
-			Help: "Detached streams whose upstream is silent, waiting without a goroutine."}),
+			Help: "Detached streams held without a goroutine: on the relay loop, or silent and waiting in the watcher."}),
+		clientWaits: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "client_waits_total",
+			Help: "Chunks a client's socket did not take at once: the relay waited for a slow client, the upstream's bytes held meanwhile."}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "emitter", Subsystem: "proxy", Name: "ttft_seconds",
 			Help:    "Time to the first content event of successful streamed requests.",
 			Buckets: []float64{.05, .1, .25, .5, 1, 2, 5, 10, 30, 60}}, []string{"provider", "model"}),
@@ -47,7 +50,7 @@ func newMetrics(reg prometheus.Registerer, maxLabels int) *metrics {
 		m.rateLimited.WithLabelValues(p)
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.rateLimited, m.inflight, m.streams, m.detached, m.detaches, m.parked, m.ttft, m.passthrough)
+		reg.MustRegister(m.requests, m.rateLimited, m.inflight, m.streams, m.detached, m.detaches, m.parked, m.clientWaits, m.ttft, m.passthrough)
 	}
 	return m
 }

@@ -30,6 +30,9 @@ type parking struct {
 	unhook  func() bool
 	wake    func(uint64)
 	up      *h1Body // the body whose connection the watcher can take; nil: the stream never parks
+	// Set until the stream's way is known (the loop, parking or neither): the watchdog may
+	// fire before the handler gets there, and must then ask again.
+	undecided bool
 }
 
 // mayPark lets a stream that may be detached park, when its body is read by the proxy's own
@@ -47,12 +50,24 @@ func (c *flight) mayPark() {
 	c.pk.Unlock()
 }
 
+// decided records that the stream's way is known: from now on askPark's answer stands.
+func (c *flight) decided() {
+	c.pk.Lock()
+	c.park.undecided = false
+	c.pk.Unlock()
+}
+
 // askPark is the watchdog's: it interrupts the goroutine's wait for the upstream. It reports
 // false when the goroutine was not waiting (it was busy, or detaching): ask again later.
 func (c *flight) askPark() (done bool) {
 	c.pk.Lock()
 	defer c.pk.Unlock()
+	if c.askLoopDetach() {
+		return true
+	}
 	switch {
+	case c.park.undecided:
+		return false
 	case c.park.up == nil || c.park.parked || c.park.asked:
 		return true
 	case !c.park.waiting:

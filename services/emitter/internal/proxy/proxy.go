@@ -74,6 +74,7 @@ type Proxy struct {
 	watch        *watcher
 	open         streamSet
 	watchFailing atomic.Bool
+	loop         *evloop // relays the streams it can (loop_linux.go); nil: none
 }
 
 // New returns a proxy sending to the upstreams of cfg and emitting through emit.
@@ -133,7 +134,22 @@ func (p *Proxy) Listener(ln net.Listener) net.Listener {
 		return ln
 	}
 	p.watch, p.ln = w, newListener(ln, w)
+	if l, err := newLoop(); err != nil {
+		p.logger.Info("streams are relayed on goroutines", "err", err)
+	} else {
+		p.loop = l
+		p.h1.loop = l
+	}
 	return p.ln
+}
+
+// connKey is the request context's key to the client's connection (ConnContext).
+type connKey struct{}
+
+// ConnContext is the HTTP server's http.Server.ConnContext: it tells a handler the client's
+// connection, whose socket the relay loop writes a stream to.
+func (p *Proxy) ConnContext(ctx context.Context, c net.Conn) context.Context {
+	return context.WithValue(ctx, connKey{}, c)
 }
 
 // Close releases the upstream connections and the watcher; call it once the server and
@@ -145,6 +161,9 @@ func (p *Proxy) Close() {
 	p.h1.closeIdle(true)
 	if p.watch != nil {
 		_ = p.watch.Close()
+	}
+	if p.loop != nil {
+		p.loop.close()
 	}
 }
 
@@ -345,7 +364,8 @@ type flight struct {
 	w      http.ResponseWriter
 	keep   bool
 	unhook func() bool
-	d      *detached // once detached
+	d      *detached   // once detached
+	ls     *loopStream // when relayed on the loop; set under pk
 
 	pk   sync.Mutex
 	park parking
@@ -378,6 +398,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	}
 	if direct && p.canDetach(r, x) {
 		c.dog.park, c.dog.parkAfter = c.askPark, p.parkAfter
+		c.park.undecided = true // no watchdog yet: no lock needed
 	}
 	c.dog.arm(x.start, p.cfg.UpstreamTimeout, p.cfg.IdleTimeout, cancel)
 
@@ -448,8 +469,15 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	if c.sse && !framed && c.enc == identity && p.canDetach(r, x) {
 		// net/http sent the head chunked: the stream may leave it later.
 		c.w, c.keep, c.unhook = w, !r.Close, unhook
+		if onLoop, handedOff := c.onLoop(r, &response{w: w, rc: rc}); onLoop {
+			if !handedOff {
+				unhook()
+			}
+			return
+		}
 		c.mayPark()
 	}
+	c.decided()
 	if !c.relay(&response{w: w, rc: rc}) {
 		unhook()
 	}
@@ -515,6 +543,24 @@ func (c *flight) relay(out client) (handedOff bool) {
 	}
 	c.settle()
 	return false
+}
+
+// relayBuffered relays what came from the upstream with the response's head, before the loop
+// takes the stream; it reports whether the stream ended with it (the body, or the client).
+func (c *flight) relayBuffered(b *h1Body) (ended bool) {
+	rl := &c.rl
+	defer rl.release()
+	for b.conn.buffered() > 0 && !b.finished {
+		n, err := rl.body.Read(rl.buf())
+		if n > 0 && !rl.feed(rl.buf()[:n]) {
+			return true
+		}
+		if err != nil {
+			return true
+		}
+	}
+	b.conn.release()
+	return b.finished
 }
 
 // resume goes on with a stream handed off.

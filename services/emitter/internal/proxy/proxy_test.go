@@ -78,9 +78,21 @@ func newRig(t *testing.T, opts fakellm.Options, tweak func(*Config)) *rig {
 	p, cap, reg := newTestProxy(t, fake.URL+"/v1", tweak)
 	mux := http.NewServeMux()
 	p.Register(mux)
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	t.Cleanup(p.Close)
+	// Served as the emitter serves it: through the proxy's listener, streams relayed on its
+	// loop where the platform has one (loop_linux.go).
+	srv := httptest.NewUnstartedServer(mux)
+	srv.Listener = p.Listener(srv.Listener)
+	srv.Config.ConnContext = p.ConnContext
+	srv.Start()
+	t.Cleanup(func() {
+		srv.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := p.Drain(ctx); err != nil {
+			t.Errorf("drain: %v", err)
+		}
+		p.Close()
+	})
 	return &rig{fake: fake, proxy: srv, p: p, cap: cap, reg: reg}
 }
 

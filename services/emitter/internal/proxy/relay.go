@@ -135,17 +135,8 @@ func (r *relay) measured(src io.Reader) (handedOff bool, err error) {
 		}
 		buf := r.buf()
 		n, err := src.Read(buf)
-		if n > 0 {
-			var out []byte
-			if r.m.Stripping() {
-				out = r.m.Feed(buf[:n], time.Now(), r.fwd())
-				*r.fp = out[:cap(out)] // grown, maybe: kept for the next piece, whole as in the pool
-			} else {
-				out = r.m.Feed(buf[:n], time.Now(), nil)
-			}
-			if len(out) > 0 && !r.send(out) {
-				return false, errClientGone
-			}
+		if n > 0 && !r.feed(buf[:n]) {
+			return false, errClientGone
 		}
 		if err == io.EOF {
 			return false, nil
@@ -154,6 +145,18 @@ func (r *relay) measured(src io.Reader) (handedOff bool, err error) {
 			return false, err
 		}
 	}
+}
+
+// feed gives p to the meter and sends what it forwards; false: the client is gone.
+func (r *relay) feed(p []byte) bool {
+	var out []byte
+	if r.m.Stripping() {
+		out = r.m.Feed(p, time.Now(), r.fwd())
+		*r.fp = out[:cap(out)] // grown, maybe: kept for the next piece, whole as in the pool
+	} else {
+		out = r.m.Feed(p, time.Now(), nil)
+	}
+	return len(out) == 0 || r.send(out)
 }
 
 // raw copies the body to the client untouched and unmeasured.

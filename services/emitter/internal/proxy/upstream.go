@@ -34,6 +34,8 @@ type h1 struct {
 	idle    map[string][]*h1Conn // by host:port, most recently used last
 	closed  bool
 	sweeper *time.Timer // armed while connections are idle
+
+	loop *evloop // takes the connections dialled, when set (before the first request)
 }
 
 type h1Conn struct {
@@ -374,6 +376,11 @@ func (c *h1) get(ctx context.Context, addr string) (*h1Conn, error) {
 	nc, err := c.dialer.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
+	}
+	if c.loop != nil {
+		if nc, err = c.loop.adopt(nc); err != nil {
+			return nil, err
+		}
 	}
 	return &h1Conn{nc: nc, lr: limitedConn{nc: nc, n: noLimit}, addr: addr}, nil
 }
