@@ -26,8 +26,8 @@ type PublisherOptions struct {
 	// Run publishes (0: at once). A publish costs a few goroutine hand-offs, the client's
 	// flusher and the ack's reader included: lingering pays them once for all the messages of
 	// the while, where a trickle of messages would pay them for each.
-	Linger time.Duration
-	Namespace    string        // metric namespace, such as "emitter"
+	Linger    time.Duration
+	Namespace string // metric namespace, such as "emitter"
 }
 
 // Client is what a Publisher needs of its NATS client; jetstream.JetStream is one.
