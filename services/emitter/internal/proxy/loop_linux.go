@@ -5,6 +5,7 @@ package proxy
 import (
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -31,8 +32,9 @@ import (
 // connection stays net/http's: the loop only writes to it, chunks framed as net/http frames
 // them, while the handler waits; net/http writes the last chunk once the handler returns.
 type evloop struct {
-	ep   int // the epoll instance
-	wake int // an eventfd: work posted to the loop
+	ep     int // the epoll instance
+	wake   int // an eventfd: work posted to the loop
+	logger *slog.Logger
 
 	mu     sync.Mutex
 	conns  map[int32]*loopConn // by descriptor
@@ -51,7 +53,7 @@ type evloop struct {
 // Registration masks: edge-triggered, as the runtime's poller registers its descriptors.
 const loopEvents = uint32(syscall.EPOLLIN|syscall.EPOLLOUT|syscall.EPOLLRDHUP) | 1<<31 // EPOLLET
 
-func newLoop() (*evloop, error) {
+func newLoop(logger *slog.Logger) (*evloop, error) {
 	ep, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("cannot create an epoll instance: %w", err)
@@ -61,7 +63,7 @@ func newLoop() (*evloop, error) {
 		_ = syscall.Close(ep)
 		return nil, fmt.Errorf("cannot create an eventfd: %w", errno)
 	}
-	l := &evloop{ep: ep, wake: int(wake), conns: map[int32]*loopConn{},
+	l := &evloop{ep: ep, wake: int(wake), conns: map[int32]*loopConn{}, logger: logger,
 		buf: make([]byte, 64<<10), fwd: make([]byte, 0, 4<<10), frame: make([]byte, 0, 4<<10)}
 	if err := syscall.EpollCtl(ep, syscall.EPOLL_CTL_ADD, l.wake, &syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(l.wake)}); err != nil {
 		_ = syscall.Close(ep)
@@ -102,7 +104,11 @@ func (l *evloop) run(rc syscall.RawConn, f *os.File) {
 			err = werr
 		}
 		if err != nil {
-			panic(fmt.Sprintf("proxy: epoll_wait: %v", err)) // a bad descriptor: a bug, not a condition
+			// Not a condition the loop can meet (a bad descriptor would be a bug): said, and
+			// tried again, rather than the emitter stopping or the loop spinning.
+			l.logger.Error("the relay loop cannot wait for events", "err", err)
+			time.Sleep(100 * time.Millisecond)
+			continue
 		}
 		for _, ev := range evs[:n] {
 			if int(ev.Fd) == l.wake {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -105,7 +106,7 @@ func TestLoopSlowClient(t *testing.T) {
 // deadline or Close wakes a read waiting, the peer's close reads as EOF, and closing takes the
 // descriptor off the loop.
 func TestLoopConn(t *testing.T) {
-	l, err := newLoop()
+	l, err := newLoop(slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}

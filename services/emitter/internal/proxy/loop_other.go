@@ -4,6 +4,7 @@ package proxy
 
 import (
 	"errors"
+	"log/slog"
 	"net"
 	"net/http"
 )
@@ -13,7 +14,7 @@ type evloop struct{}
 
 type loopStream struct{}
 
-func newLoop() (*evloop, error) { return nil, errors.New("no relay loop on this platform") }
+func newLoop(*slog.Logger) (*evloop, error) { return nil, errors.New("no relay loop on this platform") }
 
 func (l *evloop) adopt(nc net.Conn) (net.Conn, error) { return nc, nil }
 

@@ -134,7 +134,7 @@ func (p *Proxy) Listener(ln net.Listener) net.Listener {
 		return ln
 	}
 	p.watch, p.ln = w, newListener(ln, w)
-	if l, err := newLoop(); err != nil {
+	if l, err := newLoop(p.logger); err != nil {
 		p.logger.Info("streams are relayed on goroutines", "err", err)
 	} else {
 		p.loop = l
