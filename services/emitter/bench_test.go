@@ -54,6 +54,8 @@ func TestMain(m *testing.M) {
 			serve = serveBare
 		case "floor":
 			serve = serveRelayFloor
+		case "floor-http":
+			serve = serveRelayFloorHTTP
 		}
 		if err := serve(); err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -161,7 +163,7 @@ func startChildAs(b *testing.B, mode, natsURL, upstream string, env ...string) (
 	}
 	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	c = &child{base: "http://" + addr, pid: cmd.Process.Pid, cmd: cmd}
-	if mode == "floor" {
+	if strings.HasPrefix(mode, "floor") {
 		waitListening(b, addr) // it relays /readyz too
 	} else {
 		waitReady(b, c.base)
@@ -219,11 +221,11 @@ func BenchmarkProxyAddedLatency(b *testing.B) {
 			upstream = fake.URL
 		}
 		mode := "serve"
-		if os.Getenv("BENCH_PROXY") == "floor" {
+		if m := os.Getenv("BENCH_PROXY"); m == "floor" || m == "floor-http" {
 			if !epoll {
-				b.Skip("BENCH_PROXY=floor needs the epoll load generator")
+				b.Skip("BENCH_PROXY=" + m + " needs the epoll load generator")
 			}
-			mode, benchFloor = "floor", true
+			mode, benchFloor = m, true
 			defer func() { benchFloor = false }()
 		}
 		var c *child

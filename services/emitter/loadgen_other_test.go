@@ -22,3 +22,5 @@ func epollAddedLatency(b *testing.B, _, _ string, _ int, _ time.Duration) {
 }
 
 func serveRelayFloor() error { return errors.New("the relay floor needs Linux") }
+
+func serveRelayFloorHTTP() error { return errors.New("the relay floor needs Linux") }
