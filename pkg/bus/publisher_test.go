@@ -118,23 +118,9 @@ func waitFor(t *testing.T, cond func() bool) {
 // Publish after Run returned dropped.
 func TestPublisherAcks(t *testing.T) {
 	srv := testbed.NATS(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
+	ctx := t.Context()
+	p, js, reg, stop := startPublisher(t, srv.ClientURL(), bus.PublisherOptions{Buffer: 100, Batch: 4, AckTimeout: time.Second})
 	limits := bus.StreamLimits{MaxBytes: 64 << 20, DuplicateWindow: time.Minute, Replicas: 1}
-	if err := bus.EnsureStreams(ctx, js, limits, events.StreamEvents); err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	p := bus.NewPublisher(js, bus.PublisherOptions{Buffer: 100, Batch: 4, AckTimeout: time.Second, Namespace: "t"}, reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- p.Run(runCtx) }()
 
 	for i := range 10 {
 		p.Publish("llm.req.prod.chat", fmt.Sprint("id-", i), []byte(`{}`))
@@ -167,8 +153,7 @@ func TestPublisherAcks(t *testing.T) {
 		return metric(reg, "t_published_total") == 12 && metric(reg, "t_publish_dropped_total") == 1
 	})
 
-	stop()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	if p.Publish("llm.req.prod.chat", "late", []byte(`{}`)) || metric(reg, "t_publish_dropped_total") != 2 {
@@ -180,23 +165,8 @@ func TestPublisherAcks(t *testing.T) {
 // for FlushTimeout, then returns an error and counts what it held as dropped.
 func TestPublisherGivesUpAtShutdown(t *testing.T) {
 	srv := testbed.NATS(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	if err := bus.EnsureStreams(ctx, js, bus.StreamLimits{MaxBytes: 64 << 20, DuplicateWindow: time.Minute, Replicas: 1}, events.StreamEvents); err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	p := bus.NewPublisher(js, bus.PublisherOptions{Buffer: 100, Batch: 4, AckTimeout: 200 * time.Millisecond, FlushTimeout: 300 * time.Millisecond, Namespace: "t"},
-		reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- p.Run(runCtx) }()
+	p, _, reg, stop := startPublisher(t, srv.ClientURL(), bus.PublisherOptions{Buffer: 100, Batch: 4, AckTimeout: 200 * time.Millisecond, FlushTimeout: 300 * time.Millisecond},
+		nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	srv.Shutdown()
 	srv.WaitForShutdown()
 	for i := range 7 {
@@ -204,9 +174,7 @@ func TestPublisherGivesUpAtShutdown(t *testing.T) {
 			t.Fatal("buffer full")
 		}
 	}
-	stop()
-	err = <-done
-	if err == nil || !strings.Contains(err.Error(), "7 messages unpublished") {
+	if err := stop(); err == nil || !strings.Contains(err.Error(), "7 messages unpublished") {
 		t.Fatalf("Run returned %v", err)
 	}
 	if d := metric(reg, "t_publish_dropped_total"); d != 7 || p.Buffered() != 0 {
@@ -218,23 +186,8 @@ func TestPublisherGivesUpAtShutdown(t *testing.T) {
 // for others, and they go together; a shutdown during the wait publishes them at once.
 func TestPublisherLinger(t *testing.T) {
 	srv := testbed.NATS(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	if err := bus.EnsureStreams(ctx, js, bus.StreamLimits{MaxBytes: 64 << 20, DuplicateWindow: time.Minute, Replicas: 1}, events.StreamEvents); err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
 	const linger = 300 * time.Millisecond
-	p := bus.NewPublisher(js, bus.PublisherOptions{Buffer: 100, Linger: linger, Namespace: "t"}, reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- p.Run(runCtx) }()
+	p, _, reg, stop := startPublisher(t, srv.ClientURL(), bus.PublisherOptions{Buffer: 100, Linger: linger})
 
 	start := time.Now()
 	for i := range 5 {
@@ -247,11 +200,32 @@ func TestPublisherLinger(t *testing.T) {
 
 	// Stopped while lingering: nothing waits for the timer, nothing is lost.
 	p.Publish("llm.req.prod.chat", "id-last", []byte(`{}`))
-	stop()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
 	if got := metric(reg, "t_published_total"); got != 6 {
 		t.Fatalf("%v published, want 6", got)
 	}
+}
+
+// startPublisher connects to the NATS at url, makes sure LLM_EVENTS exists, and runs a
+// publisher with opts under the metric namespace "t". stop ends Run and returns its error.
+func startPublisher(t *testing.T, url string, opts bus.PublisherOptions, natsOpts ...nats.Option) (p *bus.Publisher, js jetstream.JetStream, reg *prometheus.Registry, stop func() error) {
+	t.Helper()
+	nc, err := nats.Connect(url, natsOpts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ = jetstream.New(nc)
+	if err := bus.EnsureStreams(t.Context(), js, bus.StreamLimits{MaxBytes: 64 << 20, DuplicateWindow: time.Minute, Replicas: 1}, events.StreamEvents); err != nil {
+		t.Fatal(err)
+	}
+	reg = prometheus.NewRegistry()
+	opts.Namespace = "t"
+	p = bus.NewPublisher(js, opts, reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	return p, js, reg, func() error { cancel(); return <-done }
 }

@@ -7,18 +7,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/caarlos0/env/v11"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/emit"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/meter"
 )
 
@@ -28,168 +26,84 @@ import (
 // event to NATS, as the emitter does. No goroutine per request, no net/http server: what a
 // proxy built like nginx, all on one event loop, could reach on this machine.
 func serveRelayFloorHTTP() error {
-	environ := env.ToMap(os.Environ())
-	emitter, stop, err := publishing(context.Background(), environ, true, os.Stderr)
+	emitter, stop, err := publishing(context.Background(), env.ToMap(os.Environ()), true, os.Stderr)
 	if err != nil {
 		return err
 	}
 	defer stop()
-	upstream := os.Getenv("EMITTER_UPSTREAM_URL")
-	ua, err := net.ResolveTCPAddr("tcp4", trimScheme(upstream))
-	if err != nil {
-		return fmt.Errorf("EMITTER_UPSTREAM_URL=%q: %w", upstream, err)
-	}
-	la, err := net.ResolveTCPAddr("tcp4", os.Getenv("HTTP_ADDR"))
-	if err != nil {
-		return fmt.Errorf("HTTP_ADDR=%q: %w", os.Getenv("HTTP_ADDR"), err)
-	}
-	ln, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	_ = syscall.SetsockoptInt(ln, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1)
-	if err := syscall.Bind(ln, &syscall.SockaddrInet4{Port: la.Port, Addr: [4]byte(la.IP.To4())}); err != nil {
-		return err
-	}
-	if err := syscall.Listen(ln, 4096); err != nil {
-		return err
-	}
-	ep, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
-	if err != nil {
-		return err
-	}
-	add := func(fd int) error {
-		return syscall.EpollCtl(ep, syscall.EPOLL_CTL_ADD, fd, &syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLRDHUP, Fd: int32(fd)})
-	}
-	if err := add(ln); err != nil {
-		return err
-	}
-	type pair struct {
-		client, up int
-		in, out    []byte // a request, an answer's head, not yet whole
-		head       bool   // the answer's head is parsed
-		chunks     chunkDecoder
-		m          meter.Meter
-		ev         events.RequestEvent
-	}
-	pairs := map[int]*pair{}
+	instance := trimScheme(os.Getenv("EMITTER_UPSTREAM_URL"))
 	failed := false
-	drop := func(p *pair) {
-		delete(pairs, p.client)
-		delete(pairs, p.up)
-		syscall.Close(p.client)
-		syscall.Close(p.up)
+	return relayFloor(func(client, up int) floorPair {
+		return &measuringPair{emitter: emitter, instance: instance, failed: &failed}
+	})
+}
+
+// measuringPair relays a request once it is whole and parsed, and an answer as it comes,
+// metering its chunks and publishing its event at its end.
+type measuringPair struct {
+	emitter  *emit.Emitter
+	instance string
+	failed   *bool  // an event was not published: said once
+	in, out  []byte // a request, an answer's head, not yet whole
+	head     bool   // the answer's head is parsed
+	chunks   chunkDecoder
+	m        meter.Meter
+	ev       events.RequestEvent
+}
+
+func (p *measuringPair) fromClient(_, up int, b []byte) bool {
+	p.in = append(p.in, b...)
+	end := bytes.Index(p.in, []byte("\r\n\r\n"))
+	if end < 0 {
+		return true
 	}
-	evs := make([]syscall.EpollEvent, 256)
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := syscall.EpollWait(ep, evs, -1)
+	req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(p.in[:end+4])))
+	if err != nil || int64(len(p.in)-end-4) < req.ContentLength {
+		return true // more to come
+	}
+	var info struct {
+		Model  string `json:"model"`
+		Stream bool   `json:"stream"`
+	}
+	_ = json.Unmarshal(p.in[end+4:], &info)
+	now := time.Now()
+	p.m.Reset(meter.OpenAIChat, info.Stream, now)
+	p.ev = events.RequestEvent{V: events.Version, EventID: events.NewEventID(), TS: now.UTC(), Model: info.Model,
+		Provider: "openai", Instance: p.instance, Stream: info.Stream, Scene: "default", Env: "dev"}
+	ok := writeAll(up, p.in)
+	p.in, p.head = p.in[:0], false
+	return ok
+}
+
+func (p *measuringPair) fromUpstream(client, _ int, b []byte) bool {
+	if !writeAll(client, b) {
+		return false
+	}
+	now := time.Now()
+	if !p.head {
+		p.out = append(p.out, b...)
+		end := bytes.Index(p.out, []byte("\r\n\r\n"))
+		if end < 0 {
+			return true
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(p.out[:end+4])), nil)
 		if err != nil {
-			if errors.Is(err, syscall.EINTR) {
-				continue
-			}
-			return err
+			return false
 		}
-		for _, ev := range evs[:n] {
-			fd := int(ev.Fd)
-			if fd == ln {
-				for {
-					c, _, err := syscall.Accept4(ln, syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC)
-					if err != nil {
-						break
-					}
-					u, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-					if err == nil {
-						err = syscall.Connect(u, &syscall.SockaddrInet4{Port: ua.Port, Addr: [4]byte(ua.IP.To4())})
-					}
-					if err == nil {
-						err = syscall.SetNonblock(u, true)
-					}
-					if err != nil {
-						syscall.Close(c)
-						if u > 0 {
-							syscall.Close(u)
-						}
-						continue
-					}
-					for _, x := range []int{c, u} {
-						_ = syscall.SetsockoptInt(x, syscall.IPPROTO_TCP, syscall.TCP_NODELAY, 1)
-						_ = add(x)
-					}
-					p := &pair{client: c, up: u}
-					pairs[c], pairs[u] = p, p
-				}
-				continue
-			}
-			p := pairs[fd]
-			if p == nil {
-				continue
-			}
-			rn, err := syscall.Read(fd, buf)
-			if rn <= 0 {
-				if !errors.Is(err, syscall.EAGAIN) {
-					drop(p)
-				}
-				continue
-			}
-			now := time.Now()
-			data := buf[:rn]
-			if fd == p.client {
-				// A request goes upstream whole, once its head and body are in and parsed.
-				p.in = append(p.in, data...)
-				end := bytes.Index(p.in, []byte("\r\n\r\n"))
-				if end < 0 {
-					continue
-				}
-				req, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(p.in[:end+4])))
-				if err != nil || int64(len(p.in)-end-4) < req.ContentLength {
-					continue
-				}
-				var info struct {
-					Model  string `json:"model"`
-					Stream bool   `json:"stream"`
-				}
-				_ = json.Unmarshal(p.in[end+4:], &info)
-				p.m.Reset(meter.OpenAIChat, info.Stream, now)
-				p.ev = events.RequestEvent{V: events.Version, EventID: events.NewEventID(), TS: now.UTC(), Model: info.Model,
-					Provider: "openai", Instance: ua.String(), Stream: info.Stream, Scene: "default", Env: "dev"}
-				if wn, err := syscall.Write(p.up, p.in); err != nil || wn != len(p.in) {
-					drop(p)
-					continue
-				}
-				p.in, p.head = p.in[:0], false
-				continue
-			}
-			if wn, err := syscall.Write(p.client, data); err != nil || wn != rn {
-				drop(p)
-				continue
-			}
-			if !p.head {
-				p.out = append(p.out, data...)
-				end := bytes.Index(p.out, []byte("\r\n\r\n"))
-				if end < 0 {
-					continue
-				}
-				resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(p.out[:end+4])), nil)
-				if err != nil {
-					drop(p)
-					continue
-				}
-				p.ev.HTTPStatus, p.head, p.chunks = resp.StatusCode, true, chunkDecoder{}
-				data = append([]byte(nil), p.out[end+4:]...)
-				p.out = p.out[:0]
-			}
-			if p.chunks.feed(data, func(b []byte) { p.m.Feed(b, now, nil) }) {
-				res := p.m.Result(now)
-				res.Fill(&p.ev)
-				p.ev.Status, p.ev.ErrorCode = res.Status(p.ev.Stream)
-				if err := emitter.Emit(&p.ev, now); err != nil && !failed {
-					failed = true // said once: the floor would cost less than it should
-					fmt.Fprintln(os.Stderr, "floor-http: event not published:", err)
-				}
-			}
+		p.ev.HTTPStatus, p.head, p.chunks = resp.StatusCode, true, chunkDecoder{}
+		b = append([]byte(nil), p.out[end+4:]...)
+		p.out = p.out[:0]
+	}
+	if p.chunks.feed(b, func(data []byte) { p.m.Feed(data, now, nil) }) {
+		res := p.m.Result(now)
+		res.Fill(&p.ev)
+		p.ev.Status, p.ev.ErrorCode = res.Status(p.ev.Stream)
+		if err := p.emitter.Emit(&p.ev, now); err != nil && !*p.failed {
+			*p.failed = true // the floor would cost less than it should
+			fmt.Fprintln(os.Stderr, "floor-http: event not published:", err)
 		}
 	}
+	return true
 }
 
 // chunkDecoder takes the chunked coding off a body, piece by piece.

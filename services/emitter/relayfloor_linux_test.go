@@ -17,6 +17,33 @@ import (
 // much for each piece of a stream: a wake-up, a read and a write. Run through the same load
 // generator, it shows what one more hop costs on this machine.
 func serveRelayFloor() error {
+	return relayFloor(func(client, up int) floorPair { return &bytePair{} })
+}
+
+// floorPair is what a relay floor does with the bytes of one client and its upstream
+// connection: false drops both.
+type floorPair interface {
+	fromClient(client, up int, p []byte) bool
+	fromUpstream(client, up int, p []byte) bool
+}
+
+// bytePair relays the bytes as they come.
+type bytePair struct{}
+
+func (bytePair) fromClient(_, up int, p []byte) bool       { return writeAll(up, p) }
+func (bytePair) fromUpstream(client, _ int, p []byte) bool { return writeAll(client, p) }
+
+// writeAll writes p at once: pieces are small, and a peer that does not take one whole is
+// dropped, which the load generator reports as a failure.
+func writeAll(fd int, p []byte) bool {
+	n, err := syscall.Write(fd, p)
+	return err == nil && n == len(p)
+}
+
+// relayFloor serves HTTP_ADDR on one epoll loop on one thread, each client connection paired
+// with a connection to EMITTER_UPSTREAM_URL (opened blocking as the client's is accepted: the
+// load generator opens its connections while warming up), their bytes handed to a floorPair.
+func relayFloor(newPair func(client, up int) floorPair) error {
 	upstream := os.Getenv("EMITTER_UPSTREAM_URL")
 	ua, err := net.ResolveTCPAddr("tcp4", trimScheme(upstream))
 	if err != nil {
@@ -48,14 +75,16 @@ func serveRelayFloor() error {
 	if err := add(ln); err != nil {
 		return err
 	}
-	peer := map[int]int{} // each side of a pair to the other
-	drop := func(fd int) {
-		if o, ok := peer[fd]; ok {
-			delete(peer, o)
-			syscall.Close(o)
-		}
-		delete(peer, fd)
-		syscall.Close(fd)
+	type side struct {
+		client, up int
+		pair       floorPair
+	}
+	sides := map[int]*side{} // both descriptors of a pair
+	drop := func(s *side) {
+		delete(sides, s.client)
+		delete(sides, s.up)
+		syscall.Close(s.client)
+		syscall.Close(s.up)
 	}
 	evs := make([]syscall.EpollEvent, 256)
 	buf := make([]byte, 64<<10)
@@ -75,7 +104,6 @@ func serveRelayFloor() error {
 					if err != nil {
 						break
 					}
-					// Connected blocking, then non-blocking: connections open during warm-up.
 					u, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 					if err == nil {
 						err = syscall.Connect(u, &syscall.SockaddrInet4{Port: ua.Port, Addr: [4]byte(ua.IP.To4())})
@@ -94,25 +122,30 @@ func serveRelayFloor() error {
 						_ = syscall.SetsockoptInt(x, syscall.IPPROTO_TCP, syscall.TCP_NODELAY, 1)
 						_ = add(x)
 					}
-					peer[c], peer[u] = u, c
+					s := &side{client: c, up: u, pair: newPair(c, u)}
+					sides[c], sides[u] = s, s
 				}
 				continue
 			}
-			o, ok := peer[fd]
-			if !ok {
+			s := sides[fd]
+			if s == nil {
 				continue
 			}
 			rn, err := syscall.Read(fd, buf)
 			if rn <= 0 {
 				if !errors.Is(err, syscall.EAGAIN) {
-					drop(fd)
+					drop(s)
 				}
 				continue
 			}
-			// Pieces of a stream are small; a peer that does not take one whole is dropped,
-			// which the load generator reports as a failure.
-			if wn, err := syscall.Write(o, buf[:rn]); err != nil || wn != rn {
-				drop(fd)
+			ok := false
+			if fd == s.client {
+				ok = s.pair.fromClient(s.client, s.up, buf[:rn])
+			} else {
+				ok = s.pair.fromUpstream(s.client, s.up, buf[:rn])
+			}
+			if !ok {
+				drop(s)
 			}
 		}
 	}

@@ -41,26 +41,13 @@ func newDetachRig(t *testing.T, upstream http.Handler, tweak func(*Config)) *det
 	t.Cleanup(up.Close)
 	p, cap, reg := newTestProxy(t, up.URL, tweak)
 	p.detachAfter, p.parkAfter = 30*time.Millisecond, 30*time.Millisecond
-	mux := http.NewServeMux()
-	p.Register(mux)
-	srv := httptest.NewUnstartedServer(mux)
-	r := &detachRig{rig: &rig{fake: up, proxy: srv, p: p, cap: cap, reg: reg}}
-	srv.Listener = p.Listener(countingListener{srv.Listener, &r.accepted})
-	srv.Config.ConnContext = p.ConnContext
-	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateHijacked {
-			r.hijacked.Add(1)
+	r := &detachRig{rig: &rig{fake: up, p: p, cap: cap, reg: reg}}
+	r.proxy = serveProxy(t, p, func(ln net.Listener) net.Listener { return countingListener{ln, &r.accepted} }, func(srv *http.Server) {
+		srv.ConnState = func(_ net.Conn, s http.ConnState) {
+			if s == http.StateHijacked {
+				r.hijacked.Add(1)
+			}
 		}
-	}
-	srv.Start()
-	t.Cleanup(func() {
-		srv.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := p.Drain(ctx); err != nil {
-			t.Errorf("drain: %v", err)
-		}
-		p.Close()
 	})
 	return r
 }

@@ -761,24 +761,15 @@ func (c *flight) askLoopDetach() bool {
 // not tell the scheduler, whose monitor would otherwise hand the loop's processor to another
 // thread whenever one took a few tens of microseconds, as a write over loopback can here.
 
-func rawRead(fd int, p []byte) (int, error) {
-	var ptr unsafe.Pointer
-	if len(p) > 0 {
-		ptr = unsafe.Pointer(&p[0])
-	}
-	n, _, errno := syscall.RawSyscall(syscall.SYS_READ, uintptr(fd), uintptr(ptr), uintptr(len(p)))
-	if errno != 0 {
-		return 0, errno
-	}
-	return int(n), nil
-}
+func rawRead(fd int, p []byte) (int, error)  { return rawIO(syscall.SYS_READ, fd, p) }
+func rawWrite(fd int, p []byte) (int, error) { return rawIO(syscall.SYS_WRITE, fd, p) }
 
-func rawWrite(fd int, p []byte) (int, error) {
+func rawIO(trap uintptr, fd int, p []byte) (int, error) {
 	var ptr unsafe.Pointer
 	if len(p) > 0 {
 		ptr = unsafe.Pointer(&p[0])
 	}
-	n, _, errno := syscall.RawSyscall(syscall.SYS_WRITE, uintptr(fd), uintptr(ptr), uintptr(len(p)))
+	n, _, errno := syscall.RawSyscall(trap, uintptr(fd), uintptr(ptr), uintptr(len(p)))
 	if errno != 0 {
 		return 0, errno
 	}

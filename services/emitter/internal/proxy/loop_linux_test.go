@@ -116,23 +116,7 @@ func TestLoopConn(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	peers := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err == nil {
-			peers <- c
-		}
-	}()
-	nc, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := l.adopt(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer := <-peers
-	defer peer.Close()
+	c, peer := adoptedPair(t, l, ln)
 	if _, ok := c.(*loopConn); !ok {
 		t.Fatalf("adopted as %T", c)
 	}
@@ -173,21 +157,7 @@ func TestLoopConn(t *testing.T) {
 	}
 
 	// Close wakes a read waiting on another connection, and leaves the loop.
-	go func() {
-		c2, err := ln.Accept()
-		if err == nil {
-			peers <- c2
-		}
-	}()
-	nc2, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c2, err := l.adopt(nc2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer (<-peers).Close()
+	c2, _ := adoptedPair(t, l, ln)
 	go func() {
 		_, err := c2.Read(buf)
 		done <- err
@@ -204,4 +174,31 @@ func TestLoopConn(t *testing.T) {
 	if left != 0 {
 		t.Fatalf("%d connections left on the loop", left)
 	}
+}
+
+// adoptedPair dials ln, has l adopt the connection, and returns it and the accepted peer, which
+// is closed when the test ends.
+func adoptedPair(t *testing.T, l *evloop, ln net.Listener) (c, peer net.Conn) {
+	t.Helper()
+	peers := make(chan net.Conn, 1)
+	go func() {
+		p, err := ln.Accept()
+		if err == nil {
+			peers <- p
+		}
+		close(peers)
+	}()
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, err = l.adopt(nc); err != nil {
+		t.Fatal(err)
+	}
+	peer = <-peers
+	if peer == nil {
+		t.Fatal("no connection accepted")
+	}
+	t.Cleanup(func() { peer.Close() })
+	return c, peer
 }

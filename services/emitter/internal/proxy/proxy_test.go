@@ -8,6 +8,7 @@ import (
 	"github.com/tokenscope/tokenscope/services/emitter/internal/nodetest"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -76,13 +77,28 @@ func newRig(t *testing.T, opts fakellm.Options, tweak func(*Config)) *rig {
 	fake := httptest.NewServer(fakellm.New(opts))
 	t.Cleanup(fake.Close)
 	p, cap, reg := newTestProxy(t, fake.URL+"/v1", tweak)
+	srv := serveProxy(t, p, nil, nil)
+	return &rig{fake: fake, proxy: srv, p: p, cap: cap, reg: reg}
+}
+
+// serveProxy serves p as the emitter does: through its listener (streams relayed on its loop
+// where the platform has one, long ones taken off net/http), each handler told its client's
+// connection. wrap, if set, wraps the listener under the proxy's; configure, if set, changes
+// the server before it starts. The server is closed, p drained and closed, when the test ends.
+func serveProxy(t *testing.T, p *Proxy, wrap func(net.Listener) net.Listener, configure func(*http.Server)) *httptest.Server {
+	t.Helper()
 	mux := http.NewServeMux()
 	p.Register(mux)
-	// Served as the emitter serves it: through the proxy's listener, streams relayed on its
-	// loop where the platform has one (loop_linux.go).
 	srv := httptest.NewUnstartedServer(mux)
-	srv.Listener = p.Listener(srv.Listener)
+	ln := srv.Listener
+	if wrap != nil {
+		ln = wrap(ln)
+	}
+	srv.Listener = p.Listener(ln)
 	srv.Config.ConnContext = p.ConnContext
+	if configure != nil {
+		configure(srv.Config)
+	}
 	srv.Start()
 	t.Cleanup(func() {
 		srv.Close()
@@ -93,7 +109,7 @@ func newRig(t *testing.T, opts fakellm.Options, tweak func(*Config)) *rig {
 		}
 		p.Close()
 	})
-	return &rig{fake: fake, proxy: srv, p: p, cap: cap, reg: reg}
+	return srv
 }
 
 // newTestProxy returns a proxy to upstream with the tests' configuration (tweak may change
