@@ -186,7 +186,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 				return fmt.Errorf("stopped with %d messages unpublished: NATS did not take them in %s", lost, p.opts.FlushTimeout)
 			}
 		case <-done:
-			deadline, done = time.Now().Add(p.opts.FlushTimeout), nil
+			deadline, done, lingering = time.Now().Add(p.opts.FlushTimeout), nil, false
 			s.take()
 		}
 	}

@@ -35,11 +35,12 @@ type evloop struct {
 	wake   int // an eventfd: work posted to the loop
 	logger *slog.Logger
 
-	mu     sync.Mutex
-	conns  map[int32]*loopConn // by descriptor
-	gen    uint32
-	posted []func()
-	closed bool
+	mu      sync.Mutex
+	conns   map[int32]*loopConn // by descriptor
+	gen     uint32
+	posted  []func()
+	closed  bool
+	stopped bool // the loop returned: its descriptors are closed
 
 	started atomic.Int64 // streams relayed, for tests
 
@@ -112,7 +113,6 @@ func (l *evloop) run(rc syscall.RawConn, f *os.File) {
 		for _, ev := range evs[:n] {
 			if int(ev.Fd) == l.wake {
 				if l.runPosted() {
-					_ = syscall.Close(l.wake)
 					return
 				}
 				continue
@@ -131,8 +131,11 @@ func (l *evloop) run(rc syscall.RawConn, f *os.File) {
 // post runs f on the loop.
 func (l *evloop) post(f func()) {
 	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopped {
+		return // nothing of the loop's is left to run it for
+	}
 	l.posted = append(l.posted, f)
-	l.mu.Unlock()
 	one := [8]byte{1}
 	_, _ = rawWrite(l.wake, one[:]) // EAGAIN: the counter is already far from zero
 }
@@ -144,15 +147,25 @@ func (l *evloop) runPosted() (stop bool) {
 	l.mu.Lock()
 	fs := l.posted
 	l.posted = nil
-	stop = l.closed
 	l.mu.Unlock()
 	for _, f := range fs {
 		f()
 	}
-	return stop
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	// Closed, the loop stays until its last connection is: their Close and what they post
+	// need the epoll instance and the eventfd. The eventfd is closed under mu, so that no
+	// post writes to it, or to a descriptor that took its number, afterwards.
+	if l.closed && len(l.conns) == 0 && len(l.posted) == 0 {
+		l.stopped = true
+		_ = syscall.Close(l.wake)
+		return true
+	}
+	return false
 }
 
-// close stops the loop once what was posted has run; the connections are their owners' to close.
+// close stops the loop once its connections are closed (their owners close them) and what
+// was posted has run.
 func (l *evloop) close() {
 	l.mu.Lock()
 	l.closed = true
@@ -213,7 +226,11 @@ func (l *evloop) forget(c *loopConn) {
 	if l.conns[int32(c.fd)] == c {
 		delete(l.conns, int32(c.fd))
 	}
+	last := l.closed && len(l.conns) == 0
 	l.mu.Unlock()
+	if last {
+		l.post(func() {}) // the loop may stop now
+	}
 }
 
 // loopConn is an upstream connection on the loop. Outside a stream its reads and writes wait
@@ -228,6 +245,7 @@ type loopConn struct {
 	closed bool
 	st     *loopStream // the stream relayed from it, set and cleared on the loop
 	full   bool        // the last read filled its buffer: more may be there, with no event to come
+	hup    bool        // an event told the peer's end (or an error): read to the end from then on
 
 	rd, wr chan struct{} // readiness, one token each
 	done   chan struct{} // closed by Close
@@ -239,6 +257,9 @@ type loopConn struct {
 func (c *loopConn) event(ev uint32) {
 	readable := ev&(syscall.EPOLLIN|syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0
 	c.mu.Lock()
+	if ev&(syscall.EPOLLRDHUP|syscall.EPOLLHUP|syscall.EPOLLERR) != 0 {
+		c.hup = true
+	}
 	st, closed := c.st, c.closed
 	if st == nil && !closed {
 		// Under mu: a stream attaching (loopStream.attach) sees the token or gets the event.
@@ -264,18 +285,24 @@ func notify(ch chan struct{}) {
 
 // read reads once, without waiting: n > 0, or EOF (0, nil), or an error, EAGAIN included.
 func (c *loopConn) read(p []byte) (int, error) {
+	n, _, err := c.readNoting(p)
+	return n, err
+}
+
+// readNoting is read, and tells whether an event said the peer ended.
+func (c *loopConn) readNoting(p []byte) (n int, hup bool, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return 0, net.ErrClosed
+		return 0, c.hup, net.ErrClosed
 	}
 	for {
-		n, err := rawRead(c.fd, p)
+		n, err = rawRead(c.fd, p)
 		if err == syscall.EINTR {
 			continue
 		}
 		c.full = n == len(p)
-		return max(n, 0), err
+		return max(n, 0), c.hup, err
 	}
 }
 
@@ -378,14 +405,13 @@ func (c *loopConn) Close() error {
 	}
 	c.closed = true
 	_ = syscall.EpollCtl(c.l.ep, syscall.EPOLL_CTL_DEL, c.fd, nil)
+	if c.st != nil {
+		c.l.post(c.st.pumpAll) // the stream ends, on the loop: posted before the loop may stop
+	}
 	c.l.forget(c)
 	_ = syscall.Close(c.fd)
-	st := c.st
 	c.mu.Unlock()
 	close(c.done)
-	if st != nil {
-		c.l.post(st.pump)
-	}
 	return nil
 }
 
@@ -432,24 +458,41 @@ func (r loopRaw) Control(f func(fd uintptr)) error {
 	return nil
 }
 
-func (r loopRaw) Read(f func(fd uintptr) bool) error  { return r.wait(f, r.c.rd, &r.c.rdl) }
-func (r loopRaw) Write(f func(fd uintptr) bool) error { return r.wait(f, r.c.wr, &r.c.wdl) }
+func (r loopRaw) Read(f func(fd uintptr) bool) error  { return r.wait(f, r.c.rd, &r.c.rdl, true) }
+func (r loopRaw) Write(f func(fd uintptr) bool) error { return r.wait(f, r.c.wr, &r.c.wdl, false) }
 
-func (r loopRaw) wait(f func(fd uintptr) bool, ch chan struct{}, deadline *atomic.Int64) error {
+// wait calls f until it reports done, waiting for the loop's word in between. A reader is
+// called again only once the socket is readable (or ended): a token can be stale (a deadline
+// set, bytes read since), and callers such as waitReadable take their call after a wake-up
+// for readiness, as they may with Go's poller.
+func (r loopRaw) wait(f func(fd uintptr) bool, ch chan struct{}, deadline *atomic.Int64, read bool) error {
+	call := true
 	for {
 		if err := r.c.expired(deadline); err != nil {
 			return err
 		}
-		var ok bool
-		if err := r.Control(func(fd uintptr) { ok = f(fd) }); err != nil {
-			return err
+		if !call {
+			var b [1]byte
+			if err := r.Control(func(fd uintptr) {
+				_, err := recvPeek(fd, b[:])
+				call = err != syscall.EAGAIN && err != syscall.EWOULDBLOCK
+			}); err != nil {
+				return err
+			}
 		}
-		if ok {
-			return nil
+		if call {
+			var ok bool
+			if err := r.Control(func(fd uintptr) { ok = f(fd) }); err != nil {
+				return err
+			}
+			if ok {
+				return nil
+			}
 		}
 		if err := r.c.wait(ch, deadline); err != nil {
 			return err
 		}
+		call = !read
 	}
 }
 
@@ -469,7 +512,8 @@ type loopStream struct {
 
 	// The loop's.
 	ended, detached, asked bool
-	slow                   bool // a goroutine finishes a write; the upstream waits meanwhile
+	slow                   bool  // a goroutine finishes a write; the upstream waits meanwhile
+	pending                error // how the body ended (io.EOF) or broke, with the chunk being written slowly
 	writeErr               error
 }
 
@@ -511,38 +555,51 @@ func (s *loopStream) begin() {
 		s.end(net.ErrClosed)
 		return
 	}
-	s.pump()
+	s.pumpAll()
 }
 
 // pump reads what the upstream sent and relays it, until the socket has nothing more, on the
 // loop. An edge-triggered event comes for every arrival, so a short read needs no second one.
-func (s *loopStream) pump() {
+func (s *loopStream) pump() { s.pumpFrom(false) }
+
+// pumpAll reads until the socket says it has nothing more: for calls that no event brought
+// (the stream taken over, a slow write finished, the connection closed), after which an
+// end already there would bring none.
+func (s *loopStream) pumpAll() { s.pumpFrom(true) }
+
+// pumpFrom relays what the socket holds. After an event, a short read took all that had
+// come, and the next bytes bring an event of their own, except the upstream's end when it
+// came with the last bytes: the connection notes the hang-up the event told (hup), and then
+// the loop reads on to the end too.
+func (s *loopStream) pumpFrom(all bool) {
 	if s.ended || s.slow {
 		return
 	}
 	l := s.l
 	for {
-		n, err := s.up.read(l.buf)
+		n, hup, err := s.up.readNoting(l.buf)
 		if n > 0 {
 			now := time.Now()
 			s.c.dog.active(now)
 			data, end, ferr := s.frame(l.buf[:n])
+			if ferr == nil && end {
+				ferr = io.EOF
+			}
 			if len(data) > 0 && !s.feed(data, now) {
+				if s.slow {
+					s.pending = ferr // the end waits for the write
+				}
 				return
 			}
-			switch {
-			case ferr != nil:
+			if ferr != nil {
 				s.end(ferr)
-				return
-			case end:
-				s.end(io.EOF)
 				return
 			}
 			if !s.asked && now.Sub(s.c.start) >= s.c.p.detachAfter {
 				s.asked = true
 				notify(s.detach)
 			}
-			if n < len(l.buf) {
+			if n < len(l.buf) && !all && !hup {
 				return
 			}
 			continue
@@ -643,12 +700,15 @@ func (s *loopStream) finishWrite(rest []byte) {
 	s.l.post(func() {
 		s.slow = false
 		s.c.dog.active(time.Now())
-		if err != nil {
+		switch {
+		case err != nil:
 			s.writeErr = err
 			s.end(nil)
-			return
+		case s.pending != nil:
+			s.end(s.pending) // the body ended, or broke, with the chunk just written
+		default:
+			s.pumpAll() // what came meanwhile brought no event of its own
 		}
-		s.pump() // what came meanwhile brought no event of its own
 	})
 }
 

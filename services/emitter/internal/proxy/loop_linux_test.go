@@ -11,7 +11,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -201,4 +203,178 @@ func adoptedPair(t *testing.T, l *evloop, ln net.Listener) (c, peer net.Conn) {
 	}
 	t.Cleanup(func() { peer.Close() })
 	return c, peer
+}
+
+// rawUpstream is an upstream that reads each request and then lets serve answer on the
+// connection as it likes.
+func rawUpstream(t *testing.T, serve func(c *net.TCPConn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					c.Close()
+					return
+				}
+				_, _ = io.Copy(io.Discard, req.Body)
+				serve(c.(*net.TCPConn))
+			}()
+		}
+	}()
+	return "http://" + ln.Addr().String() + "/v1"
+}
+
+const sseHead = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+
+func sseEvent(content string) string {
+	return `data: {"id":"x","object":"chat.completion.chunk","model":"gpt-4o","choices":[{"index":0,"delta":{"content":"` + content + `"}}]}` + "\n\n"
+}
+
+// corkAndClose sends p and the connection's end in one segment: the loop's event for the
+// bytes is the only one the end brings.
+func corkAndClose(c *net.TCPConn, p string) {
+	if rc, err := c.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) { _ = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_CORK, 1) })
+	}
+	_, _ = io.WriteString(c, p)
+	_ = c.Close()
+}
+
+// TestLoopUpstreamEndsWithItsLastBytes: an upstream's end that comes in the same segment as its
+// last bytes ends the stream at once, as a body read to the connection's end (ok) or as a
+// chunked body cut short (error, upstream_disconnect); not by the idle timeout.
+func TestLoopUpstreamEndsWithItsLastBytes(t *testing.T) {
+	for _, tc := range []struct {
+		name, head, body string
+		status           events.Status
+		code             string
+	}{
+		{"read to the end", sseHead + "Connection: close\r\n\r\n", sseEvent("hi") + "data: [DONE]\n\n", events.StatusOK, ""},
+		{"chunked, cut", sseHead + "Transfer-Encoding: chunked\r\n\r\n", fmt.Sprintf("%x\r\n%s", len(sseEvent("hi"))+10, sseEvent("hi")), events.StatusError, CodeUpstreamDisconnect},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := rawUpstream(t, func(c *net.TCPConn) {
+				_, _ = io.WriteString(c, tc.head)
+				time.Sleep(100 * time.Millisecond) // the head first: the loop takes the stream
+				corkAndClose(c, tc.body)
+			})
+			p, cap, _ := newTestProxy(t, up, func(c *Config) { c.IdleTimeout = 5 * time.Second })
+			srv := serveProxy(t, p, nil, nil)
+			start := time.Now()
+			call(t, srv.URL, chatPath, chatBody(true, ""), nil)
+			ev := cap.next(t)
+			if took := time.Since(start); took > 2*time.Second || ev.Status != tc.status || ev.ErrorCode != tc.code {
+				t.Fatalf("after %s: event %s %q, want %s %q", took, ev.Status, ev.ErrorCode, tc.status, tc.code)
+			}
+			if p.loop.started.Load() != 1 {
+				t.Fatal("the stream did not go through the loop")
+			}
+		})
+	}
+}
+
+// smallSendBuffer accepts connections whose socket takes little at a time.
+type smallSendBuffer struct{ net.Listener }
+
+func (l smallSendBuffer) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		_ = c.(*net.TCPConn).SetWriteBuffer(8 << 10)
+	}
+	return c, err
+}
+
+// TestLoopSlowLastChunk: when the piece that ends the body is the one the client's socket does
+// not take at once, the stream ends once the goroutine has written it, with no more bytes or
+// events to come from the kept-alive upstream.
+func TestLoopSlowLastChunk(t *testing.T) {
+	ev := sseEvent(strings.Repeat("x", 50000)) + "data: [DONE]\n\n"
+	body := fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(ev), ev)
+	up := rawUpstream(t, func(c *net.TCPConn) {
+		_, _ = io.WriteString(c, sseHead+"Transfer-Encoding: chunked\r\n\r\n")
+		time.Sleep(100 * time.Millisecond)
+		_, _ = io.WriteString(c, body)
+		time.Sleep(20 * time.Second) // kept alive: nothing more comes
+		_ = c.Close()
+	})
+	p, cap, _ := newTestProxy(t, up, func(c *Config) { c.IdleTimeout = 5 * time.Second })
+	srv := serveProxy(t, p, func(ln net.Listener) net.Listener { return smallSendBuffer{ln} }, nil)
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.(*net.TCPConn).SetReadBuffer(16 << 10)
+	rb := chatBody(true, `,"stream_options":{"include_usage":true}`)
+	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", chatPath, len(rb), rb)
+	time.Sleep(500 * time.Millisecond) // the loop's write of the piece goes partial
+	if testutil.ToFloat64(p.m.clientWaits) == 0 {
+		t.Fatal("the client's socket took the piece whole: the test proves nothing")
+	}
+	start := time.Now()
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	if err != nil || string(got) != ev {
+		t.Fatalf("%v: %d bytes, want the upstream's %d", err, len(got), len(ev))
+	}
+	if e := cap.next(t); time.Since(start) > 2*time.Second || e.Status != events.StatusOK {
+		t.Fatalf("after %s: event %s %q", time.Since(start), e.Status, e.ErrorCode)
+	}
+}
+
+// TestLoopOutlivesClose: closed, the loop stays until its last connection is closed, so that
+// what that Close posts never goes to a descriptor the loop no longer owns.
+func TestLoopOutlivesClose(t *testing.T) {
+	l, err := newLoop(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, _ := adoptedPair(t, l, ln)
+	l.close()
+	time.Sleep(50 * time.Millisecond)
+	if _, err := fcntl(l.wake, syscall.F_GETFD); err != nil {
+		t.Fatalf("the loop closed its eventfd with a connection open: %v", err)
+	}
+	_ = c.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		l.mu.Lock()
+		stopped := l.stopped
+		l.mu.Unlock()
+		if stopped {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the loop did not stop after its last connection closed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	l.post(func() { t.Error("ran after the loop stopped") }) // dropped, and written nowhere
+}
+
+func fcntl(fd, cmd int) (int, error) {
+	r, _, errno := syscall.Syscall(syscall.SYS_FCNTL, uintptr(fd), uintptr(cmd), 0)
+	if errno != 0 {
+		return 0, errno
+	}
+	return int(r), nil
 }
