@@ -168,7 +168,13 @@ func TestManyParkedStreamsHangUp(t *testing.T) {
 			<-ctx.Done()
 		})
 	}
-	waitFor(t, "streams parked", func() bool { return t.Failed() || r.gauge(r.p.m.parked) == n })
+	start := time.Now()
+	waitFor(t, "streams parked", func() bool {
+		if time.Since(start) > 9*time.Second {
+			t.Logf("parked %v, detached %v, streams %v", r.gauge(r.p.m.parked), r.gauge(r.p.m.detached), r.gauge(r.p.m.streams))
+		}
+		return t.Failed() || r.gauge(r.p.m.parked) == n
+	})
 	runtime.GC()
 	cancel()
 	wg.Wait()

@@ -49,7 +49,14 @@ func (d *watchdog) fire() {
 	}
 	last := d.last.Load()
 	if last == busy {
-		d.timer.Reset(d.idle)
+		// Writing to the client: not silent. A stream that may park is looked at again soon,
+		// not after a whole idle timeout, or one that fell silent right after the write would
+		// hold its goroutine (or net/http's state) that long.
+		wait := d.idle
+		if d.park != nil {
+			wait = min(wait, d.parkAfter)
+		}
+		d.timer.Reset(wait)
 		return
 	}
 	silent := time.Since(d.start) - time.Duration(last)
