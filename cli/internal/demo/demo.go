@@ -302,6 +302,7 @@ func (s *demo) stop() error {
 }
 
 func (s *demo) pickAddrs() error {
+	taken := map[string]bool{}
 	for _, x := range []struct {
 		dst       *string
 		preferred string
@@ -316,10 +317,21 @@ func (s *demo) pickAddrs() error {
 		{&s.a.aggregator, "127.0.0.1:9103", "the aggregator"},
 		{&s.a.alerter, "127.0.0.1:9104", "the alerter"},
 	} {
-		a, moved, err := stack.Addr(x.preferred, s.o.AnyPort)
-		if err != nil {
-			return fmt.Errorf("cannot choose an address for %s: %w", x.what, err)
+		// A port another service was just given is free again until that service starts:
+		// the system may hand it out twice (ClickHouse's HTTP port and the fake LLM's
+		// once got the same one).
+		var a string
+		var moved bool
+		for try := 0; a == "" || taken[a]; try++ {
+			var err error
+			if a, moved, err = stack.Addr(x.preferred, s.o.AnyPort); err != nil {
+				return fmt.Errorf("cannot choose an address for %s: %w", x.what, err)
+			}
+			if taken[a] && try == 20 {
+				return fmt.Errorf("cannot choose an address for %s: the system keeps giving the ports already chosen", x.what)
+			}
 		}
+		taken[a] = true
 		if moved {
 			s.say("port %s is busy: %s uses %s instead", port(x.preferred), x.what, a)
 		}
