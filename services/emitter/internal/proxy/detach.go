@@ -116,10 +116,7 @@ func (d *detached) send(p []byte) error {
 		return err
 	}
 	bp := chunkBufs.Get().(*[]byte)
-	b := strconv.AppendInt((*bp)[:0], int64(len(p)), 16)
-	b = append(b, "\r\n"...)
-	b = append(b, p...)
-	b = append(b, "\r\n"...)
+	b := appendChunk((*bp)[:0], p)
 	_, err := d.conn.Write(b)
 	*bp = b[:0]
 	chunkBufs.Put(bp)
@@ -127,6 +124,15 @@ func (d *detached) send(p []byte) error {
 }
 
 var crlf = []byte("\r\n")
+
+// appendChunk appends p to b framed as one chunk of the chunked coding, as net/http frames
+// what a handler flushes; p must not be empty (a zero-length chunk ends the body).
+func appendChunk(b, p []byte) []byte {
+	b = strconv.AppendInt(b, int64(len(p)), 16)
+	b = append(b, "\r\n"...)
+	b = append(b, p...)
+	return append(b, "\r\n"...)
+}
 
 // abort breaks the connection: the client sees the response cut short.
 func (d *detached) abort() { _ = d.conn.Close() }

@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -661,10 +660,7 @@ func (s *loopStream) feed(data []byte, now time.Time) bool {
 // send writes p to the client as one chunk. What the socket does not take at once a
 // goroutine finishes, the upstream waiting meanwhile: a slow client is not a silent upstream.
 func (s *loopStream) send(p []byte) bool {
-	f := strconv.AppendInt(s.l.frame[:0], int64(len(p)), 16)
-	f = append(f, "\r\n"...)
-	f = append(f, p...)
-	f = append(f, "\r\n"...)
+	f := appendChunk(s.l.frame[:0], p)
 	s.l.frame = f[:0]
 	n := 0
 	var werr error
