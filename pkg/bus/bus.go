@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -83,6 +84,7 @@ func Connect(cfg Config, name string, logger *slog.Logger) (*nats.Conn, error) {
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			logger.Info("reconnected to NATS", "url", nc.ConnectedUrlRedacted())
 		}),
+		nats.ErrorHandler(asyncErrors(logger, time.Minute)),
 	}
 	switch {
 	case cfg.Creds != "":
@@ -101,6 +103,45 @@ func Connect(cfg Config, name string, logger *slog.Logger) (*nats.Conn, error) {
 		return nil, fmt.Errorf("cannot connect to NATS at %s: %w", redact(cfg.URL), err)
 	}
 	return nc, nil
+}
+
+// asyncErrors logs what the NATS client reports outside any call (a slow consumer dropping
+// messages, a permission refused): the first of each kind of error, then at most one line per
+// every for it, with how many came meanwhile. Without a handler nats.go prints them to stderr.
+func asyncErrors(logger *slog.Logger, every time.Duration) nats.ErrHandler {
+	var mu sync.Mutex
+	type seen struct {
+		at     time.Time
+		missed int
+	}
+	last := map[string]*seen{}
+	return func(_ *nats.Conn, sub *nats.Subscription, err error) {
+		if err == nil {
+			return
+		}
+		kind := err.Error()
+		mu.Lock()
+		defer mu.Unlock()
+		s := last[kind]
+		if s == nil {
+			if len(last) >= 64 { // kinds of errors are few; never let them grow the map
+				clear(last)
+			}
+			s = &seen{}
+			last[kind] = s
+		}
+		now := time.Now()
+		if !s.at.IsZero() && now.Sub(s.at) < every {
+			s.missed++
+			return
+		}
+		attrs := []any{"err", err, "since_last_logged", s.missed}
+		if sub != nil {
+			attrs = append(attrs, "subject", sub.Subject)
+		}
+		logger.Warn("NATS client error", attrs...)
+		s.at, s.missed = now, 0
+	}
 }
 
 // redact drops any user:password from a URL list before it is logged or returned.

@@ -13,7 +13,7 @@ type metrics struct {
 	invalid                                                                  *prometheus.CounterVec
 	flushDuration, writeDelay                                                prometheus.Observer
 	paused, ackFloor, buffered, openWindows, activeKeys, watermarkDelay, lag prometheus.Gauge
-	folded                                                                   prometheus.Counter
+	folded, restarts                                                         prometheus.Counter
 }
 
 // Metrics are shared by the pipelines of one aggregator.
@@ -24,7 +24,7 @@ type Metrics struct {
 	flushDuration, writeDelay                                    *prometheus.HistogramVec
 	paused, ackFloor, buffered, openWindows, activeKeys, wmDelay *prometheus.GaugeVec
 	lag                                                          *prometheus.GaugeVec
-	folded                                                       *prometheus.CounterVec
+	folded, restarts                                             *prometheus.CounterVec
 }
 
 // NewMetrics registers the aggregator's pipeline metrics on reg.
@@ -56,9 +56,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		wmDelay:     gv("watermark_delay_seconds", "How far the watermark is behind the clock."),
 		lag:         gv("consumer_lag_messages", "Messages in the stream not yet delivered to the aggregator (read every 10 s)."),
 		folded:      cv("series_folded_total", "Events whose series was folded into \"other\" by AGG_MAX_SERIES."),
+		restarts:    cv("consumer_restarts_total", "Times delivery started again from the last message processed: after a gap in the delivery sequence, a missed heartbeat or a reconnect to NATS."),
 	}
 	reg.MustRegister(m.events, m.invalid, m.consumeErrors, m.flushErrors, m.ackErrors, m.deadLetterErrors, m.rowsWritten,
-		m.flushDuration, m.writeDelay, m.paused, m.ackFloor, m.buffered, m.openWindows, m.activeKeys, m.wmDelay, m.lag, m.folded)
+		m.flushDuration, m.writeDelay, m.paused, m.ackFloor, m.buffered, m.openWindows, m.activeKeys, m.wmDelay, m.lag, m.folded, m.restarts)
 	return m
 }
 
@@ -90,5 +91,6 @@ func (m *Metrics) forStream(stream string) *metrics {
 		watermarkDelay:   m.wmDelay.WithLabelValues(stream),
 		lag:              m.lag.WithLabelValues(stream),
 		folded:           m.folded.WithLabelValues(stream),
+		restarts:         m.restarts.WithLabelValues(stream),
 	}
 }

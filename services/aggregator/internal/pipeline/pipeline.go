@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 
 	"github.com/tokenscope/tokenscope/pkg/bus"
 	"github.com/tokenscope/tokenscope/pkg/events"
@@ -21,7 +22,7 @@ import (
 type Options struct {
 	Stream       string
 	Filter       string
-	Consumer     string        // durable consumer name; one aggregator per name
+	Consumer     string        // this aggregator's name: its floor, its ledger, its consumer's name; one process per name
 	Replicas     int           // of the floor bucket, as of the streams
 	PullBatch    int           // messages nats.go buffers ahead
 	FlushEvery   time.Duration // how often closed windows and request events are written
@@ -82,18 +83,28 @@ type Pipeline struct {
 	mu        sync.Mutex
 	room      *sync.Cond
 	lastSeq   uint64 // the last message processed
-	savedSeq  uint64 // the floor last saved
-	failing   bool
+	// consumer is the server-side name of the consumer that delivered the last message; it
+	// changes each time the ordered consumer starts again.
+	consumer string
+	savedSeq uint64 // the floor last saved
+	failing  bool
 	// pending is a flush whose write was interrupted by shutdown; only the goroutine that
 	// runs cycle touches it.
 	pending flush
 }
 
-// resetConsumer makes the durable consumer deliver again, in order, everything after the
-// stored floor, and returns the consumer, the floor and its store. The consumer acknowledges
-// nothing (see FloorBucket); starting over from the floor keeps stream order, which the
-// ledger relies on. A consumer left by an earlier version, which acknowledged cumulatively,
-// gives its ack floor the first time.
+// resetConsumer returns an ordered consumer that delivers, in stream order, everything after
+// the stored floor, and the floor and its store. The consumer acknowledges nothing (see
+// FloorBucket), so nats-server never sends a message twice by itself: what sat in a
+// connection that broke, or what the client dropped as a slow consumer, would be lost. The
+// ordered consumer checks every message's delivery sequence and, at a gap, a missed heartbeat
+// or a reconnect, recreates itself from the last stream position it handed over; the
+// pipeline therefore processes every position of its filter, in order, with no hole, which
+// the ledger relies on. Its server-side name is <consumer>-<random>_<n>, n counting the
+// recreations.
+//
+// A durable consumer named o.Consumer, left by an earlier version, is deleted; one that
+// acknowledged cumulatively gives its ack floor the first time.
 func resetConsumer(ctx context.Context, js jetstream.JetStream, o Options) (jetstream.Consumer, uint64, *floorStore, error) {
 	store, err := openFloor(ctx, js, o.Stream, o.Consumer, o.Replicas)
 	if err != nil {
@@ -109,7 +120,7 @@ func resetConsumer(ctx context.Context, js jetstream.JetStream, o Options) (jets
 			floor = max(floor, info.AckFloor.Stream)
 		}
 		if err := js.DeleteConsumer(ctx, o.Stream, o.Consumer); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return nil, 0, nil, fmt.Errorf("cannot reset consumer %s: %w", o.Consumer, err)
+			return nil, 0, nil, fmt.Errorf("cannot delete the old consumer %s: %w", o.Consumer, err)
 		}
 	} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return nil, 0, nil, fmt.Errorf("cannot look up consumer %s on %s: %w", o.Consumer, o.Stream, err)
@@ -118,13 +129,18 @@ func resetConsumer(ctx context.Context, js jetstream.JetStream, o Options) (jets
 	if err != nil {
 		return nil, 0, nil, err
 	}
-	cc := bus.ConsumerConfig{Stream: o.Stream, Durable: o.Consumer, FilterSubject: filter, AckPolicy: jetstream.AckNonePolicy}
+	// A random part in the name: a consumer of a process that died lingers on the server for
+	// its inactive threshold, and a new one of the same name and another start would clash.
+	cc := jetstream.OrderedConsumerConfig{NamePrefix: o.Consumer + "-" + nuid.Next()}
+	if filter != "" {
+		cc.FilterSubjects = []string{filter}
+	}
 	if floor > 0 {
 		cc.DeliverPolicy, cc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, floor+1
 	}
-	cons, err := bus.EnsureConsumer(ctx, js, cc)
+	cons, err := js.OrderedConsumer(ctx, o.Stream, cc)
 	if err != nil {
-		return nil, 0, nil, err
+		return nil, 0, nil, fmt.Errorf("cannot create the consumer of %s: %w", o.Stream, err)
 	}
 	return cons, floor, store, nil
 }
@@ -231,13 +247,19 @@ func (p *Pipeline) waitRoom(ctx context.Context) {
 }
 
 func (p *Pipeline) process(msg jetstream.Msg) {
-	seq, ok := streamSeq(msg)
+	seq, consumer, ok := ackInfo(msg)
 	if !ok {
 		p.m.invalid.WithLabelValues("no_metadata").Inc()
 		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if consumer != p.consumer {
+		if p.consumer != "" {
+			p.m.restarts.Inc()
+		}
+		p.consumer = strings.Clone(consumer)
+	}
 	if seq <= p.lastSeq {
 		// Delivered twice: a consumer acknowledging nothing should not, but the position
 		// decides, not the delivery.
@@ -387,10 +409,10 @@ func (p *Pipeline) saveFloor(ctx context.Context, floor uint64) {
 	p.m.ackFloor.Set(float64(floor))
 }
 
-// streamSeq reads the stream sequence from a JetStream reply subject without allocating:
-// $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.… (or the longer form with domain and
-// account hash, where it is the eighth token).
-func streamSeq(msg jetstream.Msg) (uint64, bool) {
+// ackInfo reads the stream sequence and the consumer's name from a JetStream reply subject
+// without allocating: $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.… (or the longer form
+// with domain and account hash, where they are the sixth and eighth tokens).
+func ackInfo(msg jetstream.Msg) (seq uint64, consumer string, ok bool) {
 	reply := msg.Reply()
 	var tokens [12]string
 	n := 0
@@ -408,16 +430,16 @@ func streamSeq(msg jetstream.Msg) (uint64, bool) {
 	var s string
 	switch {
 	case n == 9:
-		s = tokens[5]
+		consumer, s = tokens[3], tokens[5]
 	case n >= 11:
-		s = tokens[7]
+		consumer, s = tokens[5], tokens[7]
 	default:
 		md, err := msg.Metadata()
 		if err != nil {
-			return 0, false
+			return 0, "", false
 		}
-		return md.Sequence.Stream, true
+		return md.Sequence.Stream, md.Consumer, true
 	}
 	v, err := strconv.ParseUint(s, 10, 64)
-	return v, err == nil
+	return v, consumer, err == nil
 }

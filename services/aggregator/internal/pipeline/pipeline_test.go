@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -101,10 +102,8 @@ func TestFloor(t *testing.T) {
 		t.Fatalf("after saving 3: floor %d, %d pending; want 3 and 7", floor, info.NumPending)
 	}
 
-	// A consumer of the earlier version, acknowledged through 6: its floor wins over 3.
-	if err := js.DeleteConsumer(ctx, events.StreamEvents, "agg"); err != nil {
-		t.Fatal(err)
-	}
+	// A durable consumer of an earlier version, acknowledged through 6: its floor wins over 3,
+	// and it is deleted.
 	legacy, err := js.CreateOrUpdateConsumer(ctx, events.StreamEvents, jetstream.ConsumerConfig{Durable: "agg", AckPolicy: jetstream.AckAllPolicy})
 	if err != nil {
 		t.Fatal(err)
@@ -122,6 +121,9 @@ func TestFloor(t *testing.T) {
 	}
 	if _, floor, _, err = resetConsumer(ctx, js, o); err != nil || floor != 6 {
 		t.Fatalf("legacy consumer acknowledged through 6: floor %d, %v", floor, err)
+	}
+	if _, err := js.Consumer(ctx, events.StreamEvents, "agg"); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Fatalf("the legacy durable consumer is still there: %v", err)
 	}
 
 	// Another consumer's floor is its own.

@@ -47,10 +47,10 @@ func NewTokens(ctx context.Context, o Options, cfg window.Config, prices *price.
 	if err != nil {
 		return nil, err
 	}
-	var reqThrough uint64
+	var stored storedSet
 	storeRequests := d.Requests != nil
 	if storeRequests {
-		if reqThrough, err = sk.RequestsThrough(ctx); err != nil {
+		if stored.seqs, err = sk.StoredRequests(ctx, floor); err != nil {
 			return nil, err
 		}
 	}
@@ -58,13 +58,13 @@ func NewTokens(ctx context.Context, o Options, cfg window.Config, prices *price.
 	m := d.Metrics.forStream("tokens")
 	st := &tokenStage{
 		agg: window.New(cfg, done), dec: events.NewDecoder(4096), cfg: cfg,
-		store: storeRequests, reqThrough: reqThrough, sink: sk, m: m,
+		store: storeRequests, stored: stored, sink: sk, m: m,
 	}
 	if storeRequests {
 		st.writer = d.Requests
 		st.reqs, st.spare = d.Requests.NewBuffer(), d.Requests.NewBuffer()
 	}
-	d.Logger.Info("consuming", "stream", o.Stream, "consumer", o.Consumer, "floor", floor, "windows_already_stored", len(done), "requests_stored_through", reqThrough)
+	d.Logger.Info("consuming", "stream", o.Stream, "consumer", o.Consumer, "floor", floor, "windows_already_stored", len(done), "requests_already_stored", len(stored.seqs))
 	return newPipeline(o, d.JS, d.NC, cons, floor, store, st, d.Publisher, m, d.Logger.With("stream", o.Stream)), nil
 }
 
@@ -76,7 +76,7 @@ type tokenStage struct {
 
 	store       bool
 	writer      *sink.RequestWriter
-	reqThrough  uint64
+	stored      storedSet // requests stored before the start, after the floor
 	reqs, spare *sink.Requests
 	reqMin      uint64
 
@@ -94,7 +94,7 @@ func (s *tokenStage) handle(data []byte, seq uint64, now time.Time) (result, err
 	}
 	p := s.agg.Price(&s.ev)
 	res := s.agg.AddPriced(&s.ev, p, seq, now)
-	if s.store && seq > s.reqThrough {
+	if s.store && !s.stored.has(seq) {
 		if s.reqs.Len() == 0 {
 			s.reqMin = seq
 		}
@@ -158,11 +158,14 @@ func (s *tokenStage) cut(now time.Time, seqThrough uint64) flush {
 	}
 	if s.pendingRequests() > 0 {
 		f.reqs = s.reqs
+		lo, hi := f.reqs.SeqRange()
+		f.reqsKnown = s.stored.countIn(lo, hi)
 		s.reqs, s.spare = s.spare, nil
 		if s.reqs == nil { // the last flush, interrupted by shutdown, still holds the spare
 			s.reqs = s.writer.NewBuffer()
 		}
 	}
+	s.stored.passed(seqThrough)
 	return f
 }
 
@@ -172,6 +175,7 @@ type tokenFlush struct {
 	rows        []events.TokenRollup
 	starts      []time.Time
 	reqs        *sink.Requests
+	reqsKnown   uint64 // requests stored before the start with positions in reqs' range
 	reqsWritten bool
 	attempt     int
 }
@@ -202,7 +206,7 @@ func (f *tokenFlush) write(ctx context.Context, now time.Time) error {
 			if err != nil {
 				return err
 			}
-			stored = n
+			stored = n - min(n, f.reqsKnown)
 		}
 		if stored != uint64(f.reqs.Len()) {
 			if stored != 0 {

@@ -167,11 +167,26 @@ func (c *ClickHouse) Done(ctx context.Context, table string, afterSeq uint64) (m
 	return done, nil
 }
 
-// RequestsThrough returns the highest stream position of this consumer's stored requests.
-func (c *ClickHouse) RequestsThrough(ctx context.Context) (uint64, error) {
-	var n uint64
-	if err := c.conn.QueryRow(ctx, "SELECT max(stream_seq) FROM requests WHERE consumer = ?", c.consumer).Scan(&n); err != nil {
-		return 0, fmt.Errorf("cannot read the requests ledger: %w", err)
+// StoredRequests returns, in order, the stream positions of this consumer's stored requests
+// after afterSeq (the replay floor): the requests ledger. It lists what was stored, position
+// by position, so a position that never reached the table — whatever the reason — is written
+// when it comes again, and no high-water mark claims it.
+func (c *ClickHouse) StoredRequests(ctx context.Context, afterSeq uint64) ([]uint64, error) {
+	rows, err := c.conn.Query(ctx, "SELECT stream_seq FROM requests WHERE consumer = ? AND stream_seq > ? ORDER BY stream_seq", c.consumer, afterSeq)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read the requests ledger: %w", err)
 	}
-	return n, nil
+	defer rows.Close()
+	var seqs []uint64
+	for rows.Next() {
+		var seq uint64
+		if err := rows.Scan(&seq); err != nil {
+			return nil, fmt.Errorf("cannot read the requests ledger: %w", err)
+		}
+		seqs = append(seqs, seq)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("cannot read the requests ledger: %w", err)
+	}
+	return seqs, nil
 }

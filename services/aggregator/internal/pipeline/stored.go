@@ -1,0 +1,32 @@
+package pipeline
+
+import "sort"
+
+// storedSet is the requests ledger read at start: the stream positions, in order, whose
+// requests are already in ClickHouse. It lists each position, not a high-water mark, so a
+// position missing from the table is written when the replay brings it again.
+type storedSet struct {
+	seqs []uint64 // ascending
+}
+
+func (s *storedSet) has(seq uint64) bool {
+	if len(s.seqs) == 0 || seq > s.seqs[len(s.seqs)-1] {
+		return false
+	}
+	i := sort.Search(len(s.seqs), func(i int) bool { return s.seqs[i] >= seq })
+	return s.seqs[i] == seq
+}
+
+// countIn returns how many stored positions lie in [lo, hi].
+func (s *storedSet) countIn(lo, hi uint64) uint64 {
+	a := sort.Search(len(s.seqs), func(i int) bool { return s.seqs[i] >= lo })
+	b := sort.Search(len(s.seqs), func(i int) bool { return s.seqs[i] > hi })
+	return uint64(b - a)
+}
+
+// passed lets the set go once everything consumed from now on lies after its last position.
+func (s *storedSet) passed(seq uint64) {
+	if len(s.seqs) > 0 && seq >= s.seqs[len(s.seqs)-1] {
+		s.seqs = nil
+	}
+}
