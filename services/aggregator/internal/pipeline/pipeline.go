@@ -88,6 +88,10 @@ type Pipeline struct {
 	consumer string
 	savedSeq uint64 // the floor last saved
 	failing  bool
+	// writing is when the flush being written began, zero when none is; stallLogged tells
+	// whether its stall was logged. Both are guarded by mu.
+	writing     time.Time
+	stallLogged bool
 	// pending is a flush whose write was interrupted by shutdown; only the goroutine that
 	// runs cycle touches it.
 	pending flush
@@ -189,6 +193,9 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		p.room.Broadcast()
 		p.mu.Unlock()
 	}()
+	watchDone := make(chan struct{})
+	defer close(watchDone)
+	go p.watch(watchDone)
 	tick := time.NewTicker(p.opts.FlushEvery)
 	defer tick.Stop()
 	for {
@@ -342,7 +349,64 @@ func (p *Pipeline) cycle(ctx context.Context) {
 	p.saveFloor(ctx, floor)
 }
 
+// stallAfter is how long a flush may take to be stored before the pipeline reports a stall.
+func (p *Pipeline) stallAfter() time.Duration { return max(10*time.Second, 3*p.opts.FlushEvery) }
+
+// watch keeps the gauges live and reports a stalled write while a flush waits for ClickHouse
+// (a server that hangs rather than refuses holds one attempt for AGG_WRITE_TIMEOUT): once
+// in the log, in the write_stalled_seconds gauge, and in Stalled for /readyz.
+func (p *Pipeline) watch(done <-chan struct{}) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
+		p.mu.Lock()
+		now := p.opts.Clock()
+		p.stage.observe(now)
+		var stalled time.Duration
+		if !p.writing.IsZero() {
+			stalled = time.Since(p.writing)
+		}
+		if stalled >= p.stallAfter() && !p.stallLogged {
+			p.stallLogged = true
+			p.logger.Warn("a write to ClickHouse has not finished; holding the windows", "for", stalled.Round(time.Second).String(), "write_timeout", p.opts.WriteTimeout.String())
+		}
+		p.mu.Unlock()
+		p.m.writeStalled.Set(stalled.Seconds())
+	}
+}
+
+// Stalled returns an error while a flush has waited longer than the stall bound to be
+// stored, for the readiness check.
+func (p *Pipeline) Stalled(context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.writing.IsZero() {
+		return nil
+	}
+	if d := time.Since(p.writing); d >= p.stallAfter() {
+		return fmt.Errorf("a write of %s to ClickHouse has not finished for %s", p.opts.Stream, d.Round(time.Second))
+	}
+	return nil
+}
+
 func (p *Pipeline) write(ctx context.Context, f flush) bool {
+	p.mu.Lock()
+	p.writing, p.stallLogged = time.Now(), false
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		if p.stallLogged {
+			p.logger.Info("the stalled write to ClickHouse finished", "after", time.Since(p.writing).Round(time.Second).String())
+		}
+		p.writing, p.stallLogged = time.Time{}, false
+		p.mu.Unlock()
+		p.m.writeStalled.Set(0)
+	}()
 	backoff := 100 * time.Millisecond
 	for {
 		start := time.Now()
