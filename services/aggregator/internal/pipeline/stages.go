@@ -43,16 +43,18 @@ func NewTokens(ctx context.Context, o Options, cfg window.Config, prices *price.
 		return nil, err
 	}
 	sk := sink.New(d.CH, o.Consumer)
-	done, err := sk.Done(ctx, "token_rollups", floor)
-	if err != nil {
-		return nil, err
-	}
+	var done map[time.Time]uint64
 	var stored storedSet
 	storeRequests := d.Requests != nil
-	if storeRequests {
-		if stored.seqs, err = sk.StoredRequests(ctx, floor); err != nil {
-			return nil, err
+	err = untilRead(ctx, d.Logger, func() (err error) {
+		if done, err = sk.Done(ctx, "token_rollups", floor); err != nil || !storeRequests {
+			return err
 		}
+		stored.seqs, err = sk.StoredRequests(ctx, floor)
+		return err
+	})
+	if err != nil {
+		return nil, err
 	}
 	cfg.Prices = prices
 	m := d.Metrics.forStream("tokens")
@@ -66,6 +68,34 @@ func NewTokens(ctx context.Context, o Options, cfg window.Config, prices *price.
 	}
 	d.Logger.Info("consuming", "stream", o.Stream, "consumer", o.Consumer, "floor", floor, "windows_already_stored", len(done), "requests_already_stored", len(stored.seqs))
 	return newPipeline(o, d.JS, d.NC, cons, floor, store, st, d.Publisher, m, d.Logger.With("stream", o.Stream)), nil
+}
+
+// untilRead reads the ledger, retrying until it is read or ctx ends. A ledger read in part
+// would count stored events again, so there is no way around it; but a ClickHouse that
+// cannot answer in full for now (a shard of a Distributed table down: code 279) is waited
+// for, not a reason to stop.
+func untilRead(ctx context.Context, logger *slog.Logger, read func() error) error {
+	backoff := time.Second
+	var last string
+	for {
+		err := read()
+		if err == nil {
+			if last != "" {
+				logger.Info("read the ledger")
+			}
+			return nil
+		}
+		if err.Error() != last {
+			logger.Warn("cannot read the ledger; retrying", "err", err)
+			last = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 30*time.Second)
+	}
 }
 
 type tokenStage struct {
@@ -268,7 +298,11 @@ func NewGPU(ctx context.Context, o Options, cfg window.Config, d Deps) (*Pipelin
 		return nil, err
 	}
 	sk := sink.New(d.CH, o.Consumer)
-	done, err := sk.Done(ctx, "gpu_rollups", floor)
+	var done map[time.Time]uint64
+	err = untilRead(ctx, d.Logger, func() (err error) {
+		done, err = sk.Done(ctx, "gpu_rollups", floor)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}

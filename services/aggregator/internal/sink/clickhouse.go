@@ -28,6 +28,15 @@ func WithQueryID(ctx context.Context, id string) context.Context {
 	return clickhouse.Context(ctx, clickhouse.WithQueryID(id))
 }
 
+// syncInsert makes an insert into a Distributed table return only once every shard has its
+// rows (insert_distributed_sync; a no-op on other engines). With the default, asynchronous
+// distributed inserts, the rows wait in a local queue after the insert returned: the ledger,
+// read through the Distributed table, would not see them, a restart would write them again,
+// and a shard outage would hide them from the settling count.
+func syncInsert(ctx context.Context) context.Context {
+	return clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{"insert_distributed_sync": 1}))
+}
+
 // Settle waits, up to ctx, until no query whose id starts with prefix runs on the server.
 // An insert abandoned by its client (a timeout while the server hung) may still be running,
 // or may start once the server reads its socket again; counting a flush's rows is only
@@ -70,7 +79,7 @@ func (c *ClickHouse) WriteTokenRollups(ctx context.Context, rows []events.TokenR
 	if len(rows) == 0 {
 		return nil
 	}
-	b, err := c.conn.PrepareBatch(ctx, "INSERT INTO token_rollups ("+tokenColumns+")")
+	b, err := c.conn.PrepareBatch(syncInsert(ctx), "INSERT INTO token_rollups ("+tokenColumns+")")
 	if err != nil {
 		return fmt.Errorf("cannot prepare insert into token_rollups: %w", err)
 	}
@@ -103,7 +112,7 @@ func (c *ClickHouse) WriteGPURollups(ctx context.Context, rows []events.GPURollu
 	if len(rows) == 0 {
 		return nil
 	}
-	b, err := c.conn.PrepareBatch(ctx, "INSERT INTO gpu_rollups ("+gpuColumns+")")
+	b, err := c.conn.PrepareBatch(syncInsert(ctx), "INSERT INTO gpu_rollups ("+gpuColumns+")")
 	if err != nil {
 		return fmt.Errorf("cannot prepare insert into gpu_rollups: %w", err)
 	}

@@ -91,7 +91,9 @@ func NewRequestWriter(ctx context.Context, conn driver.Conn, cfg chdb.Config, co
 	w.base = cfg.HTTPURL() + "/"
 	w.query = url.Values{
 		"database": {cfg.DB},
-		"query":    {"INSERT INTO requests (" + strings.Join(names, ", ") + ") FORMAT RowBinary"},
+		// As for the rollups (syncInsert): a Distributed table stores before answering.
+		"insert_distributed_sync": {"1"},
+		"query":                   {"INSERT INTO requests (" + strings.Join(names, ", ") + ") FORMAT RowBinary"},
 	}
 	tr := &http.Transport{
 		Proxy:               nil, // ClickHouse is reached directly, whatever HTTP_PROXY says
