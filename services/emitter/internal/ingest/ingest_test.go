@@ -244,6 +244,29 @@ func BenchmarkIngestNDJSON(b *testing.B) {
 	b.ReportMetric(float64(b.N)*1000/b.Elapsed().Seconds(), "events/s")
 }
 
+// BenchmarkIngestNDJSONScenes is BenchmarkIngestNDJSON with the subject limit the server
+// uses and a scene that changes from each event to the next, so every event asks the limit.
+func BenchmarkIngestNDJSONScenes(b *testing.B) {
+	var sb strings.Builder
+	for i := range 1000 {
+		sb.WriteString(strings.Replace(event(events.NewEventID()[:30]+fmt.Sprint(i)), `"scene":"chat"`, fmt.Sprintf(`"scene":"chat-%d"`, i%8), 1))
+		sb.WriteByte('\n')
+	}
+	body := sb.String()
+	h := New(Options{MaxBytes: 16 << 20, Subjects: subject.New(1000, time.Hour, nil)}, discard{}, func() time.Time { return now }, nil,
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/events", strings.NewReader(body)))
+		if rec.Code != 202 {
+			b.Fatal(rec.Body)
+		}
+	}
+	b.ReportMetric(float64(b.N)*1000/b.Elapsed().Seconds(), "events/s")
+}
+
 type discard struct{}
 
 func (discard) Publish(string, string, []byte) bool { return true }

@@ -86,3 +86,18 @@ func folded(t *testing.T, reg *prometheus.Registry) float64 {
 	}
 	return n
 }
+
+// BenchmarkRequest is the cost per event of a subject already in use, the steady state.
+func BenchmarkRequest(b *testing.B) {
+	l := subject.New(1000, time.Hour, nil)
+	scenes := make([]string, 100)
+	for i := range scenes {
+		scenes[i] = fmt.Sprint("scene-", i)
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		l.Request("prod", scenes[i%len(scenes)], t0)
+		i++
+	}
+}
