@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
 )
@@ -61,5 +63,40 @@ func TestProxyKeepsEventsWithHostileLabels(t *testing.T) {
 		if !strings.Contains(string(mb), want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
+	}
+}
+
+// TestIngestBurstBoundsStreamSubjects: 100,000 made-up scenes through the ingest leave the
+// stream with EMITTER_MAX_SUBJECTS subjects and llm.req.<env>.other, every event stored.
+func TestIngestBurstBoundsStreamSubjects(t *testing.T) {
+	base, js, stop := serveRig(t, "EMITTER_MAX_SUBJECTS=1000")
+	defer stop()
+	ts := time.Now().UTC().Format(events.TimeLayout)
+	for b := range 10 {
+		var nd strings.Builder
+		for i := range 10_000 {
+			n := b*10_000 + i
+			fmt.Fprintf(&nd, `{"v":1,"event_id":"ev-%d","ts":%q,"model":"m-%d","scene":"burst-%d","env":"prod","input_tokens":1,"output_tokens":1,"ttft_ms":1,"total_ms":2,"status":"ok"}`+"\n", n, ts, n, n)
+		}
+		resp, err := http.Post(base+"/v1/events", "application/x-ndjson", strings.NewReader(nd.String()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 202 {
+			t.Fatalf("batch %d: %d", b, resp.StatusCode)
+		}
+	}
+	waitMsgs(t, js, 100_000)
+	s, err := js.Stream(context.Background(), events.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.NumSubjects != 1001 {
+		t.Fatalf("%d subjects in %s after 100,000 scenes, want 1,001", info.State.NumSubjects, events.StreamEvents)
 	}
 }
