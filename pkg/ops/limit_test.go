@@ -137,3 +137,18 @@ func count(t *testing.T, reg *prometheus.Registry) int {
 	}
 	return n
 }
+
+// BenchmarkLimiterValue is the cost per request of a model label already admitted.
+func BenchmarkLimiterValue(b *testing.B) {
+	l := ops.NewLimiter(200, 5*time.Minute, nil)
+	models := make([]string, 50)
+	for i := range models {
+		models[i] = fmt.Sprint("gpt-4o-", i)
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		l.Value(models[i%len(models)], t0)
+		i++
+	}
+}
