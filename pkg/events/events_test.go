@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
 )
@@ -275,4 +276,33 @@ func TestReasonsBounded(t *testing.T) {
 			t.Fatalf("Reason(%v) = %q is not in Reasons()", err, r)
 		}
 	}
+}
+
+func TestFitLabel(t *testing.T) {
+	long := strings.Repeat("scene-", 200) // 1,200 bytes
+	f := func(in string, limit int, check func(got string) bool) {
+		t.Helper()
+		got := events.FitLabel(in, limit)
+		ev := sampleEvent()
+		ev.Scene = got
+		if err := ev.ValidateAt(testNow); limit == events.MaxLabelLen && err != nil {
+			t.Fatalf("FitLabel(%.40q…) = %.40q…, still invalid: %v", in, got, err)
+		}
+		if len(got) > limit || !utf8.ValidString(got) || !check(got) {
+			t.Fatalf("FitLabel(%.40q…, %d) = %q", in, limit, got)
+		}
+	}
+	same := func(in string) func(string) bool { return func(got string) bool { return got == in } }
+	f("support", events.MaxLabelLen, same("support"))
+	f(strings.Repeat("x", events.MaxLabelLen), events.MaxLabelLen, same(strings.Repeat("x", events.MaxLabelLen)))
+	f("bad\xffbyte", events.MaxLabelLen, same("bad\uFFFDbyte"))
+	f(long, events.MaxLabelLen, func(got string) bool {
+		return len(got) == events.MaxLabelLen && strings.HasPrefix(got, long[:events.MaxLabelLen-9]) && got[events.MaxLabelLen-9] == '~'
+	})
+	// Two long values that begin alike stay apart.
+	f(long+"a", events.MaxLabelLen, func(got string) bool { return got != events.FitLabel(long+"b", events.MaxLabelLen) })
+	// Never cut inside a rune.
+	f(strings.Repeat("é", 300), events.MaxLabelLen, func(got string) bool { return strings.HasPrefix(got, strings.Repeat("é", 123)+"~") })
+	f(long, 5, same("scene"))
+	f(long, events.MaxIDLen, func(got string) bool { return len(got) == events.MaxIDLen })
 }

@@ -3,6 +3,7 @@ package events_test
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
@@ -42,4 +43,13 @@ func ExampleRequestSubject() {
 	// Labels can never change a subject's shape.
 	fmt.Println(events.RequestSubject("prod", "search.v2 > beta"))
 	// Output: llm.req.prod.search_v2___beta
+}
+
+func ExampleFitLabel() {
+	scene := events.FitLabel("support-"+strings.Repeat("x", 300), events.MaxLabelLen)
+	fmt.Println(len(scene), scene[:12], scene[len(scene)-9:len(scene)-8])
+	fmt.Println(events.FitLabel("chat", events.MaxLabelLen))
+	// Output:
+	// 256 support-xxxx ~
+	// chat
 }

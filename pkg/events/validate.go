@@ -1,8 +1,10 @@
 package events
 
 import (
+	"hash/fnv"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 )
@@ -176,4 +178,40 @@ func quoteBounded(s string) string {
 		s = s[:64] + "…"
 	}
 	return strconv.QuoteToASCII(s)
+}
+
+// FitLabel returns v made to pass Validate's rules for a label or id of at most limit bytes,
+// for a producer that measured a request and must not lose its event over a label it was
+// handed (the emitter's proxy, taking scene and env from headers and the model from the
+// body): invalid UTF-8 becomes U+FFFD, and a value longer than limit is cut on a rune
+// boundary and ended with '~' and 8 hex digits of the FNV-1a hash of the whole value, so
+// that long values which begin alike stay apart. A value that already fits is returned as
+// it is. A producer that can be told its event is wrong should be told instead: the HTTP
+// ingest and the aggregator reject such events.
+func FitLabel(v string, limit int) string {
+	if len(v) <= limit && utf8.ValidString(v) {
+		return v
+	}
+	v = strings.ToValidUTF8(v, "\uFFFD")
+	if len(v) <= limit {
+		return v
+	}
+	const hexDigits = "0123456789abcdef"
+	tail := []byte("~00000000")
+	if limit < len(tail) {
+		tail = tail[:0] // no room for the hash: cut only
+	} else {
+		h := fnv.New32a()
+		_, _ = h.Write([]byte(v))
+		sum := h.Sum32()
+		for i := len(tail) - 1; i > 0; i-- {
+			tail[i] = hexDigits[sum&0xf]
+			sum >>= 4
+		}
+	}
+	keep := max(limit-len(tail), 0)
+	for keep > 0 && !utf8.RuneStart(v[keep]) {
+		keep--
+	}
+	return v[:keep] + string(tail)
 }

@@ -73,14 +73,6 @@ func TestListenError(t *testing.T) {
 	}
 }
 
-func TestLimiter(t *testing.T) {
-	l := ops.NewLimiter(2)
-	got := []string{l.Value("a"), l.Value("b"), l.Value("c"), l.Value("a"), l.Value("d")}
-	if strings.Join(got, ",") != "a,b,other,a,other" || l.Folded() != 2 {
-		t.Fatalf("got %v, folded %d", got, l.Folded())
-	}
-}
-
 type wrapped struct {
 	net.Listener
 	accepted *atomic.Int64

@@ -25,6 +25,8 @@ type Config struct {
 	DefaultEnv        string        `env:"EMITTER_DEFAULT_ENV" envDefault:"dev"`
 	MaxParseBytes     int64         `env:"EMITTER_MAX_PARSE_BYTES" envDefault:"33554432"`
 	MaxLabels         int           `env:"EMITTER_MAX_LABELS" envDefault:"200"`
+	MaxSubjects       int           `env:"EMITTER_MAX_SUBJECTS" envDefault:"1000"`
+	SubjectIdle       time.Duration `env:"EMITTER_SUBJECT_IDLE" envDefault:"1h"`
 
 	IngestToken    string `env:"EMITTER_INGEST_TOKEN"`
 	IngestMaxBytes int64  `env:"EMITTER_INGEST_MAX_BYTES" envDefault:"16777216"`
@@ -65,6 +67,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("EMITTER_MAX_PARSE_BYTES=%d must be at least 1024", c.MaxParseBytes)
 	case c.MaxLabels < 1:
 		return fmt.Errorf("EMITTER_MAX_LABELS=%d must be at least 1", c.MaxLabels)
+	case c.MaxSubjects < 1:
+		return fmt.Errorf("EMITTER_MAX_SUBJECTS=%d must be at least 1", c.MaxSubjects)
+	case c.SubjectIdle <= 0:
+		return fmt.Errorf("EMITTER_SUBJECT_IDLE=%s must be positive", c.SubjectIdle)
 	case c.IngestMaxBytes < 1024:
 		return fmt.Errorf("EMITTER_INGEST_MAX_BYTES=%d must be at least 1024", c.IngestMaxBytes)
 	case c.PublishBuffer < 1:

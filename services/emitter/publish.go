@@ -7,6 +7,7 @@ import (
 
 	"github.com/tokenscope/tokenscope/pkg/ops"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/emit"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/subject"
 )
 
 // discard is the publisher of a bench or replay run with -publish=false: events are still
@@ -19,7 +20,7 @@ func (discard) Publish(string, string, []byte) bool { return true }
 // server, and returns the emitter and a stop function that flushes what is buffered.
 func publishing(ctx context.Context, environ map[string]string, enabled bool, stderr io.Writer) (*emit.Emitter, func() error, error) {
 	if !enabled {
-		return emit.New(discard{}, nil), func() error { return nil }, nil
+		return emit.New(discard{}, nil, nil), func() error { return nil }, nil
 	}
 	cfg, err := parseConfig(environ)
 	if err != nil {
@@ -34,7 +35,7 @@ func publishing(ctx context.Context, environ map[string]string, enabled bool, st
 	pubCtx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- pub.Run(pubCtx) }()
-	return emit.New(pub, nil), func() error {
+	return emit.New(pub, subject.New(cfg.MaxSubjects, cfg.SubjectIdle, nil), nil), func() error {
 		stop()
 		err := <-done
 		nc.Close()

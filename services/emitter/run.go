@@ -19,6 +19,7 @@ import (
 	"github.com/tokenscope/tokenscope/services/emitter/internal/emit"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/ingest"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/proxy"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/subject"
 )
 
 const usage = `usage: emitter [command] [flags]
@@ -101,7 +102,9 @@ func serve(ctx context.Context, environ map[string]string, stderr io.Writer) err
 		return err
 	}
 	defer nc.Close()
-	em := emit.New(pub, srv.Registry())
+	// The proxy's events and the ingest's share one bound on the subjects they make.
+	subjects := subject.New(cfg.MaxSubjects, cfg.SubjectIdle, srv.Registry())
+	em := emit.New(pub, subjects, srv.Registry())
 	px := proxy.New(cfg.proxyConfig(), em, srv.Registry(), logger)
 	defer px.Close()
 	px.Register(srv)
@@ -110,7 +113,7 @@ func serve(ctx context.Context, environ map[string]string, stderr io.Writer) err
 	srv.WrapListener(px.Listener)
 	srv.ConnContext(px.ConnContext)
 	srv.OnShutdown(px.Drain)
-	srv.Handle("POST /v1/events", ingest.New(ingest.Options{MaxBytes: cfg.IngestMaxBytes, Token: cfg.IngestToken},
+	srv.Handle("POST /v1/events", ingest.New(ingest.Options{MaxBytes: cfg.IngestMaxBytes, Token: cfg.IngestToken, Subjects: subjects},
 		pub, time.Now, srv.Registry(), logger))
 
 	logger.Info("serving", "addr", srv.Addr(), "upstream", cfg.UpstreamURL, "nats", nc.ConnectedUrlRedacted())

@@ -21,7 +21,7 @@ type Config struct {
 	Window      time.Duration
 	Lateness    time.Duration
 	Buckets     events.Buckets
-	MaxSeries   int // distinct env × scene × model × instance before folding into "other"
+	MaxSeries   int // env × scene × model × instance series in use at once before folding into "other"
 	Compression float64
 	Prices      Pricer
 }
@@ -271,7 +271,7 @@ func New(cfg Config, done map[time.Time]uint64) *Aggregator {
 			func() *Stats { return &Stats{TTFT: digest.New(c), TPOT: digest.New(c), Total: digest.New(c)} },
 			(*Stats).reset),
 		cfg:    cfg,
-		series: newSeriesLimit(cfg.MaxSeries),
+		series: newSeriesLimit(cfg.MaxSeries, seriesIdle(cfg.Window, cfg.Lateness)),
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/subject"
 )
 
 // MaxReportedErrors bounds the per-item errors in one answer; the count covers all of them.
@@ -33,8 +34,9 @@ type Publisher interface {
 
 // Options configure the handler.
 type Options struct {
-	MaxBytes int64  // largest body accepted; larger ones get 413
-	Token    string // bearer token required when not empty
+	MaxBytes int64          // largest body accepted; larger ones get 413
+	Token    string         // bearer token required when not empty
+	Subjects *subject.Limit // bounds the subjects published on; nil: one per env and scene
 }
 
 // Handler serves POST /v1/events.
@@ -256,9 +258,16 @@ func (b *batch) payload(raw []byte) []byte {
 	return b.arena[start:len(b.arena):len(b.arena)]
 }
 
+// subjectOf returns the subject to publish ev on. While the labels repeat the last subject
+// is reused: seen once per run of them is enough for the subject limit's recency.
 func (b *batch) subjectOf(ev *events.RequestEvent) string {
 	if b.subject == "" || ev.Env != b.env || ev.Scene != b.scene {
-		b.env, b.scene, b.subject = ev.Env, ev.Scene, events.RequestSubject(ev.Env, ev.Scene)
+		b.env, b.scene = ev.Env, ev.Scene
+		if b.h.opts.Subjects != nil {
+			b.subject = b.h.opts.Subjects.Request(ev.Env, ev.Scene, b.now)
+		} else {
+			b.subject = events.RequestSubject(ev.Env, ev.Scene)
+		}
 	}
 	return b.subject
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/subject"
 )
 
 var now = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -126,6 +127,8 @@ func TestIngest(t *testing.T) {
 		{"array", "[" + event("a") + "," + bad + "," + event("b") + "]", "", false, 202, 2, 1, "ttft_ms is above total_ms"},
 		{"ndjson", event("a") + "\n\n" + event("b") + "\n" + bad + "\n{oops\n", "", false, 202, 2, 2, "malformed"},
 		{"none valid", bad, "", false, 400, 0, 1, "ttft_ms"},
+		// A direct publisher is told, not silently cut: it can fix what it sends.
+		{"label too long", strings.Replace(event("a"), `"scene":"chat"`, `"scene":"`+strings.Repeat("s", 1024)+`"`, 1), "", false, 400, 0, 1, "scene: too long"},
 		{"not an array", "[1,", "", false, 400, 0, 0, "not a JSON array"},
 		{"empty", "  ", "", false, 400, 0, 0, "no events"},
 		{"buffer full", event("a"), "", true, 503, 0, 1, "publish buffer full"},
@@ -154,6 +157,44 @@ func TestIngest(t *testing.T) {
 				t.Fatalf("published %q", pub.msgs[0])
 			}
 		})
+	}
+}
+
+// TestIngestBurstBoundsSubjects: 100,000 made-up scenes through the ingest publish on at
+// most EMITTER_MAX_SUBJECTS subjects, each event keeping its exact scene in the payload, and
+// once they stop, a real new scene gets its own subject again.
+func TestIngestBurstBoundsSubjects(t *testing.T) {
+	const limit = 500
+	clock := now
+	pub := &memPub{}
+	h := New(Options{MaxBytes: 16 << 20, Subjects: subject.New(limit, time.Hour, nil)}, pub, func() time.Time { return clock }, nil,
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	for b := range 10 {
+		var sb strings.Builder
+		for i := range 10_000 {
+			n := b*10_000 + i
+			fmt.Fprintf(&sb, "%s\n", strings.Replace(event(fmt.Sprint("id-", n)), `"scene":"chat"`, fmt.Sprintf(`"scene":"burst-%d"`, n), 1))
+		}
+		if code, a := post(h, sb.String()); code != 202 || a.Accepted != 10_000 {
+			t.Fatalf("batch %d: %d %+v", b, code, a)
+		}
+		clock = clock.Add(time.Second)
+	}
+	subjects := map[string]bool{}
+	for i, m := range pub.msgs {
+		subjects[strings.Fields(m)[0]] = true
+		var ev events.RequestEvent
+		if err := events.UnmarshalRequest(pub.data[i], &ev); err != nil || ev.Scene != fmt.Sprint("burst-", i) {
+			t.Fatalf("event %d: scene %q, %v", i, ev.Scene, err)
+		}
+	}
+	if len(subjects) != limit+1 || !subjects["llm.req.prod.other"] {
+		t.Fatalf("%d subjects for 100,000 scenes, want %d and llm.req.prod.other", len(subjects), limit)
+	}
+	clock = clock.Add(time.Hour)
+	pub.msgs = pub.msgs[:0]
+	if code, _ := post(h, strings.Replace(event("real"), `"scene":"chat"`, `"scene":"checkout"`, 1)); code != 202 || pub.msgs[0] != "llm.req.prod.checkout real" {
+		t.Fatalf("a real scene after the burst: %d %v", code, pub.msgs)
 	}
 }
 
@@ -191,6 +232,29 @@ func BenchmarkIngestNDJSON(b *testing.B) {
 	}
 	body := sb.String()
 	h := New(Options{MaxBytes: 16 << 20}, discard{}, func() time.Time { return now }, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/events", strings.NewReader(body)))
+		if rec.Code != 202 {
+			b.Fatal(rec.Body)
+		}
+	}
+	b.ReportMetric(float64(b.N)*1000/b.Elapsed().Seconds(), "events/s")
+}
+
+// BenchmarkIngestNDJSONScenes is BenchmarkIngestNDJSON with the subject limit the server
+// uses and a scene that changes from each event to the next, so every event asks the limit.
+func BenchmarkIngestNDJSONScenes(b *testing.B) {
+	var sb strings.Builder
+	for i := range 1000 {
+		sb.WriteString(strings.Replace(event(events.NewEventID()[:30]+fmt.Sprint(i)), `"scene":"chat"`, fmt.Sprintf(`"scene":"chat-%d"`, i%8), 1))
+		sb.WriteByte('\n')
+	}
+	body := sb.String()
+	h := New(Options{MaxBytes: 16 << 20, Subjects: subject.New(1000, time.Hour, nil)}, discard{}, func() time.Time { return now }, nil,
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
 	for b.Loop() {

@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
@@ -20,6 +22,9 @@ type metrics struct {
 	passthrough prometheus.Counter
 	models      *ops.Limiter
 }
+
+// labelIdle is how long a model label must go unseen before a new model may take its place.
+const labelIdle = 5 * time.Minute
 
 func newMetrics(reg prometheus.Registerer, maxLabels int) *metrics {
 	m := &metrics{
@@ -44,8 +49,13 @@ func newMetrics(reg prometheus.Registerer, maxLabels int) *metrics {
 			Buckets: []float64{.05, .1, .25, .5, 1, 2, 5, 10, 30, 60}}, []string{"provider", "model"}),
 		passthrough: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "passthrough_total",
 			Help: "Requests to other upstream paths (model lists, token counting) forwarded without measuring."}),
-		models: ops.NewLimiter(maxLabels),
 	}
+	// A model unseen for labelIdle gives its place to a new one once maxLabels are in use,
+	// and its series go, so /metrics never holds more than maxLabels models.
+	m.models = ops.NewLimiter(maxLabels, labelIdle, func(model string) {
+		m.requests.DeletePartialMatch(prometheus.Labels{"model": model})
+		m.ttft.DeletePartialMatch(prometheus.Labels{"model": model})
+	})
 	for _, p := range []string{"openai", "anthropic"} {
 		m.rateLimited.WithLabelValues(p)
 	}
@@ -55,8 +65,8 @@ func newMetrics(reg prometheus.Registerer, maxLabels int) *metrics {
 	return m
 }
 
-func (m *metrics) observe(ev *events.RequestEvent) {
-	model := m.models.Value(ev.Model)
+func (m *metrics) observe(ev *events.RequestEvent, now time.Time) {
+	model := m.models.Value(ev.Model, now)
 	m.requests.WithLabelValues(ev.Provider, model, string(ev.Status)).Inc()
 	if ev.RateLimited() {
 		m.rateLimited.WithLabelValues(ev.Provider).Inc()

@@ -647,8 +647,9 @@ func headerOr(h http.Header, name, def string) string {
 }
 
 func (p *Proxy) finish(ev *events.RequestEvent, end time.Time) {
-	p.m.observe(ev)
-	// A bad label from a client header makes the event invalid; the emitter counts it.
+	p.m.observe(ev, end)
+	// Over-long labels from the client are fitted by the emitter, and counted; an event it
+	// still finds invalid is counted there too.
 	_ = p.emit.Emit(ev, end)
 }
 
