@@ -47,6 +47,9 @@ func NewTokens(ctx context.Context, o Options, cfg window.Config, prices *price.
 	var stored storedSet
 	storeRequests := d.Requests != nil
 	err = untilRead(ctx, d.Logger, func() (err error) {
+		if err := sk.Settle(ctx, ""); err != nil {
+			return err
+		}
 		if done, err = sk.Done(ctx, "token_rollups", floor); err != nil || !storeRequests {
 			return err
 		}
@@ -70,7 +73,9 @@ func NewTokens(ctx context.Context, o Options, cfg window.Config, prices *price.
 	return newPipeline(o, d.JS, d.NC, cons, floor, store, st, d.Publisher, m, d.Logger.With("stream", o.Stream)), nil
 }
 
-// untilRead reads the ledger, retrying until it is read or ctx ends. A ledger read in part
+// untilRead reads the ledger, retrying until it is read or ctx ends. read first waits for
+// the inserts a previous process of this consumer may have left running on the server: one
+// that lands after the ledger is read would be written again. A ledger read in part
 // would count stored events again, so there is no way around it; but a ClickHouse that
 // cannot answer in full for now (a shard of a Distributed table down: code 279) is waited
 // for, not a reason to stop.
@@ -242,7 +247,7 @@ func (f *tokenFlush) write(ctx context.Context, now time.Time) error {
 			if stored != 0 {
 				return fmt.Errorf("cannot settle flush %s: %d of %d requests are stored", f.ledger.FlushID, stored, f.reqs.Len())
 			}
-			if err := f.stage.writer.Write(ctx, f.reqs, f.ledger.FlushID+"-requests-"+strconv.Itoa(f.attempt)); err != nil {
+			if err := f.stage.writer.Write(ctx, f.reqs, sk.QueryID(f.ledger.FlushID+"-requests-"+strconv.Itoa(f.attempt))); err != nil {
 				return err
 			}
 		}
@@ -260,7 +265,7 @@ func (f *tokenFlush) write(ctx context.Context, now time.Time) error {
 			return nil
 		}
 	}
-	qctx := sink.WithQueryID(ctx, f.ledger.FlushID+"-rollups-"+strconv.Itoa(f.attempt))
+	qctx := sk.WithQueryID(ctx, f.ledger.FlushID+"-rollups-"+strconv.Itoa(f.attempt))
 	return sk.WriteTokenRollups(qctx, f.rows, f.stage.agg.BucketLower, f.ledger, now)
 }
 
@@ -300,6 +305,9 @@ func NewGPU(ctx context.Context, o Options, cfg window.Config, d Deps) (*Pipelin
 	sk := sink.New(d.CH, o.Consumer)
 	var done map[time.Time]uint64
 	err = untilRead(ctx, d.Logger, func() (err error) {
+		if err := sk.Settle(ctx, ""); err != nil {
+			return err
+		}
 		done, err = sk.Done(ctx, "gpu_rollups", floor)
 		return err
 	})
@@ -391,7 +399,7 @@ func (f *gpuFlush) write(ctx context.Context, now time.Time) error {
 			return nil
 		}
 	}
-	return sk.WriteGPURollups(sink.WithQueryID(ctx, f.ledger.FlushID+"-gpu-"+strconv.Itoa(f.attempt)), f.rows, f.ledger, now)
+	return sk.WriteGPURollups(sk.WithQueryID(ctx, f.ledger.FlushID+"-gpu-"+strconv.Itoa(f.attempt)), f.rows, f.ledger, now)
 }
 
 func (f *gpuFlush) publish(p *bus.Publisher) {

@@ -23,9 +23,13 @@ func New(conn driver.Conn, consumer string) *ClickHouse {
 	return &ClickHouse{conn: conn, consumer: consumer}
 }
 
-// WithQueryID tags the inserts made with ctx, so that Settle can find them on the server.
-func WithQueryID(ctx context.Context, id string) context.Context {
-	return clickhouse.Context(ctx, clickhouse.WithQueryID(id))
+// QueryID returns the query id of an insert of this consumer's: its name, then id, so that
+// Settle finds its inserts, all of them or one flush's.
+func (c *ClickHouse) QueryID(id string) string { return c.consumer + "/" + id }
+
+// WithQueryID tags the inserts made with ctx as QueryID(id).
+func (c *ClickHouse) WithQueryID(ctx context.Context, id string) context.Context {
+	return clickhouse.Context(ctx, clickhouse.WithQueryID(c.QueryID(id)))
 }
 
 // syncInsert makes an insert into a Distributed table return only once every shard has its
@@ -37,11 +41,14 @@ func syncInsert(ctx context.Context) context.Context {
 	return clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{"insert_distributed_sync": 1}))
 }
 
-// Settle waits, up to ctx, until no query whose id starts with prefix runs on the server.
-// An insert abandoned by its client (a timeout while the server hung) may still be running,
-// or may start once the server reads its socket again; counting a flush's rows is only
-// conclusive once it has finished.
+// Settle waits, up to ctx, until no insert of this consumer's whose id (after the consumer's
+// name) starts with prefix runs on the server; an empty prefix waits for all of them. An
+// insert abandoned by its client (a timeout while the server hung, or a process killed after
+// sending it) may still be running, or may start once the server reads its socket again;
+// counting a flush's rows, or reading the ledger at start, is only conclusive once it has
+// finished.
 func (c *ClickHouse) Settle(ctx context.Context, prefix string) error {
+	prefix = c.QueryID(prefix)
 	for {
 		var n uint64
 		if err := c.conn.QueryRow(ctx, "SELECT count() FROM system.processes WHERE startsWith(query_id, ?)", prefix).Scan(&n); err != nil {
