@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -179,13 +178,6 @@ func (p *Proxy) handler(proto meter.Protocol) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { p.serve(w, r, proto) })
 }
 
-// requestInfo is what the proxy reads from a request body.
-type requestInfo struct {
-	Model         string          `json:"model"`
-	Stream        bool            `json:"stream"`
-	StreamOptions json.RawMessage `json:"stream_options"`
-}
-
 // readBody reads the body up to the parse limit. Past it, the body is forwarded as a stream
 // and not parsed.
 func (p *Proxy) readBody(r *http.Request) (head []byte, rest io.Reader, err error) {
@@ -234,8 +226,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, proto meter.Protoc
 	}
 	x.body, x.rest = head, rest
 	if head != nil && isIdentity(r.Header.Get("Content-Encoding")) {
-		var info requestInfo
-		if json.Unmarshal(head, &info) == nil {
+		if info, ok := readRequest(head); ok {
 			if info.Model != "" {
 				x.model = info.Model
 			}
