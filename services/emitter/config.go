@@ -25,6 +25,7 @@ type Config struct {
 	DefaultEnv        string        `env:"EMITTER_DEFAULT_ENV" envDefault:"dev"`
 	MaxParseBytes     int64         `env:"EMITTER_MAX_PARSE_BYTES" envDefault:"33554432"`
 	MaxLabels         int           `env:"EMITTER_MAX_LABELS" envDefault:"200"`
+	MaxSSEEventBytes  int           `env:"EMITTER_MAX_SSE_EVENT_BYTES" envDefault:"1048576"`
 
 	IngestToken    string `env:"EMITTER_INGEST_TOKEN"`
 	IngestMaxBytes int64  `env:"EMITTER_INGEST_MAX_BYTES" envDefault:"16777216"`
@@ -65,6 +66,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("EMITTER_MAX_PARSE_BYTES=%d must be at least 1024", c.MaxParseBytes)
 	case c.MaxLabels < 1:
 		return fmt.Errorf("EMITTER_MAX_LABELS=%d must be at least 1", c.MaxLabels)
+	case c.MaxSSEEventBytes < 1024:
+		return fmt.Errorf("EMITTER_MAX_SSE_EVENT_BYTES=%d must be at least 1024", c.MaxSSEEventBytes)
 	case c.IngestMaxBytes < 1024:
 		return fmt.Errorf("EMITTER_INGEST_MAX_BYTES=%d must be at least 1024", c.IngestMaxBytes)
 	case c.PublishBuffer < 1:
@@ -85,5 +88,6 @@ func (c Config) proxyConfig() proxy.Config {
 	up, _ := proxy.ParseUpstream(c.UpstreamURL)
 	routes, _ := proxy.ParseRoutes(c.Upstreams)
 	return proxy.Config{Upstream: up, Routes: routes, UpstreamTimeout: c.UpstreamTimeout, IdleTimeout: c.StreamIdleTimeout,
-		DefaultScene: c.DefaultScene, DefaultEnv: c.DefaultEnv, MaxParseBytes: c.MaxParseBytes, MaxLabels: c.MaxLabels}
+		DefaultScene: c.DefaultScene, DefaultEnv: c.DefaultEnv, MaxParseBytes: c.MaxParseBytes, MaxLabels: c.MaxLabels,
+		MaxEventBytes: c.MaxSSEEventBytes}
 }

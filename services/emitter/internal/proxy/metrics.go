@@ -18,6 +18,7 @@ type metrics struct {
 	clientWaits prometheus.Counter
 	ttft        *prometheus.HistogramVec
 	passthrough prometheus.Counter
+	overflows   prometheus.Counter
 	models      *ops.Limiter
 }
 
@@ -44,13 +45,15 @@ func newMetrics(reg prometheus.Registerer, maxLabels int) *metrics {
 			Buckets: []float64{.05, .1, .25, .5, 1, 2, 5, 10, 30, 60}}, []string{"provider", "model"}),
 		passthrough: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "passthrough_total",
 			Help: "Requests to other upstream paths (model lists, token counting) forwarded without measuring."}),
+		overflows: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "meter_overflows_total",
+			Help: "Responses with an SSE event longer than EMITTER_MAX_SSE_EVENT_BYTES (or a body over 8 MiB): passed to the client unread, the event marked meter_overflow."}),
 		models: ops.NewLimiter(maxLabels),
 	}
 	for _, p := range []string{"openai", "anthropic"} {
 		m.rateLimited.WithLabelValues(p)
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.rateLimited, m.inflight, m.streams, m.detached, m.detaches, m.parked, m.clientWaits, m.ttft, m.passthrough)
+		reg.MustRegister(m.requests, m.rateLimited, m.inflight, m.streams, m.detached, m.detaches, m.parked, m.clientWaits, m.ttft, m.passthrough, m.overflows)
 	}
 	return m
 }

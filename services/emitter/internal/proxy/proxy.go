@@ -84,6 +84,9 @@ func New(cfg Config, emit Emitter, reg prometheus.Registerer, logger *slog.Logge
 	if cfg.MaxParseBytes <= 0 {
 		cfg.MaxParseBytes = 32 << 20
 	}
+	if cfg.MaxEventBytes <= 0 {
+		cfg.MaxEventBytes = meter.DefaultMaxEvent
+	}
 	t := &http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
 		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
@@ -433,6 +436,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	c.ev.HTTPStatus = resp.StatusCode
 	c.m = p.meters.Get().(*meter.Meter)
 	c.m.Reset(x.proto, c.sse, x.start)
+	c.m.SetMaxEvent(p.cfg.MaxEventBytes)
 	c.m.SetInputEstimate(x.input)
 	c.enc = contentEncoding(resp.Header)
 	// The usage chunk the proxy asked for is stripped from an identity stream, and from a
@@ -584,6 +588,9 @@ func (c *flight) settle() {
 	ev := &c.ev
 	res := c.m.Result(end)
 	res.Fill(ev)
+	if res.Overflows > 0 {
+		p.m.overflows.Inc()
+	}
 	ok := c.status < 300
 	switch {
 	case errors.Is(cause, errShutdown) && (readErr != nil || writeErr != nil):
