@@ -522,3 +522,51 @@ func TestBodyOverflow(t *testing.T) {
 		t.Fatalf("status %s %q estimated %v", st, code, r.Estimated)
 	}
 }
+
+// FuzzScan: however a stream is cut into pieces, and whether the meter strips the usage chunk
+// or not, it measures the same; not stripping, it forwards every byte; stripping, it forwards
+// every byte when there was no usage chunk to drop.
+func FuzzScan(f *testing.F) {
+	for _, name := range []string{"openai_chat_usage.sse", "openai_chat_tools_crlf.sse", "openai_malformed.sse", "anthropic_messages.sse"} {
+		b, err := os.ReadFile(filepath.Join("testdata", name))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b, uint16(7))
+	}
+	f.Add([]byte("data: "+strings.Repeat("x", 1500)+"\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":1}}\r\n\r\ndata: [DONE]\n\n"), uint16(100))
+	f.Add([]byte(strings.Repeat(": k\n", 400)+"\n\r\ndata: [DONE]\n"), uint16(3))
+	f.Fuzz(func(t *testing.T, raw []byte, step uint16) {
+		run := func(strip bool, step int) (Result, []byte) {
+			m := New(OpenAIChat, true, t0)
+			m.SetMaxEvent(1 << 10)
+			if strip {
+				m.StripUsageChunk()
+			}
+			var out []byte
+			for i := 0; i < len(raw); i += step {
+				p := raw[i:min(i+step, len(raw))]
+				got := m.Feed(p, t0, nil)
+				if !strip && !bytes.Equal(got, p) {
+					t.Fatal("not stripping, the meter forwarded other bytes than it got")
+				}
+				out = append(out, got...)
+				if m.size() > 1<<10 {
+					t.Fatalf("the meter holds an event of %d bytes", m.size())
+				}
+			}
+			out = m.Flush(t0, out)
+			return m.Result(t0), out
+		}
+		whole, _ := run(false, max(len(raw), 1))
+		for _, strip := range []bool{false, true} {
+			r, out := run(strip, int(step)%64+1)
+			if r != whole {
+				t.Fatalf("strip %v, step %d: %+v, whole: %+v", strip, int(step)%64+1, r, whole)
+			}
+			if (!strip || r.Estimated) && !bytes.Equal(out, raw) {
+				t.Fatalf("strip %v, no usage chunk: forwarded other bytes", strip)
+			}
+		}
+	})
+}

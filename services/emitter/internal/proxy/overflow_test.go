@@ -39,7 +39,7 @@ func TestOverflowStreamsThrough(t *testing.T) {
 func testOverflowStreamsThrough(t *testing.T, transport, strip bool) {
 	const (
 		limit = 64 << 10
-		huge  = 32 << 20 // the long event's content: 512 times the limit
+		huge  = 32 << 20     // the long event's content: 512 times the limit
 		first = huge - 1<<20 // sent before the upstream waits for the client to have it
 	)
 	chunk := sseEvent("hi")

@@ -74,3 +74,23 @@ func testRequestFieldsReadExactly(t *testing.T, transport bool) {
 		})
 	}
 }
+
+// TestAnthropicCutShortEstimated: an Anthropic stream that breaks off before message_delta
+// records the content streamed as its output, estimated, not message_start's placeholder.
+func TestAnthropicCutShortEstimated(t *testing.T) { bothClients(t, testAnthropicCutShortEstimated) }
+
+func testAnthropicCutShortEstimated(t *testing.T, transport bool) {
+	r := newRig(t, fakellm.Options{Tokens: 40}, nil)
+	if transport {
+		r.viaTransport()
+	}
+	body := `{"model":"claude-haiku","max_tokens":40,"stream":true,"messages":[{"role":"user","content":"hi there"}]}`
+	call(t, r.proxy.URL, messagesPath, body, map[string]string{"X-Fakellm-Mode": fakellm.ModeDisconnect})
+	ev := r.cap.next(t)
+	if ev.ErrorCode != CodeUpstreamDisconnect || !ev.TokensEstimated || ev.OutputTokens != 20 {
+		t.Fatalf("event %s %q, output %d estimated %v: want the 20 tokens streamed before the cut, estimated", ev.Status, ev.ErrorCode, ev.OutputTokens, ev.TokensEstimated)
+	}
+	if _, ok := ev.TPOT(); !ok {
+		t.Fatal("no TPOT")
+	}
+}
