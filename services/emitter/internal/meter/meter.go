@@ -113,10 +113,10 @@ func New(proto Protocol, stream bool, start time.Time) *Meter {
 	return m
 }
 
-// Reset readies the meter for another response, keeping its buffers.
+// Reset readies the meter for another response, keeping its buffers (those not grown large).
 func (m *Meter) Reset(proto Protocol, stream bool, start time.Time) {
 	*m = Meter{proto: proto, stream: stream, start: start,
-		pending: m.pending[:0], data: m.data[:0], name: m.name[:0], body: m.body[:0], held: m.held}
+		pending: kept(m.pending), data: kept(m.data), name: kept(m.name), body: m.body[:0], held: m.held}
 }
 
 // SetMaxEvent sets the longest SSE event the meter reads, n bytes with its lines' ends (at
