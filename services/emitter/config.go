@@ -27,6 +27,7 @@ type Config struct {
 	MaxLabels         int           `env:"EMITTER_MAX_LABELS" envDefault:"200"`
 	MaxSubjects       int           `env:"EMITTER_MAX_SUBJECTS" envDefault:"1000"`
 	SubjectIdle       time.Duration `env:"EMITTER_SUBJECT_IDLE" envDefault:"1h"`
+	MaxSSEEventBytes  int           `env:"EMITTER_MAX_SSE_EVENT_BYTES" envDefault:"1048576"`
 
 	IngestToken    string `env:"EMITTER_INGEST_TOKEN"`
 	IngestMaxBytes int64  `env:"EMITTER_INGEST_MAX_BYTES" envDefault:"16777216"`
@@ -71,6 +72,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("EMITTER_MAX_SUBJECTS=%d must be at least 1", c.MaxSubjects)
 	case c.SubjectIdle <= 0:
 		return fmt.Errorf("EMITTER_SUBJECT_IDLE=%s must be positive", c.SubjectIdle)
+	case c.MaxSSEEventBytes < 1024:
+		return fmt.Errorf("EMITTER_MAX_SSE_EVENT_BYTES=%d must be at least 1024", c.MaxSSEEventBytes)
 	case c.IngestMaxBytes < 1024:
 		return fmt.Errorf("EMITTER_INGEST_MAX_BYTES=%d must be at least 1024", c.IngestMaxBytes)
 	case c.PublishBuffer < 1:
@@ -91,5 +94,6 @@ func (c Config) proxyConfig() proxy.Config {
 	up, _ := proxy.ParseUpstream(c.UpstreamURL)
 	routes, _ := proxy.ParseRoutes(c.Upstreams)
 	return proxy.Config{Upstream: up, Routes: routes, UpstreamTimeout: c.UpstreamTimeout, IdleTimeout: c.StreamIdleTimeout,
-		DefaultScene: c.DefaultScene, DefaultEnv: c.DefaultEnv, MaxParseBytes: c.MaxParseBytes, MaxLabels: c.MaxLabels}
+		DefaultScene: c.DefaultScene, DefaultEnv: c.DefaultEnv, MaxParseBytes: c.MaxParseBytes, MaxLabels: c.MaxLabels,
+		MaxEventBytes: c.MaxSSEEventBytes}
 }

@@ -36,6 +36,7 @@ func TestConfig(t *testing.T) {
 		{"negative idle", "EMITTER_STREAM_IDLE_TIMEOUT", "-1s", "EMITTER_STREAM_IDLE_TIMEOUT"},
 		{"not a duration", "EMITTER_STREAM_IDLE_TIMEOUT", "soon", "EMITTER_STREAM_IDLE_TIMEOUT"},
 		{"tiny ingest", "EMITTER_INGEST_MAX_BYTES", "10", "EMITTER_INGEST_MAX_BYTES"},
+		{"tiny SSE event limit", "EMITTER_MAX_SSE_EVENT_BYTES", "100", "EMITTER_MAX_SSE_EVENT_BYTES"},
 		{"no buffer", "EMITTER_PUBLISH_BUFFER", "0", "EMITTER_PUBLISH_BUFFER"},
 		{"negative linger", "EMITTER_PUBLISH_LINGER", "-1ms", "EMITTER_PUBLISH_LINGER"},
 		{"long linger", "EMITTER_PUBLISH_LINGER", "2s", "EMITTER_PUBLISH_LINGER"},

@@ -4,8 +4,8 @@ import "bytes"
 
 // The fast path reads a chunk's JSON in one pass, without decoding it: it checks the syntax
 // and finds the members that matter by name at any depth. A chunk it cannot vouch for goes
-// to encoding/json: usage and errors (once per stream), escaped member names, deep nesting,
-// and anything that is not JSON (which the decoder then counts as malformed).
+// to the decoder (jsonread.go): usage and errors (once per stream), escaped member names,
+// deep nesting, and anything that is not JSON (which the decoder then counts as malformed).
 
 const maxFastDepth = 32
 
@@ -19,38 +19,16 @@ const (
 	kindSlow             // a value other than null needs the decoder: usage, error
 )
 
-// kindOf names the member; like encoding/json, it ignores case.
+// kindOf names the member. Names are matched exactly, as the providers' clients match them
+// (see jsonread.go): "Content" is not content.
 func kindOf(name []byte) fastKind {
-	var names []string
-	switch len(name) {
-	case 4:
-		names = []string{"text"}
-	case 5:
-		names = []string{"usage", "error"}
-	case 7:
-		names = []string{"content", "refusal"}
-	case 9:
-		names = []string{"reasoning"}
-	case 10:
-		names = []string{"tool_calls"}
-	case 13:
-		names = []string{"function_call"}
-	case 17:
-		names = []string{"reasoning_content"}
-	default:
-		return kindOther
-	}
-	for _, n := range names {
-		if name[0]|0x20 != n[0] || !bytes.EqualFold(name, []byte(n)) {
-			continue
-		}
-		switch n {
-		case "tool_calls", "function_call":
-			return kindTool
-		case "usage", "error":
-			return kindSlow
-		}
+	switch string(name) {
+	case "content", "text", "reasoning", "reasoning_content", "refusal":
 		return kindContent
+	case "tool_calls", "function_call":
+		return kindTool
+	case "usage", "error":
+		return kindSlow
 	}
 	return kindOther
 }
@@ -152,9 +130,8 @@ func scanJSON(d []byte, measure bool) (n int, ok bool) {
 				return 0, false
 			}
 			key := d[i+1 : end-1]
-			if bytes.IndexByte(key, '\\') >= 0 || !ascii(key) {
-				// An escaped name, or one that Unicode case folding might turn into a
-				// name that matters: the decoder knows what it spells.
+			if bytes.IndexByte(key, '\\') >= 0 {
+				// An escaped name: the decoder knows what it spells.
 				return 0, false
 			}
 			kind = kindOf(key)
@@ -247,15 +224,6 @@ func stringEnd(d []byte, i int) int {
 			}
 		}
 	}
-}
-
-func ascii(s []byte) bool {
-	for _, c := range s {
-		if c >= 0x80 {
-			return false
-		}
-	}
-	return true
 }
 
 func literalEnd(d []byte, i int, lit string) int {

@@ -29,11 +29,23 @@ func (p Protocol) Provider() string {
 const (
 	CodeMalformed = "malformed_sse"    // a data line that is not the JSON the protocol sends
 	CodeTruncated = "stream_truncated" // the stream ended before its terminal event
+	// CodeOverflow: an SSE event longer than the meter's limit, or a body longer than
+	// MaxBody, passed to the client unread.
+	CodeOverflow = "meter_overflow"
 )
 
 // MaxBody bounds how much of a non-streamed body is kept to read its usage from; a larger
-// body still passes through untouched, its tokens are then estimated.
+// body still passes through untouched, unread (CodeOverflow).
 const MaxBody = 8 << 20
+
+// DefaultMaxEvent is the longest SSE event, its lines up to the blank line that ends it,
+// that the meter reads when SetMaxEvent was not called. A longer one passes through as it
+// comes, unread, and marks the response with CodeOverflow.
+const DefaultMaxEvent = 1 << 20
+
+// keepCap is the largest buffer the meter keeps for the next event or stream: one that grew
+// past it for a long event is let go.
+const keepCap = 64 << 10
 
 // Usage is the token usage a response reported.
 type Usage struct {
@@ -49,11 +61,24 @@ type Meter struct {
 	stream bool
 	strip  bool // drop OpenAI's usage-only chunk: the client did not ask for it
 	start  time.Time
+	max    int // the longest event read; 0: DefaultMaxEvent
 
-	pending []byte // the unfinished SSE event (kept only when stripping) or line
+	// Stripping, pending holds the event being read, held back until its blank line, and
+	// lineAt is where its unfinished line starts; otherwise pending holds the unfinished
+	// line only, and evBytes counts the event's lines before it.
+	pending []byte
+	lineAt  int
+	evBytes int
 	data    []byte // the data lines of the event being read
 	name    []byte // its event: line
 	lines   int    // lines of the event being read
+
+	// An event over the limit is passed over up to its blank line: skipLen is how much of
+	// the line being passed over has come (at most 2), skipCR whether that is a lone CR.
+	skip      bool
+	skipLen   int
+	skipCR    bool
+	overflows int
 
 	first, last  time.Time
 	maxGap       time.Duration
@@ -62,6 +87,7 @@ type Meter struct {
 
 	usage     Usage
 	haveUsage bool
+	finalOut  bool // Anthropic: the output count is the final one (message_delta, or a body)
 	done      bool
 	errCode   string
 	malformed int
@@ -87,10 +113,27 @@ func New(proto Protocol, stream bool, start time.Time) *Meter {
 	return m
 }
 
-// Reset readies the meter for another response, keeping its buffers.
+// Reset readies the meter for another response, keeping its buffers (those not grown large).
 func (m *Meter) Reset(proto Protocol, stream bool, start time.Time) {
 	*m = Meter{proto: proto, stream: stream, start: start,
-		pending: m.pending[:0], data: m.data[:0], name: m.name[:0], body: m.body[:0], held: m.held}
+		pending: kept(m.pending), data: kept(m.data), name: kept(m.name), body: m.body[:0], held: m.held}
+}
+
+// SetMaxEvent sets the longest SSE event the meter reads, n bytes with its lines' ends (at
+// least 1 KiB; 0 for DefaultMaxEvent). What the meter holds of a stream is bounded by about
+// twice that.
+func (m *Meter) SetMaxEvent(n int) {
+	if n > 0 {
+		n = max(n, 1<<10)
+	}
+	m.max = n
+}
+
+func (m *Meter) maxEvent() int {
+	if m.max > 0 {
+		return m.max
+	}
+	return DefaultMaxEvent
 }
 
 // Idle lets the line and event buffers go when the meter is between events, so that a stream
@@ -104,9 +147,17 @@ func (m *Meter) Idle() {
 	if h == nil {
 		h = new(scratch)
 	}
-	h.pending, h.data, h.name = m.pending[:0], m.data[:0], m.name[:0]
+	h.pending, h.data, h.name = kept(m.pending), kept(m.data), kept(m.name)
 	m.pending, m.data, m.name, m.held = nil, nil, nil, nil
 	scratches.Put(h)
+}
+
+// kept returns b emptied, or nil if it grew too large to keep.
+func kept(b []byte) []byte {
+	if cap(b) > keepCap {
+		return nil
+	}
+	return b[:0]
 }
 
 // unidle takes buffers back after Idle.
@@ -124,14 +175,16 @@ func (m *Meter) StripUsageChunk() { m.strip = m.proto != Anthropic && m.stream }
 
 // Feed reads the next piece of the body, received at now, and returns what to forward to the
 // client: p itself, unless the meter strips the usage chunk, in which case it returns only
-// complete SSE events (appended to out) and keeps the rest until it is complete.
+// complete SSE events (appended to out) and keeps the rest until it is complete. An event
+// longer than the limit (SetMaxEvent) is not kept: what came of it is returned, and the rest
+// as it comes.
 func (m *Meter) Feed(p []byte, now time.Time, out []byte) []byte {
 	m.unidle()
 	if !m.stream {
 		if !m.bodyOver {
 			if len(m.body)+len(p) > MaxBody {
 				m.bodyOver = true
-				m.body = m.body[:0]
+				m.body = kept(m.body)
 			} else {
 				m.body = append(m.body, p...)
 			}
@@ -142,7 +195,11 @@ func (m *Meter) Feed(p []byte, now time.Time, out []byte) []byte {
 		m.scan(p, now, nil)
 		return p
 	}
-	return m.scan(p, now, out)
+	out = m.scan(p, now, out)
+	if out == nil {
+		out = []byte{}
+	}
+	return out
 }
 
 // Flush returns what Feed still holds back when the body ends: an unfinished last event is
@@ -151,90 +208,139 @@ func (m *Meter) Flush(now time.Time, out []byte) []byte {
 	if !m.stream {
 		return out
 	}
-	rest := m.pending
+	if m.skip {
+		m.skip, m.skipLen, m.skipCR = false, 0, false // the event past the limit ended with the body
+	}
+	if rest := bytes.TrimSuffix(m.pending[m.lineAt:], []byte{'\r'}); len(rest) > 0 {
+		m.line(rest)
+	}
 	if m.strip {
-		m.lines, m.data, m.name = 0, m.data[:0], m.name[:0]
-		for _, l := range bytes.Split(rest, []byte{'\n'}) {
-			if l = bytes.TrimSuffix(l, []byte{'\r'}); len(l) > 0 {
-				m.line(l)
-			}
-		}
-		out = append(out, rest...)
-	} else if len(rest) > 0 {
-		m.line(bytes.TrimSuffix(rest, []byte{'\r'}))
+		out = append(out, m.pending...)
 	}
 	if m.lines > 0 {
 		m.event(now)
 	}
-	m.pending = m.pending[:0]
+	m.pending, m.lineAt, m.evBytes = m.pending[:0], 0, 0
 	return out
 }
 
-// scan splits p into lines and events. When out is not nil (stripping), it returns the
-// complete events to forward; otherwise it only measures.
+// size is how long the event being read is so far.
+func (m *Meter) size() int {
+	if m.strip {
+		return len(m.pending)
+	}
+	return m.evBytes + len(m.pending)
+}
+
+// scan splits p into lines and events. Stripping, it appends to out the complete events to
+// forward and returns it; otherwise it only measures.
 func (m *Meter) scan(p []byte, now time.Time, out []byte) []byte {
-	strip := out != nil || m.strip
-	if !strip {
-		for len(p) > 0 {
-			i := bytes.IndexByte(p, '\n')
-			if i < 0 {
-				m.pending = append(m.pending, p...)
-				return nil
+	for len(p) > 0 {
+		if m.skip {
+			n := m.skipEvent(p)
+			if m.strip {
+				out = append(out, p[:n]...)
 			}
-			line := p[:i]
-			if len(m.pending) > 0 {
-				m.pending = append(m.pending, line...)
-				line = m.pending
-			}
-			m.lineOrEnd(bytes.TrimSuffix(line, []byte{'\r'}), now)
-			m.pending = m.pending[:0]
-			p = p[i+1:]
+			p = p[n:]
+			continue
 		}
-		return nil
-	}
-	// Stripping: keep whole events in pending until their blank line arrives.
-	m.pending = append(m.pending, p...)
-	buf := m.pending
-	evStart, pos := 0, 0
-	for {
-		i := bytes.IndexByte(buf[pos:], '\n')
+		i := bytes.IndexByte(p, '\n')
 		if i < 0 {
-			break
+			// An unfinished line.
+			if m.size()+len(p) > m.maxEvent() {
+				return m.overflow(p, false, out)
+			}
+			m.pending = append(m.pending, p...)
+			return out
 		}
-		line := bytes.TrimSuffix(buf[pos:pos+i], []byte{'\r'})
-		pos += i + 1
-		if len(line) > 0 {
-			m.line(line)
+		piece := p[:i+1]
+		p = p[i+1:]
+		partial := m.pending[m.lineAt:]
+		n := len(partial) + i // the line's length without its LF
+		blank := n == 0 || (n == 1 && ((len(partial) == 1 && partial[0] == '\r') || (len(partial) == 0 && piece[0] == '\r')))
+		if !blank && m.size()+len(piece) > m.maxEvent() {
+			out = m.overflow(piece, true, out)
 			continue
 		}
-		if m.lines == 0 {
-			out = append(out, buf[evStart:pos]...)
-			evStart = pos
+		if m.strip {
+			m.pending = append(m.pending, piece...)
+			if !blank {
+				m.line(bytes.TrimSuffix(m.pending[m.lineAt:len(m.pending)-1], []byte{'\r'}))
+				m.lineAt = len(m.pending)
+				continue
+			}
+			if m.lines == 0 || m.event(now) {
+				out = append(out, m.pending...)
+			}
+			m.pending, m.lineAt = m.pending[:0], 0
 			continue
 		}
-		if m.event(now) {
-			out = append(out, buf[evStart:pos]...)
+		line := piece[:i]
+		if len(m.pending) > 0 {
+			m.pending = append(m.pending, line...)
+			line = m.pending
 		}
-		evStart = pos
-	}
-	n := copy(m.pending, buf[evStart:])
-	m.pending = m.pending[:n]
-	// The half-read event's lines are parsed again when it completes.
-	m.lines, m.data, m.name = 0, m.data[:0], m.name[:0]
-	if out == nil {
-		out = []byte{}
+		if blank {
+			if m.lines > 0 {
+				m.event(now)
+			}
+			m.evBytes = 0
+		} else {
+			m.line(bytes.TrimSuffix(line, []byte{'\r'}))
+			m.evBytes += len(line) + 1
+		}
+		m.pending = m.pending[:0]
 	}
 	return out
 }
 
-func (m *Meter) lineOrEnd(line []byte, now time.Time) {
-	if len(line) == 0 {
-		if m.lines > 0 {
-			m.event(now)
+// overflow gives up the event being read, which piece would take past the limit: what is
+// held of it is forwarded (stripping), and the rest of it is passed over as it comes. piece
+// ends a line when complete is set.
+func (m *Meter) overflow(piece []byte, complete bool, out []byte) []byte {
+	m.overflows++
+	m.skip, m.skipLen, m.skipCR = true, 0, false
+	if !complete {
+		m.skipLine(m.pending[m.lineAt:])
+		m.skipLine(piece)
+	}
+	if m.strip {
+		out = append(out, m.pending...)
+		out = append(out, piece...)
+	}
+	m.pending, m.lineAt, m.evBytes = kept(m.pending), 0, 0
+	m.lines, m.data, m.name = 0, kept(m.data), kept(m.name)
+	return out
+}
+
+// skipEvent passes over the event past the limit up to the blank line that ends it, and
+// returns how much of p that took.
+func (m *Meter) skipEvent(p []byte) int {
+	pos := 0
+	for {
+		i := bytes.IndexByte(p[pos:], '\n')
+		if i < 0 {
+			m.skipLine(p[pos:])
+			return len(p)
 		}
+		m.skipLine(p[pos : pos+i])
+		pos += i + 1
+		blank := m.skipLen == 0 || (m.skipLen == 1 && m.skipCR)
+		m.skipLen, m.skipCR = 0, false
+		if blank {
+			m.skip = false
+			return pos
+		}
+	}
+}
+
+// skipLine notes b, more of the line being passed over.
+func (m *Meter) skipLine(b []byte) {
+	if len(b) == 0 {
 		return
 	}
-	m.line(line)
+	m.skipCR = m.skipLen == 0 && len(b) == 1 && b[0] == '\r'
+	m.skipLen = min(m.skipLen+len(b), 2)
 }
 
 func (m *Meter) line(line []byte) {
@@ -278,31 +384,81 @@ func (m *Meter) content(now time.Time, n int) {
 	m.contentBytes += int64(n)
 }
 
-type openAIUsage struct {
-	PromptTokens        int64 `json:"prompt_tokens"`
-	CompletionTokens    int64 `json:"completion_tokens"`
-	PromptTokensDetails *struct {
-		CachedTokens int64 `json:"cached_tokens"`
-	} `json:"prompt_tokens_details"`
-}
-
-func (u *openAIUsage) usage() Usage {
-	out := Usage{Input: u.PromptTokens, Output: u.CompletionTokens}
-	if u.PromptTokensDetails != nil {
-		out.Cached = u.PromptTokensDetails.CachedTokens
+// openAIUsage reads OpenAI's usage object; nil for null.
+func openAIUsage(v []byte) (u *Usage, ok bool) {
+	if isNull(v) {
+		return nil, true
 	}
-	return out
+	var in, out, cached *int64
+	ok = object(v, func(name, v []byte) (ok bool) {
+		switch string(name) {
+		case "prompt_tokens":
+			in, ok = count(v)
+		case "completion_tokens":
+			out, ok = count(v)
+		case "prompt_tokens_details":
+			cached = nil
+			ok = object(v, func(name, v []byte) (ok bool) {
+				if string(name) != "cached_tokens" {
+					return true
+				}
+				cached, ok = count(v)
+				return ok
+			})
+		default:
+			ok = true
+		}
+		return ok
+	})
+	if !ok {
+		return nil, false
+	}
+	u = &Usage{}
+	for _, f := range [...]struct {
+		dst *int64
+		src *int64
+	}{{&u.Input, in}, {&u.Output, out}, {&u.Cached, cached}} {
+		if f.src != nil {
+			*f.dst = *f.src
+		}
+	}
+	return u, true
 }
 
-type providerError struct {
-	Type string          `json:"type"`
-	Code json.RawMessage `json:"code"`
+// providerError is an error object in a stream or body.
+type providerError struct{ typ, code string }
+
+// readError reads a provider's error object; nil for null.
+func readError(v []byte) (e *providerError, ok bool) {
+	if isNull(v) {
+		return nil, true
+	}
+	e = &providerError{}
+	ok = object(v, func(name, v []byte) (ok bool) {
+		switch string(name) {
+		case "type":
+			e.typ, ok = text(v)
+		case "code":
+			// A string or a number; the other types say nothing.
+			e.code = ""
+			if s, isText := text(v); isText {
+				e.code = s
+			} else if len(v) > 0 && (v[0] == '-' || ('0' <= v[0] && v[0] <= '9')) {
+				e.code = string(v)
+			}
+			ok = true
+		default:
+			ok = true
+		}
+		return ok
+	})
+	return e, ok
 }
 
-func (e *providerError) code() string {
-	code := e.Type
-	if code == "" && len(e.Code) > 0 && string(e.Code) != "null" {
-		code = string(bytes.Trim(e.Code, `"`))
+func (e *providerError) String() string {
+	code := e.typ
+	if code == "" {
+		code = e.code
 	}
 	if code == "" {
 		code = "upstream_error"
@@ -313,23 +469,86 @@ func (e *providerError) code() string {
 	return code
 }
 
+// openAIChunk is what the meter reads of an OpenAI chunk.
 type openAIChunk struct {
-	Choices []struct {
-		Delta struct {
-			Content          string          `json:"content"`
-			ReasoningContent string          `json:"reasoning_content"`
-			Reasoning        string          `json:"reasoning"`
-			Refusal          string          `json:"refusal"`
-			ToolCalls        json.RawMessage `json:"tool_calls"`
-			FunctionCall     json.RawMessage `json:"function_call"`
-		} `json:"delta"`
-		Text string `json:"text"`
-	} `json:"choices"`
-	Usage *openAIUsage   `json:"usage"`
-	Error *providerError `json:"error"`
+	content int // bytes of content in its choices
+	choices int
+	usage   *Usage
+	err     *providerError
 }
 
-func present(raw json.RawMessage) bool {
+// readOpenAIChunk reads a chunk's data; ok is false when it is not the JSON OpenAI sends.
+func readOpenAIChunk(data []byte) (c openAIChunk, ok bool) {
+	if !json.Valid(data) {
+		return c, false
+	}
+	ok = object(data, func(name, v []byte) (ok bool) {
+		switch string(name) {
+		case "choices":
+			c.content, c.choices = 0, 0
+			return array(v, func(ch []byte) bool {
+				c.choices++
+				n, ok := choiceContent(ch, "delta")
+				c.content += n
+				return ok
+			})
+		case "usage":
+			c.usage, ok = openAIUsage(v)
+		case "error":
+			c.err, ok = readError(v)
+		default:
+			ok = true
+		}
+		return ok
+	})
+	return c, ok
+}
+
+// choiceContent is the content of one choice of a chunk (its delta) or of a body (its message):
+// text, reasoning, refusal and tool calls, in bytes.
+func choiceContent(ch []byte, msg string) (n int, ok bool) {
+	var texts [5]int // content, reasoning_content, reasoning, refusal, and the choice's text
+	var tools, fn []byte
+	ok = object(ch, func(name, v []byte) (ok bool) {
+		switch string(name) {
+		case "text":
+			texts[4], ok = textLen(v)
+		case msg:
+			texts[0], texts[1], texts[2], texts[3], tools, fn = 0, 0, 0, 0, nil, nil
+			ok = object(v, func(name, v []byte) (ok bool) {
+				switch string(name) {
+				case "content":
+					texts[0], ok = textLen(v)
+				case "reasoning_content":
+					texts[1], ok = textLen(v)
+				case "reasoning":
+					texts[2], ok = textLen(v)
+				case "refusal":
+					texts[3], ok = textLen(v)
+				case "tool_calls":
+					tools, ok = v, true
+				case "function_call":
+					fn, ok = v, true
+				default:
+					ok = true
+				}
+				return ok
+			})
+		default:
+			ok = true
+		}
+		return ok
+	})
+	for _, t := range texts {
+		n += t
+	}
+	if present(tools) || present(fn) {
+		n += max(len(tools)+len(fn), 1)
+	}
+	return n, ok
+}
+
+func present(raw []byte) bool {
 	return len(raw) > 0 && string(raw) != "null" && string(raw) != "[]"
 }
 
@@ -344,8 +563,8 @@ func (m *Meter) openAIEvent(data []byte, now time.Time) (keep bool) {
 		}
 		return true
 	}
-	var c openAIChunk
-	if err := json.Unmarshal(data, &c); err != nil {
+	c, ok := readOpenAIChunk(data)
+	if !ok {
 		m.malformed++
 		return true
 	}
@@ -354,23 +573,15 @@ func (m *Meter) openAIEvent(data []byte, now time.Time) (keep bool) {
 
 // slowOpenAIEvent measures a decoded chunk and reports whether to forward it.
 func (m *Meter) slowOpenAIEvent(c *openAIChunk, now time.Time) (keep bool) {
-	if c.Error != nil {
-		m.errCode = c.Error.code()
+	if c.err != nil {
+		m.errCode = c.err.String()
 	}
-	n := 0
-	for i := range c.Choices {
-		ch := &c.Choices[i]
-		n += len(ch.Delta.Content) + len(ch.Delta.ReasoningContent) + len(ch.Delta.Reasoning) + len(ch.Delta.Refusal) + len(ch.Text)
-		if present(ch.Delta.ToolCalls) || present(ch.Delta.FunctionCall) {
-			n += max(len(ch.Delta.ToolCalls)+len(ch.Delta.FunctionCall), 1)
-		}
+	if c.content > 0 {
+		m.content(now, c.content)
 	}
-	if n > 0 {
-		m.content(now, n)
-	}
-	if c.Usage != nil {
-		m.usage, m.haveUsage = c.Usage.usage(), true
-		if m.strip && len(c.Choices) == 0 {
+	if c.usage != nil {
+		m.usage, m.haveUsage = *c.usage, true
+		if m.strip && c.choices == 0 {
 			return false
 		}
 	}
@@ -378,10 +589,34 @@ func (m *Meter) slowOpenAIEvent(c *openAIChunk, now time.Time) (keep bool) {
 }
 
 type anthropicUsage struct {
-	InputTokens              *int64 `json:"input_tokens"`
-	OutputTokens             *int64 `json:"output_tokens"`
-	CacheReadInputTokens     *int64 `json:"cache_read_input_tokens"`
-	CacheCreationInputTokens *int64 `json:"cache_creation_input_tokens"`
+	InputTokens              *int64
+	OutputTokens             *int64
+	CacheReadInputTokens     *int64
+	CacheCreationInputTokens *int64
+}
+
+// readAnthropicUsage reads Anthropic's usage object; nil for null.
+func readAnthropicUsage(v []byte) (u *anthropicUsage, ok bool) {
+	if isNull(v) {
+		return nil, true
+	}
+	u = &anthropicUsage{}
+	ok = object(v, func(name, v []byte) (ok bool) {
+		switch string(name) {
+		case "input_tokens":
+			u.InputTokens, ok = count(v)
+		case "output_tokens":
+			u.OutputTokens, ok = count(v)
+		case "cache_read_input_tokens":
+			u.CacheReadInputTokens, ok = count(v)
+		case "cache_creation_input_tokens":
+			u.CacheCreationInputTokens, ok = count(v)
+		default:
+			ok = true
+		}
+		return ok
+	})
+	return u, ok
 }
 
 // merge applies a usage report; message_delta's counts are cumulative and may omit fields.
@@ -406,18 +641,60 @@ func (m *Meter) mergeAnthropic(u *anthropicUsage) {
 	}
 }
 
+// anthropicEvent is what the meter reads of an Anthropic stream event.
 type anthropicEvent struct {
-	Type    string `json:"type"`
-	Message *struct {
-		Usage *anthropicUsage `json:"usage"`
-	} `json:"message"`
-	Delta *struct {
-		Text        string `json:"text"`
-		PartialJSON string `json:"partial_json"`
-		Thinking    string `json:"thinking"`
-	} `json:"delta"`
-	Usage *anthropicUsage `json:"usage"`
-	Error *providerError  `json:"error"`
+	typ          string
+	messageUsage *anthropicUsage // message_start's message.usage
+	delta        int             // bytes of a content_block_delta's delta
+	hasDelta     bool
+	usage        *anthropicUsage // message_delta's
+	err          *providerError
+}
+
+func readAnthropicEvent(data []byte) (e anthropicEvent, ok bool) {
+	if !json.Valid(data) {
+		return e, false
+	}
+	ok = object(data, func(name, v []byte) (ok bool) {
+		switch string(name) {
+		case "type":
+			e.typ, ok = text(v)
+		case "message":
+			e.messageUsage = nil
+			ok = object(v, func(name, v []byte) (ok bool) {
+				if string(name) != "usage" {
+					return true
+				}
+				e.messageUsage, ok = readAnthropicUsage(v)
+				return ok
+			})
+		case "delta":
+			var parts [3]int // text, partial_json, thinking
+			e.hasDelta = !isNull(v)
+			ok = object(v, func(name, v []byte) (ok bool) {
+				switch string(name) {
+				case "text":
+					parts[0], ok = textLen(v)
+				case "partial_json":
+					parts[1], ok = textLen(v)
+				case "thinking":
+					parts[2], ok = textLen(v)
+				default:
+					ok = true
+				}
+				return ok
+			})
+			e.delta = parts[0] + parts[1] + parts[2]
+		case "usage":
+			e.usage, ok = readAnthropicUsage(v)
+		case "error":
+			e.err, ok = readError(v)
+		default:
+			ok = true
+		}
+		return ok
+	})
+	return e, ok
 }
 
 func (m *Meter) anthropicEvent(name, data []byte, now time.Time) {
@@ -431,35 +708,37 @@ func (m *Meter) anthropicEvent(name, data []byte, now time.Time) {
 			return
 		}
 	}
-	var e anthropicEvent
-	if err := json.Unmarshal(data, &e); err != nil {
+	e, ok := readAnthropicEvent(data)
+	if !ok {
 		m.malformed++
 		return
 	}
-	typ := e.Type
+	typ := e.typ
 	if typ == "" {
 		typ = string(name)
 	}
 	switch typ {
 	case "message_start":
-		if e.Message != nil && e.Message.Usage != nil {
-			m.mergeAnthropic(e.Message.Usage)
+		if e.messageUsage != nil {
+			// Its output_tokens is a placeholder (1): the count comes with message_delta.
+			m.mergeAnthropic(e.messageUsage)
 		}
 	case "content_block_delta":
 		n := 1
-		if e.Delta != nil {
-			n = max(len(e.Delta.Text)+len(e.Delta.PartialJSON)+len(e.Delta.Thinking), 1)
+		if e.hasDelta {
+			n = max(e.delta, 1)
 		}
 		m.content(now, n)
 	case "message_delta":
-		if e.Usage != nil {
-			m.mergeAnthropic(e.Usage)
+		if e.usage != nil {
+			m.mergeAnthropic(e.usage)
+			m.finalOut = m.finalOut || e.usage.OutputTokens != nil
 		}
 	case "message_stop":
 		m.done = true
 	case "error":
-		if e.Error != nil {
-			m.errCode = e.Error.code()
+		if e.err != nil {
+			m.errCode = e.err.String()
 		} else {
 			m.errCode = "upstream_error"
 		}

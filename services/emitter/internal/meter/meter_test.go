@@ -3,8 +3,10 @@ package meter
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -58,7 +60,7 @@ func TestStreams(t *testing.T) {
 		{"openai tool calls count as content, CRLF lines", "openai_chat_tools_crlf.sse", OpenAIChat, ms(10), ms(30), ms(10), Usage{7, 3, 0}, true, events.StatusOK, "", 3},
 		{"openai completions without usage is estimated", "openai_completions_nousage.sse", OpenAICompletions, ms(10), ms(20), ms(10), Usage{7, 2, 0}, true, events.StatusOK, "", 2},
 		{"anthropic: first content_block_delta, cache tokens added to input", "anthropic_messages.sse", Anthropic, ms(40), ms(50), ms(10), Usage{2035, 15, 2000}, false, events.StatusOK, "", 2},
-		{"anthropic error event", "anthropic_overloaded.sse", Anthropic, ms(30), ms(30), 0, Usage{40, 1, 0}, false, events.StatusError, "overloaded_error", 1},
+		{"anthropic error event", "anthropic_overloaded.sse", Anthropic, ms(30), ms(30), 0, Usage{40, 1, 0}, true, events.StatusError, "overloaded_error", 1},
 		{"openai error event", "openai_error_event.sse", OpenAIChat, ms(20), ms(20), 0, Usage{7, 1, 0}, true, events.StatusError, "server_error", 1},
 		{"malformed data line", "openai_malformed.sse", OpenAIChat, ms(10), ms(10), 0, Usage{7, 1, 0}, true, events.StatusError, CodeMalformed, 1},
 		{"stream cut before [DONE]", "openai_truncated.sse", OpenAIChat, ms(20), ms(20), 0, Usage{7, 1, 0}, true, events.StatusError, CodeTruncated, 1},
@@ -208,8 +210,8 @@ func TestOpenAIFastAgreesWithDecoder(t *testing.T) {
 		if ok != wantFast || (ok && (n > 0) != wantContent) {
 			t.Fatalf("openAIFast(%s) = %d %v, want content %v fast %v", data, n, ok, wantContent, wantFast)
 		}
-		var c openAIChunk
-		if json.Unmarshal([]byte(data), &c) != nil {
+		c, ok := readOpenAIChunk([]byte(data))
+		if !ok {
 			return
 		}
 		m := New(OpenAIChat, true, t0)
@@ -263,8 +265,8 @@ func FuzzOpenAIFast(f *testing.F) {
 		if !ok {
 			return
 		}
-		var c openAIChunk
-		if json.Unmarshal([]byte(data), &c) != nil {
+		c, ok := readOpenAIChunk([]byte(data))
+		if !ok {
 			return // valid JSON of another shape: the fast path need not agree
 		}
 		m := New(OpenAIChat, true, t0)
@@ -304,4 +306,267 @@ func TestIdleLetsBuffersGo(t *testing.T) {
 	if r := m.Result(t0); r.ContentEvents != 1 || !m.done {
 		t.Fatalf("content %d done %v", r.ContentEvents, m.done)
 	}
+}
+
+// feedSSE feeds a stream whose events come 10 ms apart and returns its result.
+func feedSSE(t *testing.T, proto Protocol, stream string) Result {
+	t.Helper()
+	m := New(proto, true, t0)
+	m.SetInputEstimate(7)
+	evs := splitEvents([]byte(stream))
+	for i, ev := range evs {
+		m.Feed(ev, t0.Add(time.Duration(i+1)*10*time.Millisecond), nil)
+	}
+	end := t0.Add(time.Second)
+	m.Flush(end, nil)
+	return m.Result(end)
+}
+
+// TestAnthropicCutShort: a stream that ends before message_delta has no output count, only
+// message_start's placeholder; the output is then the content streamed, estimated.
+func TestAnthropicCutShort(t *testing.T) {
+	const start = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":40,\"cache_read_input_tokens\":10,\"output_tokens\":1}}}\n\n"
+	delta := "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"word\"}}\n\n"
+	const final = "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":300}}\n\n"
+	const stop = "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+	const sseErr = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\"}}\n\n"
+	tests := []struct {
+		name      string
+		stream    string
+		output    int64
+		estimated bool
+		code      string
+	}{
+		{"cut after 250 deltas", start + strings.Repeat(delta, 250), 250, true, CodeTruncated},
+		{"cut before any content", start, 0, true, CodeTruncated},
+		{"SSE error after 3 deltas", start + strings.Repeat(delta, 3) + sseErr, 3, true, "overloaded_error"},
+		{"message_delta came, message_stop did not", start + strings.Repeat(delta, 250) + final, 300, false, CodeTruncated},
+		{"whole", start + strings.Repeat(delta, 250) + final + stop, 300, false, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := feedSSE(t, Anthropic, tt.stream)
+			if r.Usage != (Usage{50, tt.output, 10}) || r.Estimated != tt.estimated {
+				t.Fatalf("usage %+v estimated %v, want output %d estimated %v (input 50, cached 10 as reported)", r.Usage, r.Estimated, tt.output, tt.estimated)
+			}
+			if _, code := r.Status(true); code != tt.code {
+				t.Fatalf("code %q, want %q", code, tt.code)
+			}
+		})
+	}
+}
+
+// TestExactKeys: member names are read as the providers' clients read them (Python's json,
+// JSON.parse): exactly, the last of a name given twice winning.
+func TestExactKeys(t *testing.T) {
+	const done = "data: [DONE]\n\n"
+	streams := []struct {
+		name    string
+		proto   Protocol
+		stream  string
+		usage   Usage
+		content int64
+		code    string
+	}{
+		{"USAGE is not usage", OpenAIChat, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":7},\"USAGE\":{\"prompt_tokens\":1,\"completion_tokens\":1}}\n\n" + done,
+			Usage{5, 7, 0}, 0, ""},
+		{"Usage alone is no usage", OpenAIChat, "data: {\"choices\":[],\"Usage\":{\"prompt_tokens\":5,\"completion_tokens\":7}}\n\n" + done, Usage{7, 0, 0}, 0, ""},
+		{"duplicate usage: the last", OpenAIChat, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1},\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":9,\"Completion_Tokens\":2}}\n\n" + done,
+			Usage{5, 9, 0}, 0, ""},
+		{"duplicate usage, the last null", OpenAIChat, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1},\"usage\":null}\n\n" + done, Usage{7, 0, 0}, 0, ""},
+		{"escaped name is the name", OpenAIChat, "data: {\"choices\":[],\"us\\u0061ge\":{\"prompt_tokens\":5,\"completion_tokens\":9}}\n\n" + done, Usage{5, 9, 0}, 0, ""},
+		{"cached tokens, exact", OpenAIChat, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":9,\"prompt_tokens_details\":{\"cached_tokens\":4,\"CACHED_TOKENS\":1}}}\n\n" + done, Usage{5, 9, 4}, 0, ""},
+		{"Content is not content", OpenAIChat, "data: {\"choices\":[{\"delta\":{\"Content\":\"hi\"}}]}\n\n" + done, Usage{7, 0, 0}, 0, ""},
+		{"error type, exact", OpenAIChat, "data: {\"error\":{\"Type\":\"x\",\"type\":\"server_error\"},\"ERROR\":{\"type\":\"y\"}}\n\n", Usage{7, 0, 0}, 0, "server_error"},
+		{"anthropic output_tokens, exact and last", Anthropic, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":40,\"INPUT_TOKENS\":4,\"output_tokens\":1}}}\n\n" +
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":2,\"output_tokens\":9,\"Output_Tokens\":3}}\n\n" +
+			"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n", Usage{40, 9, 0}, 0, ""},
+		{"anthropic TYPE is not the type", Anthropic, "event: message_delta\ndata: {\"TYPE\":\"message_stop\",\"type\":\"message_delta\",\"usage\":{\"output_tokens\":9}}\n\n", Usage{0, 9, 0}, 0, CodeTruncated},
+	}
+	for _, tt := range streams {
+		t.Run(tt.name, func(t *testing.T) {
+			r := feedSSE(t, tt.proto, tt.stream)
+			if r.Usage != tt.usage || r.ContentEvents != tt.content {
+				t.Fatalf("usage %+v content %d, want %+v %d", r.Usage, r.ContentEvents, tt.usage, tt.content)
+			}
+			if _, code := r.Status(true); code != tt.code {
+				t.Fatalf("code %q, want %q", code, tt.code)
+			}
+		})
+	}
+	bodies := []struct {
+		name  string
+		proto Protocol
+		body  string
+		usage Usage
+	}{
+		{"openai body, USAGE", OpenAIChat, `{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":10,"completion_tokens":3},"USAGE":{"prompt_tokens":1,"completion_tokens":1}}`, Usage{10, 3, 0}},
+		{"openai body, duplicate", OpenAIChat, `{"usage":{"prompt_tokens":1,"completion_tokens":1},"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":10,"completion_tokens":3}}`, Usage{10, 3, 0}},
+		{"anthropic body, Usage", Anthropic, `{"content":[{"type":"text","text":"Hi"}],"usage":{"input_tokens":12,"output_tokens":6},"Usage":{"input_tokens":1,"output_tokens":1}}`, Usage{12, 6, 0}},
+		{"anthropic body, counts as numbers Python reads", Anthropic, `{"content":[],"usage":{"input_tokens":12.0,"output_tokens":6e0}}`, Usage{12, 6, 0}},
+	}
+	for _, tt := range bodies {
+		t.Run(tt.name, func(t *testing.T) {
+			m := New(tt.proto, false, t0)
+			m.Feed([]byte(tt.body), t0, nil)
+			r := m.Result(t0)
+			if r.Usage != tt.usage || r.Estimated {
+				t.Fatalf("usage %+v estimated %v, want %+v", r.Usage, r.Estimated, tt.usage)
+			}
+			if st, code := r.Status(false); st != events.StatusOK {
+				t.Fatalf("status %s %q", st, code)
+			}
+		})
+	}
+}
+
+// buffered is what the meter holds for the event being read.
+func (m *Meter) buffered() int { return cap(m.pending) + cap(m.data) + cap(m.name) }
+
+// TestOverflow: an event longer than the limit goes to the client as it comes, unread, the
+// meter holding at most about the limit; the events after it are read, and the result says
+// meter_overflow.
+func TestOverflow(t *testing.T) {
+	const limit = 64 << 10
+	const huge = 2 << 20 // 32 times the limit
+	chunk := "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n"
+	usage := "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":11,\"completion_tokens\":22}}\n\n"
+	done := "data: [DONE]\n\n"
+	rest := chunk + usage + done
+	longLine := "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"" + strings.Repeat("a", huge) + "\"}}]}"
+	tests := []struct {
+		name, stream string
+		overflows    int
+		code         string
+		content      int64
+		usage        bool
+	}{
+		{"a line without its end, then the body ends", "data: {\"choices\":[{\"delta\":{\"content\":\"" + strings.Repeat("a", huge), 1, CodeTruncated, 0, false},
+		{"a long line", chunk + longLine + "\n\n" + rest, 1, CodeOverflow, 2, true},
+		{"a long line, CRLF", chunk + longLine + "\r\n\r\n" + rest, 1, CodeOverflow, 2, true},
+		{"a long line, CR before the blank line's LF comes", chunk + longLine + "\n\r\n" + rest, 1, CodeOverflow, 2, true},
+		{"data lines without a blank line", strings.Repeat("data: aaaaaaaaaa\n", huge/17) + "\n" + rest, 1, CodeOverflow, 1, true},
+		{"comment lines without a blank line", strings.Repeat(": keep-alive\n", huge/13) + "\n" + rest, 1, CodeOverflow, 1, true},
+		{"two long events", longLine + "\n\n" + chunk + longLine + "\n\n" + rest, 2, CodeOverflow, 2, true},
+		{"an event of the limit is read", "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"" + strings.Repeat("a", limit-len("data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\"}}]}\n")) + "\"}}]}\n\n" + rest, 0, "", 2, true},
+		{"one byte more is not", "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"" + strings.Repeat("a", limit+1-len("data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\"}}]}\n")) + "\"}}]}\n\n" + rest, 1, CodeOverflow, 1, true},
+	}
+	for _, tt := range tests {
+		for _, strip := range []bool{false, true} {
+			for _, step := range []int{64 << 10, 4093, len(tt.stream)} {
+				t.Run(fmt.Sprintf("%s/strip=%v/step=%d", tt.name, strip, step), func(t *testing.T) {
+					m := New(OpenAIChat, true, t0)
+					m.SetMaxEvent(limit)
+					m.SetInputEstimate(7)
+					if strip {
+						m.StripUsageChunk()
+					}
+					raw := []byte(tt.stream)
+					var fwd []byte
+					peak := 0
+					for i := 0; i < len(raw); i += step {
+						p := raw[i:min(i+step, len(raw))]
+						out := m.Feed(p, t0, nil)
+						if !strip && !bytes.Equal(out, p) {
+							t.Fatal("not stripping, the meter forwarded other bytes than it got")
+						}
+						fwd = append(fwd, out...)
+						peak = max(peak, m.buffered())
+						if held := i + len(p) - len(fwd); strip && held > limit {
+							t.Fatalf("after %d bytes the meter holds back %d, past the limit", i+len(p), held)
+						}
+						m.Idle()
+					}
+					fwd = m.Flush(t0, fwd)
+					if peak > 4*limit {
+						t.Fatalf("the meter held %d bytes for a %d-byte limit", peak, limit)
+					}
+					want := raw
+					if strip {
+						want = bytes.Replace(raw, []byte(usage), nil, 1)
+					}
+					if !bytes.Equal(fwd, want) {
+						t.Fatalf("forwarded %d bytes, want %d, or other bytes", len(fwd), len(want))
+					}
+					r := m.Result(t0)
+					if r.Overflows != tt.overflows || r.ContentEvents != tt.content || r.Estimated == tt.usage {
+						t.Fatalf("overflows %d content %d estimated %v, want %d %d %v", r.Overflows, r.ContentEvents, r.Estimated, tt.overflows, tt.content, !tt.usage)
+					}
+					if tt.usage && r.Usage != (Usage{11, 22, 0}) {
+						t.Fatalf("usage %+v", r.Usage)
+					}
+					if _, code := r.Status(true); code != tt.code {
+						t.Fatalf("code %q, want %q", code, tt.code)
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestBodyOverflow: a body past MaxBody passes through unread, and says so.
+func TestBodyOverflow(t *testing.T) {
+	m := New(OpenAIChat, false, t0)
+	m.SetInputEstimate(5)
+	piece := bytes.Repeat([]byte("x"), 1<<20)
+	for range MaxBody/len(piece) + 1 {
+		if out := m.Feed(piece, t0, nil); !bytes.Equal(out, piece) {
+			t.Fatal("a body is not forwarded as it is")
+		}
+	}
+	if cap(m.body) > keepCap {
+		t.Fatalf("the meter keeps %d bytes of a body it gave up", cap(m.body))
+	}
+	r := m.Result(t0)
+	if st, code := r.Status(false); st != events.StatusError || code != CodeOverflow || !r.Estimated {
+		t.Fatalf("status %s %q estimated %v", st, code, r.Estimated)
+	}
+}
+
+// FuzzScan: however a stream is cut into pieces, and whether the meter strips the usage chunk
+// or not, it measures the same; not stripping, it forwards every byte; stripping, it forwards
+// every byte when there was no usage chunk to drop.
+func FuzzScan(f *testing.F) {
+	for _, name := range []string{"openai_chat_usage.sse", "openai_chat_tools_crlf.sse", "openai_malformed.sse", "anthropic_messages.sse"} {
+		b, err := os.ReadFile(filepath.Join("testdata", name))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b, uint16(7))
+	}
+	f.Add([]byte("data: "+strings.Repeat("x", 1500)+"\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":1}}\r\n\r\ndata: [DONE]\n\n"), uint16(100))
+	f.Add([]byte(strings.Repeat(": k\n", 400)+"\n\r\ndata: [DONE]\n"), uint16(3))
+	f.Fuzz(func(t *testing.T, raw []byte, step uint16) {
+		run := func(strip bool, step int) (Result, []byte) {
+			m := New(OpenAIChat, true, t0)
+			m.SetMaxEvent(1 << 10)
+			if strip {
+				m.StripUsageChunk()
+			}
+			var out []byte
+			for i := 0; i < len(raw); i += step {
+				p := raw[i:min(i+step, len(raw))]
+				got := m.Feed(p, t0, nil)
+				if !strip && !bytes.Equal(got, p) {
+					t.Fatal("not stripping, the meter forwarded other bytes than it got")
+				}
+				out = append(out, got...)
+				if m.size() > 1<<10 {
+					t.Fatalf("the meter holds an event of %d bytes", m.size())
+				}
+			}
+			out = m.Flush(t0, out)
+			return m.Result(t0), out
+		}
+		whole, _ := run(false, max(len(raw), 1))
+		for _, strip := range []bool{false, true} {
+			r, out := run(strip, int(step)%64+1)
+			if r != whole {
+				t.Fatalf("strip %v, step %d: %+v, whole: %+v", strip, int(step)%64+1, r, whole)
+			}
+			if (!strip || r.Estimated) && !bytes.Equal(out, raw) {
+				t.Fatalf("strip %v, no usage chunk: forwarded other bytes", strip)
+			}
+		}
+	})
 }

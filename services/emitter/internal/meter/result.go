@@ -19,6 +19,7 @@ type Result struct {
 	Done                bool  // the terminal event ([DONE], message_stop) arrived
 	ErrCode             string
 	Malformed           int // data lines that were not the protocol's JSON
+	Overflows           int // SSE events past the meter's limit, or a body past MaxBody: not read
 }
 
 // SetInputEstimate gives the input token count to report when the response carries no usage.
@@ -35,7 +36,11 @@ func (m *Meter) Result(end time.Time) Result {
 	if !m.stream {
 		m.parseBody(end)
 	}
-	r := Result{Usage: m.usage, ContentEvents: m.contentCount, Done: m.done, ErrCode: m.errCode, Malformed: m.malformed, MaxGap: m.maxGap}
+	r := Result{Usage: m.usage, ContentEvents: m.contentCount, Done: m.done, ErrCode: m.errCode, Malformed: m.malformed,
+		Overflows: m.overflows, MaxGap: m.maxGap}
+	if m.bodyOver {
+		r.Overflows++
+	}
 	if m.contentCount > 0 {
 		r.TTFT, r.Total = m.first.Sub(m.start), m.last.Sub(m.start)
 	} else {
@@ -47,20 +52,27 @@ func (m *Meter) Result(end time.Time) Result {
 		if !m.stream {
 			r.Usage.Output = (m.contentBytes + 3) / 4
 		}
+	} else if m.proto == Anthropic && !m.finalOut {
+		// The stream ended before message_delta: message_start's output_tokens is a
+		// placeholder, so the output is estimated as OpenAI's is without usage.
+		r.Estimated = true
+		r.Usage.Output = m.contentCount
 	}
 	r.Usage.Cached = min(r.Usage.Cached, r.Usage.Input)
 	return r
 }
 
 // Status is how the body itself ended, assuming it was read to its end with a 2xx status:
-// an error the upstream reported in the stream, a stream cut before its terminal event, or
-// data that is not the protocol's JSON.
+// an error the upstream reported in the stream, a stream cut before its terminal event, an
+// event or body too long to read, or data that is not the protocol's JSON.
 func (r *Result) Status(stream bool) (events.Status, string) {
 	switch {
 	case r.ErrCode != "":
 		return events.StatusError, r.ErrCode
 	case stream && !r.Done:
 		return events.StatusError, CodeTruncated
+	case r.Overflows > 0:
+		return events.StatusError, CodeOverflow
 	case r.Malformed > 0 && stream:
 		return events.StatusError, CodeMalformed
 	case r.Malformed > 0:
@@ -80,74 +92,78 @@ func (r *Result) Fill(ev *events.RequestEvent) {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-type openAIBody struct {
-	Choices []struct {
-		Message struct {
-			Content   string          `json:"content"`
-			Reasoning string          `json:"reasoning_content"`
-			ToolCalls json.RawMessage `json:"tool_calls"`
-		} `json:"message"`
-		Text string `json:"text"`
-	} `json:"choices"`
-	Usage *openAIUsage   `json:"usage"`
-	Error *providerError `json:"error"`
-}
-
-type anthropicBody struct {
-	Type    string `json:"type"`
-	Content []struct {
-		Text     string          `json:"text"`
-		Thinking string          `json:"thinking"`
-		Input    json.RawMessage `json:"input"`
-	} `json:"content"`
-	Usage *anthropicUsage `json:"usage"`
-	Error *providerError  `json:"error"`
-}
-
+// parseBody reads a non-streamed body, whole, as the provider's clients read it.
 func (m *Meter) parseBody(end time.Time) {
 	if m.bodyOver || len(m.body) == 0 {
 		return
 	}
+	if !json.Valid(m.body) {
+		m.malformed++
+		return
+	}
 	n := 0
-	if m.proto == Anthropic {
-		var b anthropicBody
-		if err := json.Unmarshal(m.body, &b); err != nil {
-			m.malformed++
-			return
+	var usage *Usage
+	var aUsage *anthropicUsage
+	var perr *providerError
+	ok := object(m.body, func(name, v []byte) (ok bool) {
+		switch {
+		case string(name) == "usage" && m.proto == Anthropic:
+			aUsage, ok = readAnthropicUsage(v)
+		case string(name) == "usage":
+			usage, ok = openAIUsage(v)
+		case string(name) == "error":
+			perr, ok = readError(v)
+		case string(name) == "content" && m.proto == Anthropic:
+			n = 0
+			ok = array(v, func(block []byte) bool { k, ok := blockContent(block); n += k; return ok })
+		case string(name) == "choices" && m.proto != Anthropic:
+			n = 0
+			ok = array(v, func(ch []byte) bool { k, ok := choiceContent(ch, "message"); n += k; return ok })
+		default:
+			ok = true
 		}
-		for _, c := range b.Content {
-			n += len(c.Text) + len(c.Thinking)
-			if present(c.Input) {
-				n += len(c.Input)
-			}
-		}
-		if b.Usage != nil {
-			m.mergeAnthropic(b.Usage)
-		}
-		if b.Error != nil {
-			m.errCode = b.Error.code()
-		}
-	} else {
-		var b openAIBody
-		if err := json.Unmarshal(m.body, &b); err != nil {
-			m.malformed++
-			return
-		}
-		for _, c := range b.Choices {
-			n += len(c.Message.Content) + len(c.Message.Reasoning) + len(c.Text)
-			if present(c.Message.ToolCalls) {
-				n += len(c.Message.ToolCalls)
-			}
-		}
-		if b.Usage != nil {
-			m.usage, m.haveUsage = b.Usage.usage(), true
-		}
-		if b.Error != nil {
-			m.errCode = b.Error.code()
-		}
+		return ok
+	})
+	if !ok {
+		m.malformed++
+		return
+	}
+	if usage != nil {
+		m.usage, m.haveUsage = *usage, true
+	}
+	if aUsage != nil {
+		m.mergeAnthropic(aUsage)
+		m.finalOut = true
+	}
+	if perr != nil {
+		m.errCode = perr.String()
 	}
 	if n > 0 {
 		m.content(end, n)
 	}
 	m.done = true
+}
+
+// blockContent is the content of one of an Anthropic body's content blocks, in bytes.
+func blockContent(b []byte) (n int, ok bool) {
+	var texts [2]int
+	var input []byte
+	ok = object(b, func(name, v []byte) (ok bool) {
+		switch string(name) {
+		case "text":
+			texts[0], ok = textLen(v)
+		case "thinking":
+			texts[1], ok = textLen(v)
+		case "input":
+			input, ok = v, true
+		default:
+			ok = true
+		}
+		return ok
+	})
+	n = texts[0] + texts[1]
+	if present(input) {
+		n += len(input)
+	}
+	return n, ok
 }

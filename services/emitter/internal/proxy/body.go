@@ -9,8 +9,8 @@ import (
 // bytes into it: every other byte goes upstream as the client sent it, in its order and
 // spacing. It reports false, and returns body unchanged, when the client asked for usage
 // itself or when stream_options is not an object (the upstream will answer that one).
-// body must be valid JSON (the caller has decoded it); opts is its stream_options as decoded.
-func withUsage(body []byte, opts json.RawMessage) ([]byte, bool) {
+// body must be valid JSON (the caller has read it); opts is its stream_options (readRequest).
+func withUsage(body []byte, opts []byte) ([]byte, bool) {
 	const member = `"stream_options":{"include_usage":true}`
 	if len(opts) == 0 {
 		end := bytes.LastIndexByte(body, '}')
@@ -24,9 +24,7 @@ func withUsage(body []byte, opts json.RawMessage) ([]byte, bool) {
 	}
 	start, end, ok := memberValue(body, "stream_options")
 	if !ok {
-		// Decoded under another spelling (encoding/json ignores case); the upstream reads
-		// keys exactly, so this body asks for nothing the proxy must change.
-		return body, false
+		return body, false // not an object: readRequest found no stream_options
 	}
 	v := body[start:end]
 	switch v[0] {
@@ -57,23 +55,69 @@ func splice(b []byte, from, to int, s string) []byte {
 	return append(out, b[to:]...)
 }
 
+// requestInfo is what the proxy reads from a request body.
+type requestInfo struct {
+	Model         string
+	Stream        bool
+	StreamOptions []byte // as sent; nil when absent
+}
+
+// readRequest reads the members the proxy needs from a request body, as the upstreams read
+// them: OpenAI-compatible servers (vLLM, SGLang) and Anthropic's API decode with Python's
+// json and match the fields exactly (pydantic), so a name matches only as written, after
+// its escapes are decoded, and of a name given twice the last one counts. ("MODEL" is not
+// the model, "Stream" does not ask for a stream.) encoding/json matches names without regard
+// to case, so it only checks the syntax here. ok is false when body is not a JSON object.
+func readRequest(body []byte) (info requestInfo, ok bool) {
+	if !json.Valid(body) {
+		return info, false
+	}
+	ok = members(body, func(name []byte, start, end int) {
+		v := body[start:end]
+		switch {
+		case nameIs(name, "model"):
+			info.Model = ""
+			if v[0] == '"' {
+				_ = json.Unmarshal(v, &info.Model)
+			}
+		case nameIs(name, "stream"):
+			info.Stream = string(v) == "true"
+		case nameIs(name, "stream_options"):
+			info.StreamOptions = v
+		}
+	})
+	return info, ok
+}
+
 // memberValue finds the value of the last member named key in the JSON object obj, as JSON
 // decoders other than Go's do (Python's, which OpenAI-compatible servers use, keeps the last
 // duplicate and matches names exactly). obj must be valid JSON.
 func memberValue(obj []byte, key string) (start, end int, ok bool) {
+	members(obj, func(name []byte, vs, ve int) {
+		if nameIs(name, key) {
+			start, end, ok = vs, ve, true
+		}
+	})
+	return start, end, ok
+}
+
+// members calls fn with each member of the JSON object obj, in order: its name as written
+// (quoted) and where its value lies. It reports false when obj is not an object. obj must be
+// valid JSON.
+func members(obj []byte, fn func(name []byte, start, end int)) bool {
 	i := skipSpace(obj, 0)
 	if i >= len(obj) || obj[i] != '{' {
-		return 0, 0, false
+		return false
 	}
 	i++
 	for {
 		i = skipSpace(obj, i)
 		if i >= len(obj) {
-			return start, end, ok
+			return true
 		}
 		switch obj[i] {
 		case '}':
-			return start, end, ok
+			return true
 		case ',':
 			i++
 			continue
@@ -85,9 +129,7 @@ func memberValue(obj []byte, key string) (start, end int, ok bool) {
 		i = skipSpace(obj, i)
 		vs := i
 		i = skipValue(obj, i)
-		if nameIs(name, key) {
-			start, end, ok = vs, i, true
-		}
+		fn(name, vs, i)
 	}
 }
 

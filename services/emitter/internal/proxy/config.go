@@ -23,6 +23,7 @@ type Config struct {
 	DefaultEnv      string
 	MaxParseBytes   int64 // request bodies larger than this pass through unread
 	MaxLabels       int   // distinct model values in metric labels before folding into "other"
+	MaxEventBytes   int   // the longest SSE event the meter reads; a longer one passes through unread
 }
 
 // ParseRoutes parses "prefix=url,prefix=url" (EMITTER_UPSTREAMS), such as

@@ -647,7 +647,9 @@ func (s *loopStream) feed(data []byte, now time.Time) bool {
 	var out []byte
 	if m.Stripping() {
 		out = m.Feed(data, now, s.l.fwd[:0])
-		s.l.fwd = out[:0] // grown, maybe: kept
+		if cap(out) <= maxKeptForward {
+			s.l.fwd = out[:0] // grown, maybe: kept
+		}
 	} else {
 		out = m.Feed(data, now, nil)
 	}

@@ -20,6 +20,7 @@ type metrics struct {
 	clientWaits prometheus.Counter
 	ttft        *prometheus.HistogramVec
 	passthrough prometheus.Counter
+	overflows   prometheus.Counter
 	models      *ops.Limiter
 }
 
@@ -49,6 +50,8 @@ func newMetrics(reg prometheus.Registerer, maxLabels int) *metrics {
 			Buckets: []float64{.05, .1, .25, .5, 1, 2, 5, 10, 30, 60}}, []string{"provider", "model"}),
 		passthrough: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "passthrough_total",
 			Help: "Requests to other upstream paths (model lists, token counting) forwarded without measuring."}),
+		overflows: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "meter_overflows_total",
+			Help: "Responses with an SSE event longer than EMITTER_MAX_SSE_EVENT_BYTES (or a body over 8 MiB): passed to the client unread, the event marked meter_overflow."}),
 	}
 	// A model unseen for labelIdle gives its place to a new one once maxLabels are in use,
 	// and its series go, so /metrics never holds more than maxLabels models.
@@ -60,7 +63,7 @@ func newMetrics(reg prometheus.Registerer, maxLabels int) *metrics {
 		m.rateLimited.WithLabelValues(p)
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.rateLimited, m.inflight, m.streams, m.detached, m.detaches, m.parked, m.clientWaits, m.ttft, m.passthrough)
+		reg.MustRegister(m.requests, m.rateLimited, m.inflight, m.streams, m.detached, m.detaches, m.parked, m.clientWaits, m.ttft, m.passthrough, m.overflows)
 	}
 	return m
 }

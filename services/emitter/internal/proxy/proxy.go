@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -84,6 +83,9 @@ func New(cfg Config, emit Emitter, reg prometheus.Registerer, logger *slog.Logge
 	}
 	if cfg.MaxParseBytes <= 0 {
 		cfg.MaxParseBytes = 32 << 20
+	}
+	if cfg.MaxEventBytes <= 0 {
+		cfg.MaxEventBytes = meter.DefaultMaxEvent
 	}
 	t := &http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
@@ -179,13 +181,6 @@ func (p *Proxy) handler(proto meter.Protocol) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { p.serve(w, r, proto) })
 }
 
-// requestInfo is what the proxy reads from a request body.
-type requestInfo struct {
-	Model         string          `json:"model"`
-	Stream        bool            `json:"stream"`
-	StreamOptions json.RawMessage `json:"stream_options"`
-}
-
 // readBody reads the body up to the parse limit. Past it, the body is forwarded as a stream
 // and not parsed.
 func (p *Proxy) readBody(r *http.Request) (head []byte, rest io.Reader, err error) {
@@ -234,8 +229,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, proto meter.Protoc
 	}
 	x.body, x.rest = head, rest
 	if head != nil && isIdentity(r.Header.Get("Content-Encoding")) {
-		var info requestInfo
-		if json.Unmarshal(head, &info) == nil {
+		if info, ok := readRequest(head); ok {
 			if info.Model != "" {
 				x.model = info.Model
 			}
@@ -442,6 +436,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	c.ev.HTTPStatus = resp.StatusCode
 	c.m = p.meters.Get().(*meter.Meter)
 	c.m.Reset(x.proto, c.sse, x.start)
+	c.m.SetMaxEvent(p.cfg.MaxEventBytes)
 	c.m.SetInputEstimate(x.input)
 	c.enc = contentEncoding(resp.Header)
 	// The usage chunk the proxy asked for is stripped from an identity stream, and from a
@@ -593,6 +588,9 @@ func (c *flight) settle() {
 	ev := &c.ev
 	res := c.m.Result(end)
 	res.Fill(ev)
+	if res.Overflows > 0 {
+		p.m.overflows.Inc()
+	}
 	ok := c.status < 300
 	switch {
 	case errors.Is(cause, errShutdown) && (readErr != nil || writeErr != nil):

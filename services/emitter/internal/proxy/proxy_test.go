@@ -415,9 +415,9 @@ func TestLabelHeadersNotForwarded(t *testing.T) {
 func TestWithUsage(t *testing.T) {
 	f := func(in string, want string, added bool) {
 		t.Helper()
-		var info requestInfo
-		if err := json.Unmarshal([]byte(in), &info); err != nil {
-			t.Fatal(err)
+		info, ok := readRequest([]byte(in))
+		if !ok {
+			t.Fatalf("readRequest(%s): not a JSON object", in)
 		}
 		got, ok := withUsage([]byte(in), info.StreamOptions)
 		if string(got) != want || ok != added {
@@ -445,6 +445,9 @@ func TestWithUsage(t *testing.T) {
 		`{"messages":[{"content":"\\\"stream_options\":{}"},{"stream_options":{"include_usage":false}}],"stream":true,"stream_options":{"z":"}\"","include_usage":true}}`, true)
 	// An escaped name is the same name to a JSON decoder.
 	f(`{"stream":true,"stream\u005foptions":{"a":[1,{"b":2}]}}`, `{"stream":true,"stream\u005foptions":{"a":[1,{"b":2}],"include_usage":true}}`, true)
+	// Names are exact: another spelling is another member, and usage is still to be asked for.
+	f(`{"stream":true,"Stream_Options":{"include_usage":false}}`, `{"stream":true,"Stream_Options":{"include_usage":false},"stream_options":{"include_usage":true}}`, true)
+	f(`{"stream":true,"stream_options":{"Include_Usage":true}}`, `{"stream":true,"stream_options":{"Include_Usage":true,"include_usage":true}}`, true)
 	// Not an object: the upstream rejects it; nothing to add.
 	f(`{"stream":true,"stream_options":"yes"}`, `{"stream":true,"stream_options":"yes"}`, false)
 }
@@ -498,12 +501,13 @@ func testForwardedBodyIsTheClients(t *testing.T, transport bool) {
 // client's body looks like.
 func FuzzWithUsage(f *testing.F) {
 	for _, s := range []string{`{"stream":true}`, `{"stream_options":{ },"a":[{"b":"}"}]}`, `{"stream_options":null}`,
-		`{"stream_options":{"include_usage":false,"x":"\"{"}}`, `{"stream_options":{"a":1},"stream_options":{}}`, `{"stream_options":[]}`} {
+		`{"stream_options":{"include_usage":false,"x":"\"{"}}`, `{"stream_options":{"a":1},"stream_options":{}}`, `{"stream_options":[]}`,
+		`{"stream_options":null,"STREAM_OPTIONS":{}}`, `{"stream_options":{"include_usage":false,"INCLUDE_USAGE":true}}`} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {
-		var info requestInfo
-		if json.Unmarshal([]byte(in), &info) != nil {
+		info, ok := readRequest([]byte(in))
+		if !ok {
 			return
 		}
 		out, added := withUsage([]byte(in), info.StreamOptions)
@@ -513,13 +517,14 @@ func FuzzWithUsage(f *testing.F) {
 			}
 			return
 		}
-		var got struct {
-			StreamOptions struct {
-				IncludeUsage bool `json:"include_usage"`
-			} `json:"stream_options"`
+		// Read back as the upstream reads it: exact names, the last duplicate winning.
+		got, ok := readRequest(out)
+		if !ok {
+			t.Fatalf("%s -> %s: not a JSON object", in, out)
 		}
-		if err := json.Unmarshal(out, &got); err != nil || !got.StreamOptions.IncludeUsage {
-			t.Fatalf("%s -> %s: %v, include_usage %v", in, out, err, got.StreamOptions.IncludeUsage)
+		vs, ve, ok := memberValue(got.StreamOptions, "include_usage")
+		if !ok || string(got.StreamOptions[vs:ve]) != "true" {
+			t.Fatalf("%s -> %s: stream_options %s", in, out, got.StreamOptions)
 		}
 	})
 }

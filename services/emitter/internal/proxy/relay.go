@@ -147,12 +147,18 @@ func (r *relay) measured(src io.Reader) (handedOff bool, err error) {
 	}
 }
 
+// maxKeptForward is the largest forward buffer kept for the next piece: one grown past it (an
+// event past the meter's limit, forwarded at once) is let go.
+const maxKeptForward = 64 << 10
+
 // feed gives p to the meter and sends what it forwards; false: the client is gone.
 func (r *relay) feed(p []byte) bool {
 	var out []byte
 	if r.m.Stripping() {
 		out = r.m.Feed(p, time.Now(), r.fwd())
-		*r.fp = out[:cap(out)] // grown, maybe: kept for the next piece, whole as in the pool
+		if cap(out) <= maxKeptForward {
+			*r.fp = out[:cap(out)] // grown, maybe: kept for the next piece, whole as in the pool
+		}
 	} else {
 		out = r.m.Feed(p, time.Now(), nil)
 	}

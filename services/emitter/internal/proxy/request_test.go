@@ -1,0 +1,96 @@
+package proxy
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/tokenscope/tokenscope/services/emitter/internal/fakellm"
+)
+
+// TestRequestFieldsReadExactly: the proxy reads model, stream and stream_options as the
+// upstream does (exact names, the last of a duplicate), for the event, the route and the
+// usage it asks for.
+func TestRequestFieldsReadExactly(t *testing.T) { bothClients(t, testRequestFieldsReadExactly) }
+
+func testRequestFieldsReadExactly(t *testing.T, transport bool) {
+	type seen struct {
+		upstream string
+		body     []byte
+	}
+	got := make(chan seen, 1)
+	upstream := func(name string) *httptest.Server {
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b, _ := io.ReadAll(r.Body)
+			got <- seen{name, b}
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":1,"completion_tokens":1}}`)
+		}))
+		t.Cleanup(up.Close)
+		return up
+	}
+	def, cheap, expensive := upstream("default"), upstream("cheap"), upstream("expensive")
+	r := newRig(t, fakellm.Options{}, func(c *Config) {
+		c.Upstream, _ = ParseUpstream(def.URL)
+		cu, _ := ParseUpstream(cheap.URL)
+		eu, _ := ParseUpstream(expensive.URL)
+		c.Routes = []Route{{Prefix: "gpt-cheap", URL: cu}, {Prefix: "gpt-expensive", URL: eu}}
+	})
+	if transport {
+		r.viaTransport()
+	}
+	const usage = `,"stream_options":{"include_usage":true}`
+	tests := []struct {
+		name, body, model, upstream string
+		usageAdded                  bool
+	}{
+		{"MODEL is not the model", `{"model":"gpt-expensive","MODEL":"gpt-cheap"}`, "gpt-expensive", "expensive", false},
+		{"Model alone is no model", `{"Model":"gpt-cheap"}`, unknownModel, "default", false},
+		{"the last model", `{"model":"gpt-cheap","model":"gpt-expensive"}`, "gpt-expensive", "expensive", false},
+		{"an escaped name is the name", `{"mod\u0065l":"gpt-cheap"}`, "gpt-cheap", "cheap", false},
+		{"a model that is not a string", `{"model":["gpt-cheap"]}`, unknownModel, "default", false},
+		{"Stream asks for no stream", `{"model":"gpt-4o","Stream":true}`, "gpt-4o", "default", false},
+		{"the last stream: false", `{"model":"gpt-4o","stream":true,"stream":false}`, "gpt-4o", "default", false},
+		{"the last stream: true", `{"model":"gpt-4o","stream":false,"stream":true}`, "gpt-4o", "default", true},
+		{"stream is true only as true", `{"model":"gpt-4o","stream":"true"}`, "gpt-4o", "default", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if via := call(t, r.proxy.URL, chatPath, tt.body, nil); via.err != nil || via.status != 200 {
+				t.Fatalf("status %d %v", via.status, via.err)
+			}
+			s := <-got
+			want := tt.body
+			if tt.usageAdded {
+				want = tt.body[:len(tt.body)-1] + usage + "}"
+			}
+			if s.upstream != tt.upstream || string(s.body) != want {
+				t.Fatalf("upstream %s got %s, want %s to get %s", s.upstream, s.body, tt.upstream, want)
+			}
+			if ev := r.cap.next(t); ev.Model != tt.model {
+				t.Fatalf("event model %q, want %q", ev.Model, tt.model)
+			}
+		})
+	}
+}
+
+// TestAnthropicCutShortEstimated: an Anthropic stream that breaks off before message_delta
+// records the content streamed as its output, estimated, not message_start's placeholder.
+func TestAnthropicCutShortEstimated(t *testing.T) { bothClients(t, testAnthropicCutShortEstimated) }
+
+func testAnthropicCutShortEstimated(t *testing.T, transport bool) {
+	r := newRig(t, fakellm.Options{Tokens: 40}, nil)
+	if transport {
+		r.viaTransport()
+	}
+	body := `{"model":"claude-haiku","max_tokens":40,"stream":true,"messages":[{"role":"user","content":"hi there"}]}`
+	call(t, r.proxy.URL, messagesPath, body, map[string]string{"X-Fakellm-Mode": fakellm.ModeDisconnect})
+	ev := r.cap.next(t)
+	if ev.ErrorCode != CodeUpstreamDisconnect || !ev.TokensEstimated || ev.OutputTokens != 20 {
+		t.Fatalf("event %s %q, output %d estimated %v: want the 20 tokens streamed before the cut, estimated", ev.Status, ev.ErrorCode, ev.OutputTokens, ev.TokensEstimated)
+	}
+	if _, ok := ev.TPOT(); !ok {
+		t.Fatal("no TPOT")
+	}
+}
