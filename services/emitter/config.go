@@ -28,6 +28,7 @@ type Config struct {
 	MaxSubjects       int           `env:"EMITTER_MAX_SUBJECTS" envDefault:"1000"`
 	SubjectIdle       time.Duration `env:"EMITTER_SUBJECT_IDLE" envDefault:"1h"`
 	MaxSSEEventBytes  int           `env:"EMITTER_MAX_SSE_EVENT_BYTES" envDefault:"1048576"`
+	RelayLoops        int           `env:"EMITTER_RELAY_LOOPS" envDefault:"0"`
 
 	IngestToken    string `env:"EMITTER_INGEST_TOKEN"`
 	IngestMaxBytes int64  `env:"EMITTER_INGEST_MAX_BYTES" envDefault:"16777216"`
@@ -72,6 +73,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("EMITTER_MAX_SUBJECTS=%d must be at least 1", c.MaxSubjects)
 	case c.SubjectIdle <= 0:
 		return fmt.Errorf("EMITTER_SUBJECT_IDLE=%s must be positive", c.SubjectIdle)
+	case c.RelayLoops < 0:
+		return fmt.Errorf("EMITTER_RELAY_LOOPS=%d must be 0 (one per GOMAXPROCS) or more", c.RelayLoops)
 	case c.MaxSSEEventBytes < 1024:
 		return fmt.Errorf("EMITTER_MAX_SSE_EVENT_BYTES=%d must be at least 1024", c.MaxSSEEventBytes)
 	case c.IngestMaxBytes < 1024:
@@ -95,5 +98,5 @@ func (c Config) proxyConfig() proxy.Config {
 	routes, _ := proxy.ParseRoutes(c.Upstreams)
 	return proxy.Config{Upstream: up, Routes: routes, UpstreamTimeout: c.UpstreamTimeout, IdleTimeout: c.StreamIdleTimeout,
 		DefaultScene: c.DefaultScene, DefaultEnv: c.DefaultEnv, MaxParseBytes: c.MaxParseBytes, MaxLabels: c.MaxLabels,
-		MaxEventBytes: c.MaxSSEEventBytes}
+		MaxEventBytes: c.MaxSSEEventBytes, Loops: c.RelayLoops}
 }

@@ -24,6 +24,7 @@ type Config struct {
 	MaxParseBytes   int64 // request bodies larger than this pass through unread
 	MaxLabels       int   // distinct model values in metric labels before folding into "other"
 	MaxEventBytes   int   // the longest SSE event the meter reads; a longer one passes through unread
+	Loops           int   // relay loops (Linux); 0: GOMAXPROCS
 }
 
 // ParseRoutes parses "prefix=url,prefix=url" (EMITTER_UPSTREAMS), such as

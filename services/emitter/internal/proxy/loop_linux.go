@@ -757,6 +757,15 @@ func (s *loopStream) handOff() {
 
 const haveLoop = true
 
+// started counts the streams the loops have begun to relay.
+func (ls *loops) started() int64 {
+	var n int64
+	for _, l := range ls.ls {
+		n += l.started.Load()
+	}
+	return n
+}
+
 // onLoop relays the stream on the loop when it can: the proxy's own client reads it from a
 // connection of the loop's, and the client's connection is a socket net/http got from the
 // proxy's listener (ConnContext). It waits for the stream's end and settles it, or detaches
@@ -764,7 +773,7 @@ const haveLoop = true
 func (c *flight) onLoop(r *http.Request, out *response) (onLoop, handedOff bool) {
 	p := c.p
 	b, ok := c.body.(*h1Body)
-	if !ok || p.loop == nil {
+	if !ok || p.loops == nil {
 		return false, false
 	}
 	up, ok := b.conn.nc.(*loopConn)
@@ -780,7 +789,7 @@ func (c *flight) onLoop(r *http.Request, out *response) (onLoop, handedOff bool)
 	if err != nil {
 		return false, false
 	}
-	s := &loopStream{c: c, l: p.loop, up: up, b: b, out: raw, conn: nc, done: make(chan struct{}), detach: make(chan struct{}, 1)}
+	s := &loopStream{c: c, l: up.l, up: up, b: b, out: raw, conn: nc, done: make(chan struct{}), detach: make(chan struct{}, 1)}
 	// From here a stream silent long enough is asked to detach, on s.detach.
 	c.pk.Lock()
 	c.ls, c.park.undecided = s, false
@@ -798,7 +807,7 @@ func (c *flight) onLoop(r *http.Request, out *response) (onLoop, handedOff bool)
 			return true, false
 		case <-s.detach:
 			if c.w != nil && c.detach() {
-				p.loop.post(s.handOff)
+				s.l.post(s.handOff)
 				return true, true
 			}
 		}

@@ -27,9 +27,10 @@ import (
 // serves the next right after, all relayed by the loop, each whole and measured. The upstream
 // answers at once, so the stream's bytes often come with its head or between the head and
 // the loop taking the stream over (a race that once left a connection's events to a stream
-// already ended, and the next answer unread).
+// already ended, and the next answer unread). The upstream connections are spread over the
+// proxy's three loops, and each relays its share.
 func TestLoopShortStreams(t *testing.T) {
-	r := newRig(t, fakellm.Options{Tokens: 3}, nil)
+	r := newRig(t, fakellm.Options{Tokens: 3}, func(c *Config) { c.Loops = 3 })
 	direct := call(t, r.fake.URL, chatPath, chatBody(true, ""), nil)
 	if direct.status != 200 {
 		t.Fatalf("direct: %d %v", direct.status, direct.err)
@@ -61,8 +62,13 @@ func TestLoopShortStreams(t *testing.T) {
 			t.Fatalf("event %+v", ev)
 		}
 	}
-	if got := r.p.loop.started.Load(); got != clients*each {
-		t.Fatalf("%d streams relayed on the loop, want %d", got, clients*each)
+	if got := r.p.loops.started(); got != clients*each {
+		t.Fatalf("%d streams relayed on the loops, want %d", got, clients*each)
+	}
+	for i, l := range r.p.loops.ls {
+		if l.started.Load() == 0 {
+			t.Fatalf("loop %d of %d relayed no stream", i+1, len(r.p.loops.ls))
+		}
 	}
 }
 
@@ -236,10 +242,6 @@ func rawUpstream(t *testing.T, serve func(c *net.TCPConn)) string {
 
 const sseHead = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
 
-func sseEvent(content string) string {
-	return `data: {"id":"x","object":"chat.completion.chunk","model":"gpt-4o","choices":[{"index":0,"delta":{"content":"` + content + `"}}]}` + "\n\n"
-}
-
 // corkAndClose sends p and the connection's end in one segment: the loop's event for the
 // bytes is the only one the end brings.
 func corkAndClose(c *net.TCPConn, p string) {
@@ -276,7 +278,7 @@ func TestLoopUpstreamEndsWithItsLastBytes(t *testing.T) {
 			if took := time.Since(start); took > 2*time.Second || ev.Status != tc.status || ev.ErrorCode != tc.code {
 				t.Fatalf("after %s: event %s %q, want %s %q", took, ev.Status, ev.ErrorCode, tc.status, tc.code)
 			}
-			if p.loop.started.Load() != 1 {
+			if p.loops.started() != 1 {
 				t.Fatal("the stream did not go through the loop")
 			}
 		})

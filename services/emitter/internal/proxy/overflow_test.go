@@ -152,3 +152,7 @@ func (f *firstBytes) Write(p []byte) (int, error) {
 	f.seen += len(p)
 	return len(p), nil
 }
+
+func sseEvent(content string) string {
+	return `data: {"id":"x","object":"chat.completion.chunk","model":"gpt-4o","choices":[{"index":0,"delta":{"content":"` + content + `"}}]}` + "\n\n"
+}

@@ -73,7 +73,7 @@ type Proxy struct {
 	watch        *watcher
 	open         streamSet
 	watchFailing atomic.Bool
-	loop         *evloop // relays the streams it can (loop_linux.go); nil: none
+	loops        *loops // relay the streams they can (loop_linux.go); nil: none
 }
 
 // New returns a proxy sending to the upstreams of cfg and emitting through emit.
@@ -136,11 +136,11 @@ func (p *Proxy) Listener(ln net.Listener) net.Listener {
 		return ln
 	}
 	p.watch, p.ln = w, newListener(ln, w)
-	if l, err := newLoop(p.logger); err != nil {
+	if ls, err := newLoops(p.cfg.Loops, p.logger); err != nil {
 		p.logger.Info("streams are relayed on goroutines", "err", err)
 	} else {
-		p.loop = l
-		p.h1.loop = l
+		p.loops = ls
+		p.h1.loops = ls
 	}
 	return p.ln
 }
@@ -164,8 +164,8 @@ func (p *Proxy) Close() {
 	if p.watch != nil {
 		_ = p.watch.Close()
 	}
-	if p.loop != nil {
-		p.loop.close()
+	if p.loops != nil {
+		p.loops.close()
 	}
 }
 

@@ -35,7 +35,7 @@ type h1 struct {
 	closed  bool
 	sweeper *time.Timer // armed while connections are idle
 
-	loop *evloop // takes the connections dialled, when set (before the first request)
+	loops *loops // take the connections dialled, when set (before the first request)
 }
 
 type h1Conn struct {
@@ -377,8 +377,8 @@ func (c *h1) get(ctx context.Context, addr string) (*h1Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	if c.loop != nil {
-		if nc, err = c.loop.adopt(nc); err != nil {
+	if c.loops != nil {
+		if nc, err = c.loops.adopt(nc); err != nil {
 			return nil, err
 		}
 	}
