@@ -36,6 +36,8 @@ type Config struct {
 	Settle time.Duration `env:"ALERTER_SETTLE" envDefault:"5s"`
 	// Consumer is the durable consumer's name on ROLLUPS.
 	Consumer string `env:"ALERTER_CONSUMER" envDefault:"alerter"`
+	// RowsConsumer is the durable consumer's name on ALERTS that writes the alerts table.
+	RowsConsumer string `env:"ALERTER_ROWS_CONSUMER" envDefault:"alerter-rows"`
 	// MaxAckPending bounds the rollups held unacknowledged while their window settles.
 	MaxAckPending int `env:"ALERTER_MAX_ACK_PENDING" envDefault:"100000"`
 	// RestoreLookback: how far back the ALERTS stream is read at start to restore firing alerts.
@@ -72,6 +74,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("ALERTER_SETTLE=%s must be from 0 to 10m", c.Settle)
 	case c.Consumer == "" || !validName(c.Consumer):
 		return fmt.Errorf("ALERTER_CONSUMER=%q must be letters, digits, - and _", c.Consumer)
+	case c.RowsConsumer == "" || !validName(c.RowsConsumer):
+		return fmt.Errorf("ALERTER_ROWS_CONSUMER=%q must be letters, digits, - and _", c.RowsConsumer)
 	case c.MaxAckPending < 1000:
 		return fmt.Errorf("ALERTER_MAX_ACK_PENDING=%d must be at least 1000", c.MaxAckPending)
 	case c.RestoreLookback < c.Resend:

@@ -23,6 +23,7 @@ import (
 type deliveryBed struct {
 	ctx     context.Context
 	js      jetstream.JetStream
+	db      *chdb.DB
 	environ map[string]string
 	first   time.Time // start of the first window the test publishes
 }
@@ -53,7 +54,7 @@ func newDeliveryBed(t *testing.T) *deliveryBed {
 		t.Fatal(err)
 	}
 	return &deliveryBed{
-		ctx: ctx, js: js,
+		ctx: ctx, js: js, db: db,
 		first: now.Add(-10 * time.Minute).Truncate(time.Minute),
 		environ: map[string]string{
 			"HTTP_ADDR":           "127.0.0.1:0",

@@ -4,8 +4,8 @@
 // first.
 //
 // A window's rollups are acknowledged only once it is delivered: its alerts acknowledged
-// by JetStream on the ALERTS stream, their rows written to ClickHouse (or given up after a
-// few attempts: the stream holds them), and a checkpoint saying the window is done saved.
+// by JetStream on the ALERTS stream (their rows are written from there, package record) and
+// a checkpoint saying the window is done saved.
 // A step that fails is retried with backoff and no later window is evaluated meanwhile, so
 // alerts leave in order and nothing is acknowledged before it is durable.
 //
