@@ -109,7 +109,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		Durable:       cfg.Consumer,
 		FilterSubject: events.SubjectRollupsAll,
 		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       cfg.Settle + 2*time.Minute,
+		AckWait:       cfg.Settle + cfg.WatermarkTimeout + 2*time.Minute,
 		MaxAckPending: cfg.MaxAckPending,
 		DeliverPolicy: jetstream.DeliverNewPolicy,
 	})
@@ -138,7 +138,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return err
 	}
 	rec := record.New(rowsCons, record.NewStore(db.Conn()), nc, record.Options{}, reg, logger)
-	in := intake.New(cons, eng, sink, cp, nc, intake.Options{Settle: cfg.Settle, Evaluated: evaluated, Replayed: replayed}, reg, logger)
+	in := intake.New(cons, eng, sink, cp, nc, intake.Options{Settle: cfg.Settle, WatermarkTimeout: cfg.WatermarkTimeout, Evaluated: evaluated, Replayed: replayed}, reg, logger)
 	registerEngineMetrics(reg, eng)
 
 	srv.AddCheck("nats", func(context.Context) error {

@@ -55,6 +55,9 @@ type Options struct {
 	Replayed uint64
 	// AttemptTimeout bounds one checkpoint save (default 10 s).
 	AttemptTimeout time.Duration
+	// WatermarkTimeout bounds how long past Settle a window waits for an aggregator whose
+	// watermark has not passed it (0: windows wait for no watermark).
+	WatermarkTimeout time.Duration
 	// ShutdownTimeout is how long, once Run's context ends, the window being delivered and
 	// the windows already settled may take to be delivered (default 10 s).
 	ShutdownTimeout time.Duration
@@ -97,6 +100,9 @@ type Intake struct {
 	// acknowledged only then.
 	held    *delivery
 	failing string // the step whose failure was logged last, "" when delivering
+	// aggregators are the aggregators whose watermark was read, by consumer name.
+	aggregators map[string]*aggregator
+	wm          watermarkMetrics
 
 	received  *prometheus.CounterVec
 	skipped   *prometheus.CounterVec
@@ -163,11 +169,13 @@ func New(cons jetstream.Consumer, eval Evaluator, sink Sink, cp Checkpoint, dead
 	}
 	in := &Intake{
 		cons: cons, eval: eval, sink: sink, cp: cp, dead: dead, opts: opts,
-		logger:  logger.With("component", "intake"),
-		pending: make(map[int64]*pendingWindow),
-		last:    opts.Evaluated,
+		logger:      logger.With("component", "intake"),
+		pending:     make(map[int64]*pendingWindow),
+		last:        opts.Evaluated,
+		aggregators: map[string]*aggregator{},
+		wm:          newWatermarkMetrics(),
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "alerter", Name: "rollups_received_total", Help: "Rollups read from the ROLLUPS stream, by kind (tokens, gpu).",
+			Namespace: "alerter", Name: "rollups_received_total", Help: "Messages read from the ROLLUPS stream, by kind (tokens, gpu, watermark).",
 		}, []string{"kind"}),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "alerter", Name: "rollups_skipped_total",
@@ -190,10 +198,12 @@ func New(cons jetstream.Consumer, eval Evaluator, sink Sink, cp Checkpoint, dead
 	})
 	in.received.WithLabelValues("tokens")
 	in.received.WithLabelValues("gpu")
+	in.received.WithLabelValues("watermark")
 	for _, r := range reasons {
 		in.skipped.WithLabelValues(r)
 	}
 	reg.MustRegister(in.received, in.skipped, in.windows, in.evalTime, in.ackErrors, in.lastEval, in.cpErrors, in.heldGauge)
+	reg.MustRegister(in.wm.collectors()...)
 	return in
 }
 
@@ -273,6 +283,9 @@ func (in *Intake) Add(m jetstream.Msg, now time.Time) {
 		}
 		start, seconds = r.WindowStart, r.WindowSeconds
 		addTo = func(w *engine.Window) { w.Tokens = append(w.Tokens, r) }
+	case isWatermark(subj):
+		in.addWatermark(m, now)
+		return
 	case strings.HasPrefix(subj, "rollup.gpu."):
 		in.received.WithLabelValues("gpu").Inc()
 		var r events.GPURollup
@@ -371,7 +384,7 @@ func (in *Intake) oldestSettled(now time.Time) *pendingWindow {
 			oldest = p
 		}
 	}
-	if oldest == nil || now.Sub(oldest.arrived) < in.opts.Settle {
+	if oldest == nil || now.Sub(oldest.arrived) < in.opts.Settle || in.waitForWatermarks(oldest, now) {
 		return nil
 	}
 	return oldest
