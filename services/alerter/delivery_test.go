@@ -216,5 +216,7 @@ func TestRollupsAckedOnlyAfterAlertsPublished(t *testing.T) {
 	if len(got) != 1 || got[0].State != events.AlertFiring || !got[0].WindowStart.Equal(b.window(1)) {
 		t.Fatalf("ALERTS holds %+v, want the firing alert of window 1 once", got)
 	}
+	// The alerts table is written from the stream made again.
+	waitFor(t, "the alert's row", 30*time.Second, func() bool { return b.alertRows(t)[alertKey(got[0])] == 1 })
 	a.stop(t)
 }

@@ -125,7 +125,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	sink := notify.New(js, am, reg, logger)
 	// The alerts table is written from the ALERTS stream, acknowledged only once stored, so
 	// a ClickHouse outage delays rows and loses none.
-	rowsCons, _, err := intake.ResumeConsumer(ctx, js, bus.ConsumerConfig{
+	rowsCfg := bus.ConsumerConfig{
 		Stream:        events.StreamAlerts,
 		Durable:       cfg.RowsConsumer,
 		FilterSubject: events.SubjectAlertsAll,
@@ -133,11 +133,15 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		AckWait:       time.Minute,
 		MaxAckPending: 10_000,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
-	})
+	}
+	rowsCons, _, err := intake.ResumeConsumer(ctx, js, rowsCfg)
 	if err != nil {
 		return err
 	}
-	rec := record.New(rowsCons, record.NewStore(db.Conn()), nc, record.Options{}, reg, logger)
+	// A consumer gone with its stream is made again once the stream is back; every row it
+	// replays is one the table has or lacks, by key.
+	reopen := func(ctx context.Context) (jetstream.Consumer, error) { return bus.EnsureConsumer(ctx, js, rowsCfg) }
+	rec := record.New(rowsCons, record.NewStore(db.Conn()), nc, record.Options{Reopen: reopen}, reg, logger)
 	in := intake.New(cons, eng, sink, cp, nc, intake.Options{Settle: cfg.Settle, WatermarkTimeout: cfg.WatermarkTimeout, Evaluated: evaluated, Replayed: replayed}, reg, logger)
 	registerEngineMetrics(reg, eng)
 

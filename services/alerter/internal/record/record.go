@@ -32,6 +32,9 @@ type Options struct {
 	Batch          int           // messages per insert (default 256)
 	AttemptTimeout time.Duration // one look-up and insert (default 10 s)
 	DrainTimeout   time.Duration // how long Run keeps storing what is on the stream once its context ends (default 5 s)
+	// Reopen makes the consumer again when it is gone (the stream deleted and made again);
+	// nil keeps reading the one given.
+	Reopen func(ctx context.Context) (jetstream.Consumer, error)
 }
 
 // The reasons an alert message makes no row.
@@ -52,6 +55,7 @@ type Recorder struct {
 	newID  func() string
 
 	failing   bool
+	reading   bool // the last fetch failed, and was logged
 	lookAt    time.Time
 	storedSeq uint64
 
@@ -114,13 +118,22 @@ func (r *Recorder) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		r.look(ctx, time.Now())
 		batch, err := r.cons.Fetch(r.opts.Batch, jetstream.FetchMaxWait(time.Second))
-		if err != nil {
-			if !sleep(ctx, time.Second) {
-				break
-			}
+		var msgs []jetstream.Msg
+		if err == nil {
+			msgs = collect(batch)
+			err = batch.Error()
+		}
+		if len(msgs) > 0 {
+			r.save(ctx, msgs)
+		}
+		if err != nil && !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+			r.fetchFailed(ctx, err)
 			continue
 		}
-		r.save(ctx, collect(batch))
+		if r.reading {
+			r.logger.Info("reading ALERTS again")
+			r.reading = false
+		}
 	}
 	final, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.DrainTimeout)
 	defer cancel()
@@ -138,6 +151,25 @@ func (r *Recorder) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// fetchFailed logs a failed read once, makes the consumer again when it is gone, and waits
+// a second.
+func (r *Recorder) fetchFailed(ctx context.Context, err error) {
+	if !r.reading {
+		r.logger.Warn("cannot read ALERTS for the alerts table; retrying", "err", err)
+		r.reading = true
+	}
+	gone := errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) ||
+		errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, nats.ErrNoResponders)
+	if gone && r.opts.Reopen != nil {
+		octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		if cons, oerr := r.opts.Reopen(octx); oerr == nil {
+			r.cons = cons
+		}
+		cancel()
+	}
+	sleep(ctx, time.Second)
 }
 
 func collect(batch jetstream.MessageBatch) []jetstream.Msg {
