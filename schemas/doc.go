@@ -8,8 +8,8 @@ import (
 	"io/fs"
 )
 
-// JSON holds the message schemas: request_event, gpu_sample, token_rollup, gpu_rollup and
-// alert, each as <name>.schema.json.
+// JSON holds the message schemas: request_event, gpu_sample, token_rollup, gpu_rollup,
+// rollup_watermark and alert, each as <name>.schema.json.
 //
 //go:embed *.schema.json
 var JSON embed.FS

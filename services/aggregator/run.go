@@ -95,6 +95,11 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		}
 		pipes = append(pipes, gpu)
 	}
+	// The watermark tells an alerter which windows this aggregator has published.
+	marks := pipeline.NewWatermarks(js, pub, cfg.Agg.Consumer, cfg.Agg.Window, srv.Registry(), logger)
+	for _, p := range pipes {
+		p.PublishWatermarks(marks)
+	}
 
 	srv.AddCheck("nats", func(context.Context) error {
 		if !nc.IsConnected() {
@@ -117,6 +122,8 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	pubCtx, stopPub := context.WithCancel(context.Background())
 	pubDone := make(chan error, 1)
 	go func() { pubDone <- pub.Run(pubCtx) }()
+	marksDone := make(chan error, 1)
+	go func() { marksDone <- marks.Run(pubCtx) }()
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return srv.Run(gctx, 5*time.Second) })
@@ -128,6 +135,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if perr := <-pubDone; perr != nil {
 		logger.Warn("rollups left unpublished at shutdown", "err", perr)
 	}
+	<-marksDone
 	if derr := drain(nc); derr != nil {
 		logger.Warn("cannot drain the NATS connection", "err", derr)
 	}

@@ -34,8 +34,13 @@ type Config struct {
 	Resend time.Duration `env:"ALERTER_RESEND" envDefault:"1h"`
 	// Settle: a window is evaluated once no rollup of it arrived for this long.
 	Settle time.Duration `env:"ALERTER_SETTLE" envDefault:"5s"`
+	// WatermarkTimeout bounds how long past Settle a window waits for an aggregator whose
+	// watermark has not passed it; 0 waits for none.
+	WatermarkTimeout time.Duration `env:"ALERTER_WATERMARK_TIMEOUT" envDefault:"1m"`
 	// Consumer is the durable consumer's name on ROLLUPS.
 	Consumer string `env:"ALERTER_CONSUMER" envDefault:"alerter"`
+	// RowsConsumer is the durable consumer's name on ALERTS that writes the alerts table.
+	RowsConsumer string `env:"ALERTER_ROWS_CONSUMER" envDefault:"alerter-rows"`
 	// MaxAckPending bounds the rollups held unacknowledged while their window settles.
 	MaxAckPending int `env:"ALERTER_MAX_ACK_PENDING" envDefault:"100000"`
 	// RestoreLookback: how far back the ALERTS stream is read at start to restore firing alerts.
@@ -70,8 +75,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("ALERTER_RESEND=%s must be at least 1m", c.Resend)
 	case c.Settle < 0 || c.Settle > 10*time.Minute:
 		return fmt.Errorf("ALERTER_SETTLE=%s must be from 0 to 10m", c.Settle)
+	case c.WatermarkTimeout < 0 || c.WatermarkTimeout > 30*time.Minute:
+		return fmt.Errorf("ALERTER_WATERMARK_TIMEOUT=%s must be from 0 to 30m", c.WatermarkTimeout)
 	case c.Consumer == "" || !validName(c.Consumer):
 		return fmt.Errorf("ALERTER_CONSUMER=%q must be letters, digits, - and _", c.Consumer)
+	case c.RowsConsumer == "" || !validName(c.RowsConsumer):
+		return fmt.Errorf("ALERTER_ROWS_CONSUMER=%q must be letters, digits, - and _", c.RowsConsumer)
 	case c.MaxAckPending < 1000:
 		return fmt.Errorf("ALERTER_MAX_ACK_PENDING=%d must be at least 1000", c.MaxAckPending)
 	case c.RestoreLookback < c.Resend:

@@ -13,7 +13,8 @@ func TestConfigDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cfg.HTTPAddr != "127.0.0.1:9104" || cfg.Slot != 30*time.Minute || cfg.Resend != time.Hour || cfg.BaselineDays != 7 ||
-		cfg.NATS.URL != "nats://127.0.0.1:4222" || cfg.ClickHouse.Addr != "127.0.0.1:9000" || !cfg.SplitWeekends {
+		cfg.NATS.URL != "nats://127.0.0.1:4222" || cfg.ClickHouse.Addr != "127.0.0.1:9000" || !cfg.SplitWeekends ||
+		cfg.WatermarkTimeout != time.Minute || cfg.RowsConsumer != "alerter-rows" {
 		t.Errorf("defaults %+v", cfg)
 	}
 }
@@ -31,6 +32,8 @@ func TestConfigNamesTheBadVariable(t *testing.T) {
 		{map[string]string{"ALERTER_BASELINE_DAYS": "0"}, "ALERTER_BASELINE_DAYS"},
 		{map[string]string{"ALERTER_ALERTMANAGER_URL": "am:9093"}, "ALERTER_ALERTMANAGER_URL"},
 		{map[string]string{"ALERTER_CONSUMER": "a.b"}, "ALERTER_CONSUMER"},
+		{map[string]string{"ALERTER_ROWS_CONSUMER": "a b"}, "ALERTER_ROWS_CONSUMER"},
+		{map[string]string{"ALERTER_WATERMARK_TIMEOUT": "-1s"}, "ALERTER_WATERMARK_TIMEOUT"},
 		{map[string]string{"ALERTER_LOG_LEVEL": "loud"}, "ALERTER_LOG_LEVEL"},
 		{map[string]string{"NATS_URL": "::"}, "NATS_URL"},
 		{map[string]string{"CLICKHOUSE_DB": "a-b"}, "CLICKHOUSE_DB"},

@@ -23,6 +23,7 @@ import (
 type deliveryBed struct {
 	ctx     context.Context
 	js      jetstream.JetStream
+	db      *chdb.DB
 	environ map[string]string
 	first   time.Time // start of the first window the test publishes
 }
@@ -53,7 +54,7 @@ func newDeliveryBed(t *testing.T) *deliveryBed {
 		t.Fatal(err)
 	}
 	return &deliveryBed{
-		ctx: ctx, js: js,
+		ctx: ctx, js: js, db: db,
 		first: now.Add(-10 * time.Minute).Truncate(time.Minute),
 		environ: map[string]string{
 			"HTTP_ADDR":           "127.0.0.1:0",
@@ -215,5 +216,7 @@ func TestRollupsAckedOnlyAfterAlertsPublished(t *testing.T) {
 	if len(got) != 1 || got[0].State != events.AlertFiring || !got[0].WindowStart.Equal(b.window(1)) {
 		t.Fatalf("ALERTS holds %+v, want the firing alert of window 1 once", got)
 	}
+	// The alerts table is written from the stream made again.
+	waitFor(t, "the alert's row", 30*time.Second, func() bool { return b.alertRows(t)[alertKey(got[0])] == 1 })
 	a.stop(t)
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/tokenscope/tokenscope/services/alerter/internal/history"
 	"github.com/tokenscope/tokenscope/services/alerter/internal/intake"
 	"github.com/tokenscope/tokenscope/services/alerter/internal/notify"
+	"github.com/tokenscope/tokenscope/services/alerter/internal/record"
 	"github.com/tokenscope/tokenscope/services/alerter/internal/rules"
 )
 
@@ -108,7 +109,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		Durable:       cfg.Consumer,
 		FilterSubject: events.SubjectRollupsAll,
 		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       cfg.Settle + 2*time.Minute,
+		AckWait:       cfg.Settle + cfg.WatermarkTimeout + 2*time.Minute,
 		MaxAckPending: cfg.MaxAckPending,
 		DeliverPolicy: jetstream.DeliverNewPolicy,
 	})
@@ -121,8 +122,27 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if cfg.AlertmanagerURL != "" {
 		am = notify.NewAlertmanager(cfg.AlertmanagerURL, cfg.AlertmanagerTimeout, cfg.Resend, reg, logger)
 	}
-	sink := notify.New(js, notify.NewStore(db.Conn()), am, reg, logger)
-	in := intake.New(cons, eng, sink, cp, nc, intake.Options{Settle: cfg.Settle, Evaluated: evaluated, Replayed: replayed}, reg, logger)
+	sink := notify.New(js, am, reg, logger)
+	// The alerts table is written from the ALERTS stream, acknowledged only once stored, so
+	// a ClickHouse outage delays rows and loses none.
+	rowsCfg := bus.ConsumerConfig{
+		Stream:        events.StreamAlerts,
+		Durable:       cfg.RowsConsumer,
+		FilterSubject: events.SubjectAlertsAll,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       time.Minute,
+		MaxAckPending: 10_000,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	}
+	rowsCons, _, err := intake.ResumeConsumer(ctx, js, rowsCfg)
+	if err != nil {
+		return err
+	}
+	// A consumer gone with its stream is made again once the stream is back; every row it
+	// replays is one the table has or lacks, by key.
+	reopen := func(ctx context.Context) (jetstream.Consumer, error) { return bus.EnsureConsumer(ctx, js, rowsCfg) }
+	rec := record.New(rowsCons, record.NewStore(db.Conn()), nc, record.Options{Reopen: reopen}, reg, logger)
+	in := intake.New(cons, eng, sink, cp, nc, intake.Options{Settle: cfg.Settle, WatermarkTimeout: cfg.WatermarkTimeout, Evaluated: evaluated, Replayed: replayed}, reg, logger)
 	registerEngineMetrics(reg, eng)
 
 	srv.AddCheck("nats", func(context.Context) error {
@@ -133,11 +153,13 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	})
 	srv.AddCheck("clickhouse", db.Ping)
 
-	// Alertmanager outlives the intake, so what its last window sends still goes out. The
-	// intake publishes to JetStream itself, waiting for each acknowledgement.
+	// Alertmanager and the alerts table outlive the intake, so what its last window sends
+	// still goes out. The intake publishes to JetStream itself, waiting for each
+	// acknowledgement.
 	outCtx, stopOut := context.WithCancel(context.Background())
 	defer stopOut()
 	out, _ := errgroup.WithContext(outCtx)
+	out.Go(func() error { return rec.Run(outCtx) })
 	if am != nil {
 		out.Go(func() error { return am.Run(outCtx) })
 	}

@@ -73,6 +73,7 @@ type Pipeline struct {
 	floor     *floorStore
 	stage     stage
 	publisher *bus.Publisher
+	marks     *Watermarks // nil: no watermark published (see watermark.go)
 	m         *metrics
 	logger    *slog.Logger
 
@@ -325,10 +326,12 @@ func (p *Pipeline) cycle(ctx context.Context) {
 	// window or of later request events would record a seq_through that claims its events.
 	f := p.pending
 	p.pending = nil
+	var closed time.Time // the windows this cut closes, for the watermark
 	if f == nil {
 		p.mu.Lock()
 		now := p.opts.Clock()
 		f = p.stage.cut(now, p.lastSeq)
+		closed = p.closedThrough(now)
 		p.stage.observe(now)
 		p.mu.Unlock()
 	}
@@ -342,6 +345,7 @@ func (p *Pipeline) cycle(ctx context.Context) {
 		f.done(p.opts.Clock())
 		p.mu.Unlock()
 	}
+	p.advanceWatermark(closed)
 	p.mu.Lock()
 	floor := p.floorNow()
 	p.room.Broadcast()

@@ -4,10 +4,16 @@
 // first.
 //
 // A window's rollups are acknowledged only once it is delivered: its alerts acknowledged
-// by JetStream on the ALERTS stream, their rows written to ClickHouse (or given up after a
-// few attempts: the stream holds them), and a checkpoint saying the window is done saved.
+// by JetStream on the ALERTS stream (their rows are written from there, package record) and
+// a checkpoint saying the window is done saved.
 // A step that fails is retried with backoff and no later window is evaluated meanwhile, so
 // alerts leave in order and nothing is acknowledged before it is durable.
+//
+// With partitioned aggregators a settled window also waits until every aggregator whose
+// watermark (rollup.watermark.<consumer>) the intake has read has passed it, so a partition
+// that lags, restarted or replaying, has its rollups evaluated with the others' instead of
+// counted late. The wait is bounded by WatermarkTimeout; an aggregator that makes a window
+// time out is logged, counted and not waited for until its watermark moves again.
 //
 // At start the consumer is reset to its ack floor, so the windows a stopped alerter held
 // come again at once and in stream order, instead of after AckWait behind newer windows;

@@ -24,10 +24,10 @@ type Evaluator interface {
 
 // Sink delivers a window's alert state changes; *notify.Notifier is one. Publish returns
 // nil only once JetStream has acknowledged every alert (publishing the same alerts again is
-// harmless: their Nats-Msg-Id makes JetStream drop the copies); Store writes their rows.
+// harmless: their Nats-Msg-Id makes JetStream drop the copies). Their rows are written
+// from the ALERTS stream (package record).
 type Sink interface {
 	Publish(ctx context.Context, alerts []events.Alert) error
-	Store(ctx context.Context, alerts []events.Alert) error
 }
 
 // Checkpoint durably records the start of the latest window whose alerts are delivered;
@@ -53,14 +53,14 @@ type Options struct {
 	// (see ResumeConsumer): a rollup up to it of a window already evaluated is a
 	// redelivery, not a late rollup.
 	Replayed uint64
-	// AttemptTimeout bounds one row insert or checkpoint save (default 10 s).
+	// AttemptTimeout bounds one checkpoint save (default 10 s).
 	AttemptTimeout time.Duration
+	// WatermarkTimeout bounds how long past Settle a window waits for an aggregator whose
+	// watermark has not passed it (0: windows wait for no watermark).
+	WatermarkTimeout time.Duration
 	// ShutdownTimeout is how long, once Run's context ends, the window being delivered and
 	// the windows already settled may take to be delivered (default 10 s).
 	ShutdownTimeout time.Duration
-	// StoreAttempts is how many times a window's alert rows are tried before they are
-	// given up (the alerts are on the ALERTS stream regardless; default 3).
-	StoreAttempts int
 }
 
 // The reasons a rollup is not evaluated.
@@ -78,7 +78,6 @@ var reasons = []string{reasonMalformed, reasonInvalid, reasonSubject, reasonLate
 // The steps of delivering an evaluated window, for errors and logs.
 const (
 	stepPublish    = "publish"
-	stepStore      = "store"
 	stepCheckpoint = "checkpoint"
 )
 
@@ -101,16 +100,18 @@ type Intake struct {
 	// acknowledged only then.
 	held    *delivery
 	failing string // the step whose failure was logged last, "" when delivering
+	// aggregators are the aggregators whose watermark was read, by consumer name.
+	aggregators map[string]*aggregator
+	wm          watermarkMetrics
 
-	received    *prometheus.CounterVec
-	skipped     *prometheus.CounterVec
-	windows     prometheus.Counter
-	evalTime    prometheus.Histogram
-	ackErrors   prometheus.Counter
-	lastEval    prometheus.Gauge
-	cpErrors    prometheus.Counter
-	rowsDropped prometheus.Counter
-	heldGauge   prometheus.Gauge
+	received  *prometheus.CounterVec
+	skipped   *prometheus.CounterVec
+	windows   prometheus.Counter
+	evalTime  prometheus.Histogram
+	ackErrors prometheus.Counter
+	lastEval  prometheus.Gauge
+	cpErrors  prometheus.Counter
+	heldGauge prometheus.Gauge
 }
 
 type pendingWindow struct {
@@ -119,16 +120,14 @@ type pendingWindow struct {
 	arrived time.Time
 }
 
-// delivery is an evaluated window on its way out: publish, store, checkpoint, ack.
+// delivery is an evaluated window on its way out: publish, checkpoint, ack.
 type delivery struct {
-	start      time.Time
-	msgs       messages
-	alerts     []events.Alert
-	published  bool
-	stored     bool
-	storeTries int
-	retryAt    time.Time
-	backoff    time.Duration
+	start     time.Time
+	msgs      messages
+	alerts    []events.Alert
+	published bool
+	retryAt   time.Time
+	backoff   time.Duration
 }
 
 // messages are a window's rollup messages, one per stream sequence: a copy delivered
@@ -165,19 +164,18 @@ func New(cons jetstream.Consumer, eval Evaluator, sink Sink, cp Checkpoint, dead
 	if opts.ShutdownTimeout <= 0 {
 		opts.ShutdownTimeout = 10 * time.Second
 	}
-	if opts.StoreAttempts <= 0 {
-		opts.StoreAttempts = 3
-	}
 	counter := func(name, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "alerter", Name: name, Help: help})
 	}
 	in := &Intake{
 		cons: cons, eval: eval, sink: sink, cp: cp, dead: dead, opts: opts,
-		logger:  logger.With("component", "intake"),
-		pending: make(map[int64]*pendingWindow),
-		last:    opts.Evaluated,
+		logger:      logger.With("component", "intake"),
+		pending:     make(map[int64]*pendingWindow),
+		last:        opts.Evaluated,
+		aggregators: map[string]*aggregator{},
+		wm:          newWatermarkMetrics(),
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "alerter", Name: "rollups_received_total", Help: "Rollups read from the ROLLUPS stream, by kind (tokens, gpu).",
+			Namespace: "alerter", Name: "rollups_received_total", Help: "Messages read from the ROLLUPS stream, by kind (tokens, gpu, watermark).",
 		}, []string{"kind"}),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "alerter", Name: "rollups_skipped_total",
@@ -192,8 +190,7 @@ func New(cons jetstream.Consumer, eval Evaluator, sink Sink, cp Checkpoint, dead
 		lastEval: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "alerter", Name: "last_evaluated_window_timestamp_seconds", Help: "Start of the latest window evaluated.",
 		}),
-		cpErrors:    counter("checkpoint_errors_total", "Checkpoint saves that failed (the window's rollups stay unacknowledged; retried)."),
-		rowsDropped: counter("alert_rows_dropped_total", "Alert rows given up after ClickHouse refused them on every attempt (the alerts are on the ALERTS stream)."),
+		cpErrors: counter("checkpoint_errors_total", "Checkpoint saves that failed (the window's rollups stay unacknowledged; retried)."),
 	}
 	in.heldGauge = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: "alerter", Name: "windows_undelivered",
@@ -201,10 +198,12 @@ func New(cons jetstream.Consumer, eval Evaluator, sink Sink, cp Checkpoint, dead
 	})
 	in.received.WithLabelValues("tokens")
 	in.received.WithLabelValues("gpu")
+	in.received.WithLabelValues("watermark")
 	for _, r := range reasons {
 		in.skipped.WithLabelValues(r)
 	}
-	reg.MustRegister(in.received, in.skipped, in.windows, in.evalTime, in.ackErrors, in.lastEval, in.cpErrors, in.rowsDropped, in.heldGauge)
+	reg.MustRegister(in.received, in.skipped, in.windows, in.evalTime, in.ackErrors, in.lastEval, in.cpErrors, in.heldGauge)
+	reg.MustRegister(in.wm.collectors()...)
 	return in
 }
 
@@ -284,6 +283,9 @@ func (in *Intake) Add(m jetstream.Msg, now time.Time) {
 		}
 		start, seconds = r.WindowStart, r.WindowSeconds
 		addTo = func(w *engine.Window) { w.Tokens = append(w.Tokens, r) }
+	case isWatermark(subj):
+		in.addWatermark(m, now)
+		return
 	case strings.HasPrefix(subj, "rollup.gpu."):
 		in.received.WithLabelValues("gpu").Inc()
 		var r events.GPURollup
@@ -348,8 +350,7 @@ func (in *Intake) position(m jetstream.Msg) (uint64, bool) {
 }
 
 // Flush evaluates, oldest first, the windows whose last rollup arrived at least Settle
-// before now, and delivers each: publishes its alerts, stores their rows, saves the
-// checkpoint, and only then acknowledges its rollups. It stops at the first window still
+// before now, and delivers each: publishes its alerts, saves the checkpoint, and only then acknowledges its rollups. It stops at the first window still
 // settling, so windows are always evaluated in order, and at a window whose delivery
 // failed: that one is retried, with backoff, by a later Flush, and no later window is
 // evaluated meanwhile. It returns how many windows it delivered.
@@ -357,8 +358,7 @@ func (in *Intake) Flush(ctx context.Context, now time.Time) int {
 	return in.flush(ctx, now, false)
 }
 
-// flush is Flush; final is the last one, at shutdown: it ignores the backoff and gives up
-// the rows after one failed attempt.
+// flush is Flush; final is the last one, at shutdown: it ignores the backoff.
 func (in *Intake) flush(ctx context.Context, now time.Time, final bool) int {
 	n := 0
 	for ctx.Err() == nil {
@@ -384,7 +384,7 @@ func (in *Intake) oldestSettled(now time.Time) *pendingWindow {
 			oldest = p
 		}
 	}
-	if oldest == nil || now.Sub(oldest.arrived) < in.opts.Settle {
+	if oldest == nil || now.Sub(oldest.arrived) < in.opts.Settle || in.waitForWatermarks(oldest, now) {
 		return nil
 	}
 	return oldest
@@ -416,18 +416,6 @@ func (in *Intake) deliver(ctx context.Context, now time.Time, final bool) bool {
 			return false
 		}
 		d.published = true
-	}
-	if !d.stored {
-		if err := in.attempt(ctx, func(ctx context.Context) error { return in.sink.Store(ctx, d.alerts) }); err != nil {
-			d.storeTries++
-			if !final && d.storeTries < in.opts.StoreAttempts {
-				in.retry(d, now, stepStore, err)
-				return false
-			}
-			in.rowsDropped.Add(float64(len(d.alerts)))
-			in.logger.Warn("giving up alert rows; the alerts are on the ALERTS stream", "window_start", d.start, "rows", len(d.alerts), "err", err)
-		}
-		d.stored = true
 	}
 	if in.cp != nil {
 		if err := in.attempt(ctx, func(ctx context.Context) error { return in.cp.Save(ctx, d.start) }); err != nil {

@@ -57,9 +57,9 @@ func (r *recorder) Evaluate(w engine.Window) []events.Alert {
 }
 
 type sink struct {
-	publishes, stores     int
-	publishErr, storeErr  error
-	published, storedRows []events.Alert
+	publishes  int
+	publishErr error
+	published  []events.Alert
 }
 
 func (s *sink) Publish(_ context.Context, alerts []events.Alert) error {
@@ -68,15 +68,6 @@ func (s *sink) Publish(_ context.Context, alerts []events.Alert) error {
 		return s.publishErr
 	}
 	s.published = append(s.published, alerts...)
-	return nil
-}
-
-func (s *sink) Store(_ context.Context, alerts []events.Alert) error {
-	s.stores++
-	if s.storeErr != nil {
-		return s.storeErr
-	}
-	s.storedRows = append(s.storedRows, alerts...)
 	return nil
 }
 
@@ -141,7 +132,7 @@ func TestWindowsEvaluatedInOrderAfterSettling(t *testing.T) {
 	if len(rec.windows) != 2 || !rec.windows[0].Start.Equal(w0) || len(rec.windows[0].GPUs) != 1 || len(rec.windows[1].Tokens) != 1 {
 		t.Fatalf("windows %+v", rec.windows)
 	}
-	if !m1.acked || !m2.acked || !m3.acked || sk.publishes != 2 || sk.stores != 2 {
+	if !m1.acked || !m2.acked || !m3.acked || sk.publishes != 2 {
 		t.Error("messages must be acked once their window is evaluated and delivered")
 	}
 	if len(cp.saved) != 2 || !cp.saved[0].Equal(w0) || !cp.saved[1].Equal(w1) {
@@ -212,8 +203,8 @@ func TestWindowHeldUntilAlertsPublished(t *testing.T) {
 	if len(rec.windows) != 2 || !rec.windows[0].Start.Equal(w0) || !rec.windows[1].Start.Equal(w1) {
 		t.Fatalf("evaluated %d windows, want w0 once then w1", len(rec.windows))
 	}
-	if !again.acked || !m1.acked || len(sk.published) != 2 || len(sk.storedRows) != 2 {
-		t.Errorf("acked copy %v, w1 %v; published %d, stored %d", again.acked, m1.acked, len(sk.published), len(sk.storedRows))
+	if !again.acked || !m1.acked || len(sk.published) != 2 {
+		t.Errorf("acked copy %v, w1 %v; published %d", again.acked, m1.acked, len(sk.published))
 	}
 	if len(cp.saved) != 2 || !cp.saved[0].Equal(w0) {
 		t.Errorf("checkpoints %v", cp.saved)
@@ -240,29 +231,8 @@ func TestWindowHeldUntilCheckpointSaved(t *testing.T) {
 	if n := in.Flush(context.Background(), t0.Add(time.Minute)); n != 1 || !m0.acked {
 		t.Fatalf("delivered %d, acked %v", n, m0.acked)
 	}
-	if sk.publishes != 1 || sk.stores != 1 || len(rec.windows) != 1 || testutil.ToFloat64(in.cpErrors) != 1 {
-		t.Errorf("publishes %d stores %d evaluations %d checkpoint errors %v", sk.publishes, sk.stores, len(rec.windows), testutil.ToFloat64(in.cpErrors))
-	}
-}
-
-// TestRowsGivenUpAfterAttempts: ClickHouse refusing the rows does not hold alerting for
-// ever: after StoreAttempts the rows are given up and counted, the window is done.
-func TestRowsGivenUpAfterAttempts(t *testing.T) {
-	w0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
-	rec := &recorder{raise: []events.Alert{firingAlert(w0)}}
-	sk, cp := &sink{storeErr: errors.New("ClickHouse away")}, &memCheckpoint{}
-	in := New(nil, rec, sk, cp, nil, Options{StoreAttempts: 2}, prometheus.NewRegistry(), discard)
-	t0 := time.Date(2026, 3, 3, 12, 0, 20, 0, time.UTC)
-	m0 := tokenMsg(t, w0, events.KindWindow).at(1, 1)
-	in.Add(m0, t0)
-	if n := in.Flush(context.Background(), t0); n != 0 {
-		t.Fatal("the first failed insert must be retried")
-	}
-	if n := in.Flush(context.Background(), t0.Add(time.Minute)); n != 1 || !m0.acked {
-		t.Fatalf("delivered %d, acked %v after the last attempt", n, m0.acked)
-	}
-	if sk.publishes != 1 || sk.stores != 2 || testutil.ToFloat64(in.rowsDropped) != 1 {
-		t.Errorf("publishes %d stores %d dropped rows %v", sk.publishes, sk.stores, testutil.ToFloat64(in.rowsDropped))
+	if sk.publishes != 1 || len(rec.windows) != 1 || testutil.ToFloat64(in.cpErrors) != 1 {
+		t.Errorf("publishes %d evaluations %d checkpoint errors %v", sk.publishes, len(rec.windows), testutil.ToFloat64(in.cpErrors))
 	}
 }
 

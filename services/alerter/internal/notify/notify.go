@@ -20,18 +20,12 @@ type publisher interface {
 	PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error)
 }
 
-// rowWriter stores alerts; *Store is the ClickHouse one.
-type rowWriter interface {
-	Write(ctx context.Context, alerts []events.Alert) error
-}
-
 // publishTimeout bounds the wait for JetStream's acknowledgement of one alert.
 const publishTimeout = 5 * time.Second
 
 // Notifier sends each alert state change to every configured destination.
 type Notifier struct {
 	js     publisher
-	store  rowWriter
 	am     *Alertmanager // nil without ALERTER_ALERTMANAGER_URL
 	logger *slog.Logger
 
@@ -39,18 +33,16 @@ type Notifier struct {
 	duplicates    prometheus.Counter
 	publishErrors prometheus.Counter
 	encodeErrors  prometheus.Counter
-	storeErrors   prometheus.Counter
 	publishFailed bool
-	storeFailed   bool
 }
 
 // New returns a notifier publishing on js; am may be nil. Its metrics are registered on reg.
-func New(js publisher, store rowWriter, am *Alertmanager, reg prometheus.Registerer, logger *slog.Logger) *Notifier {
+func New(js publisher, am *Alertmanager, reg prometheus.Registerer, logger *slog.Logger) *Notifier {
 	counter := func(name, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "alerter", Name: name, Help: help})
 	}
 	n := &Notifier{
-		js: js, store: store, am: am, logger: logger.With("component", "notify"),
+		js: js, am: am, logger: logger.With("component", "notify"),
 		sent: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "alerter", Name: "alerts_sent_total",
 			Help: "Alert state changes JetStream took into the ALERTS stream, by state (firing includes re-sends) and severity.",
@@ -58,14 +50,13 @@ func New(js publisher, store rowWriter, am *Alertmanager, reg prometheus.Registe
 		duplicates:    counter("alerts_published_duplicate_total", "Alert publishes JetStream dropped as duplicates of an earlier Nats-Msg-Id (a retry or a window evaluated again)."),
 		publishErrors: counter("alert_publish_errors_total", "Alert publishes JetStream did not acknowledge; the window's rollups stay unacknowledged and the publish is retried."),
 		encodeErrors:  counter("alert_encode_errors_total", "Alerts that could not be encoded as JSON and were not published."),
-		storeErrors:   counter("alert_store_errors_total", "Batches of alert rows ClickHouse did not take (retried, then given up: the alerts are on the ALERTS stream)."),
 	}
 	for _, st := range []string{events.AlertFiring, events.AlertResolved} {
 		for _, sev := range []string{events.SeverityWarning, events.SeverityCritical} {
 			n.sent.WithLabelValues(st, sev)
 		}
 	}
-	reg.MustRegister(n.sent, n.duplicates, n.publishErrors, n.encodeErrors, n.storeErrors)
+	reg.MustRegister(n.sent, n.duplicates, n.publishErrors, n.encodeErrors)
 	return n
 }
 
@@ -120,27 +111,6 @@ func (n *Notifier) Publish(ctx context.Context, alerts []events.Alert) error {
 	return nil
 }
 
-// Store writes one row per alert into ClickHouse; a failure is counted and returned for
-// the caller to retry.
-func (n *Notifier) Store(ctx context.Context, alerts []events.Alert) error {
-	if len(alerts) == 0 {
-		return nil
-	}
-	if err := n.store.Write(ctx, alerts); err != nil {
-		n.storeErrors.Inc()
-		if !n.storeFailed {
-			n.logger.Warn("cannot store alerts in ClickHouse; retrying", "err", err)
-			n.storeFailed = true
-		}
-		return err
-	}
-	if n.storeFailed {
-		n.logger.Info("storing alerts in ClickHouse again")
-		n.storeFailed = false
-	}
-	return nil
-}
-
 // encode marshals an alert with non-finite numbers (which JSON cannot hold) written as 0,
 // as the alerts table stores them.
 func encode(a *events.Alert) ([]byte, error) {
@@ -152,4 +122,11 @@ func encode(a *events.Alert) ([]byte, error) {
 		return nil, fmt.Errorf("cannot encode alert %s: %w", a.Fingerprint, err)
 	}
 	return data, nil
+}
+
+func finite(v float64) float64 {
+	if v != v || v > 1e308 || v < -1e308 {
+		return 0
+	}
+	return v
 }

@@ -3,7 +3,6 @@ package notify
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"log/slog"
 	"math"
@@ -37,10 +36,6 @@ func alert(state string) events.Alert {
 	}
 	return a
 }
-
-type fakeStore struct{ err error }
-
-func (s *fakeStore) Write(context.Context, []events.Alert) error { return s.err }
 
 // alertsJS starts NATS with the ALERTS stream and returns a JetStream client on it.
 func alertsJS(t *testing.T) jetstream.JetStream {
@@ -82,7 +77,7 @@ func streamMsgs(t *testing.T, js jetstream.JetStream) []*jetstream.RawStreamMsg 
 func TestPublishWaitsForJetStream(t *testing.T) {
 	js := alertsJS(t)
 	reg := prometheus.NewRegistry()
-	n := New(js, &fakeStore{}, nil, reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	n := New(js, nil, reg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	alerts := []events.Alert{alert(events.AlertFiring), alert(events.AlertResolved)}
 	if err := n.Publish(context.Background(), alerts); err != nil {
 		t.Fatal(err)
@@ -123,7 +118,7 @@ func TestPublishFailsWithoutTheStream(t *testing.T) {
 	if err := js.DeleteStream(context.Background(), events.StreamAlerts); err != nil {
 		t.Fatal(err)
 	}
-	n := New(js, &fakeStore{}, nil, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	n := New(js, nil, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := n.Publish(ctx, []events.Alert{alert(events.AlertFiring)}); err == nil {
@@ -134,21 +129,6 @@ func TestPublishFailsWithoutTheStream(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(n.sent.WithLabelValues("firing", "warning")); got != 0 {
 		t.Errorf("sent %v, want 0", got)
-	}
-}
-
-func TestStoreCountsErrors(t *testing.T) {
-	store := &fakeStore{}
-	n := New(nil, store, nil, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err := n.Store(context.Background(), []events.Alert{alert(events.AlertFiring)}); err != nil {
-		t.Fatal(err)
-	}
-	store.err = errors.New("ClickHouse away")
-	if err := n.Store(context.Background(), []events.Alert{alert(events.AlertFiring)}); err == nil {
-		t.Error("a failed row write must be reported")
-	}
-	if got := testutil.ToFloat64(n.storeErrors); got != 1 {
-		t.Errorf("store errors %v, want 1", got)
 	}
 }
 

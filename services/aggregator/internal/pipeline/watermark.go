@@ -1,0 +1,193 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+)
+
+// Watermarks publishes how far an aggregator has got, on rollup.watermark.<consumer> in the
+// ROLLUPS stream, so that an alerter reading several partitioned aggregators evaluates a
+// window only once each of them has published it, not on a wall-clock guess.
+//
+// Each pipeline reports, after every flush, the end of the latest window it has closed and
+// whose rollups it has handed to the rollup publisher (a flush still being retried reports
+// nothing). The aggregator's watermark is the lowest over its pipelines that have seen a
+// message since start: a pipeline that has seen none holds no window and owes no rollup.
+// It is published once the rollup publisher holds nothing unacknowledged, so JetStream has
+// stored every rollup it covers ahead of it, and it never goes back.
+type Watermarks struct {
+	js       watermarkPublisher
+	rollups  interface{ Buffered() int }
+	consumer string
+	window   time.Duration
+	every    time.Duration
+	logger   *slog.Logger
+
+	mu      sync.Mutex
+	through map[string]time.Time // per pipeline (stream): windows closed through
+	sent    time.Time
+	failing bool
+
+	published  prometheus.Counter
+	errors     prometheus.Counter
+	throughSec prometheus.Gauge
+}
+
+type watermarkPublisher interface {
+	PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error)
+}
+
+// NewWatermarks returns the watermark publisher of the aggregator reading as consumer, with
+// windows of window; rollups is the publisher its rollups go through. Its metrics are
+// registered on reg.
+func NewWatermarks(js watermarkPublisher, rollups interface{ Buffered() int }, consumer string, window time.Duration, reg prometheus.Registerer, logger *slog.Logger) *Watermarks {
+	w := &Watermarks{
+		js: js, rollups: rollups, consumer: consumer, window: window, every: 200 * time.Millisecond,
+		logger: logger.With("component", "watermark"), through: map[string]time.Time{},
+		published: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "aggregator", Name: "watermarks_published_total",
+			Help: "Watermarks JetStream stored on rollup.watermark.<consumer>."}),
+		errors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "aggregator", Name: "watermark_publish_errors_total",
+			Help: "Watermark publishes JetStream did not acknowledge (retried)."}),
+		throughSec: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "aggregator", Name: "watermark_published_timestamp_seconds",
+			Help: "End of the latest window the published watermark covers."}),
+	}
+	reg.MustRegister(w.published, w.errors, w.throughSec)
+	return w
+}
+
+// PublishWatermarks makes p report its closed windows to w.
+func (p *Pipeline) PublishWatermarks(w *Watermarks) { p.marks = w }
+
+// closedThrough returns the end of the latest window the stage has closed as of now, or the
+// zero time when the pipeline publishes no watermark or has seen nothing. Called under the
+// lock, with the now of the cut.
+func (p *Pipeline) closedThrough(now time.Time) time.Time {
+	if p.marks == nil {
+		return time.Time{}
+	}
+	if s, ok := p.stage.(interface{ closedThrough(time.Time) time.Time }); ok {
+		return s.closedThrough(now)
+	}
+	return time.Time{}
+}
+
+// advanceWatermark reports that the windows through the given end are closed and their
+// rollups handed to the publisher.
+func (p *Pipeline) advanceWatermark(through time.Time) {
+	if p.marks != nil && !through.IsZero() {
+		p.marks.advance(p.opts.Stream, through)
+	}
+}
+
+func (s *tokenStage) closedThrough(now time.Time) time.Time {
+	return windowsClosedThrough(s.agg.Watermark(now), s.cfg.Window, s.cfg.Lateness)
+}
+
+func (s *gpuStage) closedThrough(now time.Time) time.Time {
+	return windowsClosedThrough(s.agg.Watermark(now), s.cfg.Window, s.cfg.Lateness)
+}
+
+// windowsClosedThrough is the end of the latest window a watermark wm has closed: a window
+// closes once wm reaches its end + lateness (window.Advance). Zero when wm is unset.
+func windowsClosedThrough(wm time.Time, window, lateness time.Duration) time.Time {
+	if wm.Unix() <= 0 || window <= 0 {
+		return time.Time{}
+	}
+	e := wm.Add(-lateness).UnixNano()
+	w := int64(window)
+	end := e / w * w
+	if e < 0 && e%w != 0 {
+		end -= w
+	}
+	return time.Unix(0, end).UTC()
+}
+
+func (w *Watermarks) advance(stream string, through time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if through.After(w.through[stream]) {
+		w.through[stream] = through
+	}
+}
+
+// current returns the watermark to publish: the lowest of the pipelines that reported.
+func (w *Watermarks) current() time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var low time.Time
+	for _, t := range w.through {
+		if low.IsZero() || t.Before(low) {
+			low = t
+		}
+	}
+	return low
+}
+
+// Run publishes the watermark whenever it moves, until ctx ends; then, for up to 5 s, it
+// publishes the one of the last flush, once its rollups are out.
+func (w *Watermarks) Run(ctx context.Context) error {
+	tick := time.NewTicker(w.every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			final, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			for final.Err() == nil && w.current().After(w.sent) {
+				if !w.publish(final, time.Now()) {
+					select {
+					case <-final.Done():
+					case <-tick.C:
+					}
+				}
+			}
+			return nil
+		case now := <-tick.C:
+			w.publish(ctx, now)
+		}
+	}
+}
+
+// publish sends the current watermark if it moved and every rollup queued before it was
+// read is stored. It reports whether one was sent.
+func (w *Watermarks) publish(ctx context.Context, now time.Time) bool {
+	through := w.current() // read before looking at the queue: those rollups were queued before
+	if through.IsZero() || !through.After(w.sent) || w.rollups.Buffered() > 0 {
+		return false
+	}
+	data, err := json.Marshal(events.Watermark{V: 1, Consumer: w.consumer, Through: through, WindowSeconds: int(w.window / time.Second), At: now.UTC()})
+	if err != nil {
+		return false // a struct of strings and times always encodes
+	}
+	m := &nats.Msg{Subject: events.WatermarkSubject(w.consumer), Data: data, Header: nats.Header{}}
+	m.Header.Set(jetstream.MsgIDHeader, "wm-"+w.consumer+"-"+strconv.FormatInt(through.Unix(), 10))
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := w.js.PublishMsg(pctx, m, jetstream.WithExpectStream(events.StreamRollups)); err != nil {
+		w.errors.Inc()
+		if !w.failing {
+			w.logger.Warn("cannot publish the watermark; retrying", "err", fmt.Errorf("cannot publish on %s: %w", m.Subject, err))
+			w.failing = true
+		}
+		return false
+	}
+	if w.failing {
+		w.logger.Info("publishing the watermark again")
+		w.failing = false
+	}
+	w.sent = through
+	w.published.Inc()
+	w.throughSec.Set(float64(through.Unix()))
+	return true
+}

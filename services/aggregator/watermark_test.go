@@ -1,0 +1,108 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+)
+
+type streamMsg struct {
+	seq     uint64
+	subject string
+	data    []byte
+}
+
+// rollupsStream returns every message on ROLLUPS, in stream order.
+func (b *bed) rollupsStream(t *testing.T) []streamMsg {
+	t.Helper()
+	ctx := context.Background()
+	s, err := b.js.Stream(ctx, events.StreamRollups)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []streamMsg
+	for seq := info.State.FirstSeq; info.State.Msgs > 0 && seq <= info.State.LastSeq; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, streamMsg{seq: seq, subject: m.Subject, data: m.Data})
+	}
+	return out
+}
+
+// TestWatermarkFollowsPublishedRollups: the aggregator publishes its watermark on
+// rollup.watermark.<consumer>, moving forward window by window, and no rollup of a window a
+// watermark covers comes after it on the ROLLUPS stream (events published as they happen:
+// an event reaching the stream after the watermark passed its window is late by definition).
+func TestWatermarkFollowsPublishedRollups(t *testing.T) {
+	b := newBed(t)
+	startAggregator(t, b.env(envVars{"AGG_CONSUMER": "agg-a", "AGG_GPU": "false", "AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "100ms"}))
+	// Events as they happen, for six windows of 2 s.
+	var last time.Time
+	for end := time.Now().Add(12 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		var evs []events.RequestEvent
+		for range 5 {
+			evs = append(evs, events.RequestEvent{V: 1, EventID: events.NewEventID(), TS: time.Now().UTC().Add(-200 * time.Millisecond),
+				Model: "m", Scene: "chat", Env: "prod", InputTokens: 10, OutputTokens: 5, TTFTMs: 20, TotalMs: 100, Status: events.StatusOK})
+		}
+		b.publish(t, evs)
+		last = evs[0].TS.Truncate(2 * time.Second).Add(2 * time.Second) // end of the last window
+	}
+	var msgs []streamMsg
+	deadline := time.Now().Add(time.Minute)
+	for {
+		msgs = b.rollupsStream(t)
+		var w events.Watermark
+		if n := len(msgs); n > 0 && msgs[n-1].subject == events.WatermarkSubject("agg-a") && json.Unmarshal(msgs[n-1].data, &w) == nil && !w.Through.Before(last) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no watermark through %s after a minute; the stream holds %d messages", last, len(msgs))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	var marks []events.Watermark
+	var covered time.Time // the highest watermark seen so far in stream order
+	rollups := 0
+	for _, m := range msgs {
+		switch {
+		case m.subject == "rollup.watermark.agg-a":
+			var w events.Watermark
+			if err := json.Unmarshal(m.data, &w); err != nil {
+				t.Fatalf("watermark %d: %v", m.seq, err)
+			}
+			if w.V != 1 || w.Consumer != "agg-a" || w.WindowSeconds != 2 || w.Through.UnixNano()%int64(2*time.Second) != 0 || !w.Through.After(covered) {
+				t.Errorf("watermark %d: %+v after one through %s", m.seq, w, covered)
+			}
+			covered = w.Through
+			marks = append(marks, w)
+		case strings.HasPrefix(m.subject, "rollup.tokens."):
+			var r events.TokenRollup
+			if err := json.Unmarshal(m.data, &r); err != nil {
+				t.Fatal(err)
+			}
+			rollups++
+			if end := r.WindowStart.Add(time.Duration(r.WindowSeconds) * time.Second); r.Kind == events.KindWindow && !end.After(covered) {
+				t.Errorf("rollup of the window ending %s (seq %d) after a watermark through %s", end, m.seq, covered)
+			}
+		}
+	}
+	if rollups < 6 || len(marks) < 2 {
+		t.Errorf("%d rollups, %d watermarks: want every window and the watermark moving with them", rollups, len(marks))
+	}
+}
