@@ -18,6 +18,7 @@ type metrics struct {
 	clientWaits prometheus.Counter
 	ttft        *prometheus.HistogramVec
 	passthrough prometheus.Counter
+	refused     *prometheus.CounterVec
 	models      *ops.Limiter
 }
 
@@ -44,13 +45,18 @@ func newMetrics(reg prometheus.Registerer, maxLabels int) *metrics {
 			Buckets: []float64{.05, .1, .25, .5, 1, 2, 5, 10, 30, 60}}, []string{"provider", "model"}),
 		passthrough: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "passthrough_total",
 			Help: "Requests to other upstream paths (model lists, token counting) forwarded without measuring."}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "refused_total",
+			Help: "Requests refused with 400 before going upstream, by reason: a path whose segments an upstream could read otherwise (dot_segment, encoded_slash)."}, []string{"reason"}),
 		models: ops.NewLimiter(maxLabels),
+	}
+	for _, r := range refusedReasons {
+		m.refused.WithLabelValues(r)
 	}
 	for _, p := range []string{"openai", "anthropic"} {
 		m.rateLimited.WithLabelValues(p)
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.rateLimited, m.inflight, m.streams, m.detached, m.detaches, m.parked, m.clientWaits, m.ttft, m.passthrough)
+		reg.MustRegister(m.requests, m.rateLimited, m.inflight, m.streams, m.detached, m.detaches, m.parked, m.clientWaits, m.ttft, m.passthrough, m.refused)
 	}
 	return m
 }
