@@ -19,6 +19,7 @@ type metrics struct {
 	ttft        *prometheus.HistogramVec
 	passthrough prometheus.Counter
 	refused     *prometheus.CounterVec
+	framing     *prometheus.CounterVec
 	models      *ops.Limiter
 }
 
@@ -47,16 +48,21 @@ func newMetrics(reg prometheus.Registerer, maxLabels int) *metrics {
 			Help: "Requests to other upstream paths (model lists, token counting) forwarded without measuring."}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "refused_total",
 			Help: "Requests refused with 400 before going upstream, by reason: a path whose segments an upstream could read otherwise (dot_segment, encoded_slash)."}, []string{"reason"}),
+		framing: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "ambiguous_framing_total",
+			Help: "Request heads whose framing a server and a proxy in front could read differently, by problem: their connection is closed after the answer (transfer_encoding_http10: refused with 400)."}, []string{"problem"}),
 		models: ops.NewLimiter(maxLabels),
 	}
 	for _, r := range refusedReasons {
 		m.refused.WithLabelValues(r)
 	}
+	for _, f := range framingProblems {
+		m.framing.WithLabelValues(f)
+	}
 	for _, p := range []string{"openai", "anthropic"} {
 		m.rateLimited.WithLabelValues(p)
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.rateLimited, m.inflight, m.streams, m.detached, m.detaches, m.parked, m.clientWaits, m.ttft, m.passthrough, m.refused)
+		reg.MustRegister(m.requests, m.rateLimited, m.inflight, m.streams, m.detached, m.detaches, m.parked, m.clientWaits, m.ttft, m.passthrough, m.refused, m.framing)
 	}
 	return m
 }

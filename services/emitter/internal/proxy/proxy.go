@@ -131,7 +131,11 @@ func (p *Proxy) Register(mux interface{ Handle(string, http.Handler) }) {
 // proxy's own state only, and gives their connections back for the clients' next requests
 // (detach.go). Without it, or where connections cannot be watched (not Linux), streams stay
 // with net/http. Call Drain after the server's Shutdown.
+//
+// Every connection it accepts is followed request by request (framing.go): one whose
+// framing is ambiguous is closed after its answer.
 func (p *Proxy) Listener(ln net.Listener) net.Listener {
+	ln = framingListener{Listener: ln, problems: p.m.framing}
 	w, err := newWatcher()
 	if err != nil {
 		p.logger.Info("streams stay with net/http", "err", err)
