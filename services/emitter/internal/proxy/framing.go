@@ -219,19 +219,25 @@ func (c *framingConn) feed(b []byte) int {
 // when b does not end it: the head ends with its first empty line (CRLF or a bare LF, as
 // textproto reads lines).
 func (c *framingConn) headEnd(b []byte) int {
-	for i, ch := range b {
-		switch {
-		case ch == '\n':
-			if c.lineStart {
+	for i := 0; i < len(b); {
+		if c.lineStart {
+			switch ch := b[i]; {
+			case ch == '\n':
 				c.lineCR = false
 				return i + 1 // lineStart stays: the next head starts a line
+			case ch == '\r' && !c.lineCR:
+				c.lineCR = true
+				i++
+				continue
 			}
-			c.lineStart = true
-		case ch == '\r' && c.lineStart && !c.lineCR:
-			c.lineCR = true
-		default:
 			c.lineStart, c.lineCR = false, false
 		}
+		j := bytes.IndexByte(b[i:], '\n')
+		if j < 0 {
+			return -1
+		}
+		i += j + 1
+		c.lineStart = true
 	}
 	return -1
 }
@@ -281,6 +287,8 @@ func (c *framingConn) judge(head []byte) string {
 		}
 		name, value, _ := bytes.Cut(line, []byte{':'})
 		switch {
+		case len(name) != len("Transfer-Encoding") && len(name) != len("Content-Length"):
+			last = 0
 		case bytes.EqualFold(name, []byte("Transfer-Encoding")):
 			te++
 			teValue, last = trimOWS(value), 1

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -269,4 +270,69 @@ func FuzzFramingConn(f *testing.F) {
 			t.Fatalf("no problem found, and net/http got\n%q\nof\n%q", out, in)
 		}
 	})
+}
+
+// parseRequests reads b as net/http's server reads requests, each with its body, and
+// describes them: the Connection field aside, and its close, which say where a server stops.
+func parseRequests(b []byte) (reqs []string, closes []bool) {
+	br := bufio.NewReader(bytes.NewReader(b))
+	for {
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return reqs, closes
+		}
+		body, err := io.ReadAll(req.Body)
+		closes = append(closes, req.Close)
+		req.Header.Del("Connection")
+		reqs = append(reqs, fmt.Sprintf("%s %s %s %v %v %q %v", req.Method, req.RequestURI, req.Proto, req.Header, req.Trailer, body, err))
+		if err != nil {
+			return reqs, closes
+		}
+	}
+}
+
+// FuzzFramingConnFollowsNetHTTP: net/http reads the same requests through the conn as from
+// the bytes themselves, up to the last one the server would answer on the connection (the
+// first that asks to close it, as a changed head does, or the last before a refused head).
+func FuzzFramingConnFollowsNetHTTP(f *testing.F) {
+	f.Add([]byte("POST /a HTTP/1.1\r\nContent-Length: 2\r\n\r\nhiGET / HTTP/1.1\r\n\r\n"), uint64(1))
+	f.Add([]byte("POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\nT: 1\r\n\r\nGET / HTTP/1.1\r\n\r\n"), uint64(2))
+	f.Add([]byte("POST /a HTTP/1.1\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /b HTTP/1.1\r\n\r\n"), uint64(3))
+	f.Add([]byte("GET /a HTTP/1.1\r\n\r\nPOST /a HTTP/1.0\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /b HTTP/1.1\r\n\r\n"), uint64(4))
+	f.Add([]byte("POST /a HTTP/1.1\r\nTransfer-Encoding:\r\n chunked\r\n\r\n0\r\n\r\nGET /b HTTP/1.1\r\n\r\n"), uint64(5))
+	f.Fuzz(func(t *testing.T, in []byte, seed uint64) {
+		out, fc := readAllThrough(t, in, seed)
+		want, _ := parseRequests(in)
+		got, closes := parseRequests(out)
+		last := len(got) - 1
+		for i, c := range closes {
+			if c {
+				last = i
+				break
+			}
+		}
+		if fc.refuse.Load() {
+			last = len(got) - 1 // everything before the refused head, and nothing of it
+		}
+		for i := 0; i <= last; i++ {
+			if i >= len(want) || got[i] != want[i] {
+				t.Fatalf("request %d through the conn:\n%v\nfrom the bytes:\n%v\n(in %q)", i, got, want, in)
+			}
+		}
+	})
+}
+
+// BenchmarkFramingConn: the cost of following one kept-alive request, its head and its body
+// in one read.
+func BenchmarkFramingConn(b *testing.B) {
+	body := chatBody(true, "")
+	req := []byte(fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nUser-Agent: OpenAI/Python 1.55.0\r\nAccept: application/json\r\nContent-Type: application/json\r\nAuthorization: Bearer sk-test\r\nX-Tokenscope-Scene: chat\r\nContent-Length: %d\r\n\r\n%s", len(body), body))
+	fc := &framingConn{lineStart: true, problems: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "x"}, []string{"problem"})}
+	b.ReportAllocs()
+	b.SetBytes(int64(len(req)))
+	for b.Loop() {
+		if n := fc.feed(req); n != len(req) || fc.st != framingHead {
+			b.Fatalf("released %d of %d", n, len(req))
+		}
+	}
 }
