@@ -1,6 +1,7 @@
 package events
 
 import (
+	"errors"
 	"strconv"
 	"strings"
 	"time"
@@ -71,7 +72,59 @@ const (
 	seenTotal
 )
 
+// request decodes the event. A message of another version than this package's may name and
+// type its fields otherwise: whatever else is wrong with it, it is unsupported_version, so a
+// producer ahead of its consumers learns the real reason from the dead letter.
 func (d *decodeState) request(ev *RequestEvent) error {
+	err := d.requestFields(ev)
+	if err != nil && !errors.Is(err, ErrMalformed) {
+		if v, ok := version(d.s); ok && v != Version && v != 0 {
+			return fieldErr("v", ErrUnsupportedVersion, strconv.FormatInt(v, 10))
+		}
+	}
+	return err
+}
+
+// version finds the top-level "v" of a JSON object, the last one if there are more, as the
+// decoder takes it; it reports false when there is none or the object cannot be read.
+func version(s string) (v int64, ok bool) {
+	d := decodeState{s: s}
+	d.ws()
+	if !d.take('{') {
+		return 0, false
+	}
+	d.ws()
+	if d.take('}') {
+		return 0, false
+	}
+	for {
+		d.ws()
+		key, err := d.str()
+		if err != nil {
+			return 0, false
+		}
+		d.ws()
+		if !d.take(':') {
+			return 0, false
+		}
+		d.ws()
+		if key == "v" {
+			if v, err = d.integer(key); err != nil {
+				return 0, false
+			}
+			ok = true
+		} else if d.skip(0) != nil {
+			return 0, false
+		}
+		d.ws()
+		if d.take(',') {
+			continue
+		}
+		return v, ok && d.take('}')
+	}
+}
+
+func (d *decodeState) requestFields(ev *RequestEvent) error {
 	*ev = RequestEvent{}
 	var seen uint8
 	d.ws()

@@ -175,5 +175,37 @@ func AppendString(dst []byte, s string) []byte {
 	return append(dst, '"')
 }
 
+// AppendStringMax appends s as AppendString does, cut after a whole character or escape so
+// that the quoted string takes at most max bytes (max ≥ 2); it reports whether s was cut. It
+// escapes no more of s than max bytes, so a huge s costs no more than a cut one.
+func AppendStringMax(dst []byte, s string, max int) ([]byte, bool) {
+	cut := len(s) > max // each byte of s takes at least one in the quoted string
+	if cut {
+		s = s[:max]
+	}
+	start := len(dst)
+	dst = AppendString(dst, s)
+	if !cut && len(dst)-start <= max {
+		return dst, false
+	}
+	end, limit := start+1, start+max-1 // after the opening quote, before the closing one
+	for end < len(dst)-1 {
+		n := 1
+		switch c := dst[end]; {
+		case c == '\\' && dst[end+1] == 'u':
+			n = 6
+		case c == '\\':
+			n = 2
+		case c >= utf8.RuneSelf:
+			_, n = utf8.DecodeRune(dst[end:])
+		}
+		if end+n > limit {
+			break
+		}
+		end += n
+	}
+	return append(dst[:end], '"'), true
+}
+
 // FormatTS formats t the way ts travels.
 func FormatTS(t time.Time) string { return t.UTC().Format(TimeLayout) }

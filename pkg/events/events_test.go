@@ -97,6 +97,14 @@ func TestDecodeRequest(t *testing.T) {
 	f("missing ttft", `{`+base+`,"input_tokens":1,"output_tokens":2,"total_ms":3}`, events.ErrMissingField, nil)
 	f("null required", `{`+base+`,"input_tokens":null,"output_tokens":2,"ttft_ms":1,"total_ms":3}`, events.ErrMissingField, nil)
 	f("missing v", `{`+strings.Replace(base, `"v":1,`, ``, 1)+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3}`, events.ErrMissingField, nil)
+	v2 := strings.Replace(base, `"v":1`, `"v":2`, 1)
+	f("newer version", `{`+v2+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3}`, events.ErrUnsupportedVersion, nil)
+	f("newer version, renamed fields", `{`+v2+`,"tokens":{"input":1,"output":2},"ttft_ms":1,"total_ms":3}`, events.ErrUnsupportedVersion, nil)
+	f("newer version, retyped field before v", `{"ts":1764496800000,`+strings.Replace(v2, `"ts":"2026-11-30T10:00:00Z",`, ``, 1)+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3}`, events.ErrUnsupportedVersion, nil)
+	f("newer version, retyped v after an error", `{"stream":"yes",`+strings.Replace(base, `"v":1`, `"v":1,"v":3`, 1)+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3}`, events.ErrUnsupportedVersion, nil)
+	f("newer version, malformed", `{`+v2+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3,}`, events.ErrMalformed, nil)
+	f("version as a string", `{`+strings.Replace(base, `"v":1`, `"v":"2"`, 1)+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3}`, events.ErrWrongType, nil)
+	f("version 1, retyped field", `{`+base+`,"input_tokens":"1","output_tokens":2,"ttft_ms":1,"total_ms":3}`, events.ErrWrongType, nil)
 	f("bad outcome", `{`+base+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3,"outcome":"won"}`, events.ErrUnknownStatus, nil)
 	f("old ts", `{`+strings.Replace(base, "2026-11-30", "1970-01-01", 1)+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3}`, events.ErrOutOfRange, nil)
 	f("itl above total", `{`+base+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3,"max_itl_ms":4}`, events.ErrOutOfRange, nil)
@@ -235,6 +243,33 @@ func TestAppendStringMatchesEncodingJSON(t *testing.T) {
 	}
 }
 
+func TestAppendStringMax(t *testing.T) {
+	for _, s := range []string{"", "plain", `q"uote\back`, "tab\tnl\nctl\x01\x1f", "é😀客服", "bad\xffutf8", strings.Repeat("\x00", 40), "a😀\x01b"} {
+		full := events.AppendString(nil, s)
+		whole := strings.ToValidUTF8(s, "\uFFFD")
+		for max := 2; max <= len(full)+2; max++ {
+			got, cut := events.AppendStringMax([]byte("x"), s, max)
+			got = got[1:]
+			var back string
+			if err := json.Unmarshal(got, &back); err != nil {
+				t.Fatalf("AppendStringMax(%q, %d) = %s: not JSON: %v", s, max, got, err)
+			}
+			switch {
+			case len(got) > max:
+				t.Fatalf("AppendStringMax(%q, %d) = %s: %d bytes", s, max, got, len(got))
+			case cut != (len(full) > max):
+				t.Fatalf("AppendStringMax(%q, %d) = %s: cut %v", s, max, got, cut)
+			case !cut && string(got) != string(full):
+				t.Fatalf("AppendStringMax(%q, %d) = %s, want %s", s, max, got, full)
+			case !strings.HasPrefix(whole, back):
+				t.Fatalf("AppendStringMax(%q, %d) decodes to %q: not a prefix of %q", s, max, back, whole)
+			case cut && len(got) < max-5:
+				t.Fatalf("AppendStringMax(%q, %d) = %s: cut short", s, max, got)
+			}
+		}
+	}
+}
+
 func TestAppendFloatNonFinite(t *testing.T) {
 	ev := sampleEvent()
 	ev.TTFTMs = math.NaN()
@@ -259,6 +294,16 @@ func TestGPUSampleValidate(t *testing.T) {
 	}
 	if s.PowerW == nil || *s.PowerW != 689.2 || s.ThrottleReasons == nil || *s.ThrottleReasons != 4 {
 		t.Fatalf("decoded %+v", s)
+	}
+	for doc, want := range map[string]error{
+		`{"v":2,"ts":"2026-11-30T10:00:00Z","host":"h","gpu_index":"0"}`: events.ErrUnsupportedVersion,
+		`{"gpu_index":"0","v":2,"ts":"2026-11-30T10:00:00Z","host":"h"}`: events.ErrUnsupportedVersion,
+		`{"v":1,"ts":"2026-11-30T10:00:00Z","host":"h","gpu_index":"0"}`: events.ErrWrongType,
+	} {
+		var s events.GPUSample
+		if err := events.UnmarshalGPUSample([]byte(doc), &s); !errors.Is(err, want) {
+			t.Fatalf("%s: %v, want %v", doc, err, want)
+		}
 	}
 	out, _ := json.Marshal(events.GPUSample{V: 1, TS: testNow, Host: "h", GPUUUID: "u"})
 	if strings.Contains(string(out), "power_w") {

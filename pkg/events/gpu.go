@@ -49,6 +49,11 @@ func UnmarshalGPUSample(data []byte, s *GPUSample) error {
 	*s = GPUSample{}
 	if err := json.Unmarshal(data, s); err != nil {
 		if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
+			// json.Unmarshal read on past the mistyped field: a sample of another version
+			// may type its fields otherwise, and that is what is wrong with it.
+			if s.V != Version && s.V != 0 {
+				return fieldErr("v", ErrUnsupportedVersion, strconv.Itoa(s.V))
+			}
 			return fieldErr(te.Field, ErrWrongType, "want "+te.Type.String())
 		}
 		return &SyntaxError{Msg: err.Error()}

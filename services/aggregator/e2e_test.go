@@ -357,26 +357,41 @@ func TestInvalidLateAndSeriesOverflow(t *testing.T) {
 	b.publish(t, good[:10])
 	b.publishRaw(t, "llm.req.prod.chat", []byte(`{"v":1,"event_id":"bad-ttft","ts":"`+events.FormatTS(now)+`","model":"m","scene":"chat","env":"prod","input_tokens":1,"output_tokens":1,"ttft_ms":500,"total_ms":100,"status":"ok"}`))
 	b.publishRaw(t, "llm.req.prod.chat", []byte(`not json at all`))
+	// A version this aggregator does not know, with fields named otherwise.
+	b.publishRaw(t, "llm.req.prod.chat", []byte(`{"v":2,"event_id":"v2","ts":"`+events.FormatTS(now)+`","model":"m","scene":"chat","env":"prod","tokens":{"input":1,"output":1},"ttft_ms":1,"total_ms":2,"status":"ok"}`))
+	// Control bytes escape to six bytes each: this dead letter would be over the payload limit.
+	huge := []byte(`{"v":1,"model":"` + strings.Repeat("\x01", int(b.nc.MaxPayload()/5)) + `"}`)
+	b.publishRaw(t, "llm.req.prod.chat", huge)
 	b.publish(t, good[10:])
 	b.waitRows(t, 30*time.Second, 20, "SELECT sum(requests) FROM token_rollups")
 	var reasons []string
-	for range 2 {
+	truncated := 0
+	for range 4 {
 		m, err := dead.NextMsg(10 * time.Second)
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("dead letters %v, then: %v", reasons, err)
 		}
 		var dl struct {
 			Reason, Error string
 			StreamSeq     uint64 `json:"stream_seq"`
+			Data          string
+			DataTruncated bool `json:"data_truncated"`
+			DataBytes     int  `json:"data_bytes"`
 		}
 		if err := json.Unmarshal(m.Data, &dl); err != nil {
 			t.Fatal(err)
 		}
+		if dl.DataTruncated {
+			truncated++
+			if dl.Reason != "malformed" || dl.DataBytes != len(huge) || !strings.HasPrefix(string(huge), dl.Data) || len(m.Data) > int(b.nc.MaxPayload()) || len(m.Data) < int(b.nc.MaxPayload())-100 {
+				t.Fatalf("truncated dead letter: reason %q, %d data bytes of %d, %d bytes in all (limit %d)", dl.Reason, len(dl.Data), dl.DataBytes, len(m.Data), b.nc.MaxPayload())
+			}
+		}
 		reasons = append(reasons, dl.Reason)
 	}
 	slices.Sort(reasons)
-	if strings.Join(reasons, ",") != "malformed,ttft_above_total" {
-		t.Fatalf("dead-letter reasons %v", reasons)
+	if strings.Join(reasons, ",") != "malformed,malformed,ttft_above_total,unsupported_version" || truncated != 1 {
+		t.Fatalf("dead-letter reasons %v, %d truncated", reasons, truncated)
 	}
 	if n := b.scalar(t, "SELECT sum(requests) FROM token_rollups WHERE model = 'other'"); n != 15 {
 		t.Fatalf("%d requests folded into other, want 15 (20 models, 5 series allowed)", n)

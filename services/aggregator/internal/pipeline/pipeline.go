@@ -312,7 +312,18 @@ func (p *Pipeline) deadLetter(msg jetstream.Msg, seq uint64, err error) {
 	body = append(body, `,"consumer":`...)
 	body = events.AppendString(body, p.opts.Consumer)
 	body = append(body, `,"data":`...)
-	body = events.AppendString(body, string(msg.Data()))
+	// Escaped, the data can take six times its size (control bytes): past the server's
+	// payload limit the dead letter keeps its reason and position, and as much of the data
+	// as fits, marked.
+	data := msg.Data()
+	const mark = `,"data_truncated":true,"data_bytes":`
+	room := int(p.nc.MaxPayload()) - len(body) - len(mark) - 21
+	var cut bool
+	body, cut = events.AppendStringMax(body, string(data), max(room, 2))
+	if cut {
+		body = append(body, mark...)
+		body = strconv.AppendInt(body, int64(len(data)), 10)
+	}
 	body = append(body, '}')
 	if perr := p.nc.Publish(events.SubjectInvalid, body); perr != nil {
 		p.m.deadLetterErrors.Inc()

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 
@@ -482,11 +483,35 @@ func (in *Intake) reject(m jetstream.Msg, reason string, err error) {
 		dl.Header.Set("Tokenscope-Subject", m.Subject())
 		dl.Header.Set("Tokenscope-Reason", reason)
 		dl.Header.Set("Tokenscope-Error", err.Error())
+		truncateDeadLetter(dl, in.dead)
 		_ = in.dead.PublishMsg(dl)
 	}
 	if err := m.Term(); err != nil {
 		in.ackErrors.Inc()
 	}
+}
+
+// truncateDeadLetter cuts the data of dl so that it fits the server's payload limit with its
+// headers, where dead says that limit (a *nats.Conn does): with them the message can be over
+// it, and would be refused. The headers, the reason among them, are kept, and
+// Tokenscope-Truncated says the size of the message.
+func truncateDeadLetter(dl *nats.Msg, dead DeadLetter) {
+	mp, ok := dead.(interface{ MaxPayload() int64 })
+	if !ok {
+		return
+	}
+	size := len("NATS/1.0\r\n\r\n") + len("Tokenscope-Truncated: 20 digits at most\r\n")
+	for k, vs := range dl.Header {
+		for _, v := range vs {
+			size += len(k) + len(v) + len(": \r\n")
+		}
+	}
+	room := int(mp.MaxPayload()) - size
+	if len(dl.Data) <= room {
+		return
+	}
+	dl.Header.Set("Tokenscope-Truncated", strconv.Itoa(len(dl.Data)))
+	dl.Data = dl.Data[:max(room, 0)]
 }
 
 var errInvalidRollup = errors.New("invalid rollup")

@@ -1,11 +1,14 @@
 package intake
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -87,6 +90,42 @@ func (c *memCheckpoint) Save(_ context.Context, t time.Time) error {
 type dead struct{ msgs []*nats.Msg }
 
 func (d *dead) PublishMsg(m *nats.Msg) error { d.msgs = append(d.msgs, m); return nil }
+
+// limitedDead is a dead-letter subject on a server with a payload limit.
+type limitedDead struct {
+	dead
+	max int64
+}
+
+func (d *limitedDead) MaxPayload() int64 { return d.max }
+
+// TestDeadLetterOverThePayloadLimit: a dead letter that its headers would put over the
+// server's payload limit keeps its reason and as much of the data as fits.
+func TestDeadLetterOverThePayloadLimit(t *testing.T) {
+	dl := &limitedDead{max: 1024}
+	in := New(nil, &recorder{}, &sink{}, &memCheckpoint{}, dl, Options{Settle: time.Second}, prometheus.NewRegistry(), discard)
+	bad := &msg{subject: "rollup.tokens.prod.chat", data: []byte(`{"v":1,"scene":"` + strings.Repeat("x", 1000))}
+	small := &msg{subject: "rollup.tokens.prod.chat", data: []byte(`{"v":1,`)}
+	in.Add(bad, time.Now())
+	in.Add(small, time.Now())
+	if len(dl.msgs) != 2 {
+		t.Fatalf("%d dead letters", len(dl.msgs))
+	}
+	m := dl.msgs[0]
+	size := len("NATS/1.0\r\n\r\n") + len(m.Data)
+	for k, vs := range m.Header {
+		for _, v := range vs {
+			size += len(k) + len(v) + 4
+		}
+	}
+	if size > 1024 || m.Header.Get("Tokenscope-Reason") != "malformed" || m.Header.Get("Tokenscope-Truncated") != strconv.Itoa(len(bad.data)) ||
+		!bytes.HasPrefix(bad.data, m.Data) || len(m.Data) < 700 {
+		t.Fatalf("dead letter of %d bytes, headers %v, %d bytes of data", size, m.Header, len(m.Data))
+	}
+	if m := dl.msgs[1]; string(m.Data) != string(small.data) || m.Header.Get("Tokenscope-Truncated") != "" {
+		t.Fatalf("small dead letter: %q %v", m.Data, m.Header)
+	}
+}
 
 var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
 

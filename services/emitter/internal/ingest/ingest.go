@@ -129,9 +129,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.reply(w, status, &ans.Answer)
 }
 
+// authorized reports whether r carries the token as its bearer credentials. The scheme is
+// case-insensitive and may be followed by more than one space (RFC 9110, 11.1 and 11.4).
 func (h *Handler) authorized(r *http.Request) bool {
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(h.opts.Token)) == 1
+	scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	got = strings.TrimLeft(got, " ")
+	return ok && strings.EqualFold(scheme, "Bearer") && subtle.ConstantTimeCompare([]byte(got), []byte(h.opts.Token)) == 1
 }
 
 func (h *Handler) reply(w http.ResponseWriter, status int, a *Answer) {

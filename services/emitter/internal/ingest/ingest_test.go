@@ -219,8 +219,15 @@ func TestIngestLimitsAndToken(t *testing.T) {
 	if got := post(strings.NewReader(event("a")), -1, "Bearer wrong"); got != 401 {
 		t.Fatalf("wrong token: %d", got)
 	}
-	if got := post(strings.NewReader(event("a")), -1, "Bearer s3cret"); got != 202 {
-		t.Fatalf("right token: %d", got)
+	for _, auth := range []string{"Bearer s3cret", "bearer s3cret", "BEARER s3cret", "Bearer   s3cret"} {
+		if got := post(strings.NewReader(event("a")), -1, auth); got != 202 {
+			t.Fatalf("right token as %q: %d", auth, got)
+		}
+	}
+	for _, auth := range []string{"", "s3cret", "Bearer", "Bearer ", "Basic s3cret", "Bearers3cret", "Bearer s3cretx"} {
+		if got := post(strings.NewReader(event("a")), -1, auth); got != 401 {
+			t.Fatalf("authorization %q: %d, want 401", auth, got)
+		}
 	}
 }
 

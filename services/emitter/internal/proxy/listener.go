@@ -82,10 +82,11 @@ func (l *listener) Close() error {
 }
 
 // giveBack returns c, whose hang-up the watcher watches under id, to the server for the
-// client's next request; pending holds bytes of it that net/http had already read from c. It
-// reports false, and c is the caller's still, when the client hung up.
+// client's next request; pending holds bytes of it that net/http had already read from c,
+// and c may hold more itself (framingConn.held). It reports false, and c is the caller's
+// still, when the client hung up.
 func (l *listener) giveBack(c net.Conn, id uint64, pending []byte) bool {
-	if len(pending) > 0 {
+	if fc, ok := c.(*framingConn); len(pending) > 0 || (ok && fc.held()) {
 		if !l.w.remove(id) {
 			return false
 		}

@@ -21,6 +21,8 @@ type metrics struct {
 	ttft        *prometheus.HistogramVec
 	passthrough prometheus.Counter
 	overflows   prometheus.Counter
+	refused     *prometheus.CounterVec
+	framing     *prometheus.CounterVec
 	models      *ops.Limiter
 }
 
@@ -52,6 +54,10 @@ func newMetrics(reg prometheus.Registerer, maxLabels int) *metrics {
 			Help: "Requests to other upstream paths (model lists, token counting) forwarded without measuring."}),
 		overflows: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "meter_overflows_total",
 			Help: "Responses with an SSE event longer than EMITTER_MAX_SSE_EVENT_BYTES (or a body over 8 MiB): passed to the client unread, the event marked meter_overflow."}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "refused_total",
+			Help: "Requests refused with 400 before going upstream, by reason: a path whose segments an upstream could read otherwise (dot_segment, encoded_slash)."}, []string{"reason"}),
+		framing: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "ambiguous_framing_total",
+			Help: "Request heads whose framing a server and a proxy in front could read differently, by problem: their connection is closed after the answer (transfer_encoding_http10: refused with 400)."}, []string{"problem"}),
 	}
 	// A model unseen for labelIdle gives its place to a new one once maxLabels are in use,
 	// and its series go, so /metrics never holds more than maxLabels models.
@@ -59,11 +65,17 @@ func newMetrics(reg prometheus.Registerer, maxLabels int) *metrics {
 		m.requests.DeletePartialMatch(prometheus.Labels{"model": model})
 		m.ttft.DeletePartialMatch(prometheus.Labels{"model": model})
 	})
+	for _, r := range refusedReasons {
+		m.refused.WithLabelValues(r)
+	}
+	for _, f := range framingProblems {
+		m.framing.WithLabelValues(f)
+	}
 	for _, p := range []string{"openai", "anthropic"} {
 		m.rateLimited.WithLabelValues(p)
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.rateLimited, m.inflight, m.streams, m.detached, m.detaches, m.parked, m.clientWaits, m.ttft, m.passthrough, m.overflows)
+		reg.MustRegister(m.requests, m.rateLimited, m.inflight, m.streams, m.detached, m.detaches, m.parked, m.clientWaits, m.ttft, m.passthrough, m.overflows, m.refused, m.framing)
 	}
 	return m
 }

@@ -117,10 +117,14 @@ func New(cfg Config, emit Emitter, reg prometheus.Registerer, logger *slog.Logge
 
 // Register adds the proxy's routes: the three measured APIs, and every other /v1/ path
 // forwarded unmeasured so that SDKs and Claude Code keep working.
+// A measured path with a trailing slash is measured too: some upstreams serve it as the path
+// without. Paths that an upstream could split or resolve otherwise are refused (path.go).
 func (p *Proxy) Register(mux interface{ Handle(string, http.Handler) }) {
-	mux.Handle("POST /v1/chat/completions", p.handler(meter.OpenAIChat))
-	mux.Handle("POST /v1/completions", p.handler(meter.OpenAICompletions))
-	mux.Handle("POST /v1/messages", p.handler(meter.Anthropic))
+	for path, proto := range map[string]meter.Protocol{"/v1/chat/completions": meter.OpenAIChat,
+		"/v1/completions": meter.OpenAICompletions, "/v1/messages": meter.Anthropic} {
+		mux.Handle("POST "+path, p.handler(proto))
+		mux.Handle("POST "+path+"/{$}", p.handler(proto))
+	}
 	mux.Handle("/v1/", http.HandlerFunc(p.passthrough))
 }
 
@@ -129,7 +133,11 @@ func (p *Proxy) Register(mux interface{ Handle(string, http.Handler) }) {
 // proxy's own state only, and gives their connections back for the clients' next requests
 // (detach.go). Without it, or where connections cannot be watched (not Linux), streams stay
 // with net/http. Call Drain after the server's Shutdown.
+//
+// Every connection it accepts is followed request by request (framing.go): one whose
+// framing is ambiguous is closed after its answer.
 func (p *Proxy) Listener(ln net.Listener) net.Listener {
+	ln = framingListener{Listener: ln, problems: p.m.framing}
 	w, err := newWatcher()
 	if err != nil {
 		p.logger.Info("streams stay with net/http", "err", err)
@@ -209,6 +217,7 @@ func (p *Proxy) readBody(r *http.Request) (head []byte, rest io.Reader, err erro
 type exchange struct {
 	start  time.Time
 	proto  meter.Protocol
+	path   string // escaped, as checked
 	stream bool
 	strip  bool
 	model  string
@@ -218,7 +227,11 @@ type exchange struct {
 }
 
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, proto meter.Protocol) {
-	x := exchange{start: time.Now(), proto: proto, model: unknownModel}
+	path, ok := p.checkPath(w, r, proto)
+	if !ok {
+		return
+	}
+	x := exchange{start: time.Now(), proto: proto, model: unknownModel, path: path}
 	p.m.inflight.Inc() // until the flight closes
 	head, rest, err := p.readBody(r)
 	if err != nil {
@@ -247,8 +260,12 @@ func isIdentity(enc string) bool { return enc == "" || strings.EqualFold(enc, "i
 
 // passthrough forwards any other /v1/ request to the default upstream, unmeasured.
 func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
+	path, ok := p.checkPath(w, r, meter.OpenAIChat)
+	if !ok {
+		return
+	}
 	p.m.passthrough.Inc()
-	out, cancel := p.outgoing(r.Context(), r, p.cfg.Upstream, r.Body, -1)
+	out, cancel := p.outgoing(r.Context(), r, p.cfg.Upstream, path, r.Body, -1)
 	defer cancel(nil)
 	resp, err := p.transport.RoundTrip(out)
 	if err != nil {
@@ -275,13 +292,13 @@ func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// outgoing builds the upstream request. Its context ends with parent, or with the cause given
-// to the returned cancel.
-func (p *Proxy) outgoing(parent context.Context, r *http.Request, base *url.URL, body io.Reader, length int64) (*http.Request, context.CancelCauseFunc) {
+// outgoing builds the upstream request to base's path followed by path, r's escaped path as
+// checked. Its context ends with parent, or with the cause given to the returned cancel.
+func (p *Proxy) outgoing(parent context.Context, r *http.Request, base *url.URL, path string, body io.Reader, length int64) (*http.Request, context.CancelCauseFunc) {
 	ctx, cancel := context.WithCancelCause(parent)
 	u := *base
 	u.Path = base.Path + r.URL.Path
-	u.RawPath = ""
+	u.RawPath = base.EscapedPath() + path // the bytes checked, not a new encoding of Path
 	u.RawQuery = r.URL.RawQuery
 	out := (&http.Request{Method: r.Method, URL: &u, Host: u.Host, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		Header: make(http.Header, len(r.Header)), Body: io.NopCloser(body), ContentLength: length}).WithContext(ctx)
@@ -382,7 +399,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	// The upstream request's context is the proxy's, not the handler's, so that a detached
 	// stream outlives the handler; until then the client's connection is net/http's, and
 	// its end ends the upstream request.
-	out, cancel := p.outgoing(context.Background(), r, base, body, length)
+	out, cancel := p.outgoing(context.Background(), r, base, x.path, body, length)
 	c.ctx, c.cancel = out.Context(), cancel
 	unhook := context.AfterFunc(r.Context(), func() { cancel(errClientGone) })
 	if x.strip {

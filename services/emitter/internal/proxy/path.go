@@ -1,0 +1,73 @@
+package proxy
+
+import (
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/tokenscope/tokenscope/services/emitter/internal/meter"
+)
+
+// Reasons a request is refused before it goes upstream (emitter_proxy_refused_total).
+const (
+	refusedDotSegment   = "dot_segment"
+	refusedEncodedSlash = "encoded_slash"
+)
+
+var refusedReasons = []string{refusedDotSegment, refusedEncodedSlash}
+
+// pathProblem says why a request path cannot be forwarded: ServeMux routes on the path's
+// segments, each decoded, while an upstream may decode the whole path before it splits it, or
+// resolve dot segments that the client escaped (%2e%2e) so that ServeMux would not. A path
+// whose segments are not the same both ways could leave the upstream's base path
+// (EMITTER_UPSTREAM_URL=http://up/tenant-a, GET /v1/%2e%2e/%2e%2e/tenant-b/v1/models) or
+// reach a measured endpoint unmeasured (POST /v1/chat%2Fcompletions). So a segment that
+// decodes to "." or ".." (also before a ";", as servlet containers read "..;"), and a segment
+// that decodes to one holding "/" or "\", are refused; any other path means the same to every
+// upstream, and goes there as the client escaped it.
+func pathProblem(escaped string) (reason, msg string) {
+	for seg := range strings.SplitSeq(escaped, "/") {
+		dec := seg
+		if strings.IndexByte(seg, '%') >= 0 {
+			var err error
+			if dec, err = url.PathUnescape(seg); err != nil {
+				// EscapedPath never returns one; refused all the same.
+				return refusedEncodedSlash, "the request path is not validly percent-encoded"
+			}
+		}
+		if strings.ContainsAny(dec, `/\`) {
+			return refusedEncodedSlash, "the request path has an encoded slash (%2F) or a backslash in a segment"
+		}
+		name, _, _ := strings.Cut(dec, ";")
+		if name == "." || name == ".." {
+			return refusedDotSegment, "the request path has a dot segment (. or .., escaped or not)"
+		}
+	}
+	return "", ""
+}
+
+// checkPath returns the path to forward, r's escaped path; or it refuses the request with 400
+// in its protocol's error shape, counts it, and returns false.
+func (p *Proxy) checkPath(w http.ResponseWriter, r *http.Request, proto meter.Protocol) (string, bool) {
+	escaped := r.URL.EscapedPath()
+	reason, msg := pathProblem(escaped)
+	if reason == "" {
+		return escaped, true
+	}
+	p.m.refused.WithLabelValues(reason).Inc()
+	refuse(w, proto, msg+": "+escaped)
+	return "", false
+}
+
+// refuse answers 400 in the protocol's shape of an invalid request.
+func refuse(w http.ResponseWriter, proto meter.Protocol, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusBadRequest)
+	if proto == meter.Anthropic {
+		_, _ = io.WriteString(w, `{"type":"error","error":{"type":"invalid_request_error","message":`+strconv.Quote(msg)+`}}`)
+		return
+	}
+	_, _ = io.WriteString(w, `{"error":{"message":`+strconv.Quote(msg)+`,"type":"invalid_request_error","param":null,"code":null}}`)
+}
