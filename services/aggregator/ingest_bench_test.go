@@ -34,8 +34,8 @@ import (
 // profiles of the aggregator's phase and of the raw consumer's.
 func BenchmarkIngest(b *testing.B) {
 	const n = 200_000
-	bd := newBed(b)
 	rows := readTrace(b, 20_000)
+	bd := newBed(b)
 	base := time.Now().UTC().Add(-10 * time.Minute).Truncate(15 * time.Second)
 	var evs []events.RequestEvent
 	for len(evs) < n {
