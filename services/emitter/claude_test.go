@@ -21,16 +21,9 @@ import (
 // a native binary) for TestClaudeCode; scripts/test.sh runs `npm ci` there.
 const claudeDir = "testdata/claude"
 
-// claudeEnv is what keeps the CLI on the proxy: no telemetry, error reports, update checks
-// or other calls beside the model's.
-var claudeEnv = []string{
-	"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1",
-	"DISABLE_TELEMETRY=1",
-	"DISABLE_ERROR_REPORTING=1",
-	"DISABLE_AUTOUPDATER=1",
-	"DISABLE_BUG_COMMAND=1",
-	"DISABLE_COST_WARNINGS=1",
-}
+// claudeEnv keeps the CLI on the proxy: without it, it also calls api.anthropic.com
+// (telemetry, error reports, update checks) whatever ANTHROPIC_BASE_URL says.
+var claudeEnv = []string{"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1"}
 
 // claudeBinary is the CLI installed in claudeDir, else the claude on the PATH; it skips the
 // test when there is none (fails under CI=true).
