@@ -2,7 +2,7 @@
 #   make test     vet and test everything (race detector on), against the real NATS
 #                 (in-process) and a private ClickHouse server the tests start
 #   make bench    the benchmarks behind the speed and memory goals
-#   make build    the service binaries into bin/
+#   make build    the service binaries and the tokenscope command into bin/
 
 SHELL   := /bin/bash
 MODULES := $(shell sed -n 's|^\s*\./\(.*\)$$|\1|p' go.work)
@@ -21,11 +21,12 @@ vet:
 		if [ -n "$$(cd $$m && go list ./... 2>/dev/null)" ]; then echo "== vet $$m"; (cd $$m && go vet ./...); fi; \
 	done
 
-# Each module is tested alone (GOWORK=off) too: its go.mod must carry what it needs.
+# Each module is tested alone (GOWORK=off) too: its go.mod must carry what it needs. A module
+# that fails does not stop the others; the failed ones are named at the end.
 unit:
-	@set -e; for m in $(MODULES); do \
-		if [ -n "$$(cd $$m && go list ./... 2>/dev/null)" ]; then echo "== test $$m"; (cd $$m && GOWORK=off go test $(GOFLAGS_TEST) ./...); fi; \
-	done
+	@failed=; for m in $(MODULES); do \
+		if [ -n "$$(cd $$m && go list ./... 2>/dev/null)" ]; then echo "== test $$m"; (cd $$m && GOWORK=off go test $(GOFLAGS_TEST) ./...) || failed="$$failed $$m"; fi; \
+	done; if [ -n "$$failed" ]; then echo "== FAILED:$$failed"; exit 1; fi
 
 bench:
 	@set -e; for m in $(MODULES); do \
@@ -35,4 +36,4 @@ bench:
 build:
 	@mkdir -p bin; set -e; for s in services/*/; do \
 		if [ -f $$s/main.go ]; then n=$$(basename $$s); echo "== build $$n"; (cd $$s && go build -o ../../bin/$$n .); fi; \
-	done
+	done; echo "== build tokenscope"; (cd cli && go build -o ../bin/tokenscope ./cmd/tokenscope)

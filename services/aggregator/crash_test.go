@@ -56,10 +56,10 @@ func TestCrashExactlyOnce(t *testing.T) {
 	if testing.Short() {
 		t.Skip("publishes 100k events and kills the aggregator repeatedly")
 	}
+	rows := readTrace(t, 20_000)
 	b := newBed(t)
 	bin := buildBinary(t)
 	const n = 100_000
-	rows := readTrace(t, 20_000)
 	// 100k events over 50 s of event time ending a minute ago: 25 two-second windows.
 	base := time.Now().UTC().Add(-2 * time.Minute).Truncate(2 * time.Second)
 	var evs []events.RequestEvent
@@ -126,6 +126,7 @@ func TestClickHouseOutage(t *testing.T) {
 	if testing.Short() {
 		t.Skip("pauses ClickHouse for 30 s")
 	}
+	rows := readTrace(t, 3000)
 	b := newBed(t)
 	srv := testbed.Server(t)
 	if err := srv.Pause(); err != nil {
@@ -135,7 +136,6 @@ func TestClickHouseOutage(t *testing.T) {
 	addr := freeAddr(t)
 	startAggregator(t, b.env(envVars{"HTTP_ADDR": addr, "AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "200ms",
 		"AGG_WRITE_TIMEOUT": "2s", "AGG_MAX_BUFFERED": "1000"}))
-	rows := readTrace(t, 3000)
 	now := time.Now().UTC()
 	evs := buildEvents(rows, now.Add(-time.Minute), 7)
 	for i := range evs {
@@ -177,11 +177,11 @@ func TestShutdownDuringOutage(t *testing.T) {
 	if testing.Short() {
 		t.Skip("hangs ClickHouse for about 20 s")
 	}
+	rows := readTrace(t, 2000)
 	b := newBed(t)
 	srv := testbed.Server(t)
 	vars := b.env(envVars{"AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "200ms", "AGG_WRITE_TIMEOUT": "2s"})
 	stop := startAggregator(t, vars)
-	rows := readTrace(t, 2000)
 	now := time.Now().UTC()
 	evs := buildEvents(rows, now, 11)
 	for i := range evs {

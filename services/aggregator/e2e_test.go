@@ -8,7 +8,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,22 +27,18 @@ import (
 
 func TestMain(m *testing.M) { testbed.Main(m) }
 
-// traceFile is the real production trace shared with the project (never copied into it).
-var traceFile = filepath.Join("..", "..", "..", "shared", "traces", "AzureLLMInferenceTrace_conv.csv")
-
 type traceRow struct {
 	offset        time.Duration
 	input, output int64
 }
 
+// readTrace reads the first limit rows of the Azure conversation trace, or skips the test
+// when the trace is absent (fails under CI=true): call it before starting anything.
 func readTrace(t testing.TB, limit int) []traceRow {
 	t.Helper()
-	f, err := os.Open(traceFile)
+	f, err := os.Open(testbed.Trace(t, "AzureLLMInferenceTrace_conv.csv"))
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("the shared trace is missing: %v", err)
-		}
-		t.Skipf("the shared trace is missing (%v); it lives in ../shared/traces beside the project", err)
+		t.Fatal(err)
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
@@ -247,8 +242,8 @@ type expected struct {
 // through the aggregator: every rollup's counts match exactly, and its percentiles match
 // the exact ones within tolerance (they are exact below the digest's compression).
 func TestTraceThroughAggregator(t *testing.T) {
-	b := newBed(t)
 	rows := readTrace(t, 6000)
+	b := newBed(t)
 	base := time.Now().UTC().Add(-rows[len(rows)-1].offset - 20*time.Second).Truncate(15 * time.Second)
 	evs := buildEvents(rows, base, 1)
 	startAggregator(t, b.env(nil))

@@ -22,11 +22,12 @@ import (
 // BenchmarkIngest measures, in one run on the same stream, the raw JetStream consume rate
 // (a pull consumer acknowledging cumulatively every 500 messages, doing nothing else) and the
 // aggregator's ingest rate (decode, validate, windows, requests and rollups written to
-// ClickHouse, cumulative acks). The goal is aggregator ≥ 70 % of raw. Both rates are taken
-// from the tenth event to the last.
+// ClickHouse, the replay floor saved). The goal is aggregator ≥ 70 % of raw. Both rates are
+// taken from the tenth event to the last. It reads the Azure conversation trace
+// (testbed.Trace) and skips without it.
 //
 //	go test -run '^$' -bench Ingest -benchtime 1x .
-//	INGEST_STORE_REQUESTS=false go test -run '^$' -bench Ingest -benchtime 1x .
+//	INGEST_STORE_REQUESTS=false go test -run '^$' -bench Ingest -benchtime 1x .   # AGG_STORE_REQUESTS=false: rollups only
 //
 // INGEST_RAW_ACK_EVERY changes how often the raw consumer acknowledges (500), to compare with
 // the aggregator's acknowledgement pattern; INGEST_FLUSH_INTERVAL and INGEST_PULL_BATCH set
@@ -34,8 +35,8 @@ import (
 // profiles of the aggregator's phase and of the raw consumer's.
 func BenchmarkIngest(b *testing.B) {
 	const n = 200_000
-	bd := newBed(b)
 	rows := readTrace(b, 20_000)
+	bd := newBed(b)
 	base := time.Now().UTC().Add(-10 * time.Minute).Truncate(15 * time.Second)
 	var evs []events.RequestEvent
 	for len(evs) < n {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -30,7 +29,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return err
 	}
 	level, _ := parseLevel(cfg.LogLevel)
-	logger := slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: level})).With("service", "aggregator")
+	logger := ops.NewLogger(stdout, level, "aggregator")
 
 	prices, err := price.Load(cfg.Agg.Prices)
 	if err != nil {
@@ -139,7 +138,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if derr := drain(nc); derr != nil {
 		logger.Warn("cannot drain the NATS connection", "err", derr)
 	}
-	logger.Info("stopped")
+	// What this run wrote and published, the last flush included.
+	logger.Info("stopped", srv.Totals("aggregator_events_total", "aggregator_rows_written_total", "aggregator_invalid_total",
+		"aggregator_published_total", "aggregator_publish_dropped_total")...)
 	return err
 }
 

@@ -35,7 +35,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(cfg.LogLevel)) // validated
-	logger := slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: level})).With("service", "alerter")
+	logger := ops.NewLogger(stdout, level, "alerter")
 
 	rs, err := rules.Load(cfg.Rules)
 	if err != nil {
@@ -173,7 +173,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if oerr := out.Wait(); oerr != nil {
 		err = errors.Join(err, oerr)
 	}
-	logger.Info("alerter stopped")
+	// What this run read, evaluated and sent, its last window included.
+	logger.Info("alerter stopped", srv.Totals("alerter_rollups_received_total", "alerter_windows_evaluated_total",
+		"alerter_alerts_sent_total", "alerter_windows_undelivered")...)
 	return err
 }
 

@@ -21,7 +21,7 @@ func runFakeLLM(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.DurationVar(&o.TTFT, "ttft", 200*time.Millisecond, "time to the first token")
 	fs.DurationVar(&o.PrefillPer1K, "prefill-per-1k", 20*time.Millisecond, "TTFT added per 1,000 input tokens")
 	fs.DurationVar(&o.TPOT, "tpot", 20*time.Millisecond, "time per output token")
-	fs.IntVar(&o.Tokens, "tokens", 64, "output tokens when the request sets no max_tokens")
+	fs.IntVar(&o.Tokens, "tokens", 64, "output tokens it says before it stops on its own (fewer when the request's max_tokens is lower)")
 	fs.Float64Var(&o.ErrorRate, "error-rate", 0, "fraction of requests answered 500")
 	fs.Float64Var(&o.RateLimitRate, "rate-limit-rate", 0, "fraction of requests answered 429")
 	fs.Float64Var(&o.StallRate, "stall-rate", 0, "fraction of streams that hang halfway")

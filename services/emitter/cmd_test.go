@@ -66,13 +66,7 @@ func TestReplayCommandPublishes(t *testing.T) {
 }
 
 func TestReplayRealTrace(t *testing.T) {
-	path := "../../../shared/traces/AzureLLMInferenceTrace_code.csv"
-	if _, err := os.Stat(path); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal(err)
-		}
-		t.Skipf("no trace: %v", err)
-	}
+	path := testbed.Trace(t, "AzureLLMInferenceTrace_code.csv")
 	var out bytes.Buffer
 	err := run(context.Background(), []string{"replay", "-trace", path, "-simulate", "-publish=false", "-limit", "500", "-speed", "100000"}, nil, &out, io.Discard)
 	if err != nil || !strings.Contains(out.String(), "sent 500") {

@@ -56,7 +56,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 }
 
 func newLogger(w io.Writer, level slog.Level) *slog.Logger {
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level})).With("service", "emitter")
+	return ops.NewLogger(w, level, "emitter")
 }
 
 // connectBus connects to NATS, makes sure LLM_EVENTS exists and returns a started-later
@@ -127,7 +127,10 @@ func serve(ctx context.Context, environ map[string]string, stderr io.Writer) err
 	})
 	g.Go(func() error { return pub.Run(pubCtx) })
 	err = g.Wait()
-	logger.Info("stopped")
+	// What this run measured and published, the events of the requests that finished during
+	// the shutdown grace included.
+	logger.Info("stopped", srv.Totals("emitter_events_emitted_total", "emitter_ingest_events_accepted_total",
+		"emitter_published_total", "emitter_publish_dropped_total")...)
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}

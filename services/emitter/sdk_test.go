@@ -39,7 +39,8 @@ func runSDK(t *testing.T, base string) []byte {
 // that what the SDKs return is identical to a direct call, and that each call became an event.
 func TestOfficialSDKs(t *testing.T) {
 	needNode(t)
-	officialSDKs(t, fakellm.Options{TTFT: 5 * time.Millisecond, Tokens: 4}, func(string) {})
+	// 6 tokens: the SDKs' max_tokens 6 lets the fake stop on its own, the completion's 4 cuts it short.
+	officialSDKs(t, fakellm.Options{TTFT: 5 * time.Millisecond, Tokens: 6}, func(string) {})
 }
 
 // TestOfficialSDKsDetached is TestOfficialSDKs with streams that last long enough for the
@@ -47,7 +48,7 @@ func TestOfficialSDKs(t *testing.T) {
 // for the SDKs' next requests.
 func TestOfficialSDKsDetached(t *testing.T) {
 	needNode(t)
-	officialSDKs(t, fakellm.Options{TTFT: 5 * time.Millisecond, TPOT: 150 * time.Millisecond, Tokens: 4}, func(base string) {
+	officialSDKs(t, fakellm.Options{TTFT: 5 * time.Millisecond, TPOT: 150 * time.Millisecond, Tokens: 6}, func(base string) {
 		if n := metric(t, base, "emitter_proxy_detached_streams_total"); n != 3 {
 			t.Fatalf("%v streams detached, want the 3 streamed calls'", n)
 		}
@@ -78,7 +79,7 @@ func officialSDKs(t *testing.T, opts fakellm.Options, check func(base string)) {
 	if s := string(got["openai_429"]); !strings.Contains(s, `"status":429`) || !strings.Contains(s, "RateLimitError") {
 		t.Fatalf("429 seen by the SDK as %s", s)
 	}
-	if s := string(got["anthropic_final"]); !strings.Contains(s, `"output_tokens":6`) {
+	if s := string(got["anthropic_final"]); !strings.Contains(s, `"output_tokens":6`) || !strings.Contains(s, `"stop_reason":"end_turn"`) {
 		t.Fatalf("anthropic final message %s", s)
 	}
 
@@ -135,7 +136,7 @@ func TestCurl(t *testing.T) {
 		{"/v1/messages", "-H", "x-api-key: sk-ant", "-H", "anthropic-version: 2023-06-01", "-d", `{"model":"claude-x","stream":true,"max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`},
 		{"/v1/chat/completions", "--compressed", "-H", "X-Fakellm-Mode: gzip", "-d", `{"model":"gpt-4o","max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`},
 		// Long enough for the proxy to take the stream off net/http (internal/proxy, detach.go).
-		{"/v1/chat/completions", "-H", "X-Fakellm-TPOT: 100ms", "-d", `{"model":"gpt-4o","stream":true,"max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`},
+		{"/v1/chat/completions", "-H", "X-Fakellm-TPOT: 100ms", "-H", "X-Fakellm-Tokens: 8", "-d", `{"model":"gpt-4o","stream":true,"max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`},
 	}
 	for _, c := range cases {
 		direct := curl(fake+c[0], c[1:]...)

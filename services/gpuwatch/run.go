@@ -45,7 +45,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return err
 	}
 	level, _ := parseLevel(cfg.LogLevel) // Validate has checked it
-	logger := slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: level})).With("service", "gpuwatch")
+	logger := ops.NewLogger(stdout, level, "gpuwatch")
 
 	srv := ops.NewServer(cfg.HTTPAddr, logger.With("component", "http"))
 	reg := srv.Registry()
@@ -126,7 +126,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		g.Go(func() error { return src.run(gctx) })
 	}
 	err = g.Wait()
-	logger.Info("gpuwatch stopped")
+	// What this run sampled and published, the last tick's samples included.
+	logger.Info("gpuwatch stopped", srv.Totals("gpuwatch_ticks_total", "gpuwatch_samples_total",
+		"gpuwatch_published_total", "gpuwatch_publish_dropped_total")...)
 	return err
 }
 

@@ -13,10 +13,19 @@ import (
 	"github.com/tokenscope/tokenscope/cli/internal/stack"
 )
 
-// defaultTrace is the real Azure trace, when the shared traces sit beside the checkout.
-const defaultTrace = "../shared/traces/AzureLLMInferenceTrace_conv.csv"
+// defaultTrace is the Azure conversation trace the proxied load replays when it is in the
+// traces folder: TOKENSCOPE_TRACES, else ../shared/traces beside the checkout.
+const defaultTrace = "AzureLLMInferenceTrace_conv.csv"
 
-func parseDemoArgs(args []string, root string, isTTY bool, stderr io.Writer) (demo.Options, error) {
+// tracesDir is the folder the demo looks in for the Azure traces.
+func tracesDir(root string, getenv func(string) string) string {
+	if d := getenv("TOKENSCOPE_TRACES"); d != "" {
+		return d
+	}
+	return filepath.Join(filepath.Dir(root), "shared", "traces")
+}
+
+func parseDemoArgs(args []string, root, traces string, isTTY bool, stderr io.Writer) (demo.Options, error) {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	o := demo.Options{Root: root, TTY: isTTY}
@@ -25,11 +34,11 @@ func parseDemoArgs(args []string, root string, isTTY bool, stderr io.Writer) (de
 	fs.BoolVar(&o.Build, "build", true, "go build the services into --bin first (false: use the binaries there, e.g. from make build)")
 	fs.BoolVar(&o.AnyPort, "any-port", false, "listen on free ports instead of the services' defaults (4222, 9000, 8080, …)")
 	fs.StringVar(&o.GPU, "gpu", "auto", "gpuwatch source: auto (NVML when a GPU answers, else synthetic), nvml, synthetic or off")
-	trace := filepath.Join(root, defaultTrace)
-	if _, err := os.Stat(trace); err != nil {
+	trace := filepath.Join(traces, defaultTrace)
+	if st, err := os.Stat(trace); err != nil || !st.Mode().IsRegular() {
 		trace = ""
 	}
-	fs.StringVar(&o.Trace, "trace", trace, "Azure trace CSV replayed through the proxy; empty: a generated workload shaped like it")
+	fs.StringVar(&o.Trace, "trace", trace, "Azure trace CSV replayed through the proxy (default: "+defaultTrace+" in TOKENSCOPE_TRACES or ../shared/traces, when there); empty: a generated workload shaped like it")
 	fs.Float64Var(&o.Speed, "speed", 1, "replay speed of the proxied load (1: as recorded, about 5 requests/s)")
 	fs.DurationVar(&o.Window, "window", 10*time.Second, "aggregation window (AGG_WINDOW)")
 	fs.DurationVar(&o.View, "view", 5*time.Minute, "the live table covers this much of the recent past")
@@ -63,7 +72,7 @@ func runDemo(ctx context.Context, args []string, getenv func(string) string, std
 	if err != nil {
 		return fmt.Errorf("%w: run the demo from the checkout (or set TOKENSCOPE_ROOT)", err)
 	}
-	o, err := parseDemoArgs(args, root, isTerminal(stdout), stderr)
+	o, err := parseDemoArgs(args, root, tracesDir(root, getenv), isTerminal(stdout), stderr)
 	if err != nil {
 		return err
 	}

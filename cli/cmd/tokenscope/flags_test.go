@@ -4,6 +4,8 @@ import (
 	"errors"
 	"flag"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -95,7 +97,7 @@ func TestParseDemoArgs(t *testing.T) {
 		{name: "argument", args: []string{"now"}, wantErr: "unexpected argument"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			o, err := parseDemoArgs(tc.args, "/src/tokenscope", true, io.Discard)
+			o, err := parseDemoArgs(tc.args, "/src/tokenscope", "/nonexistent", true, io.Discard)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("error %v, want one containing %q", err, tc.wantErr)
@@ -110,8 +112,33 @@ func TestParseDemoArgs(t *testing.T) {
 			}
 		})
 	}
-	if _, err := parseDemoArgs([]string{"-h"}, "/src", false, io.Discard); !errors.Is(err, flag.ErrHelp) {
+	if _, err := parseDemoArgs([]string{"-h"}, "/src", "/nonexistent", false, io.Discard); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("-h: %v", err)
+	}
+}
+
+// TestDemoTraceDefault: the proxied load replays the conversation trace from
+// TOKENSCOPE_TRACES (else ../shared/traces beside the checkout) when it is there, and the
+// generated workload when it is not.
+func TestDemoTraceDefault(t *testing.T) {
+	dir := t.TempDir()
+	root := filepath.Join(dir, "tokenscope")
+	if got := tracesDir(root, func(string) string { return "" }); got != filepath.Join(dir, "shared", "traces") {
+		t.Fatalf("tracesDir without TOKENSCOPE_TRACES = %q", got)
+	}
+	if got := tracesDir(root, func(k string) string { return map[string]string{"TOKENSCOPE_TRACES": "/t"}[k] }); got != "/t" {
+		t.Fatalf("tracesDir with TOKENSCOPE_TRACES = %q", got)
+	}
+	o, err := parseDemoArgs(nil, root, dir, false, io.Discard)
+	if err != nil || o.Trace != "" {
+		t.Fatalf("no trace in %s: trace %q, %v", dir, o.Trace, err)
+	}
+	want := filepath.Join(dir, defaultTrace)
+	if err := os.WriteFile(want, []byte("TIMESTAMP,ContextTokens,GeneratedTokens\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if o, err = parseDemoArgs(nil, root, dir, false, io.Discard); err != nil || o.Trace != want {
+		t.Fatalf("trace %q, %v; want %q", o.Trace, err, want)
 	}
 }
 

@@ -3,5 +3,5 @@
 // input-token bucket, output tokens per second, and error and timeout rates side by side.
 // Percentiles are merged from the windows' t-digest centroids in SQL, never averaged, so
 // any range gives the percentile of all its requests. Two ranges compare bucket by bucket:
-// the seed article's "segmented P95 before and after a change".
+// the segmented P95 before and after a change.
 package report

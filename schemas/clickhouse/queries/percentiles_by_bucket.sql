@@ -1,5 +1,5 @@
 -- Segmented P50/P95/P99 of TTFT and TPOT (ms) per model × scene × input-token bucket over a
--- time range: the seed article's "segmented P95", so long prompts never pollute short ones.
+-- time range (segmented percentiles), so long prompts never pollute short ones.
 -- Percentiles come from the windows' t-digest centroids merged in SQL, never from averaging
 -- per-window percentiles. Parameters: from, to (DateTime).
 SELECT model, scene, bucket, n_requests, ttft_p50, ttft_p95, ttft_p99, tpot_p50, tpot_p95, tpot_p99

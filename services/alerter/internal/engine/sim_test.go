@@ -320,7 +320,7 @@ func (r simResult) String() string {
 // incidents, dynamic thresholds find every incident (recall ≥ 0.9) with few false alarms
 // (precision ≥ 0.9), fire at most once per incident and alert, and stay silent on the
 // same week without incidents. The same week under the fixed SLA thresholds alone shows
-// the daytime false alarms and the missed night incident the seed article warns about.
+// the daytime false alarms and the missed night incident that make fixed thresholds fail.
 func TestSimulatedWeek(t *testing.T) {
 	dyn := simulate(t, rules.NewSet(), true)
 	t.Logf("dynamic thresholds: %s", dyn)

@@ -55,7 +55,7 @@ func ParseMetric(s string) (Metric, bool) {
 
 // Baseline methods.
 const (
-	MeanSigma = "mean_sigma" // mean ± k·σ, the seed article's rule
+	MeanSigma = "mean_sigma" // mean ± k·σ, the default
 	MedianMAD = "median_mad" // median ± k·MAD (MAD scaled by 1.4826 to estimate σ), robust to skew
 	Static    = "static"     // a fixed threshold
 )
@@ -151,8 +151,8 @@ func StaticName(m Metric) string { return staticNames[m] }
 // SaturationName is the saturation rule's name.
 const SaturationName = "gpu_saturation"
 
-// Defaults returns the built-in rules: k = 2 on every metric (the seed article's rule), and
-// its SLA thresholds: TTFT p95 over 2 s warning, 5 s critical; TPOT p95 over 100 ms / 200 ms;
+// Defaults returns the built-in rules: k = 2 on every metric, and the
+// SLA thresholds: TTFT p95 over 2 s warning, 5 s critical; TPOT p95 over 100 ms / 200 ms;
 // error rate over 5 % / 20 %; timeout rate over 2 % / 10 %.
 func Defaults() Rules {
 	r := Rules{For: 2, KeepFiringFor: 2, Hysteresis: 0.2}

@@ -18,7 +18,7 @@ func TestDefaults(t *testing.T) {
 			t.Errorf("%s: dynamic %+v, want enabled, k = 2, mean_sigma", m, dy)
 		}
 	}
-	// The seed article's SLA thresholds.
+	// The built-in SLA thresholds.
 	if s := d.Static[TTFTP95]; s.Warning != 2000 || s.Critical != 5000 {
 		t.Errorf("ttft_p95 SLA %+v, want 2000/5000 ms", s)
 	}

@@ -20,7 +20,7 @@ type Class struct {
 	InputTokens int    `json:"input_tokens"`
 }
 
-// DefaultClasses are the article's short, medium and long prompts.
+// DefaultClasses are the short, medium and long prompts.
 var DefaultClasses = []Class{{"short", 128}, {"medium", 1024}, {"long", 8192}}
 
 // ParseClasses reads "short=128,medium=1024,long=8192".

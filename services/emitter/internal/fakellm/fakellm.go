@@ -19,7 +19,7 @@ type Options struct {
 	TTFT           time.Duration // time to the first token
 	PrefillPer1K   time.Duration // TTFT added per 1,000 input tokens, as prefill grows with the prompt
 	TPOT           time.Duration // time between two output tokens
-	Tokens         int           // output tokens when the request sets no max_tokens
+	Tokens         int           // output tokens the fake chooses to say; a request's max_tokens cuts it short
 	ErrorRate      float64       // fraction of requests answered 500
 	RateLimitRate  float64       // fraction answered 429
 	StallRate      float64       // fraction of streams that stop sending halfway and hang
@@ -100,11 +100,28 @@ type plan struct {
 	input        int
 	cached       int
 	output       int
+	truncated    bool // output was cut short by the request's max_tokens: stop_reason max_tokens, finish_reason length
 	ttft, tpot   time.Duration
 	mode         string
 	id           string
 	created      int64
 	seed         uint64
+}
+
+// finishReason is the OpenAI finish_reason of a response that ran to its end.
+func (p *plan) finishReason() string {
+	if p.truncated {
+		return "length"
+	}
+	return "stop"
+}
+
+// stopReason is the Anthropic stop_reason of a response that ran to its end.
+func (p *plan) stopReason() string {
+	if p.truncated {
+		return "max_tokens"
+	}
+	return "end_turn"
 }
 
 func (s *Server) roll() float64 {
@@ -136,17 +153,26 @@ func (s *Server) plan(r *http.Request, a api, body []byte) (*plan, error) {
 	p := &plan{api: a, model: req.Model, stream: req.Stream, input: max(words, 1), output: s.opts.Tokens,
 		ttft: s.opts.TTFT, tpot: s.opts.TPOT, seed: h.Sum64()}
 	p.includeUsage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
-	if req.MaxTokens != nil {
-		p.output = *req.MaxTokens
-	} else if req.MaxCompletion != nil {
-		p.output = *req.MaxCompletion
-	}
-	p.output = max(p.output, 1)
 	p.ttft += time.Duration(int64(s.opts.PrefillPer1K) * int64(p.input) / 1000)
 	hdr := r.Header
+	// Like a model, the fake says what it chose to say and stops on its own (end_turn,
+	// stop), unless the request's limit cuts it short (max_tokens, length). X-Fakellm-Tokens
+	// makes it say exactly that many, past the limit if need be (long streams in tests); the
+	// stop reason still says whether that was over the limit.
+	limit := req.MaxTokens
+	if limit == nil {
+		limit = req.MaxCompletion
+	}
+	forced := false
 	if v := hdr.Get("X-Fakellm-Tokens"); v != "" {
 		if n, err := strconv.Atoi(v); err == nil && n > 0 {
-			p.output = n
+			p.output, forced = n, true
+		}
+	}
+	if limit != nil && *limit < p.output {
+		p.truncated = true
+		if !forced {
+			p.output = max(*limit, 1)
 		}
 	}
 	if v := hdr.Get("X-Fakellm-Cached"); v != "" {
@@ -304,14 +330,14 @@ func (s *Server) whole(w http.ResponseWriter, p *plan) {
 	var body []byte
 	switch p.api {
 	case chat:
-		body = fmt.Appendf(nil, `{"id":%q,"object":"chat.completion","created":%d,"model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":%q,"refusal":null},"logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d}}}`,
-			p.id, p.created, p.model, text, p.input, p.output, p.input+p.output, p.cached)
+		body = fmt.Appendf(nil, `{"id":%q,"object":"chat.completion","created":%d,"model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":%q,"refusal":null},"logprobs":null,"finish_reason":%q}],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d}}}`,
+			p.id, p.created, p.model, text, p.finishReason(), p.input, p.output, p.input+p.output, p.cached)
 	case completions:
-		body = fmt.Appendf(nil, `{"id":%q,"object":"text_completion","created":%d,"model":%q,"choices":[{"text":%q,"index":0,"logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}`,
-			p.id, p.created, p.model, text, p.input, p.output, p.input+p.output)
+		body = fmt.Appendf(nil, `{"id":%q,"object":"text_completion","created":%d,"model":%q,"choices":[{"text":%q,"index":0,"logprobs":null,"finish_reason":%q}],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}`,
+			p.id, p.created, p.model, text, p.finishReason(), p.input, p.output, p.input+p.output)
 	case messages:
-		body = fmt.Appendf(nil, `{"id":%q,"type":"message","role":"assistant","model":%q,"content":[{"type":"text","text":%q}],"stop_reason":"max_tokens","stop_sequence":null,"usage":{"input_tokens":%d,"cache_creation_input_tokens":0,"cache_read_input_tokens":%d,"output_tokens":%d}}`,
-			p.id, p.model, text, p.input-p.cached, p.cached, p.output)
+		body = fmt.Appendf(nil, `{"id":%q,"type":"message","role":"assistant","model":%q,"content":[{"type":"text","text":%q}],"stop_reason":%q,"stop_sequence":null,"usage":{"input_tokens":%d,"cache_creation_input_tokens":0,"cache_read_input_tokens":%d,"output_tokens":%d}}`,
+			p.id, p.model, text, p.stopReason(), p.input-p.cached, p.cached, p.output)
 	}
 	w.Header().Set("Content-Type", "application/json")
 	if p.mode == ModeMalformed {

@@ -30,13 +30,13 @@ func TestProtocols(t *testing.T) {
 		contains         []string
 	}{
 		{"chat stream with usage", "/v1/chat/completions", `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"a b c"}]}`,
-			[]string{`"delta":{"role":"assistant"`, `"finish_reason":"length"`, `"usage":{"prompt_tokens":3,"completion_tokens":3`, "data: [DONE]\n\n"}},
+			[]string{`"delta":{"role":"assistant"`, `"finish_reason":"stop"`, `"usage":{"prompt_tokens":3,"completion_tokens":3`, "data: [DONE]\n\n"}},
 		{"chat stream without usage", "/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":[{"type":"text","text":"a b"}]}]}`,
 			[]string{"data: [DONE]\n\n"}},
 		{"completions", "/v1/completions", `{"model":"m","prompt":"a b","max_tokens":2}`, []string{`"object":"text_completion"`, `"completion_tokens":2`}},
 		{"messages stream", "/v1/messages", `{"model":"claude","stream":true,"max_tokens":2,"system":"be brief","messages":[{"role":"user","content":"a"}]}`,
 			[]string{"event: message_start", `"input_tokens":3`, "event: ping", "event: content_block_delta", `"output_tokens":2`, "event: message_stop"}},
-		{"messages", "/v1/messages", `{"model":"claude","max_tokens":4,"messages":[{"role":"user","content":"a"}]}`, []string{`"type":"message"`, `"output_tokens":4`}},
+		{"messages", "/v1/messages", `{"model":"claude","max_tokens":4,"messages":[{"role":"user","content":"a"}]}`, []string{`"type":"message"`, `"output_tokens":3`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -144,4 +144,37 @@ func TestGoldenOutput(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestStopReason: the fake ends like a model, with end_turn / stop when it stops at the
+// length it chose, and max_tokens / length only when the request's limit cuts it short.
+func TestStopReason(t *testing.T) {
+	s := New(Options{Tokens: 5})
+	f := func(name, path, body, tokensHeader, want, wantTokens string) {
+		t.Helper()
+		hdr := map[string]string{}
+		if tokensHeader != "" {
+			hdr["X-Fakellm-Tokens"] = tokensHeader
+		}
+		got := post(t, s, path, body, hdr).Body.String()
+		if !strings.Contains(got, want) || !strings.Contains(got, wantTokens) {
+			t.Fatalf("%s: body lacks %s or %s:\n%s", name, want, wantTokens, got)
+		}
+	}
+	const msg = `"messages":[{"role":"user","content":"hi"}]`
+	// Claude Code asks for up to 32,000 tokens: the fake says its 5 and stops on its own.
+	f("messages, limit above", "/v1/messages", `{"model":"claude","max_tokens":32000,`+msg+`}`, "", `"stop_reason":"end_turn"`, `"output_tokens":5`)
+	f("messages stream, limit above", "/v1/messages", `{"model":"claude","stream":true,"max_tokens":32000,`+msg+`}`, "", `"stop_reason":"end_turn"`, `"output_tokens":5}`)
+	f("messages, limit equal", "/v1/messages", `{"model":"claude","max_tokens":5,`+msg+`}`, "", `"stop_reason":"end_turn"`, `"output_tokens":5`)
+	f("messages, limit below", "/v1/messages", `{"model":"claude","max_tokens":2,`+msg+`}`, "", `"stop_reason":"max_tokens"`, `"output_tokens":2`)
+	f("messages stream, limit below", "/v1/messages", `{"model":"claude","stream":true,"max_tokens":2,`+msg+`}`, "", `"stop_reason":"max_tokens"`, `"output_tokens":2}`)
+	f("messages, header over limit", "/v1/messages", `{"model":"claude","max_tokens":7,`+msg+`}`, "9", `"stop_reason":"max_tokens"`, `"output_tokens":9`)
+	f("messages, header at limit", "/v1/messages", `{"model":"claude","max_tokens":9,`+msg+`}`, "9", `"stop_reason":"end_turn"`, `"output_tokens":9`)
+	f("messages, header under limit", "/v1/messages", `{"model":"claude","max_tokens":70,`+msg+`}`, "9", `"stop_reason":"end_turn"`, `"output_tokens":9`)
+	f("chat, no limit", "/v1/chat/completions", `{"model":"gpt",`+msg+`}`, "", `"finish_reason":"stop"`, `"completion_tokens":5`)
+	f("chat, max_completion_tokens below", "/v1/chat/completions", `{"model":"gpt","max_completion_tokens":3,`+msg+`}`, "", `"finish_reason":"length"`, `"completion_tokens":3`)
+	f("chat stream, limit below", "/v1/chat/completions", `{"model":"gpt","stream":true,"stream_options":{"include_usage":true},"max_tokens":3,`+msg+`}`, "", `"finish_reason":"length"`, `"completion_tokens":3`)
+	f("chat stream, limit above", "/v1/chat/completions", `{"model":"gpt","stream":true,"stream_options":{"include_usage":true},"max_tokens":300,`+msg+`}`, "", `"finish_reason":"stop"`, `"completion_tokens":5`)
+	f("completions, limit below", "/v1/completions", `{"model":"m","prompt":"a","max_tokens":1}`, "", `"finish_reason":"length"`, `"completion_tokens":1`)
+	f("completions stream, limit above", "/v1/completions", `{"model":"m","prompt":"a","stream":true,"stream_options":{"include_usage":true},"max_tokens":100}`, "", `"finish_reason":"stop"`, `"completion_tokens":5`)
 }

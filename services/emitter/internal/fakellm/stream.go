@@ -148,8 +148,8 @@ func (s *Server) token(sw *sseWriter, p *plan, te *tokenEvent, i int) bool {
 func (s *Server) close(sw *sseWriter, p *plan) {
 	switch p.api {
 	case chat:
-		if !sw.data(`{"id":%q,"object":"chat.completion.chunk","created":%d,"model":%q,"system_fingerprint":"fp_fake","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}]}`,
-			p.id, p.created, p.model) {
+		if !sw.data(`{"id":%q,"object":"chat.completion.chunk","created":%d,"model":%q,"system_fingerprint":"fp_fake","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":%q}]}`,
+			p.id, p.created, p.model, p.finishReason()) {
 			return
 		}
 		if p.includeUsage && !sw.data(`{"id":%q,"object":"chat.completion.chunk","created":%d,"model":%q,"system_fingerprint":"fp_fake","choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d}}}`,
@@ -158,8 +158,8 @@ func (s *Server) close(sw *sseWriter, p *plan) {
 		}
 		sw.data("[DONE]")
 	case completions:
-		if !sw.data(`{"id":%q,"object":"text_completion","created":%d,"choices":[{"text":"","index":0,"logprobs":null,"finish_reason":"length"}],"model":%q}`,
-			p.id, p.created, p.model) {
+		if !sw.data(`{"id":%q,"object":"text_completion","created":%d,"choices":[{"text":"","index":0,"logprobs":null,"finish_reason":%q}],"model":%q}`,
+			p.id, p.created, p.finishReason(), p.model) {
 			return
 		}
 		if p.includeUsage && !sw.data(`{"id":%q,"object":"text_completion","created":%d,"choices":[],"model":%q,"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}`,
@@ -169,7 +169,7 @@ func (s *Server) close(sw *sseWriter, p *plan) {
 		sw.data("[DONE]")
 	case messages:
 		_ = sw.event("content_block_stop", `{"type":"content_block_stop","index":0}`) &&
-			sw.event("message_delta", `{"type":"message_delta","delta":{"stop_reason":"max_tokens","stop_sequence":null},"usage":{"output_tokens":%d}}`, p.output) &&
+			sw.event("message_delta", `{"type":"message_delta","delta":{"stop_reason":%q,"stop_sequence":null},"usage":{"output_tokens":%d}}`, p.stopReason(), p.output) &&
 			sw.event("message_stop", `{"type":"message_stop"}`)
 	}
 }

@@ -89,6 +89,9 @@ func (c *Client) Do(ctx context.Context, req Request) Outcome {
 		out.Status, out.ErrCode = events.StatusError, "bad_request"
 		return out
 	}
+	// A fake LLM (emitter fakellm) reads this as the length to say, so that a replay or a
+	// benchmark gets the token counts it asks for and a natural end; a real model ignores it.
+	hr.Header.Set("X-Fakellm-Tokens", strconv.Itoa(req.MaxTokens))
 	for k, v := range c.Header {
 		hr.Header[k] = v
 	}

@@ -22,7 +22,7 @@ func Need(t testing.TB, dir string) {
 			if os.Getenv("CI") == "true" {
 				t.Fatalf("%s is required under CI: %v", bin, err)
 			}
-			t.Skipf("%s not found: install Node.js 20+ to run the SDK tests", bin)
+			t.Skipf("%s not found: install Node.js 18 or later (scripts/test.sh does) to run the SDK tests", bin)
 		}
 	}
 	lock, err := os.OpenFile(filepath.Join(dir, ".install.lock"), os.O_CREATE|os.O_RDWR, 0o644)

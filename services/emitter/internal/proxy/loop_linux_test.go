@@ -58,7 +58,7 @@ func TestLoopShortStreams(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range clients * each {
-		if ev := r.cap.next(t); ev.Status != events.StatusOK || ev.OutputTokens != 5 { // max_tokens
+		if ev := r.cap.next(t); ev.Status != events.StatusOK || ev.OutputTokens != 3 { // the fake's length, under max_tokens
 			t.Fatalf("event %+v", ev)
 		}
 	}

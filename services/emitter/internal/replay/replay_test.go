@@ -14,21 +14,17 @@ import (
 	"net/http/httptest"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/pkg/testbed"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/fakellm"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/llmclient"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/meter"
 )
 
-const traceDir = "../../../../../shared/traces/"
-
 func openTrace(t testing.TB, name string) []Record {
 	t.Helper()
-	f, err := os.Open(traceDir + name)
+	f, err := os.Open(testbed.Trace(t, name))
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("trace missing: %v", err)
-		}
-		t.Skipf("trace missing (%v): the shared traces live next to the repository", err)
+		t.Fatal(err)
 	}
 	defer f.Close()
 	recs, err := ReadTrace(f)

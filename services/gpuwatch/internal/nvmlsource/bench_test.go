@@ -18,7 +18,7 @@ import (
 // BenchmarkSampler1Hz8GPUs runs gpuwatch's tick loop at 1 Hz over 8 mock H200s whose PCIe
 // reads take 21 ms each; one op is one tick. It reports the worst tick jitter (how late
 // Sample began after the tick's wall-clock time) and the CPU the whole process used, as a
-// share of one core. The goals (issue 5): jitter ≤ 10 ms, CPU ≤ 1 % of a core.
+// share of one core. The goals: jitter ≤ 10 ms, CPU ≤ 1 % of a core.
 // Run it with -benchtime=10x for ten ticks.
 func BenchmarkSampler1Hz8GPUs(b *testing.B) {
 	srv, devs := h200(b, 8)

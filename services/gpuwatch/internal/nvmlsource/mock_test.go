@@ -11,7 +11,7 @@ import (
 )
 
 // h200 returns go-nvml's mock DGX H200 with n GPUs whose readings answer with what an
-// H200 under a matmul load answered (issue 5): 100 % busy, 689 W of 700 W, 54 °C, SM
+// H200 under a matmul load answered: 100 % busy, 689 W of 700 W, 54 °C, SM
 // clock 1410 MHz, throttled by the software power cap.
 func h200(t testing.TB, n int) (*server.Server, []*server.Device) {
 	t.Helper()

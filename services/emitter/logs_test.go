@@ -1,0 +1,92 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tokenscope/tokenscope/pkg/testbed"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/fakellm"
+)
+
+// lockedBuffer is a log destination the service and the test share.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) lines(t *testing.T) []map[string]any {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(l.b.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("log line %q is not JSON: %v", line, err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// TestStopLogsWhatWasPublished: the emitter logs one line when it stops, with the events it
+// measured and published in this run.
+func TestStopLogsWhatWasPublished(t *testing.T) {
+	ns := testbed.NATS(t)
+	fake := httptest.NewServer(fakellm.New(fakellm.Options{Tokens: 3}))
+	defer fake.Close()
+	addr := freeAddr(t)
+	var logs lockedBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, nil, []string{"HTTP_ADDR=" + addr, "NATS_URL=" + ns.ClientURL(), "EMITTER_UPSTREAM_URL=" + fake.URL}, &bytes.Buffer{}, &logs)
+	}()
+	base := "http://" + addr
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if resp, err := http.Get(base + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("emitter not ready in 10s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for range 2 {
+		resp, err := http.Post(base+"/v1/messages", "application/json", strings.NewReader(`{"model":"claude-x","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	var stopped map[string]any
+	for _, l := range logs.lines(t) {
+		if l["msg"] == "stopped" {
+			stopped = l
+		}
+	}
+	if stopped == nil || stopped["service"] != "emitter" || stopped["events_emitted"] != 2.0 || stopped["published"] != 2.0 || stopped["publish_dropped"] != 0.0 {
+		t.Fatalf("stop line %v, want one with 2 events emitted and published", stopped)
+	}
+}
