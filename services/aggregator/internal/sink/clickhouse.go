@@ -8,6 +8,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/tokenscope/tokenscope/pkg/chdb"
 	"github.com/tokenscope/tokenscope/pkg/events"
 )
 
@@ -48,21 +49,7 @@ func syncInsert(ctx context.Context) context.Context {
 // counting a flush's rows, or reading the ledger at start, is only conclusive once it has
 // finished.
 func (c *ClickHouse) Settle(ctx context.Context, prefix string) error {
-	prefix = c.QueryID(prefix)
-	for {
-		var n uint64
-		if err := c.conn.QueryRow(ctx, "SELECT count() FROM system.processes WHERE startsWith(query_id, ?)", prefix).Scan(&n); err != nil {
-			return fmt.Errorf("cannot look for running inserts: %w", err)
-		}
-		if n == 0 {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	return chdb.Settle(ctx, c.conn, c.QueryID(prefix))
 }
 
 // Ledger is a flush's place in the stream: every event of its windows with a stream position

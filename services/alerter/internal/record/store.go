@@ -9,6 +9,7 @@ import (
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/tokenscope/tokenscope/pkg/chdb"
 	"github.com/tokenscope/tokenscope/pkg/events"
 )
 
@@ -117,20 +118,7 @@ func (s *Store) Stored(ctx context.Context, keys []Key) (map[Key]bool, error) {
 // Settle waits, up to ctx, until no query tagged queryID runs on the server: an insert
 // abandoned by its client may still land, so what is stored is only known once it ended.
 func (s *Store) Settle(ctx context.Context, queryID string) error {
-	for {
-		var n uint64
-		if err := s.conn.QueryRow(ctx, "SELECT count() FROM system.processes WHERE query_id = ?", queryID).Scan(&n); err != nil {
-			return fmt.Errorf("cannot look for a running insert into alerts: %w", err)
-		}
-		if n == 0 {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	return chdb.Settle(ctx, s.conn, queryID)
 }
 
 // dt maps the zero time to the epoch, which DateTime can hold.
