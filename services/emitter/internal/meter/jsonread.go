@@ -12,46 +12,66 @@ import (
 // regard to case, so a "USAGE" member would pass for "usage"; it is used here only to check
 // the syntax and to decode a string.
 
+// Members calls fn with each member of the JSON object obj, in order: its name as written
+// (quoted, escapes kept) and where its value lies, obj[start:end]. It reports false when obj
+// is not an object, or when fn does. obj must be valid JSON. A name given twice comes twice:
+// fn assigning what it reads keeps the last, as Python's json and JSON.parse do. The proxy
+// reads request bodies with it, so that requests and responses are read alike.
+func Members(obj []byte, fn func(name []byte, start, end int) bool) bool {
+	i := skipWS(obj, 0)
+	if i >= len(obj) || obj[i] != '{' {
+		return false
+	}
+	i = skipWS(obj, i+1)
+	if i < len(obj) && obj[i] == '}' {
+		return true
+	}
+	for i < len(obj) {
+		end := stringEnd(obj, i)
+		if end < 0 {
+			return false
+		}
+		name := obj[i:end]
+		i = skipWS(obj, skipWS(obj, end)+1) // past the colon
+		vend := valueEnd(obj, i)
+		if !fn(name, i, vend) {
+			return false
+		}
+		i = skipWS(obj, vend)
+		if i >= len(obj) || obj[i] == '}' {
+			return true
+		}
+		i = skipWS(obj, i+1) // past the comma
+	}
+	return false
+}
+
+// NameIs reports whether the quoted JSON string name decodes to key, exactly.
+func NameIs(name []byte, key string) bool {
+	if bytes.IndexByte(name, '\\') < 0 {
+		return len(name) == len(key)+2 && string(name[1:len(name)-1]) == key
+	}
+	var s string
+	return json.Unmarshal(name, &s) == nil && s == key
+}
+
 // object calls fn with each member of the JSON object v, in order, its name decoded; null
 // has no members. It reports false when v is neither an object nor null, or when fn does.
-// v must be valid JSON. A name given twice comes twice: fn assigning what it reads keeps
-// the last.
+// v must be valid JSON.
 func object(v []byte, fn func(name, value []byte) bool) bool {
 	if isNull(v) {
 		return true
 	}
-	if len(v) == 0 || v[0] != '{' {
-		return false
-	}
-	i := skipWS(v, 1)
-	if i < len(v) && v[i] == '}' {
-		return true
-	}
-	for i < len(v) {
-		end := stringEnd(v, i)
-		if end < 0 {
-			return false
-		}
-		name := v[i+1 : end-1]
+	return Members(v, func(name []byte, start, end int) bool {
 		if bytes.IndexByte(name, '\\') >= 0 {
 			var s string
-			if json.Unmarshal(v[i:end], &s) != nil {
+			if json.Unmarshal(name, &s) != nil {
 				return false
 			}
-			name = []byte(s)
+			return fn([]byte(s), v[start:end])
 		}
-		i = skipWS(v, skipWS(v, end)+1) // past the colon
-		vend := valueEnd(v, i)
-		if !fn(name, v[i:vend]) {
-			return false
-		}
-		i = skipWS(v, vend)
-		if i >= len(v) || v[i] == '}' {
-			return true
-		}
-		i = skipWS(v, i+1) // past the comma
-	}
-	return false
+		return fn(name[1:len(name)-1], v[start:end])
+	})
 }
 
 // array calls fn with each element of the JSON array v; null has none. It reports false when

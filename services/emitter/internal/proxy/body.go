@@ -3,6 +3,8 @@ package proxy
 import (
 	"bytes"
 	"encoding/json"
+
+	"github.com/tokenscope/tokenscope/services/emitter/internal/meter"
 )
 
 // withUsage sets stream_options.include_usage to true in an OpenAI request body by splicing
@@ -72,19 +74,20 @@ func readRequest(body []byte) (info requestInfo, ok bool) {
 	if !json.Valid(body) {
 		return info, false
 	}
-	ok = members(body, func(name []byte, start, end int) {
+	ok = meter.Members(body, func(name []byte, start, end int) bool {
 		v := body[start:end]
 		switch {
-		case nameIs(name, "model"):
+		case meter.NameIs(name, "model"):
 			info.Model = ""
 			if v[0] == '"' {
 				_ = json.Unmarshal(v, &info.Model)
 			}
-		case nameIs(name, "stream"):
+		case meter.NameIs(name, "stream"):
 			info.Stream = string(v) == "true"
-		case nameIs(name, "stream_options"):
+		case meter.NameIs(name, "stream_options"):
 			info.StreamOptions = v
 		}
+		return true
 	})
 	return info, ok
 }
@@ -93,113 +96,11 @@ func readRequest(body []byte) (info requestInfo, ok bool) {
 // decoders other than Go's do (Python's, which OpenAI-compatible servers use, keeps the last
 // duplicate and matches names exactly). obj must be valid JSON.
 func memberValue(obj []byte, key string) (start, end int, ok bool) {
-	members(obj, func(name []byte, vs, ve int) {
-		if nameIs(name, key) {
+	meter.Members(obj, func(name []byte, vs, ve int) bool {
+		if meter.NameIs(name, key) {
 			start, end, ok = vs, ve, true
 		}
+		return true
 	})
 	return start, end, ok
-}
-
-// members calls fn with each member of the JSON object obj, in order: its name as written
-// (quoted) and where its value lies. It reports false when obj is not an object. obj must be
-// valid JSON.
-func members(obj []byte, fn func(name []byte, start, end int)) bool {
-	i := skipSpace(obj, 0)
-	if i >= len(obj) || obj[i] != '{' {
-		return false
-	}
-	i++
-	for {
-		i = skipSpace(obj, i)
-		if i >= len(obj) {
-			return true
-		}
-		switch obj[i] {
-		case '}':
-			return true
-		case ',':
-			i++
-			continue
-		}
-		ks := i
-		i = skipString(obj, i)
-		name := obj[ks:i]
-		i = skipSpace(obj, i) + 1 // the colon
-		i = skipSpace(obj, i)
-		vs := i
-		i = skipValue(obj, i)
-		fn(name, vs, i)
-	}
-}
-
-// nameIs reports whether the quoted JSON string name decodes to key.
-func nameIs(name []byte, key string) bool {
-	if bytes.IndexByte(name, '\\') < 0 {
-		return len(name) == len(key)+2 && string(name[1:len(name)-1]) == key
-	}
-	var s string
-	return json.Unmarshal(name, &s) == nil && s == key
-}
-
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
-}
-
-// skipString returns the index after the string starting at b[i] (its opening quote).
-func skipString(b []byte, i int) int {
-	i++
-	for {
-		j := bytes.IndexByte(b[i:], '"')
-		if j < 0 {
-			return len(b)
-		}
-		i += j
-		// A quote preceded by an odd number of backslashes is escaped.
-		n := 0
-		for k := i - 1; k >= 0 && b[k] == '\\'; k-- {
-			n++
-		}
-		i++
-		if n%2 == 0 {
-			return i
-		}
-	}
-}
-
-// skipValue returns the index after the value starting at b[i].
-func skipValue(b []byte, i int) int {
-	switch b[i] {
-	case '"':
-		return skipString(b, i)
-	case '{', '[':
-		depth := 0
-		for i < len(b) {
-			switch b[i] {
-			case '"':
-				i = skipString(b, i)
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return i + 1
-				}
-			}
-			i++
-		}
-		return i
-	}
-	for i < len(b) {
-		switch b[i] {
-		case ',', '}', ']', ' ', '\t', '\n', '\r':
-			return i
-		}
-		i++
-	}
-	return i
 }
