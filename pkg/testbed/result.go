@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -216,8 +217,10 @@ func sameType(a, b string) bool {
 }
 
 // Compare reports how got differs from want: column names, column types (see sameType),
-// the number of rows and every value, floats within the relative tolerance tol.
-func Compare(want, got *Result, tol float64) error {
+// the number of rows and every value, floats within the relative tolerance tol, except the
+// values of the columns named in skip (which the caller checks otherwise: t-digest
+// quantiles, which current servers read off the centroids differently from 18.16).
+func Compare(want, got *Result, tol float64, skip ...string) error {
 	var diffs []string
 	add := func(format string, args ...any) {
 		if len(diffs) < 20 {
@@ -238,6 +241,9 @@ func Compare(want, got *Result, tol float64) error {
 	}
 	for r := range min(len(want.Rows), len(got.Rows)) {
 		for c := range min(len(want.Rows[r]), len(got.Rows[r])) {
+			if c < len(want.Columns) && slices.Contains(skip, want.Columns[c].Name) {
+				continue
+			}
 			if !sameValue(want.Rows[r][c], got.Rows[r][c], tol) {
 				name := ""
 				if c < len(want.Columns) {
