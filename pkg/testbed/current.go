@@ -267,7 +267,7 @@ func (c *Current) Strings(_ context.Context, sql string) ([]string, error) {
 // Insert inserts one row (chdb.Executor): insert is "INSERT INTO table (columns…)".
 func (c *Current) Insert(ctx context.Context, insert string, row ...any) error {
 	var b bytes.Buffer
-	b.WriteString(insert + " FORMAT TabSeparated\n")
+	b.WriteString(insert + " " + tsvInsert)
 	for i, v := range row {
 		if i > 0 {
 			b.WriteByte('\t')

@@ -293,28 +293,22 @@ func sameValue(a, b any, tol float64) bool {
 
 // CopyTables copies every row of tables from the database db on a server (through
 // clickhouse-go) into the same tables on c, which must exist there with the same columns
-// or more. Times travel as Unix seconds, so neither server's time zone matters.
+// or more. Times travel in UTC, so neither server's time zone matters.
 func CopyTables(ctx context.Context, conn driver.Conn, db string, c *Current, tables ...string) error {
 	for _, table := range tables {
 		desc, err := Query(ctx, conn, "DESCRIBE TABLE "+db+"."+table)
 		if err != nil {
 			return fmt.Errorf("cannot describe %s: %w", table, err)
 		}
-		var names, exprs []string
+		var names []string
 		for _, r := range desc.Rows {
-			name, typ := r[0].(string), r[1].(string)
-			names = append(names, name)
-			if strings.HasPrefix(typ, "DateTime") {
-				exprs = append(exprs, "toUInt32("+name+")")
-			} else {
-				exprs = append(exprs, name)
-			}
+			names = append(names, r[0].(string))
 		}
-		res, err := Query(ctx, conn, "SELECT "+strings.Join(exprs, ", ")+" FROM "+db+"."+table)
+		res, err := Query(ctx, conn, "SELECT "+strings.Join(names, ", ")+" FROM "+db+"."+table)
 		if err != nil {
 			return fmt.Errorf("cannot read %s: %w", table, err)
 		}
-		head := "INSERT INTO " + table + " (" + strings.Join(names, ", ") + ") FORMAT TabSeparated\n"
+		head := "INSERT INTO " + table + " (" + strings.Join(names, ", ") + ") " + tsvInsert
 		for start := 0; start < len(res.Rows); start += 500 {
 			var b bytes.Buffer
 			b.WriteString(head)
@@ -334,6 +328,10 @@ func CopyTables(ctx context.Context, conn driver.Conn, db string, c *Current, ta
 	}
 	return nil
 }
+
+// tsvInsert ends an INSERT of rows written by writeTSV: times are RFC 3339 in UTC, which
+// the best-effort parser reads whatever the server's time zone.
+const tsvInsert = "SETTINGS date_time_input_format = 'best_effort' FORMAT TabSeparated\n"
 
 var tsvEscaper = strings.NewReplacer(`\`, `\\`, "\t", `\t`, "\n", `\n`, "\r", `\r`, "\x00", `\0`, "'", `\'`)
 
@@ -374,7 +372,13 @@ func writeTSV(b *bytes.Buffer, v any, inArray bool) {
 		}
 		b.WriteByte(']')
 	case time.Time:
-		b.WriteString(strconv.FormatInt(x.Unix(), 10))
+		if inArray {
+			b.WriteByte('\'')
+		}
+		b.WriteString(x.UTC().Format("2006-01-02T15:04:05.999999999Z"))
+		if inArray {
+			b.WriteByte('\'')
+		}
 	default:
 		fmt.Fprint(b, x)
 	}
