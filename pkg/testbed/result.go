@@ -165,6 +165,9 @@ func fromJSON(typ string, v any) (any, error) {
 	case strings.HasPrefix(typ, "Int"):
 		return strconv.ParseInt(text, 10, 64)
 	case strings.HasPrefix(typ, "Float"):
+		if text == "-nan" || text == "+nan" {
+			return math.NaN(), nil
+		}
 		return strconv.ParseFloat(text, 64)
 	case typ == "Bool":
 		if text == "true" {
