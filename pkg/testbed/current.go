@@ -25,7 +25,7 @@ import (
 
 // CurrentInstallHint is how to install the current ClickHouse engine the compatibility
 // tests run on: chDB's libchdb (ClickHouse 26.x) for Node.js, into a git-ignored folder.
-const CurrentInstallHint = "npm ci --prefix pkg/testbed/testdata/chdb --no-audit --no-fund (or: make chdb)"
+const CurrentInstallHint = "make chdb (scripts/install-chdb.sh: npm install in pkg/testbed/testdata/chdb)"
 
 // chdbDir is where the Node.js project that drives chDB lives, relative to the checkout.
 const chdbDir = "pkg/testbed/testdata/chdb"
