@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -318,5 +319,22 @@ func TestMigrateCurrent(t *testing.T) {
 	again, err := chdb.MigrateOn(ctx, cur, cur.DB, cur.Version, schemas.Migrations())
 	if err != nil || len(again.Applied)+len(again.Existing)+len(again.Created) != 0 {
 		t.Fatalf("second run: %+v, %v", again, err)
+	}
+}
+
+func TestMigrationLog(t *testing.T) {
+	var buf strings.Builder
+	logger := slog.New(slog.NewJSONHandler(&buf, nil))
+	chdb.Migration{}.Log(logger, chdb.Version{Major: 26, Minor: 7})
+	if buf.Len() != 0 {
+		t.Fatalf("nothing done, yet logged %s", buf.String())
+	}
+	m := chdb.Migration{Applied: []string{"001_requests.sql"}, Created: []string{"requests"},
+		Existing: []chdb.Table{{Name: "token_rollups", Engine: "Distributed", Migration: "002_token_rollups.sql"}}}
+	m.Log(logger, chdb.Version{Major: 26, Minor: 7})
+	for _, want := range []string{`"applied":["001_requests.sql"]`, `"created":["requests"]`, `"existing":["token_rollups (Distributed)"]`, `"server":"26.7"`} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("log %s lacks %s", buf.String(), want)
+		}
 	}
 }
