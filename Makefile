@@ -1,6 +1,8 @@
 # tokenscope: build and test every module of the go.work workspace.
 #   make test     vet and test everything (race detector on), against the real NATS
-#                 (in-process) and a private ClickHouse server the tests start
+#                 (in-process) and a private ClickHouse server the tests start, and the
+#                 SQL on ClickHouse 26.7 too (chDB, installed by make chdb)
+#   make chdb     install chDB for Node.js into pkg/testbed/testdata/chdb (git-ignored)
 #   make bench    the benchmarks behind the speed and memory goals
 #   make build    the service binaries and the tokenscope command into bin/
 
@@ -9,9 +11,12 @@ MODULES := $(shell sed -n 's|^\s*\./\(.*\)$$|\1|p' go.work)
 GOFLAGS_TEST ?= -race -count=1 -timeout 30m
 export CGO_CFLAGS ?= -Wno-deprecated-declarations
 
-.PHONY: test vet unit bench build fmt-check
+.PHONY: test vet unit bench build fmt-check chdb
 
-test: fmt-check vet unit
+test: fmt-check vet chdb unit
+
+chdb:
+	@scripts/install-chdb.sh
 
 fmt-check:
 	@out=$$(gofmt -l $(MODULES)); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -10,6 +10,7 @@ require (
 	github.com/compose-spec/compose-go/v2 v2.16.2
 	github.com/nats-io/nats.go v1.55.0
 	github.com/tokenscope/tokenscope/pkg v0.0.0
+	github.com/tokenscope/tokenscope/schemas v0.0.0-00010101000000-000000000000
 )
 
 require (

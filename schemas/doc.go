@@ -20,7 +20,8 @@ var JSON embed.FS
 var ClickHouse embed.FS
 
 // Queries holds the SQL cookbook under clickhouse/queries/: tested example queries with
-// {name:Type} parameters, as clickhouse-client's --param_name fills them.
+// {name:Type} parameters, as clickhouse-client's --param_name fills them (and, for servers
+// that cannot, tokenscope report --sql FILE --param name=value).
 //
 //go:embed clickhouse/queries/*.sql
 var Queries embed.FS

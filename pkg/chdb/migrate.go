@@ -7,11 +7,15 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"path"
+	"regexp"
 	"slices"
 	"strings"
 	"text/template"
 	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 )
 
 const ledgerDDL = `CREATE TABLE IF NOT EXISTS schema_migrations
@@ -23,82 +27,153 @@ const ledgerDDL = `CREATE TABLE IF NOT EXISTS schema_migrations
 ENGINE = MergeTree
 ORDER BY name`
 
+// Executor runs statements on a server: what the migrator needs of a connection.
+type Executor interface {
+	// Exec runs a statement; a refusal by the server is a *clickhouse.Exception.
+	Exec(ctx context.Context, sql string) error
+	// Strings runs a query and returns its first column as text.
+	Strings(ctx context.Context, sql string) ([]string, error)
+	// Insert inserts one row: insert is "INSERT INTO table (columns…)", row their values.
+	Insert(ctx context.Context, insert string, row ...any) error
+}
+
+// Migration is what Migrate found and did.
+type Migration struct {
+	// Features are what the server was found to have; the DDL was rendered for them.
+	Features Features
+	// Applied are the migrations that ran now and were recorded, in order. A migration
+	// whose every table already existed is recorded but not listed here.
+	Applied []string
+	// Created are the tables the applied migrations created.
+	Created []string
+	// Existing are the tables the migrations would have created that were already there
+	// (created by hand, such as a cluster's Distributed tables): left as they were.
+	Existing []Table
+}
+
+// Table is a table a migration creates.
+type Table struct {
+	Name      string
+	Engine    string // as system.tables names it: MergeTree, Distributed, ReplicatedMergeTree…
+	Migration string
+}
+
+func (t Table) String() string { return t.Name + " (" + t.Engine + ")" }
+
 // Migrate applies, in name order, every *.sql file at the root of fsys that the
-// schema_migrations table does not list yet, and returns the names it applied. Each file is
-// a text/template (see Render) of statements separated by ";" at the end of a line; every
-// statement must be idempotent (IF NOT EXISTS), so two services migrating at once are safe.
-func (d *DB) Migrate(ctx context.Context, fsys fs.FS) ([]string, error) {
-	if err := d.conn.Exec(ctx, ledgerDDL); err != nil {
-		return nil, fmt.Errorf("cannot create schema_migrations: %w", err)
-	}
-	done, err := d.applied(ctx)
+// schema_migrations table does not list yet, rendered for the features the server is found
+// to have (Probe). Each file is a text/template (see Render) of statements separated by
+// ";" at the end of a line; every statement must be idempotent (IF NOT EXISTS), so two
+// services migrating at once are safe. A CREATE TABLE IF NOT EXISTS of a table that is
+// already there is not run: the table is reported in Existing with its engine.
+func (d *DB) Migrate(ctx context.Context, fsys fs.FS) (Migration, error) {
+	return MigrateOn(ctx, nativeExecutor{d.conn}, d.name, d.version.String(), fsys)
+}
+
+// MigrateOn is Migrate on any connection to database db; server names the server in errors.
+func MigrateOn(ctx context.Context, x Executor, db, server string, fsys fs.FS) (Migration, error) {
+	var m Migration
+	f, err := Probe(ctx, x.Exec)
 	if err != nil {
-		return nil, err
+		return m, err
+	}
+	m.Features = f
+	if err := x.Exec(ctx, ledgerDDL); err != nil {
+		return m, fmt.Errorf("cannot create schema_migrations: %w", err)
+	}
+	recorded, err := x.Strings(ctx, "SELECT DISTINCT name FROM schema_migrations")
+	if err != nil {
+		return m, fmt.Errorf("cannot read schema_migrations: %w", err)
 	}
 	names, err := fs.Glob(fsys, "*.sql")
 	if err != nil {
-		return nil, fmt.Errorf("cannot list migrations: %w", err)
+		return m, fmt.Errorf("cannot list migrations: %w", err)
 	}
 	slices.Sort(names)
-	features := FeaturesOf(d.version)
-	var applied []string
 	for _, name := range names {
-		if done[name] {
+		if slices.Contains(recorded, name) {
 			continue
 		}
 		raw, err := fs.ReadFile(fsys, name)
 		if err != nil {
-			return applied, fmt.Errorf("cannot read migration %s: %w", name, err)
+			return m, fmt.Errorf("cannot read migration %s: %w", name, err)
 		}
-		sql, err := Render(name, string(raw), features)
+		sql, err := Render(name, string(raw), f)
 		if err != nil {
-			return applied, err
+			return m, err
 		}
+		ran := false
 		for i, stmt := range Statements(sql) {
-			if err := d.conn.Exec(ctx, stmt); err != nil {
-				return applied, fmt.Errorf("cannot apply migration %s (statement %d) on ClickHouse %s: %w", name, i+1, d.version, err)
+			if table := createdTable(stmt); table != "" {
+				engine, err := x.Strings(ctx, "SELECT engine FROM system.tables WHERE database = "+Quote(db)+" AND name = "+Quote(table))
+				if err != nil {
+					return m, fmt.Errorf("cannot look for table %s: %w", table, err)
+				}
+				if len(engine) > 0 {
+					m.Existing = append(m.Existing, Table{Name: table, Engine: engine[0], Migration: name})
+					continue
+				}
+				m.Created = append(m.Created, table)
 			}
+			if err := x.Exec(ctx, stmt); err != nil {
+				return m, fmt.Errorf("cannot apply migration %s (statement %d) on ClickHouse %s: %w", name, i+1, server, err)
+			}
+			ran = true
 		}
 		sum := sha256.Sum256(raw)
-		if err := d.record(ctx, name, hex.EncodeToString(sum[:])); err != nil {
-			return applied, fmt.Errorf("cannot record migration %s: %w", name, err)
+		if err := x.Insert(ctx, "INSERT INTO schema_migrations (name, checksum, applied_at)", name, hex.EncodeToString(sum[:]), time.Now().UTC().Truncate(time.Second)); err != nil {
+			return m, fmt.Errorf("cannot record migration %s: %w", name, err)
 		}
-		applied = append(applied, name)
+		if ran {
+			m.Applied = append(m.Applied, name)
+		}
 	}
-	return applied, nil
+	return m, nil
 }
 
-// record notes an applied migration. It uses a batch, not INSERT … VALUES with bound
-// arguments, which 18.16 never answers over the native protocol.
-func (d *DB) record(ctx context.Context, name, checksum string) error {
-	b, err := d.conn.PrepareBatch(ctx, "INSERT INTO schema_migrations (name, checksum, applied_at)")
+var createRE = regexp.MustCompile(`(?is)^CREATE\s+TABLE\s+IF\s+NOT\s+EXISTS\s+([A-Za-z_][A-Za-z0-9_]*)[\s(]`)
+
+// createdTable returns the table a CREATE TABLE IF NOT EXISTS statement creates, or "".
+func createdTable(stmt string) string {
+	if m := createRE.FindStringSubmatch(stmt); m != nil {
+		return m[1]
+	}
+	return ""
+}
+
+// nativeExecutor is an Executor over clickhouse-go.
+type nativeExecutor struct{ conn driver.Conn }
+
+func (n nativeExecutor) Exec(ctx context.Context, sql string) error { return n.conn.Exec(ctx, sql) }
+
+// Insert uses a batch, not INSERT … VALUES, which 18.16 never answers over the native
+// protocol.
+func (n nativeExecutor) Insert(ctx context.Context, insert string, row ...any) error {
+	b, err := n.conn.PrepareBatch(ctx, insert)
 	if err != nil {
 		return err
 	}
-	if err := b.Append(name, checksum, time.Now().UTC()); err != nil {
+	if err := b.Append(row...); err != nil {
 		return err
 	}
 	return b.Send()
 }
 
-func (d *DB) applied(ctx context.Context) (map[string]bool, error) {
-	rows, err := d.conn.Query(ctx, "SELECT DISTINCT name FROM schema_migrations")
+func (n nativeExecutor) Strings(ctx context.Context, sql string) ([]string, error) {
+	rows, err := n.conn.Query(ctx, sql)
 	if err != nil {
-		return nil, fmt.Errorf("cannot read schema_migrations: %w", err)
+		return nil, err
 	}
 	defer rows.Close()
-	done := map[string]bool{}
+	var out []string
 	for rows.Next() {
-		var name string
-		if err := rows.Scan(&name); err != nil {
-			return nil, fmt.Errorf("cannot read schema_migrations: %w", err)
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			return nil, err
 		}
-		done[name] = true
+		out = append(out, s)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("cannot read schema_migrations: %w", err)
-	}
-	return done, nil
+	return out, rows.Err()
 }
 
 // Render fills in a migration's template for a server with the given features:
@@ -164,4 +239,18 @@ func Statements(sql string) []string {
 	}
 	flush()
 	return out
+}
+
+// Log says what Migrate did and found, when it did or found anything: the migrations applied,
+// the tables created, and the tables that already existed, with their engines.
+func (m Migration) Log(logger *slog.Logger, server Version) {
+	if len(m.Applied)+len(m.Created)+len(m.Existing) == 0 {
+		return
+	}
+	existing := make([]string, len(m.Existing))
+	for i, t := range m.Existing {
+		existing[i] = t.String()
+	}
+	logger.Info("migrated ClickHouse", "server", server.String(), "features", fmt.Sprintf("%+v", m.Features),
+		"applied", m.Applied, "created", m.Created, "existing", existing)
 }

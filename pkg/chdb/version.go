@@ -29,19 +29,3 @@ func (v Version) AtLeast(major, minor int) bool {
 }
 
 func (v Version) String() string { return strconv.Itoa(v.Major) + "." + strconv.Itoa(v.Minor) }
-
-// Features are the DDL features the migrator uses only where the server has them.
-type Features struct {
-	LowCardinality bool // 19.0 (experimental in 18.12–18.16)
-	TTL            bool // 19.6
-	DateTime64     bool // 20.1
-}
-
-// FeaturesOf returns what a server version supports.
-func FeaturesOf(v Version) Features {
-	return Features{
-		LowCardinality: v.AtLeast(19, 0),
-		TTL:            v.AtLeast(19, 6),
-		DateTime64:     v.AtLeast(20, 1),
-	}
-}

@@ -18,6 +18,10 @@ import (
 // InstallHint is how to get the server on Debian.
 const InstallHint = "apt-get install -y clickhouse-server"
 
+// Cluster is the name of the cluster WriteConfig defines: the server alone, as one shard of
+// one replica, so that tests can put Distributed tables in front of local ones.
+const Cluster = "tokenscope_local"
+
 // ErrNotInstalled means no clickhouse-server binary was found.
 var ErrNotInstalled = errors.New("clickhouse-server is not installed")
 
@@ -52,7 +56,7 @@ func WriteConfig(dir, host string, tcpPort, httpPort int) (string, error) {
 		}
 	}
 	config := filepath.Join(dir, "config.xml")
-	if err := os.WriteFile(config, fmt.Appendf(nil, configXML, dir, host, tcpPort, httpPort), 0o644); err != nil {
+	if err := os.WriteFile(config, fmt.Appendf(nil, configXML, dir, host, tcpPort, httpPort, Cluster), 0o644); err != nil {
 		return "", fmt.Errorf("cannot write the ClickHouse configuration: %w", err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "users.xml"), []byte(usersXML), 0o644); err != nil {
@@ -112,6 +116,11 @@ const configXML = `<?xml version="1.0"?>
   <default_database>default</default_database>
   <mark_cache_size>268435456</mark_cache_size>
   <max_concurrent_queries>100</max_concurrent_queries>
+  <remote_servers>
+    <%[5]s>
+      <shard><replica><host>%[2]s</host><port>%[3]d</port></replica></shard>
+    </%[5]s>
+  </remote_servers>
 </yandex>
 `
 

@@ -9,37 +9,70 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/tokenscope/tokenscope/pkg/chdb"
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/pkg/testbed"
 	"github.com/tokenscope/tokenscope/schemas"
 	"github.com/tokenscope/tokenscope/services/aggregator/internal/sink"
 	"github.com/tokenscope/tokenscope/services/aggregator/internal/window"
 )
 
-// query reads a cookbook query and fills its {name:Type} parameters with literals, as
-// clickhouse-client --param_name would.
-func query(t *testing.T, name string, params map[string]string) string {
+// cookbook returns a query of schemas/clickhouse/queries as written: {name:Type} parameters.
+func cookbook(t *testing.T, name string) string {
 	t.Helper()
 	raw, err := fs.ReadFile(schemas.Queries, "clickhouse/queries/"+name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	q := string(raw)
-	for k, v := range params {
-		for _, typ := range []string{"DateTime", "String", "UInt32"} {
-			q = strings.ReplaceAll(q, "{"+k+":"+typ+"}", v)
-		}
-	}
-	if strings.Contains(q, "{") {
-		t.Fatalf("%s has unfilled parameters: %s", name, q)
-	}
-	return q
+	return string(raw)
 }
 
-func dt(t time.Time) string { return fmt.Sprintf("toDateTime(%d)", t.Unix()) }
+// server runs cookbook queries with their parameters bound: on 18.16 by chdb.Bind (the
+// server cannot bind them), on a current ClickHouse by the server.
+type server struct {
+	name string
+	run  func(sql string, params map[string]string) (*testbed.Result, error)
+}
+
+func server18(db *chdb.DB) server {
+	return server{"18.16", func(sql string, params map[string]string) (*testbed.Result, error) {
+		bound, err := chdb.Bind(sql, params)
+		if err != nil {
+			return nil, err
+		}
+		return testbed.Query(context.Background(), db.Conn(), bound)
+	}}
+}
+
+func serverCurrent(c *testbed.Current) server {
+	return server{c.Version, c.Query}
+}
+
+// current starts a current ClickHouse, migrates it as the services would and copies tables
+// into it from the 18.16 database of b.
+func current(t *testing.T, b *bed, tables ...string) *testbed.Current {
+	t.Helper()
+	c := testbed.CurrentClickHouse(t)
+	ctx := context.Background()
+	m, err := chdb.MigrateOn(ctx, c, c.DB, c.Version, schemas.Migrations())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !m.Features.LowCardinality || !m.Features.DateTime64 || !m.Features.TTL {
+		t.Fatalf("ClickHouse %s: features %+v", c.Version, m.Features)
+	}
+	if err := testbed.CopyTables(ctx, b.db.Conn(), b.ch.DB, c, tables...); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func dt(t time.Time) string { return strconv.FormatInt(t.Unix(), 10) }
 
 func near(got, want, tol float64) bool { return math.Abs(got-want) <= tol*math.Abs(want)+1e-9 }
 
@@ -49,6 +82,50 @@ func near(got, want, tol float64) bool { return math.Abs(got-want) <= tol*math.A
 func withinRank(sorted []float64, q, eps, got float64) bool {
 	lo, hi := nearestRank(sorted, max(q-eps, 0)), nearestRank(sorted, min(q+eps, 1))
 	return got >= lo*(1-1e-6) && got <= hi*(1+1e-6)
+}
+
+// quantileColumns names the columns of res that hold t-digest quantiles (…_p50, …_p999).
+func quantileColumns(res *testbed.Result) []string {
+	var out []string
+	for _, c := range res.Columns {
+		if i := strings.LastIndex(c.Name, "_p"); i > 0 && strings.Trim(c.Name[i+2:], "0123456789") == "" {
+			out = append(out, c.Name)
+		}
+	}
+	return out
+}
+
+// Accessors of result values that fail the test on a value of another kind.
+func num(t *testing.T, v any) float64 {
+	t.Helper()
+	switch x := v.(type) {
+	case uint64:
+		return float64(x)
+	case int64:
+		return float64(x)
+	case float64:
+		return x
+	}
+	t.Fatalf("%v (%T) is not a number", v, v)
+	return 0
+}
+
+func str(t *testing.T, v any) string {
+	t.Helper()
+	s, ok := v.(string)
+	if !ok {
+		t.Fatalf("%v (%T) is not a string", v, v)
+	}
+	return s
+}
+
+func tm(t *testing.T, v any) time.Time {
+	t.Helper()
+	x, ok := v.(time.Time)
+	if !ok {
+		t.Fatalf("%v (%T) is not a time", v, v)
+	}
+	return x
 }
 
 // TestCookbook runs every query of schemas/clickhouse/queries on ClickHouse over data the
@@ -105,278 +182,256 @@ func TestCookbook(t *testing.T) {
 	b.publish(t, evs)
 	b.waitRows(t, time.Minute, uint64(len(evs)), "SELECT sum(requests) FROM token_rollups")
 	b.waitRows(t, time.Minute, uint64(len(evs)), "SELECT count() FROM requests")
-	params := map[string]string{"from": dt(base), "to": dt(base.Add(time.Hour)), "model": "'qwen2.5-72b'", "limit": "1000"}
-	ctx := context.Background()
+
+	params := map[string]string{"from": dt(base), "to": dt(base.Add(time.Hour)), "model": "qwen2.5-72b", "limit": "1000"}
 	buckets := events.DefaultBucketBounds()
-
-	t.Run("percentiles_by_bucket", func(t *testing.T) {
-		type key struct{ model, scene, bucket string }
-		ttft, tpot := map[key][]float64{}, map[key][]float64{}
-		count := map[key]uint64{}
-		for _, e := range evs {
-			k := key{e.Model, e.Scene, buckets.Label(buckets.Index(e.InputTokens))}
-			count[k]++
-			if e.Status == events.StatusOK || e.OutputTokens > 0 {
-				ttft[k] = append(ttft[k], e.TTFTMs)
-			}
-			if v, ok := e.TPOT(); ok && e.Status == events.StatusOK {
-				tpot[k] = append(tpot[k], v)
-			}
-		}
-		rows, err := b.db.Conn().Query(ctx, query(t, "percentiles_by_bucket.sql", params))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		n := 0
-		for rows.Next() {
-			var k key
-			var reqs uint64
-			var p [6]float64
-			if err := rows.Scan(&k.model, &k.scene, &k.bucket, &reqs, &p[0], &p[1], &p[2], &p[3], &p[4], &p[5]); err != nil {
-				t.Fatal(err)
-			}
-			n++
-			if reqs != count[k] {
-				t.Fatalf("%v: %d requests, want %d", k, reqs, count[k])
-			}
-			if len(ttft[k]) < 200 { // percentiles of a handful of samples say little
-				continue
-			}
-			slices.Sort(ttft[k])
-			slices.Sort(tpot[k])
-			for i, q := range []float64{0.5, 0.95, 0.99} {
-				if !withinRank(ttft[k], q, 0.01, p[i]) {
-					t.Errorf("%v ttft p%g = %v, exact %v", k, q*100, p[i], nearestRank(ttft[k], q))
-				}
-				if !withinRank(tpot[k], q, 0.01, p[3+i]) {
-					t.Errorf("%v tpot p%g = %v, exact %v", k, q*100, p[3+i], nearestRank(tpot[k], q))
-				}
-			}
-		}
-		if n != len(count) {
-			t.Fatalf("%d rows, want %d", n, len(count))
-		}
-	})
-
-	t.Run("merged_p99", func(t *testing.T) {
-		var xs []float64
-		for _, e := range evs {
-			if e.Model == "qwen2.5-72b" && (e.Status == events.StatusOK || e.OutputTokens > 0) {
-				xs = append(xs, e.TTFTMs)
-			}
-		}
-		slices.Sort(xs)
-		var n uint64
-		var p99, p999 float64
-		if err := b.db.Conn().QueryRow(ctx, query(t, "merged_p99.sql", params)).Scan(&n, &p99, &p999); err != nil {
-			t.Fatal(err)
-		}
-		// 2,000 samples: rank tolerance; TestMergedAccuracy240Windows checks the relative error.
-		if n != uint64(len(xs)) || !withinRank(xs, 0.99, 0.005, p99) || !withinRank(xs, 0.999, 0.002, p999) {
-			t.Fatalf("n %d p99 %v p99.9 %v; exact n %d p99 %v p99.9 %v", n, p99, p999, len(xs), nearestRank(xs, 0.99), nearestRank(xs, 0.999))
-		}
-	})
-
-	t.Run("tokens_per_second", func(t *testing.T) {
-		type key struct {
-			minute time.Time
-			model  string
-		}
-		want := map[key]uint64{}
-		for _, e := range evs {
-			want[key{e.TS.Truncate(time.Minute), e.Model}] += uint64(e.OutputTokens)
-		}
-		rows, err := b.db.Conn().Query(ctx, query(t, "tokens_per_second.sql", params))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		n := 0
-		for rows.Next() {
-			var k key
-			var outPS, inPS float64
-			var reqs uint64
-			if err := rows.Scan(&k.minute, &k.model, &outPS, &inPS, &reqs); err != nil {
-				t.Fatal(err)
-			}
-			n++
-			if w := float64(want[key{k.minute.UTC(), k.model}]) / 60; !near(outPS, w, 1e-9) {
-				t.Fatalf("%v: %v tokens/s, want %v", k, outPS, w)
-			}
-		}
-		if n != len(want) {
-			t.Fatalf("%d rows, want %d", n, len(want))
-		}
-	})
-
 	type ms struct{ model, scene string }
-	t.Run("error_vs_timeout", func(t *testing.T) {
-		type agg struct{ reqs, errs, tos, rl float64 }
-		want := map[ms]*agg{}
-		for _, e := range evs {
-			a := want[ms{e.Model, e.Scene}]
-			if a == nil {
-				a = &agg{}
-				want[ms{e.Model, e.Scene}] = a
+
+	checks := []struct {
+		file  string
+		check func(t *testing.T, res *testbed.Result)
+	}{
+		{"percentiles_by_bucket.sql", func(t *testing.T, res *testbed.Result) {
+			type key struct{ model, scene, bucket string }
+			ttft, tpot := map[key][]float64{}, map[key][]float64{}
+			count := map[key]uint64{}
+			for _, e := range evs {
+				k := key{e.Model, e.Scene, buckets.Label(buckets.Index(e.InputTokens))}
+				count[k]++
+				if e.Status == events.StatusOK || e.OutputTokens > 0 {
+					ttft[k] = append(ttft[k], e.TTFTMs)
+				}
+				if v, ok := e.TPOT(); ok && e.Status == events.StatusOK {
+					tpot[k] = append(tpot[k], v)
+				}
 			}
-			a.reqs++
-			switch e.Status {
-			case events.StatusError:
-				a.errs++
-			case events.StatusTimeout:
-				a.tos++
+			for _, r := range res.Rows {
+				k := key{str(t, r[0]), str(t, r[1]), str(t, r[2])}
+				if reqs := uint64(num(t, r[3])); reqs != count[k] {
+					t.Fatalf("%v: %d requests, want %d", k, reqs, count[k])
+				}
+				if len(ttft[k]) < 200 { // percentiles of a handful of samples say little
+					continue
+				}
+				slices.Sort(ttft[k])
+				slices.Sort(tpot[k])
+				for i, q := range []float64{0.5, 0.95, 0.99} {
+					if p := num(t, r[4+i]); !withinRank(ttft[k], q, 0.01, p) {
+						t.Errorf("%v ttft p%g = %v, exact %v", k, q*100, p, nearestRank(ttft[k], q))
+					}
+					if p := num(t, r[7+i]); !withinRank(tpot[k], q, 0.01, p) {
+						t.Errorf("%v tpot p%g = %v, exact %v", k, q*100, p, nearestRank(tpot[k], q))
+					}
+				}
 			}
-			if e.RateLimited() {
-				a.rl++
+			if len(res.Rows) != len(count) {
+				t.Fatalf("%d rows, want %d", len(res.Rows), len(count))
 			}
+		}},
+		{"merged_p99.sql", func(t *testing.T, res *testbed.Result) {
+			var xs []float64
+			for _, e := range evs {
+				if e.Model == "qwen2.5-72b" && (e.Status == events.StatusOK || e.OutputTokens > 0) {
+					xs = append(xs, e.TTFTMs)
+				}
+			}
+			slices.Sort(xs)
+			if len(res.Rows) != 1 {
+				t.Fatalf("%d rows", len(res.Rows))
+			}
+			n, p99, p999 := uint64(num(t, res.Rows[0][0])), num(t, res.Rows[0][1]), num(t, res.Rows[0][2])
+			// 2,000 samples: rank tolerance; TestMergedAccuracy240Windows checks the relative error.
+			if n != uint64(len(xs)) || !withinRank(xs, 0.99, 0.005, p99) || !withinRank(xs, 0.999, 0.002, p999) {
+				t.Fatalf("n %d p99 %v p99.9 %v; exact n %d p99 %v p99.9 %v", n, p99, p999, len(xs), nearestRank(xs, 0.99), nearestRank(xs, 0.999))
+			}
+		}},
+		{"tokens_per_second.sql", func(t *testing.T, res *testbed.Result) {
+			type key struct {
+				minute time.Time
+				model  string
+			}
+			want := map[key]uint64{}
+			for _, e := range evs {
+				want[key{e.TS.Truncate(time.Minute), e.Model}] += uint64(e.OutputTokens)
+			}
+			for _, r := range res.Rows {
+				k := key{tm(t, r[0]), str(t, r[1])}
+				if outPS, w := num(t, r[2]), float64(want[k])/60; !near(outPS, w, 1e-9) {
+					t.Fatalf("%v: %v tokens/s, want %v", k, outPS, w)
+				}
+			}
+			if len(res.Rows) != len(want) {
+				t.Fatalf("%d rows, want %d", len(res.Rows), len(want))
+			}
+		}},
+		{"error_vs_timeout.sql", func(t *testing.T, res *testbed.Result) {
+			type agg struct{ reqs, errs, tos, rl float64 }
+			want := map[ms]*agg{}
+			for _, e := range evs {
+				a := want[ms{e.Model, e.Scene}]
+				if a == nil {
+					a = &agg{}
+					want[ms{e.Model, e.Scene}] = a
+				}
+				a.reqs++
+				switch e.Status {
+				case events.StatusError:
+					a.errs++
+				case events.StatusTimeout:
+					a.tos++
+				}
+				if e.RateLimited() {
+					a.rl++
+				}
+			}
+			for _, r := range res.Rows {
+				k := ms{str(t, r[0]), str(t, r[1])}
+				reqs, er, tr, cr, rl := num(t, r[2]), num(t, r[3]), num(t, r[4]), num(t, r[5]), num(t, r[6])
+				w := want[k]
+				if w == nil || reqs != w.reqs || !near(er, w.errs/w.reqs, 1e-9) || !near(tr, w.tos/w.reqs, 1e-9) || !near(rl, w.rl/w.reqs, 1e-9) || cr != 0 {
+					t.Fatalf("%v: %v %v %v %v %v; want %+v", k, reqs, er, tr, cr, rl, w)
+				}
+			}
+			if len(res.Rows) != len(want) {
+				t.Fatalf("%d rows, want %d", len(res.Rows), len(want))
+			}
+		}},
+		{"error_codes.sql", func(t *testing.T, res *testbed.Result) {
+			want := map[string]uint64{}
+			for _, e := range evs {
+				if e.Status != events.StatusOK {
+					want[string(e.Status)+"/"+e.ErrorCode]++
+				}
+			}
+			got := map[string]uint64{}
+			for _, r := range res.Rows {
+				got[str(t, r[0])+"/"+str(t, r[1])] = uint64(num(t, r[2]))
+			}
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("got %v, want %v", got, want)
+			}
+		}},
+		{"prefix_cache.sql", func(t *testing.T, res *testbed.Result) {
+			cached, input := map[string]float64{}, map[string]float64{}
+			for _, e := range evs {
+				cached[e.Model] += float64(e.CachedInputTokens)
+				input[e.Model] += float64(e.InputTokens)
+			}
+			for _, r := range res.Rows {
+				model, c, rate := str(t, r[0]), num(t, r[1]), num(t, r[3])
+				if c != cached[model] || !near(rate, cached[model]/input[model], 1e-9) {
+					t.Fatalf("%s: %v cached, rate %v; want %v, %v", model, c, rate, cached[model], cached[model]/input[model])
+				}
+			}
+			if len(res.Rows) != len(cached) {
+				t.Fatalf("%d rows, want %d", len(res.Rows), len(cached))
+			}
+		}},
+		{"cost_per_request.sql", func(t *testing.T, res *testbed.Result) {
+			cost, reqs := map[ms]float64{}, map[ms]float64{}
+			for _, e := range evs {
+				k := ms{e.Model, e.Scene}
+				reqs[k]++
+				if e.Model == "qwen2.5-72b" {
+					cost[k] += (float64(e.InputTokens-e.CachedInputTokens)*0.4 + float64(e.CachedInputTokens)*0.1 + float64(e.OutputTokens)*1.2) / 1e6
+				}
+			}
+			for _, r := range res.Rows {
+				k := ms{str(t, r[0]), str(t, r[1])}
+				n, c, per, unpriced := num(t, r[2]), num(t, r[3]), num(t, r[4]), num(t, r[5])
+				wantUnpriced := 0.0
+				if k.model != "qwen2.5-72b" {
+					wantUnpriced = n
+				}
+				if !near(c, cost[k], 1e-9) || !near(per, cost[k]/reqs[k], 1e-9) || unpriced != wantUnpriced {
+					t.Fatalf("%v: cost %v per %v unpriced %v; want %v %v %v", k, c, per, unpriced, cost[k], cost[k]/reqs[k], wantUnpriced)
+				}
+			}
+			if len(res.Rows) != len(reqs) {
+				t.Fatalf("%d rows, want %d", len(res.Rows), len(reqs))
+			}
+		}},
+		{"cost_per_conversation.sql", func(t *testing.T, res *testbed.Result) {
+			for _, r := range res.Rows {
+				id, reqs, turns, c := str(t, r[0]), num(t, r[1]), num(t, r[2]), num(t, r[3])
+				w := conv[id]
+				if int(turns) != w.turns || int(reqs) != w.turns || !near(c, w.cost, 1e-9) {
+					t.Fatalf("%s: %v requests, %v turns, cost %v; want %+v", id, reqs, turns, c, w)
+				}
+			}
+			if len(res.Rows) != len(conv) {
+				t.Fatalf("%d conversations, want %d", len(res.Rows), len(conv))
+			}
+		}},
+		{"conversations.sql", func(t *testing.T, res *testbed.Result) {
+			var turns, completed, abandoned, withOutcome float64
+			for _, c := range conv {
+				turns += float64(c.turns)
+				switch c.outcome {
+				case events.OutcomeCompleted:
+					completed++
+					withOutcome++
+				case events.OutcomeAbandoned:
+					abandoned++
+					withOutcome++
+				}
+			}
+			if len(res.Rows) != 1 {
+				t.Fatalf("%d rows", len(res.Rows))
+			}
+			r := res.Rows[0]
+			n, avg, comp, aband, rate := num(t, r[0]), num(t, r[1]), num(t, r[2]), num(t, r[3]), num(t, r[4])
+			if int(n) != len(conv) || !near(avg, turns/float64(len(conv)), 1e-9) || comp != completed || aband != abandoned || !near(rate, completed/withOutcome, 1e-9) {
+				t.Fatalf("got %v %v %v %v %v; want %d %v %v %v %v", n, avg, comp, aband, rate, len(conv), turns/float64(len(conv)), completed, abandoned, completed/withOutcome)
+			}
+		}},
+	}
+	files, err := fs.Glob(schemas.Queries, "clickhouse/queries/*.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		if !slices.ContainsFunc(checks, func(c struct {
+			file  string
+			check func(t *testing.T, res *testbed.Result)
+		}) bool {
+			return c.file == filepath.Base(f)
+		}) {
+			t.Errorf("%s has no check here", f)
 		}
-		rows, err := b.db.Conn().Query(ctx, query(t, "error_vs_timeout.sql", params))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var k ms
-			var reqs uint64
-			var er, tr, cr, rl float64
-			if err := rows.Scan(&k.model, &k.scene, &reqs, &er, &tr, &cr, &rl); err != nil {
+	}
+
+	answers := map[string]*testbed.Result{}
+	old := server18(b.db)
+	for _, c := range checks {
+		t.Run(c.file, func(t *testing.T) {
+			res, err := old.run(cookbook(t, c.file), params)
+			if err != nil {
 				t.Fatal(err)
 			}
-			w := want[k]
-			if float64(reqs) != w.reqs || !near(er, w.errs/w.reqs, 1e-9) || !near(tr, w.tos/w.reqs, 1e-9) || !near(rl, w.rl/w.reqs, 1e-9) || cr != 0 {
-				t.Fatalf("%v: %d %v %v %v %v; want %+v", k, reqs, er, tr, cr, rl, *w)
-			}
-		}
-	})
-
-	t.Run("error_codes", func(t *testing.T) {
-		want := map[string]uint64{}
-		for _, e := range evs {
-			if e.Status != events.StatusOK {
-				want[string(e.Status)+"/"+e.ErrorCode]++
-			}
-		}
-		rows, err := b.db.Conn().Query(ctx, query(t, "error_codes.sql", params))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		got := map[string]uint64{}
-		for rows.Next() {
-			var st, code string
-			var n uint64
-			if err := rows.Scan(&st, &code, &n); err != nil {
-				t.Fatal(err)
-			}
-			got[st+"/"+code] = n
-		}
-		if fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Fatalf("got %v, want %v", got, want)
-		}
-	})
-
-	t.Run("prefix_cache", func(t *testing.T) {
-		cached, input := map[string]float64{}, map[string]float64{}
-		for _, e := range evs {
-			cached[e.Model] += float64(e.CachedInputTokens)
-			input[e.Model] += float64(e.InputTokens)
-		}
-		rows, err := b.db.Conn().Query(ctx, query(t, "prefix_cache.sql", params))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var model string
-			var c, in uint64
-			var rate float64
-			if err := rows.Scan(&model, &c, &in, &rate); err != nil {
-				t.Fatal(err)
-			}
-			if float64(c) != cached[model] || !near(rate, cached[model]/input[model], 1e-9) {
-				t.Fatalf("%s: %d cached, rate %v; want %v, %v", model, c, rate, cached[model], cached[model]/input[model])
-			}
-		}
-	})
-
-	t.Run("cost_per_request", func(t *testing.T) {
-		cost, reqs := map[ms]float64{}, map[ms]float64{}
-		for _, e := range evs {
-			k := ms{e.Model, e.Scene}
-			reqs[k]++
-			if e.Model == "qwen2.5-72b" {
-				cost[k] += (float64(e.InputTokens-e.CachedInputTokens)*0.4 + float64(e.CachedInputTokens)*0.1 + float64(e.OutputTokens)*1.2) / 1e6
-			}
-		}
-		rows, err := b.db.Conn().Query(ctx, query(t, "cost_per_request.sql", params))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var k ms
-			var n, unpriced uint64
-			var c, per float64
-			if err := rows.Scan(&k.model, &k.scene, &n, &c, &per, &unpriced); err != nil {
-				t.Fatal(err)
-			}
-			wantUnpriced := uint64(0)
-			if k.model != "qwen2.5-72b" {
-				wantUnpriced = n
-			}
-			if !near(c, cost[k], 1e-9) || !near(per, cost[k]/reqs[k], 1e-9) || unpriced != wantUnpriced {
-				t.Fatalf("%v: cost %v per %v unpriced %d; want %v %v %d", k, c, per, unpriced, cost[k], cost[k]/reqs[k], wantUnpriced)
-			}
-		}
-	})
-
-	t.Run("cost_per_conversation", func(t *testing.T) {
-		rows, err := b.db.Conn().Query(ctx, query(t, "cost_per_conversation.sql", params))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		n := 0
-		for rows.Next() {
-			var id string
-			var reqs, in, out uint64
-			var turns uint32
-			var c float64
-			if err := rows.Scan(&id, &reqs, &turns, &c, &in, &out); err != nil {
-				t.Fatal(err)
-			}
-			w := conv[id]
-			if int(turns) != w.turns || int(reqs) != w.turns || !near(c, w.cost, 1e-9) {
-				t.Fatalf("%s: %d requests, %d turns, cost %v; want %+v", id, reqs, turns, c, w)
-			}
-			n++
-		}
-		if n != len(conv) {
-			t.Fatalf("%d conversations, want %d", n, len(conv))
-		}
-	})
-
-	t.Run("conversations", func(t *testing.T) {
-		var turns, completed, abandoned, withOutcome float64
-		for _, c := range conv {
-			turns += float64(c.turns)
-			switch c.outcome {
-			case events.OutcomeCompleted:
-				completed++
-				withOutcome++
-			case events.OutcomeAbandoned:
-				abandoned++
-				withOutcome++
-			}
-		}
-		var n, comp, aband uint64
-		var avg, rate float64
-		if err := b.db.Conn().QueryRow(ctx, query(t, "conversations.sql", params)).Scan(&n, &avg, &comp, &aband, &rate); err != nil {
-			t.Fatal(err)
-		}
-		if int(n) != len(conv) || !near(avg, turns/float64(len(conv)), 1e-9) || float64(comp) != completed || float64(aband) != abandoned || !near(rate, completed/withOutcome, 1e-9) {
-			t.Fatalf("got %d %v %d %d %v; want %d %v %v %v %v", n, avg, comp, aband, rate, len(conv), turns/float64(len(conv)), completed, abandoned, completed/withOutcome)
+			answers[c.file] = res
+			c.check(t, res)
+		})
+	}
+	// The same rows on a current ClickHouse, the same queries bound by the server: the same
+	// checks, and the same answers as 18.16's.
+	t.Run("current", func(t *testing.T) {
+		cur := serverCurrent(current(t, b, "requests", "token_rollups"))
+		for _, c := range checks {
+			t.Run(c.file, func(t *testing.T) {
+				res, err := cur.run(cookbook(t, c.file), params)
+				if err != nil {
+					t.Fatalf("ClickHouse %s: %v", cur.name, err)
+				}
+				c.check(t, res)
+				if want := answers[c.file]; want != nil {
+					// Current servers read t-digest quantiles off singleton centroids exactly where
+					// 18.16 interpolates: both are checked against the exact quantiles above.
+					if err := testbed.Compare(want, res, 1e-9, quantileColumns(res)...); err != nil {
+						t.Errorf("ClickHouse %s answers otherwise than 18.16: %v", cur.name, err)
+					}
+				}
+			})
 		}
 	})
 }
@@ -414,15 +469,22 @@ func TestMergedAccuracy240Windows(t *testing.T) {
 		t.Fatal(err)
 	}
 	slices.Sort(all)
-	var n uint64
-	var p99, p999 float64
-	q := query(t, "merged_p99.sql", map[string]string{"from": dt(base), "to": dt(base.Add(time.Hour)), "model": "'m'"})
-	if err := b.db.Conn().QueryRow(context.Background(), q).Scan(&n, &p99, &p999); err != nil {
-		t.Fatal(err)
+	params := map[string]string{"from": dt(base), "to": dt(base.Add(time.Hour)), "model": "m"}
+	check := func(t *testing.T, srv server) {
+		res, err := srv.run(cookbook(t, "merged_p99.sql"), params)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Rows) != 1 {
+			t.Fatalf("%d rows", len(res.Rows))
+		}
+		n, p99, p999 := num(t, res.Rows[0][0]), num(t, res.Rows[0][1]), num(t, res.Rows[0][2])
+		e99, e999 := math.Abs(p99/nearestRank(all, 0.99)-1), math.Abs(p999/nearestRank(all, 0.999)-1)
+		t.Logf("240 windows × 1000 samples merged in ClickHouse %s: p99 error %.3f%%, p99.9 error %.3f%%", srv.name, 100*e99, 100*e999)
+		if n != 240_000 || e99 > 0.01 || e999 > 0.02 {
+			t.Fatalf("n %v, p99 error %.3f%%, p99.9 error %.3f%%", n, 100*e99, 100*e999)
+		}
 	}
-	e99, e999 := math.Abs(p99/nearestRank(all, 0.99)-1), math.Abs(p999/nearestRank(all, 0.999)-1)
-	t.Logf("240 windows × 1000 samples merged in ClickHouse: p99 error %.3f%%, p99.9 error %.3f%%", 100*e99, 100*e999)
-	if n != 240_000 || e99 > 0.01 || e999 > 0.02 {
-		t.Fatalf("n %d, p99 error %.3f%%, p99.9 error %.3f%%", n, 100*e99, 100*e999)
-	}
+	check(t, server18(b.db))
+	t.Run("current", func(t *testing.T) { check(t, serverCurrent(current(t, b, "token_rollups"))) })
 }

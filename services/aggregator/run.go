@@ -60,11 +60,11 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return err
 	}
 	defer db.Close()
-	if applied, err := db.Migrate(ctx, schemas.Migrations()); err != nil {
+	migration, err := db.Migrate(ctx, schemas.Migrations())
+	if err != nil {
 		return err
-	} else if len(applied) > 0 {
-		logger.Info("migrated ClickHouse", "applied", applied, "server", db.Version().String())
 	}
+	migration.Log(logger, db.Version())
 
 	pub := bus.NewPublisher(js, bus.PublisherOptions{Namespace: "aggregator"}, srv.Registry(), logger)
 	deps := pipeline.Deps{JS: js, NC: nc, CH: db.Conn(), Publisher: pub, Metrics: pipeline.NewMetrics(srv.Registry()), Logger: logger}

@@ -73,9 +73,11 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return err
 	}
 	defer db.Close()
-	if _, err := db.Migrate(ctx, schemas.Migrations()); err != nil {
+	migration, err := db.Migrate(ctx, schemas.Migrations())
+	if err != nil {
 		return err
 	}
+	migration.Log(logger, db.Version())
 
 	now := time.Now()
 	restored, err := history.RestoreAlerts(ctx, js, now.Add(-cfg.RestoreLookback))

@@ -7,6 +7,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/tokenscope/tokenscope/cli/internal/report"
@@ -19,6 +22,10 @@ type reportArgs struct {
 	filter  report.Filter
 	main    report.Range
 	compare *report.Range // the baseline ("before") range, when comparing
+	// sqlFile, when set, is a query to run instead of the table, with the values of its
+	// {name:Type} parameters in params.
+	sqlFile string
+	params  map[string]string
 }
 
 func parseReportArgs(args []string, now time.Time, loc *time.Location, stderr io.Writer) (reportArgs, error) {
@@ -35,8 +42,23 @@ func parseReportArgs(args []string, now time.Time, loc *time.Location, stderr io
 	fs.StringVar(&a.filter.Scene, "scene", "", "only this scene")
 	fs.StringVar(&a.filter.Env, "env", "", "only this env")
 	fs.BoolVar(&a.json, "json", false, "print JSON instead of a table")
+	fs.StringVar(&a.sqlFile, "sql", "", "run this SQL file (a query of schemas/clickhouse/queries, say) instead of the table, its {name:Type} parameters bound from --param")
+	fs.Func("param", "name=value of a {name:Type} parameter of --sql, repeated; a DateTime takes the times --from takes", func(v string) error {
+		name, value, ok := strings.Cut(v, "=")
+		if !ok || name == "" {
+			return fmt.Errorf("%q is not name=value", v)
+		}
+		if a.params == nil {
+			a.params = map[string]string{}
+		}
+		if _, dup := a.params[name]; dup {
+			return fmt.Errorf("%s given twice", name)
+		}
+		a.params[name] = value
+		return nil
+	})
 	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: tokenscope report [flags]\n\nThe per-bucket table from ClickHouse (CLICKHOUSE_ADDR, CLICKHOUSE_DB, CLICKHOUSE_USER,\nCLICKHOUSE_PASSWORD, CLICKHOUSE_TLS). A window belongs to a range when it starts in it.\n\n")
+		fmt.Fprint(stderr, "usage: tokenscope report [flags]\n       tokenscope report --sql FILE [--param name=value]... [--json]\n\nThe per-bucket table from ClickHouse (CLICKHOUSE_ADDR, CLICKHOUSE_DB, CLICKHOUSE_USER,\nCLICKHOUSE_PASSWORD, CLICKHOUSE_TLS). A window belongs to a range when it starts in it.\nWith --sql, the answer of a query whose {name:Type} parameters are bound here, so that\nany server runs it, 18.16 too.\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -44,6 +66,21 @@ func parseReportArgs(args []string, now time.Time, loc *time.Location, stderr io
 	}
 	if fs.NArg() > 0 {
 		return a, fmt.Errorf("unexpected argument %q (flags only)", fs.Arg(0))
+	}
+	if a.sqlFile != "" {
+		var other []string
+		fs.Visit(func(f *flag.Flag) {
+			if f.Name != "sql" && f.Name != "param" && f.Name != "json" {
+				other = append(other, "--"+f.Name)
+			}
+		})
+		if len(other) > 0 {
+			return a, fmt.Errorf("--sql takes its values from --param, not %s", strings.Join(other, ", "))
+		}
+		return a, nil
+	}
+	if len(a.params) > 0 {
+		return a, errors.New("--param goes with --sql")
 	}
 	at := func(name, v string, def time.Time) (time.Time, error) {
 		if v == "" {
@@ -114,6 +151,12 @@ func runReport(ctx context.Context, args []string, getenv func(string) string, s
 	if err != nil {
 		return err
 	}
+	var sql string
+	if a.sqlFile != "" {
+		if sql, err = readSQL(a.sqlFile, a.params, time.Now(), time.Local); err != nil {
+			return err
+		}
+	}
 	cfg, err := loadConfig(getenv)
 	if err != nil {
 		return err
@@ -123,6 +166,16 @@ func runReport(ctx context.Context, args []string, getenv func(string) string, s
 		return err
 	}
 	defer db.Close()
+	if sql != "" {
+		ans, err := report.Run(ctx, db.Conn(), sql)
+		if err != nil {
+			return err
+		}
+		if a.json {
+			return writeJSON(stdout, ans.JSON())
+		}
+		return report.WriteAnswer(stdout, ans)
+	}
 	if ok, err := hasRollups(ctx, db); err != nil {
 		return err
 	} else if !ok {
@@ -164,4 +217,51 @@ func writeJSON(w io.Writer, v any) error {
 		return fmt.Errorf("cannot write JSON: %w", err)
 	}
 	return nil
+}
+
+// maxSQLFile bounds the query file read.
+const maxSQLFile = 1 << 20
+
+// readSQL reads a query file and binds its {name:Type} parameters from params: every
+// placeholder needs a value and every value a placeholder. A DateTime takes what --from
+// takes (now-2h, 2026-11-30 10:00 in loc, RFC 3339) besides what chdb.Bind reads.
+func readSQL(file string, params map[string]string, now time.Time, loc *time.Location) (string, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return "", fmt.Errorf("cannot read --sql: %w", err)
+	}
+	defer f.Close()
+	raw, err := io.ReadAll(io.LimitReader(f, maxSQLFile+1))
+	if err != nil {
+		return "", fmt.Errorf("cannot read --sql: %w", err)
+	}
+	if len(raw) > maxSQLFile {
+		return "", fmt.Errorf("--sql %s is larger than %d bytes", file, maxSQLFile)
+	}
+	sql := string(raw)
+	values := map[string]string{}
+	used := map[string]bool{}
+	for _, p := range chdb.Params(sql) {
+		v, ok := params[p.Name]
+		if !ok {
+			return "", fmt.Errorf("%s needs --param %s=… (a %s)", file, p.Name, p.Type)
+		}
+		used[p.Name] = true
+		if p.Type == "DateTime" {
+			if t, err := report.ParseTime(v, now, loc); err == nil {
+				v = strconv.FormatInt(t.Unix(), 10)
+			}
+		}
+		values[p.Name] = v
+	}
+	for name := range params {
+		if !used[name] {
+			return "", fmt.Errorf("--param %s: %s has no {%s:…} parameter", name, file, name)
+		}
+	}
+	bound, err := chdb.Bind(sql, values)
+	if err != nil {
+		return "", fmt.Errorf("--sql %s: %w", file, err)
+	}
+	return bound, nil
 }

@@ -55,6 +55,11 @@ func TestParseReportArgs(t *testing.T) {
 		{name: "negative last", args: []string{"--last", "-1h"}, wantErr: "--last=-1h0m0s must be positive"},
 		{name: "argument", args: []string{"yesterday"}, wantErr: "unexpected argument"},
 		{name: "unknown flag", args: []string{"--since", "1h"}, wantErr: "flag provided but not defined"},
+		{name: "sql", args: []string{"--sql", "q.sql", "--param", "from=now-1h", "--param", "model=a=b", "--json"}, wantJSON: true},
+		{name: "sql with a range", args: []string{"--sql", "q.sql", "--last", "1h"}, wantErr: "--sql takes its values from --param, not --last"},
+		{name: "param without sql", args: []string{"--param", "a=b"}, wantErr: "--param goes with --sql"},
+		{name: "param not name=value", args: []string{"--sql", "q.sql", "--param", "ab"}, wantErr: `"ab" is not name=value`},
+		{name: "param twice", args: []string{"--sql", "q.sql", "--param", "a=1", "--param", "a=2"}, wantErr: "a given twice"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := parseReportArgs(tc.args, now, time.UTC, io.Discard)

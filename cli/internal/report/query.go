@@ -3,10 +3,13 @@ package report
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/tokenscope/tokenscope/pkg/chdb"
 )
 
 // Filter narrows a report; an empty field matches everything.
@@ -70,63 +73,56 @@ func (r Report) Seconds() float64 {
 	return r.End.Sub(r.First).Seconds()
 }
 
-// where returns the condition shared by every part of the query and its arguments.
-func where(r Range, f Filter) (string, []any) {
+// where returns the condition shared by every part of the query, with {name:Type}
+// parameters, and their values.
+func where(r Range, f Filter) (string, map[string]string) {
 	var b strings.Builder
-	fmt.Fprintf(&b, "window_start >= toDateTime(%d) AND window_start < toDateTime(%d)", r.From.Unix(), r.To.Unix())
-	var args []any
+	b.WriteString("window_start >= {from:DateTime} AND window_start < {to:DateTime}")
+	params := map[string]string{"from": strconv.FormatInt(r.From.Unix(), 10), "to": strconv.FormatInt(r.To.Unix(), 10)}
 	for _, c := range []struct{ col, v string }{{"model", f.Model}, {"scene", f.Scene}, {"env", f.Env}} {
 		if c.v != "" {
-			fmt.Fprintf(&b, " AND %s = ?", c.col)
-			args = append(args, c.v)
+			fmt.Fprintf(&b, " AND %[1]s = {%[1]s:String}", c.col)
+			params[c.col] = c.v
 		}
 	}
-	return b.String(), args
+	return b.String(), params
 }
 
 // tableSQL is the cookbook's percentiles_by_bucket.sql with counts, tokens and the sample
-// count of each digest added. ANY LEFT JOIN and toFloat64 keep it valid on ClickHouse 18.16.
+// count of each digest added: one digest per row and metric, quantilesTDigestWeighted over
+// the centroid arrays, which 18.16 and current servers both run.
 const tableSQL = `
 SELECT model, scene, bucket, lo, n_requests, n_ok, n_errors, n_timeouts, n_canceled, in_tokens, out_tokens,
-    ttft_n, ttft_p50, ttft_p95, ttft_p99, tpot_n, tpot_p50, tpot_p95, tpot_p99
+    ttft_n, toFloat64(ttft[1]) AS ttft_p50, toFloat64(ttft[2]) AS ttft_p95, toFloat64(ttft[3]) AS ttft_p99,
+    tpot_n, toFloat64(tpot[1]) AS tpot_p50, toFloat64(tpot[2]) AS tpot_p95, toFloat64(tpot[3]) AS tpot_p99
 FROM
 (
-    SELECT *
-    FROM
-    (
-        SELECT model, scene, bucket, min(bucket_lo) AS lo, sum(requests) AS n_requests, sum(ok) AS n_ok,
-            sum(errors) AS n_errors, sum(timeouts) AS n_timeouts, sum(canceled) AS n_canceled,
-            sum(input_tokens) AS in_tokens, sum(output_tokens) AS out_tokens
-        FROM token_rollups
-        WHERE %[1]s
-        GROUP BY model, scene, bucket
-    )
-    ANY LEFT JOIN
-    (
-        SELECT model, scene, bucket, sum(w) AS ttft_n,
-            toFloat64(quantileTDigestWeighted(0.50)(m, w)) AS ttft_p50,
-            toFloat64(quantileTDigestWeighted(0.95)(m, w)) AS ttft_p95,
-            toFloat64(quantileTDigestWeighted(0.99)(m, w)) AS ttft_p99
-        FROM token_rollups
-        ARRAY JOIN ttft_means AS m, ttft_weights AS w
-        WHERE %[1]s
-        GROUP BY model, scene, bucket
-    ) USING (model, scene, bucket)
-)
-ANY LEFT JOIN
-(
-    SELECT model, scene, bucket, sum(w) AS tpot_n,
-        toFloat64(quantileTDigestWeighted(0.50)(m, w)) AS tpot_p50,
-        toFloat64(quantileTDigestWeighted(0.95)(m, w)) AS tpot_p95,
-        toFloat64(quantileTDigestWeighted(0.99)(m, w)) AS tpot_p99
+    SELECT model, scene, bucket, min(bucket_lo) AS lo, sum(requests) AS n_requests, sum(ok) AS n_ok,
+        sum(errors) AS n_errors, sum(timeouts) AS n_timeouts, sum(canceled) AS n_canceled,
+        sum(input_tokens) AS in_tokens, sum(output_tokens) AS out_tokens,
+        sum(arraySum(ttft_weights)) AS ttft_n,
+        quantilesTDigestWeightedArray(0.50, 0.95, 0.99)(ttft_means, ttft_weights) AS ttft,
+        sum(arraySum(tpot_weights)) AS tpot_n,
+        quantilesTDigestWeightedArray(0.50, 0.95, 0.99)(tpot_means, tpot_weights) AS tpot
     FROM token_rollups
-    ARRAY JOIN tpot_means AS m, tpot_weights AS w
-    WHERE %[1]s
+    WHERE %s
     GROUP BY model, scene, bucket
-) USING (model, scene, bucket)
+)
 ORDER BY model, scene, lo`
 
 const spanSQL = `SELECT count(), min(window_start), max(window_start + window_seconds) FROM token_rollups WHERE %s`
+
+// queries returns the two queries a report sends, with their parameters bound, and the
+// same queries with {name:Type} placeholders and the values for them.
+func queries(r Range, f Filter) (span, table string, unbound [2]string, params map[string]string, err error) {
+	cond, params := where(r, f)
+	unbound = [2]string{fmt.Sprintf(spanSQL, cond), fmt.Sprintf(tableSQL, cond)}
+	if span, err = chdb.Bind(unbound[0], params); err != nil {
+		return
+	}
+	table, err = chdb.Bind(unbound[1], params)
+	return
+}
 
 // Query reads the per-bucket table of r under f from token_rollups.
 func Query(ctx context.Context, conn driver.Conn, r Range, f Filter) (Report, error) {
@@ -134,11 +130,14 @@ func Query(ctx context.Context, conn driver.Conn, r Range, f Filter) (Report, er
 		return Report{}, fmt.Errorf("cannot report on an empty range: from %s is not before to %s", r.From.Format(time.RFC3339), r.To.Format(time.RFC3339))
 	}
 	rep := Report{Range: Range{From: r.From.UTC(), To: r.To.UTC()}, Filter: f, Rows: []Row{}}
-	cond, args := where(r, f)
+	span, table, _, _, err := queries(r, f)
+	if err != nil {
+		return rep, err
+	}
 
 	var windows uint64
 	var first, end time.Time
-	if err := conn.QueryRow(ctx, fmt.Sprintf(spanSQL, cond), args...).Scan(&windows, &first, &end); err != nil {
+	if err := conn.QueryRow(ctx, span).Scan(&windows, &first, &end); err != nil {
 		return rep, fmt.Errorf("cannot read token_rollups: %w", err)
 	}
 	if windows == 0 {
@@ -146,11 +145,7 @@ func Query(ctx context.Context, conn driver.Conn, r Range, f Filter) (Report, er
 	}
 	rep.First, rep.End = first.UTC(), end.UTC()
 
-	all := make([]any, 0, 3*len(args))
-	for range 3 {
-		all = append(all, args...)
-	}
-	rows, err := conn.Query(ctx, fmt.Sprintf(tableSQL, cond), all...)
+	rows, err := conn.Query(ctx, table)
 	if err != nil {
 		return rep, fmt.Errorf("cannot query the per-bucket table: %w", err)
 	}
@@ -162,6 +157,11 @@ func Query(ctx context.Context, conn driver.Conn, r Range, f Filter) (Report, er
 			&x.InputTokens, &x.OutputTokens, &x.TTFT.N, &x.TTFT.P50, &x.TTFT.P95, &x.TTFT.P99,
 			&x.TPOT.N, &x.TPOT.P50, &x.TPOT.P95, &x.TPOT.P99); err != nil {
 			return rep, fmt.Errorf("cannot read a per-bucket row: %w", err)
+		}
+		for _, p := range []*Percentiles{&x.TTFT, &x.TPOT} {
+			if p.N == 0 { // nan from a digest of nothing
+				p.P50, p.P95, p.P99 = 0, 0, 0
+			}
 		}
 		if x.Requests > 0 {
 			x.ErrorRate = float64(x.Errors) / float64(x.Requests)

@@ -83,28 +83,33 @@ func seq(from, to float64) []float64 {
 
 func near(got, want, tol float64) bool { return math.Abs(got-want) <= tol*math.Abs(want) }
 
+// knownWindows are the rows TestQuery knows the answers for.
+func knownWindows(base time.Time) []window {
+	return []window{
+		// Two windows of the short bucket: 90 fast requests, then 10 slow ones. The merged
+		// P95 is the slow ones' latency; averaging the windows' P95s would give about half.
+		{start: base, model: "qwen", scene: "chat", env: "prod", bucket: "0-500", lo: 0, ok: 88, errors: 1, timeouts: 1,
+			in: 9000, out: 4000, ttft: repeat(100, 90), tpot: repeat(20, 88)},
+		{start: base.Add(10 * time.Second), model: "qwen", scene: "chat", env: "prod", bucket: "0-500", lo: 0, ok: 10,
+			in: 1000, out: 1000, ttft: repeat(1000, 10), tpot: repeat(40, 10)},
+		// A long bucket listed after the short one although its label sorts first.
+		{start: base, model: "qwen", scene: "chat", env: "prod", bucket: "32000+", lo: 32000, ok: 100,
+			in: 4e6, out: 1000, ttft: seq(1, 100), tpot: seq(101, 200)},
+		// Only errors: no latency samples.
+		{start: base, model: "qwen", scene: "chat", env: "prod", bucket: "2000-8000", lo: 2000, errors: 4, in: 12000},
+		// Other labels, for the filters.
+		{start: base, model: "llama", scene: "code", env: "staging", bucket: "0-500", lo: 0, ok: 5,
+			in: 500, out: 50, ttft: repeat(50, 5), tpot: repeat(5, 5)},
+		// Outside the range.
+		{start: base.Add(time.Hour), model: "qwen", scene: "chat", env: "prod", bucket: "0-500", lo: 0, ok: 1000,
+			in: 1, out: 1, ttft: repeat(9999, 1000), tpot: repeat(9999, 1000)},
+	}
+}
+
 func TestQuery(t *testing.T) {
 	db := openDB(t)
 	base := time.Date(2026, 3, 2, 10, 0, 0, 0, time.UTC)
-	insert(t, db,
-		// Two windows of the short bucket: 90 fast requests, then 10 slow ones. The merged
-		// P95 is the slow ones' latency; averaging the windows' P95s would give about half.
-		window{start: base, model: "qwen", scene: "chat", env: "prod", bucket: "0-500", lo: 0, ok: 88, errors: 1, timeouts: 1,
-			in: 9000, out: 4000, ttft: repeat(100, 90), tpot: repeat(20, 88)},
-		window{start: base.Add(10 * time.Second), model: "qwen", scene: "chat", env: "prod", bucket: "0-500", lo: 0, ok: 10,
-			in: 1000, out: 1000, ttft: repeat(1000, 10), tpot: repeat(40, 10)},
-		// A long bucket listed after the short one although its label sorts first.
-		window{start: base, model: "qwen", scene: "chat", env: "prod", bucket: "32000+", lo: 32000, ok: 100,
-			in: 4e6, out: 1000, ttft: seq(1, 100), tpot: seq(101, 200)},
-		// Only errors: no latency samples.
-		window{start: base, model: "qwen", scene: "chat", env: "prod", bucket: "2000-8000", lo: 2000, errors: 4, in: 12000},
-		// Other labels, for the filters.
-		window{start: base, model: "llama", scene: "code", env: "staging", bucket: "0-500", lo: 0, ok: 5,
-			in: 500, out: 50, ttft: repeat(50, 5), tpot: repeat(5, 5)},
-		// Outside the range.
-		window{start: base.Add(time.Hour), model: "qwen", scene: "chat", env: "prod", bucket: "0-500", lo: 0, ok: 1000,
-			in: 1, out: 1, ttft: repeat(9999, 1000), tpot: repeat(9999, 1000)},
-	)
+	insert(t, db, knownWindows(base)...)
 	ctx := context.Background()
 	r := Range{From: base, To: base.Add(30 * time.Minute)}
 

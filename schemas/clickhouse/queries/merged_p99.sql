@@ -1,9 +1,11 @@
 -- P99 and P99.9 of TTFT (ms) for one model over any range of windows — an hour, a day, a
--- week — merged from the t-digest centroids. Parameters: from, to (DateTime), model (String).
-SELECT
-    sum(w) AS samples,
-    toFloat64(quantileTDigestWeighted(0.99)(m, w)) AS ttft_p99,
-    toFloat64(quantileTDigestWeighted(0.999)(m, w)) AS ttft_p999
-FROM token_rollups
-ARRAY JOIN ttft_means AS m, ttft_weights AS w
-WHERE window_start >= {from:DateTime} AND window_start < {to:DateTime} AND model = {model:String}
+-- week — merged from the t-digest centroids: quantilesTDigestWeighted over the means and
+-- weights arrays, both levels from one digest. Parameters: from, to (DateTime), model (String).
+SELECT samples, toFloat64(q[1]) AS ttft_p99, toFloat64(q[2]) AS ttft_p999
+FROM
+(
+    SELECT sum(arraySum(ttft_weights)) AS samples,
+        quantilesTDigestWeightedArray(0.99, 0.999)(ttft_means, ttft_weights) AS q
+    FROM token_rollups
+    WHERE window_start >= {from:DateTime} AND window_start < {to:DateTime} AND model = {model:String}
+)

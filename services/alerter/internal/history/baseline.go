@@ -53,7 +53,8 @@ FROM (` + seriesWindows + `)
 GROUP BY env, scene, model, bucket, step`
 
 // Hosts: output tokens of an instance's token rows joined with its host's GPU rows per
-// window; utilisation weighted by samples over GPUs and corrections.
+// window; utilisation weighted by samples over GPUs and corrections. Current servers require
+// the joined subqueries to be named.
 const hostCells = `
 SELECT host, toUInt32(intDiv(toUInt32(window_start), %d) * %d) AS step, max(window_start) AS last,
     countIf(util > 0), avgIf(tps / util, util > 0), varPopIf(tps / util, util > 0), groupArrayIf(3)(tps / util, util > 0),
@@ -65,13 +66,13 @@ FROM (
         WHERE window_start >= toDateTime(%d) AND window_start < toDateTime(%d) AND instance != ''
         GROUP BY window_start, host
         HAVING sum(requests) > 0
-    ) ALL INNER JOIN (
+    ) AS tokens ALL INNER JOIN (
         SELECT window_start, host,
             sum(util_avg * greatest(samples, 1)) / sum(greatest(samples, 1)) AS util, sum(energy_j) AS energy
         FROM gpu_rollups
         WHERE window_start >= toDateTime(%d) AND window_start < toDateTime(%d)
         GROUP BY window_start, host
-    ) USING (window_start, host)
+    ) AS gpus USING (window_start, host)
 )
 GROUP BY host, step`
 

@@ -1,0 +1,209 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tokenscope/tokenscope/pkg/chdb"
+	"github.com/tokenscope/tokenscope/pkg/testbed"
+	"github.com/tokenscope/tokenscope/schemas"
+)
+
+// TestReportSQL runs every cookbook query through `tokenscope report --sql` on 18.16, which
+// cannot bind parameters itself, and the same files on ClickHouse 26.7 (chDB) with the
+// server binding them, over the same rows: the same answers both ways.
+func TestReportSQL(t *testing.T) {
+	cfg := testbed.ClickHouse(t)
+	ctx := context.Background()
+	db, err := chdb.Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Migrate(ctx, schemas.Migrations()); err != nil {
+		t.Fatal(err)
+	}
+	// Recent rows: a current server drops, as it inserts them, rows past the tables' TTL
+	// (requests: 30 days).
+	base := time.Now().UTC().Truncate(time.Minute).Add(-30 * time.Minute)
+	b, err := db.Conn().PrepareBatch(ctx, "INSERT INTO token_rollups (window_start, window_seconds, kind, env, scene, model, bucket, bucket_lo, requests, ok, errors, timeouts, input_tokens, output_tokens, cached_input_tokens, cost_usd, ttft_means, ttft_weights)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		model := []string{"qwen2.5-72b", "it's"}[i%2]
+		means := []float64{100 + float64(i), 200 + float64(i), 900}
+		if err := b.Append(base.Add(time.Duration(i)*15*time.Second), uint32(15), "window", "prod", "chat", model, "0-500", uint32(0),
+			uint64(12), uint64(10), uint64(1), uint64(1), uint64(1000+i), uint64(500), uint64(100), 0.01, means, []uint64{5, 4, 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Send(); err != nil {
+		t.Fatal(err)
+	}
+	rb, err := db.Conn().PrepareBatch(ctx, "INSERT INTO requests (ts, event_id, env, scene, model, status, error_code, conversation_id, turn, outcome, cost_usd, input_tokens, output_tokens)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 6 {
+		status, code := "ok", ""
+		if i == 5 {
+			status, code = "error", "429"
+		}
+		outcome := ""
+		if i == 2 {
+			outcome = "completed"
+		}
+		if err := rb.Append(base.Add(time.Duration(i)*time.Second), "e"+strconv.Itoa(i), "prod", "chat", "qwen2.5-72b", status, code,
+			"c"+strconv.Itoa(i/3), uint32(i%3+1), outcome, 0.5, uint32(100), uint32(10)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := rb.Send(); err != nil {
+		t.Fatal(err)
+	}
+
+	getenv := func(k string) string {
+		return map[string]string{"CLICKHOUSE_ADDR": cfg.Addr, "CLICKHOUSE_DB": cfg.DB, "CLICKHOUSE_USER": cfg.User, "CLICKHOUSE_PASSWORD": cfg.Password}[k]
+	}
+	dir := filepath.Join(rootDir(t), "schemas", "clickhouse", "queries")
+	files, err := filepath.Glob(filepath.Join(dir, "*.sql"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("cookbook: %v %v", files, err)
+	}
+	all := map[string]string{"from": base.Format(time.RFC3339), "to": base.Add(time.Hour).Format(time.RFC3339), "model": "it's", "limit": "10"}
+	serverParams := map[string]string{"from": strconv.FormatInt(base.Unix(), 10), "to": strconv.FormatInt(base.Add(time.Hour).Unix(), 10), "model": "it's", "limit": "10"}
+	args := func(file string) []string {
+		raw, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := []string{"report", "--sql", file, "--json"}
+		for _, p := range chdb.Params(string(raw)) {
+			a = append(a, "--param", p.Name+"="+all[p.Name])
+		}
+		return a
+	}
+	answers := map[string][]map[string]any{}
+	for _, file := range files {
+		var out, errs bytes.Buffer
+		if err := run(ctx, args(file), getenv, &out, &errs); err != nil {
+			t.Fatalf("%s: %v\n%s", filepath.Base(file), err, errs.String())
+		}
+		var rows []map[string]any
+		if err := json.Unmarshal(out.Bytes(), &rows); err != nil {
+			t.Fatalf("%s: %v\n%s", filepath.Base(file), err, out.String())
+		}
+		if len(rows) == 0 {
+			t.Errorf("%s: no rows", filepath.Base(file))
+		}
+		answers[filepath.Base(file)] = rows
+	}
+	// The model whose name holds a quote: 10 windows of 10 samples.
+	if got := answers["merged_p99.sql"][0]; got["samples"] != float64(100) || got["ttft_p99"].(float64) < 800 {
+		t.Errorf("merged_p99 = %v, want 100 samples and a p99 in the slow centroid", got)
+	}
+	if got := answers["error_codes.sql"]; len(got) != 1 || got[0]["error_code"] != "429" || got[0]["requests"] != float64(1) {
+		t.Errorf("error_codes = %v", got)
+	}
+
+	var table bytes.Buffer
+	if err := run(ctx, []string{"report", "--sql", filepath.Join(dir, "error_vs_timeout.sql"), "--param", "from=" + base.Local().Format("2006-01-02 15:04"), "--param", "to=now"}, getenv, &table, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(table.String(), "model") || !strings.Contains(table.String(), "qwen2.5-72b") || !strings.Contains(table.String(), "2 rows") {
+		t.Errorf("table:\n%s", table.String())
+	}
+	for _, bad := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"report", "--sql", filepath.Join(dir, "merged_p99.sql"), "--param", "from=now-1h", "--param", "to=now"}, "needs --param model=… (a String)"},
+		{[]string{"report", "--sql", filepath.Join(dir, "error_codes.sql"), "--param", "from=now-1h", "--param", "to=now", "--param", "model=x"}, "--param model: "},
+		{[]string{"report", "--sql", filepath.Join(dir, "cost_per_conversation.sql"), "--param", "from=now-1h", "--param", "to=now", "--param", "limit=-1"}, `limit="-1" is not a UInt32`},
+		{[]string{"report", "--sql", filepath.Join(dir, "nope.sql")}, "cannot read --sql"},
+	} {
+		if err := run(ctx, bad.args, getenv, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("%v: %v, want an error containing %q", bad.args[2:], err, bad.want)
+		}
+	}
+
+	t.Run("current", func(t *testing.T) {
+		cur := testbed.CurrentClickHouse(t)
+		if _, err := chdb.MigrateOn(ctx, cur, cur.DB, cur.Version, schemas.Migrations()); err != nil {
+			t.Fatal(err)
+		}
+		if err := testbed.CopyTables(ctx, db.Conn(), cfg.DB, cur, "token_rollups", "requests"); err != nil {
+			t.Fatal(err)
+		}
+		for _, file := range files {
+			name := filepath.Base(file)
+			raw, err := fs.ReadFile(schemas.Queries, "clickhouse/queries/"+name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := cur.Query(string(raw), serverParams)
+			if err != nil {
+				t.Fatalf("%s on ClickHouse %s: %v", name, cur.Version, err)
+			}
+			want := answers[name]
+			if len(res.Rows) != len(want) {
+				t.Errorf("%s: %d rows on ClickHouse %s, %d through report --sql on 18.16", name, len(res.Rows), cur.Version, len(want))
+				continue
+			}
+			for i, row := range res.Rows {
+				for j, col := range res.Columns {
+					got, w := row[j], want[i][col.Name]
+					if !sameJSON(got, w) {
+						t.Errorf("%s row %d %s: %v on ClickHouse %s, %v through report --sql on 18.16", name, i+1, col.Name, got, cur.Version, w)
+					}
+				}
+			}
+		}
+	})
+}
+
+// sameJSON compares a value of a testbed.Result with what report --json printed for it;
+// t-digest quantiles (which current servers read off singleton centroids without 18.16's
+// interpolation) within 10 %.
+func sameJSON(got, want any) bool {
+	var g float64
+	switch x := got.(type) {
+	case uint64:
+		g = float64(x)
+	case int64:
+		g = float64(x)
+	case float64:
+		g = x
+	case time.Time:
+		w, err := time.Parse(time.RFC3339, want.(string))
+		return err == nil && w.Equal(x)
+	default:
+		return got == want
+	}
+	w, ok := want.(float64)
+	if want == nil && math.IsNaN(g) {
+		return true // report --json prints nan as null
+	}
+	if !ok {
+		return false
+	}
+	if g == w {
+		return true
+	}
+	d := g - w
+	if d < 0 {
+		d = -d
+	}
+	return d <= 0.1*max(g, w)
+}
