@@ -248,3 +248,53 @@ func scalarIn(t *testing.T, db *chdb.DB, q string) uint64 {
 	}
 	return n
 }
+
+// TestPartlyStoredBatch: a batch of raw requests that an earlier attempt stored in part (a
+// Distributed insert that one shard committed and another failed leaves that) is completed
+// by the retry, which writes only the positions missing, and no event is stored twice.
+func TestPartlyStoredBatch(t *testing.T) {
+	b := newBed(t)
+	startAggregator(t, b.env(envVars{"AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "1s", "AGG_GPU": "false", "AGG_LOG_LEVEL": "error"}))
+	const n = 2000
+	base := time.Now().UTC().Add(-2 * time.Minute)
+	evs := make([]events.RequestEvent, n)
+	for i := range evs {
+		evs[i] = events.RequestEvent{V: 1, EventID: events.NewEventID(), TS: base.Add(time.Duration(i) * 10 * time.Millisecond), Model: "m",
+			Scene: "chat", Env: "prod", InputTokens: 10, OutputTokens: 5, TTFTMs: 20, TotalMs: 100, Status: events.StatusOK}
+	}
+	b.publish(t, evs[:1]) // stream position 1
+	b.waitRows(t, 30*time.Second, 1, "SELECT count() FROM requests")
+
+	// Inserts fail while the table is away; the flush holding positions 2… is retried.
+	ctx := context.Background()
+	if err := b.db.Conn().Exec(ctx, "RENAME TABLE requests TO requests_away"); err != nil {
+		t.Fatal(err)
+	}
+	b.publish(t, evs[1:])
+	time.Sleep(3 * time.Second)
+	// Position 2, the first of the held batch, is stored, as a failed attempt may leave it.
+	batch, err := b.db.Conn().PrepareBatch(ctx, "INSERT INTO requests_away (ts, event_id, env, scene, model, bucket, status, consumer, stream_seq)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &evs[1]
+	if err := batch.Append(e.TS, e.EventID, e.Env, e.Scene, e.Model, "0-500", string(e.Status), "aggregator", uint64(2)); err != nil {
+		t.Fatal(err)
+	}
+	if err := batch.Send(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.db.Conn().Exec(ctx, "RENAME TABLE requests_away TO requests"); err != nil {
+		t.Fatal(err)
+	}
+
+	b.waitRows(t, time.Minute, n, "SELECT count() FROM requests")
+	b.waitRows(t, time.Minute, n, "SELECT sum(requests) FROM token_rollups")
+	if u := b.scalar(t, "SELECT uniqExact(event_id) FROM requests"); u != n {
+		t.Fatalf("%d distinct events in requests, want %d", u, n)
+	}
+	time.Sleep(time.Second)
+	if got := b.scalar(t, "SELECT count() FROM requests"); got != n {
+		t.Fatalf("count() of requests moved on to %d", got)
+	}
+}

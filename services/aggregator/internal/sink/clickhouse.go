@@ -149,14 +149,28 @@ func (c *ClickHouse) RowsOfFlush(ctx context.Context, table, flushID string) (ui
 	return n, nil
 }
 
-// RequestsIn counts this consumer's stored requests with stream positions in [lo, hi].
-func (c *ClickHouse) RequestsIn(ctx context.Context, lo, hi uint64) (uint64, error) {
-	var n uint64
-	q := "SELECT count() FROM requests WHERE consumer = ? AND stream_seq >= ? AND stream_seq <= ?"
-	if err := c.conn.QueryRow(fullRead(ctx), q, c.consumer, lo, hi).Scan(&n); err != nil {
-		return 0, fmt.Errorf("cannot count stored requests: %w", err)
+// RequestSeqsIn returns, in order, the stream positions of this consumer's stored requests in
+// [lo, hi]: what an earlier attempt at a batch stored, all of it, none, or, through a
+// Distributed table whose shards did not all take their rows, a part.
+func (c *ClickHouse) RequestSeqsIn(ctx context.Context, lo, hi uint64) ([]uint64, error) {
+	q := "SELECT stream_seq FROM requests WHERE consumer = ? AND stream_seq >= ? AND stream_seq <= ? ORDER BY stream_seq"
+	rows, err := c.conn.Query(fullRead(ctx), q, c.consumer, lo, hi)
+	if err != nil {
+		return nil, fmt.Errorf("cannot list stored requests: %w", err)
 	}
-	return n, nil
+	defer rows.Close()
+	var seqs []uint64
+	for rows.Next() {
+		var seq uint64
+		if err := rows.Scan(&seq); err != nil {
+			return nil, fmt.Errorf("cannot list stored requests: %w", err)
+		}
+		seqs = append(seqs, seq)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("cannot list stored requests: %w", err)
+	}
+	return seqs, nil
 }
 
 // Done reads the ledger of table back: per window start, the highest stream position whose
