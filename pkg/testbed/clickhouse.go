@@ -83,6 +83,8 @@ type ClickHouseServer struct {
 	Addr     string // native protocol, host:port
 	HTTPAddr string
 	Dir      string
+	bin      []string // the command line that runs the server
+	config   string   // its --config-file
 	cmd      *exec.Cmd
 	exited   chan struct{} // closed when the process has exited
 	stopOnce sync.Once
@@ -107,29 +109,91 @@ func StartClickHouse(dir string) (*ClickHouseServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	args := append(bin[1:], "--config-file="+config)
-	cmd := exec.Command(bin[0], args...)
-	cmd.Dir = dir
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("cannot start %s: %w", bin[0], err)
-	}
 	s := &ClickHouseServer{
 		Addr:     "127.0.0.1:" + strconv.Itoa(tcpPort),
 		HTTPAddr: "127.0.0.1:" + strconv.Itoa(httpPort),
 		Dir:      dir,
-		cmd:      cmd,
-		exited:   make(chan struct{}),
+		bin:      bin,
+		config:   config,
 	}
-	go func() { _ = cmd.Wait(); close(s.exited) }()
-	if err := chserver.WaitReady(context.Background(), s.Addr, s.exited, 60*time.Second); err != nil {
-		s.Stop()
-		logTail, _ := os.ReadFile(chserver.ErrLog(dir))
-		return nil, fmt.Errorf("%w; output: %s; error log: %s", err, tail(out.String()), tail(string(logTail)))
+	if err := s.start(); err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
 	}
 	return s, nil
+}
+
+// start runs the server process and waits until it answers queries.
+func (s *ClickHouseServer) start() error {
+	args := append(s.bin[1:len(s.bin):len(s.bin)], "--config-file="+s.config)
+	cmd := exec.Command(s.bin[0], args...)
+	cmd.Dir = s.Dir
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("cannot start %s: %w", s.bin[0], err)
+	}
+	exited := make(chan struct{})
+	s.cmd, s.exited = cmd, exited
+	go func() { _ = cmd.Wait(); close(exited) }()
+	if err := chserver.WaitReady(context.Background(), s.Addr, exited, 60*time.Second); err != nil {
+		s.halt()
+		logTail, _ := os.ReadFile(chserver.ErrLog(s.Dir))
+		return fmt.Errorf("%w; output: %s; error log: %s", err, tail(out.String()), tail(string(logTail)))
+	}
+	return nil
+}
+
+// Halt stops the server process, keeping its folder and ports, the way a node goes down:
+// clients are refused until Restart.
+func (s *ClickHouseServer) Halt() error {
+	if s.cmd == nil {
+		return errors.New("the ClickHouse server was not started by the testbed")
+	}
+	s.halt()
+	return nil
+}
+
+// Restart starts a halted server again on its folder and ports and waits until it answers.
+func (s *ClickHouseServer) Restart() error {
+	if s.cmd == nil {
+		return errors.New("the ClickHouse server was not started by the testbed")
+	}
+	select {
+	case <-s.exited:
+	default:
+		return errors.New("the ClickHouse server is running")
+	}
+	return s.start()
+}
+
+// AddConfig writes a configuration file that the server merges into its own: name is
+// relative to the server's folder, "config.d/<file>.xml" for the server's configuration or
+// "users.d/<file>.xml" for users and profiles, an XML document whose root element is
+// <yandex>. A running server reloads it within seconds for the sections ClickHouse reloads
+// (remote_servers, profiles among them).
+func (s *ClickHouseServer) AddConfig(name, xml string) error {
+	path := filepath.Join(s.Dir, name)
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("cannot create the folder of %s: %w", name, err)
+	}
+	if err := os.WriteFile(path, []byte(xml), 0o644); err != nil {
+		return fmt.Errorf("cannot write the ClickHouse configuration %s: %w", name, err)
+	}
+	return nil
+}
+
+// halt stops the process (SIGTERM, then SIGKILL after 15 s) and waits until it has exited.
+func (s *ClickHouseServer) halt() {
+	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGCONT)
+	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-s.exited:
+	case <-time.After(15 * time.Second):
+		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+		<-s.exited
+	}
 }
 
 // CPU returns the CPU time, user and system, the server process has used (see ProcessCPU);
@@ -184,14 +248,7 @@ func (s *ClickHouseServer) Stop() {
 		if s.cmd == nil {
 			return
 		}
-		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGCONT)
-		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGTERM)
-		select {
-		case <-s.exited:
-		case <-time.After(15 * time.Second):
-			_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
-			<-s.exited
-		}
+		s.halt()
 		_ = os.RemoveAll(s.Dir)
 	})
 }

@@ -3,7 +3,6 @@ package pipeline
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"log/slog"
 	"strconv"
 	"time"
@@ -193,8 +192,6 @@ func (s *tokenStage) cut(now time.Time, seqThrough uint64) flush {
 	}
 	if s.pendingRequests() > 0 {
 		f.reqs = s.reqs
-		lo, hi := f.reqs.SeqRange()
-		f.reqsKnown = s.stored.countIn(lo, hi)
 		s.reqs, s.spare = s.spare, nil
 		if s.reqs == nil { // the last flush, interrupted by shutdown, still holds the spare
 			s.reqs = s.writer.NewBuffer()
@@ -210,7 +207,6 @@ type tokenFlush struct {
 	rows        []events.TokenRollup
 	starts      []time.Time
 	reqs        *sink.Requests
-	reqsKnown   uint64 // requests stored before the start with positions in reqs' range
 	reqsWritten bool
 	attempt     int
 }
@@ -234,19 +230,17 @@ func (f *tokenFlush) write(ctx context.Context, now time.Time) error {
 		}
 	}
 	if f.reqs != nil && !f.reqsWritten {
-		lo, hi := f.reqs.SeqRange()
-		stored := uint64(0)
 		if f.attempt > 1 {
-			n, err := sk.RequestsIn(ctx, lo, hi)
+			// An earlier attempt may have stored the batch in part (a Distributed table
+			// whose shards did not all take their rows): write only what is missing.
+			lo, hi := f.reqs.SeqRange()
+			stored, err := sk.RequestSeqsIn(ctx, lo, hi)
 			if err != nil {
 				return err
 			}
-			stored = n - min(n, f.reqsKnown)
+			f.reqs.Drop(stored)
 		}
-		if stored != uint64(f.reqs.Len()) {
-			if stored != 0 {
-				return fmt.Errorf("cannot settle flush %s: %d of %d requests are stored", f.ledger.FlushID, stored, f.reqs.Len())
-			}
+		if f.reqs.Len() > 0 {
 			if err := f.stage.writer.Write(ctx, f.reqs, sk.QueryID(f.ledger.FlushID+"-requests-"+strconv.Itoa(f.attempt))); err != nil {
 				return err
 			}

@@ -17,13 +17,6 @@ func (s *storedSet) has(seq uint64) bool {
 	return s.seqs[i] == seq
 }
 
-// countIn returns how many stored positions lie in [lo, hi].
-func (s *storedSet) countIn(lo, hi uint64) uint64 {
-	a := sort.Search(len(s.seqs), func(i int) bool { return s.seqs[i] >= lo })
-	b := sort.Search(len(s.seqs), func(i int) bool { return s.seqs[i] > hi })
-	return uint64(b - a)
-}
-
 // passed lets the set go once everything consumed from now on lies after its last position.
 func (s *storedSet) passed(seq uint64) {
 	if len(s.seqs) > 0 && seq >= s.seqs[len(s.seqs)-1] {

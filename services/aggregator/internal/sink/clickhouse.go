@@ -42,6 +42,13 @@ func syncInsert(ctx context.Context) context.Context {
 	return clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{"insert_distributed_sync": 1}))
 }
 
+// fullRead makes a read through a Distributed table fail while a shard cannot answer, even
+// where the user's profile sets skip_unavailable_shards: the ledger read from the shards
+// that answer would leave out what the others store, and a restart would write it again.
+func fullRead(ctx context.Context) context.Context {
+	return clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{"skip_unavailable_shards": 0}))
+}
+
 // Settle waits, up to ctx, until no insert of this consumer's whose id (after the consumer's
 // name) starts with prefix runs on the server; an empty prefix waits for all of them. An
 // insert abandoned by its client (a timeout while the server hung, or a process killed after
@@ -130,27 +137,41 @@ func (c *ClickHouse) WriteGPURollups(ctx context.Context, rows []events.GPURollu
 func (c *ClickHouse) RowsOfFlush(ctx context.Context, table, flushID string) (uint64, error) {
 	var n uint64
 	q := "SELECT count() FROM " + table + " WHERE consumer = ? AND flush_id = ?"
-	if err := c.conn.QueryRow(ctx, q, c.consumer, flushID).Scan(&n); err != nil {
+	if err := c.conn.QueryRow(fullRead(ctx), q, c.consumer, flushID).Scan(&n); err != nil {
 		return 0, fmt.Errorf("cannot count the rows of flush %s in %s: %w", flushID, table, err)
 	}
 	return n, nil
 }
 
-// RequestsIn counts this consumer's stored requests with stream positions in [lo, hi].
-func (c *ClickHouse) RequestsIn(ctx context.Context, lo, hi uint64) (uint64, error) {
-	var n uint64
-	q := "SELECT count() FROM requests WHERE consumer = ? AND stream_seq >= ? AND stream_seq <= ?"
-	if err := c.conn.QueryRow(ctx, q, c.consumer, lo, hi).Scan(&n); err != nil {
-		return 0, fmt.Errorf("cannot count stored requests: %w", err)
+// RequestSeqsIn returns, in order, the stream positions of this consumer's stored requests in
+// [lo, hi]: what an earlier attempt at a batch stored, all of it, none, or, through a
+// Distributed table whose shards did not all take their rows, a part.
+func (c *ClickHouse) RequestSeqsIn(ctx context.Context, lo, hi uint64) ([]uint64, error) {
+	q := "SELECT stream_seq FROM requests WHERE consumer = ? AND stream_seq >= ? AND stream_seq <= ? ORDER BY stream_seq"
+	rows, err := c.conn.Query(fullRead(ctx), q, c.consumer, lo, hi)
+	if err != nil {
+		return nil, fmt.Errorf("cannot list stored requests: %w", err)
 	}
-	return n, nil
+	defer rows.Close()
+	var seqs []uint64
+	for rows.Next() {
+		var seq uint64
+		if err := rows.Scan(&seq); err != nil {
+			return nil, fmt.Errorf("cannot list stored requests: %w", err)
+		}
+		seqs = append(seqs, seq)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("cannot list stored requests: %w", err)
+	}
+	return seqs, nil
 }
 
 // Done reads the ledger of table back: per window start, the highest stream position whose
 // events its rows cover, for rows past afterSeq (the consumer's ack floor).
 func (c *ClickHouse) Done(ctx context.Context, table string, afterSeq uint64) (map[time.Time]uint64, error) {
 	q := "SELECT window_start, max(seq_through) FROM " + table + " WHERE consumer = ? AND seq_through > ? GROUP BY window_start"
-	rows, err := c.conn.Query(ctx, q, c.consumer, afterSeq)
+	rows, err := c.conn.Query(fullRead(ctx), q, c.consumer, afterSeq)
 	if err != nil {
 		return nil, fmt.Errorf("cannot read the ledger of %s: %w", table, err)
 	}
@@ -175,7 +196,7 @@ func (c *ClickHouse) Done(ctx context.Context, table string, afterSeq uint64) (m
 // by position, so a position that never reached the table — whatever the reason — is written
 // when it comes again, and no high-water mark claims it.
 func (c *ClickHouse) StoredRequests(ctx context.Context, afterSeq uint64) ([]uint64, error) {
-	rows, err := c.conn.Query(ctx, "SELECT stream_seq FROM requests WHERE consumer = ? AND stream_seq > ? ORDER BY stream_seq", c.consumer, afterSeq)
+	rows, err := c.conn.Query(fullRead(ctx), "SELECT stream_seq FROM requests WHERE consumer = ? AND stream_seq > ? ORDER BY stream_seq", c.consumer, afterSeq)
 	if err != nil {
 		return nil, fmt.Errorf("cannot read the requests ledger: %w", err)
 	}

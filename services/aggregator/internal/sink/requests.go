@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -269,6 +270,75 @@ func (r *Requests) body() io.Reader {
 		rs = append(rs, bytes.NewReader(b))
 	}
 	return io.MultiReader(append(rs, bytes.NewReader(r.cur))...)
+}
+
+// Drop removes the rows whose stream positions are in stored (ascending), in place, and
+// returns how many it removed: what is left is what an earlier, partly stored attempt did
+// not store. Rows never span blocks, so each block is compacted on its own.
+func (r *Requests) Drop(stored []uint64) int {
+	if len(stored) == 0 || r.n == 0 {
+		return 0
+	}
+	dropped := 0
+	r.n, r.lo, r.hi, r.size = 0, 0, 0, 0
+	compact := func(b []byte) []byte {
+		w := 0
+		for i := 0; i < len(b); {
+			n := r.rowLen(b[i:])
+			seq := binary.LittleEndian.Uint64(b[i+n-8 : i+n]) // stream_seq is the last column
+			if _, found := slices.BinarySearch(stored, seq); found {
+				dropped++
+			} else {
+				w += copy(b[w:], b[i:i+n])
+				if r.n == 0 {
+					r.lo = seq
+				}
+				r.hi = seq
+				r.n++
+			}
+			i += n
+		}
+		return b[:w]
+	}
+	for i, b := range r.full {
+		r.full[i] = compact(b)
+		r.size += len(r.full[i])
+	}
+	r.cur = compact(r.cur)
+	return dropped
+}
+
+// rowLen returns the length of the row b starts with, as Add encoded it (the types of
+// requestColumns).
+func (r *Requests) rowLen(b []byte) int {
+	i := 0
+	for _, c := range requestColumns {
+		switch c.typ {
+		case "DateTime":
+			if r.tsMillis {
+				i += 8
+			} else {
+				i += 4
+			}
+		case "String":
+			n, k := binary.Uvarint(b[i:])
+			i += k + int(n)
+		case "UInt8":
+			i++
+		case "UInt16":
+			i += 2
+		case "UInt32":
+			i += 4
+		case "UInt64", "Float64":
+			i += 8
+		case "Nullable(Float64)":
+			if b[i] == 0 {
+				i += 8
+			}
+			i++
+		}
+	}
+	return i
 }
 
 // Reset empties the buffer; its blocks go back to the pool.

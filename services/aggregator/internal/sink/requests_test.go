@@ -1,7 +1,9 @@
 package sink
 
 import (
+	"bytes"
 	"context"
+	"io"
 	"math"
 	"os"
 	"strconv"
@@ -240,4 +242,49 @@ func openWriter(t testing.TB, consumer string) (*chdb.DB, *RequestWriter) {
 		t.Fatal(err)
 	}
 	return db, w
+}
+
+// TestRequestsDrop removes the rows of stored positions from a buffer of several blocks
+// and leaves exactly the bytes a buffer of the other rows holds, with both encodings of ts.
+func TestRequestsDrop(t *testing.T) {
+	for _, millis := range []bool{false, true} {
+		t.Run("tsMillis="+strconv.FormatBool(millis), func(t *testing.T) {
+			newBuf := func() *Requests {
+				return &Requests{tsMillis: millis, consumer: appendString(nil, "agg-a"), blocks: &blockPool{}}
+			}
+			all, kept := newBuf(), newBuf()
+			var stored []uint64
+			for seq := uint64(1); seq <= 20_000; seq++ {
+				ev := sampleEvent()
+				if seq%7 == 0 {
+					ev.EventID, ev.OutputTokens = strings.Repeat("é", 150), 0 // a length past one byte; no TPOT
+				}
+				all.Add(&ev, "500-2000", 0.001, seq)
+				if seq%3 == 0 || seq == 1 || seq == 20_000 {
+					stored = append(stored, seq)
+				} else {
+					kept.Add(&ev, "500-2000", 0.001, seq)
+				}
+			}
+			if all.Bytes() < 3*blockSize {
+				t.Fatalf("%d bytes: the test needs several blocks", all.Bytes())
+			}
+			if n := all.Drop(stored); n != len(stored) {
+				t.Fatalf("Drop removed %d rows, want %d", n, len(stored))
+			}
+			lo, hi := all.SeqRange()
+			wlo, whi := kept.SeqRange()
+			if all.Len() != kept.Len() || all.Bytes() != kept.Bytes() || lo != wlo || hi != whi {
+				t.Fatalf("after Drop: %d rows, %d bytes, %d..%d; want %d, %d, %d..%d", all.Len(), all.Bytes(), lo, hi, kept.Len(), kept.Bytes(), wlo, whi)
+			}
+			got, _ := io.ReadAll(all.body())
+			want, _ := io.ReadAll(kept.body())
+			if !bytes.Equal(got, want) {
+				t.Fatal("the rows left differ from the rows kept")
+			}
+			if n := all.Drop([]uint64{2, 4}); n != 2 || all.Len() != kept.Len()-2 {
+				t.Fatalf("a second Drop removed %d rows, left %d", n, all.Len())
+			}
+		})
+	}
 }
