@@ -54,6 +54,66 @@ func (p *peer) cpu(b testing.TB) time.Duration {
 	return sum
 }
 
+// sysCPU is the CPU time the peer's processes have spent in the kernel.
+func (p *peer) sysCPU(b testing.TB) time.Duration {
+	var sum time.Duration
+	for _, pid := range p.pids() {
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		i := strings.LastIndexByte(string(st), ')')
+		if err != nil || i < 0 {
+			b.Fatalf("cannot read the CPU time of %s (pid %d): %v", p.name, pid, err)
+		}
+		f := strings.Fields(string(st[i+1:]))
+		ticks, err := strconv.ParseInt(f[12], 10, 64) // stime, the 15th field
+		if err != nil {
+			b.Fatalf("cannot read the CPU time of %s (pid %d): %v", p.name, pid, err)
+		}
+		sum += time.Duration(ticks) * 10 * time.Millisecond // USER_HZ is 100 on Linux
+	}
+	return sum
+}
+
+// perfCount counts, with perf stat (BENCH_PERF=1), the system calls and context switches of
+// the processes pids from now until the function it returns is called.
+func perfCount(b testing.TB, pids []int) func() map[string]float64 {
+	var list []string
+	for _, pid := range pids {
+		list = append(list, strconv.Itoa(pid))
+	}
+	out := filepath.Join(b.TempDir(), "perf.csv")
+	cmd := exec.Command("perf", "stat", "-x,", "-o", out, "-e", "raw_syscalls:sys_enter,context-switches", "-p", strings.Join(list, ","))
+	if err := cmd.Start(); err != nil {
+		b.Fatalf("BENCH_PERF=1: cannot start perf (apt-get install -y linux-perf): %v", err)
+	}
+	time.Sleep(200 * time.Millisecond) // attached
+	return func() map[string]float64 {
+		_ = cmd.Process.Signal(os.Interrupt)
+		_ = cmd.Wait()
+		raw, err := os.ReadFile(out)
+		if err != nil {
+			b.Fatalf("BENCH_PERF=1: perf wrote nothing: %v", err)
+		}
+		got := map[string]float64{}
+		for _, line := range strings.Split(string(raw), "\n") {
+			f := strings.Split(line, ",")
+			if len(f) < 3 {
+				continue
+			}
+			v, err := strconv.ParseFloat(f[0], 64)
+			if err != nil {
+				continue
+			}
+			switch f[2] {
+			case "raw_syscalls:sys_enter":
+				got["syscalls"] = v
+			case "context-switches":
+				got["ctxsw"] = v
+			}
+		}
+		return got
+	}
+}
+
 // rss is the resident set of the peer's processes, in bytes.
 func (p *peer) rss(b testing.TB) float64 {
 	var sum float64
@@ -301,13 +361,18 @@ func peerRound(b *testing.B, p *peer, direct string, natsPid int, every time.Dur
 		b.Fatal(err)
 	}
 	time.Sleep(50 * time.Millisecond) // the warm-up's events published
+	var counted func() map[string]float64
+	if os.Getenv("BENCH_PERF") == "1" {
+		counted = perfCount(b, p.pids())
+	}
 	cpu0, nats0, self0 := p.cpu(b), cpuTime(b, natsPid), cpuTime(b, os.Getpid())
+	sys0 := p.sysCPU(b)
 	b.ResetTimer()
 	sent := c.run(b.N, every)
 	b.StopTimer()
 	self := cpuTime(b, os.Getpid()) - self0
 	time.Sleep(50 * time.Millisecond) // the last events published, after the longest linger
-	cpu, nats := p.cpu(b)-cpu0, cpuTime(b, natsPid)-nats0
+	cpu, nats, sys := p.cpu(b)-cpu0, cpuTime(b, natsPid)-nats0, p.sysCPU(b)-sys0
 	via, dir := c.targets[0], c.targets[1]
 	if via.failures+dir.failures > 0 || len(via.results) != b.N || len(dir.results) != b.N {
 		b.Fatalf("%d of %d requests through %s and %d direct finished, %d and %d failed: %s",
@@ -318,15 +383,21 @@ func peerRound(b *testing.B, p *peer, direct string, natsPid int, every time.Dur
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	perReq := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(b.N) }
 	f := peerFigures{
-		"added-ttft-p50-ms":   ms(pct(vt, .5) - pct(dt, .5)),
-		"added-ttft-p99-ms":   ms(pct(vt, .99) - pct(dt, .99)),
-		"added-total-p50-ms":  ms(pct(vtot, .5) - pct(dtot, .5)),
-		"added-total-p99-ms":  ms(pct(vtot, .99) - pct(dtot, .99)),
-		"direct-ttft-p99-ms":  ms(pct(dt, .99)),
-		"req/s":               float64(b.N) / sent.Seconds(),
-		"proxy-cpu-us/req":    perReq(cpu),
-		"nats-cpu-us/req":     perReq(nats),
-		"harness-cpu-us/pair": perReq(self),
+		"added-ttft-p50-ms":    ms(pct(vt, .5) - pct(dt, .5)),
+		"added-ttft-p99-ms":    ms(pct(vt, .99) - pct(dt, .99)),
+		"added-total-p50-ms":   ms(pct(vtot, .5) - pct(dtot, .5)),
+		"added-total-p99-ms":   ms(pct(vtot, .99) - pct(dtot, .99)),
+		"direct-ttft-p99-ms":   ms(pct(dt, .99)),
+		"req/s":                float64(b.N) / sent.Seconds(),
+		"proxy-cpu-us/req":     perReq(cpu),
+		"proxy-sys-cpu-us/req": perReq(sys),
+		"nats-cpu-us/req":      perReq(nats),
+		"harness-cpu-us/pair":  perReq(self),
+	}
+	if counted != nil {
+		for k, v := range counted() {
+			f["proxy-"+k+"/req"] = v / float64(b.N)
+		}
 	}
 	for _, k := range slices.Sorted(maps.Keys(f)) {
 		b.ReportMetric(f[k], k)
