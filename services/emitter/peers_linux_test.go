@@ -26,6 +26,7 @@ import (
 //	emitter              the emitter as configured by default
 //	emitter-loops<n>     with EMITTER_RELAY_LOOPS=n
 //	emitter-linger<d>    with EMITTER_PUBLISH_LINGER=d (0, 1ms, 5ms, 20ms)
+//	emitter-procs<n>     with GOMAXPROCS=n
 //	nginx-w<n>           nginx with worker_processes n, proxy_buffering off, a kept-alive
 //	                     HTTP/1.1 upstream pool
 //
@@ -154,10 +155,12 @@ func startPeers(b *testing.B, names []string, natsURL, upstream string, env ...s
 			case rest == "":
 			case strings.HasPrefix(rest, "-loops"):
 				penv = append(penv, "EMITTER_RELAY_LOOPS="+strings.TrimPrefix(rest, "-loops"))
+			case strings.HasPrefix(rest, "-procs"):
+				penv = append(penv, "GOMAXPROCS="+strings.TrimPrefix(rest, "-procs"))
 			case strings.HasPrefix(rest, "-linger"):
 				penv = append(penv, "EMITTER_PUBLISH_LINGER="+strings.TrimPrefix(rest, "-linger"))
 			default:
-				b.Fatalf("BENCH_PEERS: %q: want emitter, emitter-loops<n> or emitter-linger<duration>", name)
+				b.Fatalf("BENCH_PEERS: %q: want emitter, emitter-loops<n>, emitter-linger<duration> or emitter-procs<n>", name)
 			}
 			c, pprof := startChild(b, natsURL, "http://"+upstream, penv...)
 			peers = append(peers, &peer{name: name, addr: strings.TrimPrefix(c.base, "http://"), emitter: true, pprof: pprof,
