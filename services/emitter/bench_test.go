@@ -25,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
@@ -56,6 +57,8 @@ func TestMain(m *testing.M) {
 			serve = serveRelayFloor
 		case "floor-http":
 			serve = serveRelayFloorHTTP
+		case "nats":
+			serve = serveNATS
 		}
 		if err := serve(); err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -84,6 +87,23 @@ func serveBare() error {
 		<-r.Context().Done()
 	}))
 	return srv.Run(context.Background(), time.Second)
+}
+
+// serveNATS runs a nats-server with JetStream on NATS_PORT, storing in NATS_STORE, until it is
+// killed: the peer benchmarks measure its CPU time apart from the load generator's.
+func serveNATS() error {
+	port, err := strconv.Atoi(os.Getenv("NATS_PORT"))
+	if err != nil {
+		return fmt.Errorf("cannot read NATS_PORT: %w", err)
+	}
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, JetStream: true,
+		StoreDir: os.Getenv("NATS_STORE"), NoLog: true, NoSigs: true, MaxPayload: 8 << 20})
+	if err != nil {
+		return fmt.Errorf("cannot create nats-server: %w", err)
+	}
+	s.Start()
+	s.WaitForShutdown()
+	return nil
 }
 
 // timing is one streamed request seen from the client.
@@ -574,16 +594,25 @@ func childMemory(b testing.TB, base string, pid int) map[string]float64 {
 			out[name] = f
 		}
 	}
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err == nil && pid != 0 {
-		for _, line := range strings.Split(string(status), "\n") {
-			if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-				kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
-				out["rss"] = kb * 1024
-			}
-		}
+	if rss, ok := processRSS(pid); ok {
+		out["rss"] = rss
 	}
 	return out
+}
+
+// processRSS reads the resident set size of process pid, in bytes, from /proc.
+func processRSS(pid int) (float64, bool) {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil || pid == 0 {
+		return 0, false
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			return kb * 1024, err == nil
+		}
+	}
+	return 0, false
 }
 
 // BenchmarkIngestNATS posts NDJSON batches of 1,000 events to POST /v1/events from two

@@ -34,7 +34,7 @@ type Config struct {
 	IngestMaxBytes int64  `env:"EMITTER_INGEST_MAX_BYTES" envDefault:"16777216"`
 
 	PublishBuffer int           `env:"EMITTER_PUBLISH_BUFFER" envDefault:"100000"`
-	PublishLinger time.Duration `env:"EMITTER_PUBLISH_LINGER" envDefault:"5ms"`
+	PublishLinger time.Duration `env:"EMITTER_PUBLISH_LINGER" envDefault:"20ms"`
 	ShutdownGrace time.Duration `env:"EMITTER_SHUTDOWN_GRACE" envDefault:"30s"`
 }
 
