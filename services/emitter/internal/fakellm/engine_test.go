@@ -103,6 +103,7 @@ func TestEngineQueue(t *testing.T) {
 	}
 	// Two streams that stall hold both slots until their clients leave.
 	stallCtx, release := context.WithCancel(context.Background())
+	defer release() // before srv.Close, which waits for the stalled streams
 	var wg sync.WaitGroup
 	for range 2 {
 		wg.Go(func() { _ = do(stallCtx, ModeStall) })
