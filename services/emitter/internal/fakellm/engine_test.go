@@ -319,3 +319,49 @@ func TestEngineMetricsExposition(t *testing.T) {
 		t.Fatalf("/metrics with the scheduler off: status %d, want 404", resp.StatusCode)
 	}
 }
+
+// TestEngineUnderLoad: requests that together outgrow the KV cache are preempted and
+// readmitted, and every one still ends with all its tokens; the counters agree with the
+// scheduler's records, and an idle engine holds nothing.
+func TestEngineUnderLoad(t *testing.T) {
+	fake := New(Options{Tokens: 10, TPOT: 20 * time.Millisecond, MaxBatch: 4, KVTokens: 40})
+	srv := httptest.NewServer(fake)
+	defer srv.Close()
+	var wg sync.WaitGroup
+	errs := make(chan string, 12)
+	for i := range 12 {
+		wg.Go(func() {
+			body := `{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"one two three four ` + strings.Repeat("x", i+1) + `"}]}`
+			resp, err := http.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+			if err != nil {
+				errs <- err.Error()
+				return
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			if err != nil || !strings.Contains(string(b), `"completion_tokens":10`) || !strings.Contains(string(b), "[DONE]") {
+				errs <- string(b)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Fatalf("a request did not end whole: %s", e)
+	}
+	recs := fake.Finished()
+	preempted := 0
+	for _, r := range recs {
+		preempted += r.Preemptions
+	}
+	mfs := scrape(t, srv.URL)
+	if len(recs) != 12 || preempted == 0 || value(t, mfs, "vllm:num_preemptions_total") != float64(preempted) {
+		t.Fatalf("%d finished, %d preemptions recorded, %g counted; want 12 finished, some preempted, the counter equal", len(recs), preempted, value(t, mfs, "vllm:num_preemptions_total"))
+	}
+	if g := value(t, mfs, "vllm:generation_tokens_total"); g != 120 {
+		t.Fatalf("generation tokens %g, want 120: a recomputed token is not generated twice", g)
+	}
+	if r, w, u := value(t, mfs, "vllm:num_requests_running"), value(t, mfs, "vllm:num_requests_waiting"), value(t, mfs, "vllm:kv_cache_usage_perc"); r != 0 || w != 0 || u != 0 {
+		t.Fatalf("idle engine: running %g waiting %g KV usage %g, want 0", r, w, u)
+	}
+}
