@@ -27,8 +27,18 @@ func runFakeLLM(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.Float64Var(&o.StallRate, "stall-rate", 0, "fraction of streams that hang halfway")
 	fs.Float64Var(&o.DisconnectRate, "disconnect-rate", 0, "fraction of streams cut halfway")
 	fs.Uint64Var(&o.Seed, "seed", 1, "random seed for the failure draws")
+	fs.IntVar(&o.MaxBatch, "max-batch", 0, "scheduler: requests running at once, the rest queue (0 with the scheduler on: 256)")
+	fs.IntVar(&o.KVTokens, "kv-tokens", 0, "scheduler: KV-cache capacity in tokens; overflow preempts the newest request (0 with the scheduler on: 2^20)")
+	fs.BoolVar(&o.PrefixCache, "prefix-cache", false, "scheduler: cache prompt prefixes in 16-token blocks, skipping their prefill")
+	fs.IntVar(&o.MaxWaiting, "max-waiting", 4096, "scheduler: requests queued before it answers 503")
+	fs.StringVar(&o.ModelName, "model-name", "fake-model", "scheduler: the model_name label on /metrics")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	for name, v := range map[string]int{"max-batch": o.MaxBatch, "kv-tokens": o.KVTokens, "max-waiting": o.MaxWaiting} {
+		if v < 0 {
+			return fmt.Errorf("-%s=%d must not be negative", name, v)
+		}
 	}
 	for name, v := range map[string]float64{"error-rate": o.ErrorRate, "rate-limit-rate": o.RateLimitRate, "stall-rate": o.StallRate, "disconnect-rate": o.DisconnectRate} {
 		if v < 0 || v > 1 {
@@ -40,7 +50,9 @@ func runFakeLLM(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("cannot listen on %s: %w", *addr, err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/v1/", fakellm.New(o))
+	fake := fakellm.New(o)
+	mux.Handle("/v1/", fake)
+	mux.Handle("GET /metrics", fake) // vLLM's engine metrics when the scheduler is on, else 404
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	fmt.Fprintf(stdout, "fake LLM on http://%s (OpenAI: /v1/chat/completions, /v1/completions; Anthropic: /v1/messages)\n", ln.Addr())

@@ -2,7 +2,9 @@ package fakellm
 
 import (
 	"compress/gzip"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
@@ -12,6 +14,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // Options set how the fake behaves for every request; X-Fakellm-* headers override them for one.
@@ -25,6 +30,17 @@ type Options struct {
 	StallRate      float64       // fraction of streams that stop sending halfway and hang
 	DisconnectRate float64       // fraction of streams cut halfway
 	Seed           uint64
+
+	// The scheduler model, off unless MaxBatch, KVTokens or PrefixCache is set: then
+	// requests wait for one of MaxBatch running slots and for their prompt's KV tokens out
+	// of KVTokens, overflow preempts, a repeated prompt prefix skips its prefill, and
+	// /metrics serves vLLM's engine metrics. Zero MaxBatch means 256, zero KVTokens 2^20.
+	MaxBatch    int
+	KVTokens    int
+	PrefixCache bool
+	MaxWaiting  int              // requests the queue holds before it answers 503; zero means 4096
+	ModelName   string           // the model_name label; zero means fake-model
+	Now         func() time.Time // the scheduler's clock; nil means time.Now
 }
 
 // The modes the X-Fakellm-Mode header selects.
@@ -45,6 +61,7 @@ type Server struct {
 	mux  *http.ServeMux
 	mu   sync.Mutex
 	rng  *rand.Rand
+	eng  *engine // nil when the scheduler is off
 }
 
 // New returns the fake with opts; zero TTFT, TPOT and Tokens mean no wait and 16 tokens.
@@ -60,7 +77,21 @@ func New(opts Options) *Server {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"object":"list","data":[{"id":"fake-model","object":"model","created":1700000000,"owned_by":"tokenscope"}]}`)
 	})
+	if opts.MaxBatch > 0 || opts.KVTokens > 0 || opts.PrefixCache {
+		reg := prometheus.NewRegistry()
+		s.eng = newEngine(opts, reg)
+		s.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	}
 	return s
+}
+
+// Finished returns what the scheduler measured of the last 4,096 requests that ran to
+// their end, oldest first; nil when the scheduler is off.
+func (s *Server) Finished() []EngineRecord {
+	if s.eng == nil {
+		return nil
+	}
+	return s.eng.records()
 }
 
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
@@ -106,6 +137,7 @@ type plan struct {
 	id           string
 	created      int64
 	seed         uint64
+	words        []string // the prompt's words in order, kept only for the prefix cache
 }
 
 // finishReason is the OpenAI finish_reason of a response that ran to its end.
@@ -141,8 +173,16 @@ func (s *Server) plan(r *http.Request, a api, body []byte) (*plan, error) {
 	h := fnv.New64a()
 	_, _ = io.WriteString(h, req.Model)
 	var words int
+	var kept []string
+	keep := s.eng != nil && s.eng.prefix != nil
 	count := func(raw json.RawMessage) {
 		_, _ = h.Write(raw)
+		if keep {
+			n := len(kept)
+			kept = appendWords(kept, raw)
+			words += len(kept) - n
+			return
+		}
 		words += countWords(raw)
 	}
 	count(req.Prompt)
@@ -151,7 +191,7 @@ func (s *Server) plan(r *http.Request, a api, body []byte) (*plan, error) {
 		count(m.Content)
 	}
 	p := &plan{api: a, model: req.Model, stream: req.Stream, input: max(words, 1), output: s.opts.Tokens,
-		ttft: s.opts.TTFT, tpot: s.opts.TPOT, seed: h.Sum64()}
+		ttft: s.opts.TTFT, tpot: s.opts.TPOT, seed: h.Sum64(), words: kept}
 	p.includeUsage = req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	p.ttft += time.Duration(int64(s.opts.PrefillPer1K) * int64(p.input) / 1000)
 	hdr := r.Header
@@ -215,19 +255,30 @@ func (s *Server) plan(r *http.Request, a api, body []byte) (*plan, error) {
 // countWords counts whitespace-separated words in the strings of a JSON value: a rough
 // token count that is the same for the same prompt whatever the protocol.
 func countWords(raw json.RawMessage) int {
+	n := 0
+	walkStrings(raw, func(s string) { n += len(strings.Fields(s)) })
+	return n
+}
+
+// appendWords appends the words countWords counts, in order.
+func appendWords(words []string, raw json.RawMessage) []string {
+	walkStrings(raw, func(s string) { words = append(words, strings.Fields(s)...) })
+	return words
+}
+
+func walkStrings(raw json.RawMessage, f func(string)) {
 	if len(raw) == 0 {
-		return 0
+		return
 	}
 	var v any
 	if json.Unmarshal(raw, &v) != nil {
-		return 0
+		return
 	}
-	n := 0
 	var walk func(any)
 	walk = func(v any) {
 		switch x := v.(type) {
 		case string:
-			n += len(strings.Fields(x))
+			f(x)
 		case []any:
 			for _, e := range x {
 				walk(e)
@@ -242,7 +293,6 @@ func countWords(raw json.RawMessage) int {
 		}
 	}
 	walk(v)
-	return n
 }
 
 var vocabulary = strings.Fields(`the a token stream measures what users feel latency of every request
@@ -272,7 +322,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, a api) {
 		return
 	}
 	ctx := r.Context()
-	if !sleep(r, p.ttft/2) {
+	// Under the scheduler the time to the first token is queueing and prefill, which the
+	// scheduler paces; failures are answered at once, before the queue.
+	if s.eng == nil && !sleep(r, p.ttft/2) {
 		return
 	}
 	switch p.mode {
@@ -291,6 +343,10 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, a api) {
 		writeError(w, a, http.StatusTooManyRequests, typ, "the fake LLM was told to rate-limit")
 		return
 	}
+	if s.eng != nil {
+		s.serveScheduled(w, r, p)
+		return
+	}
 	if !p.stream {
 		if !sleep(r, p.ttft-p.ttft/2+time.Duration(p.output-1)*p.tpot) {
 			return
@@ -298,7 +354,67 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, a api) {
 		s.whole(w, p)
 		return
 	}
-	s.streamOut(w, r, p)
+	s.streamOut(w, r, p, nil)
+}
+
+// serveScheduled answers p through the scheduler: it queues, waits for admission, spends
+// its prefill, and takes a KV slot for each token, waiting again when preempted.
+func (s *Server) serveScheduled(w http.ResponseWriter, r *http.Request, p *plan) {
+	sq := &seq{input: p.input}
+	if s.eng.prefix != nil {
+		sq.blocks = blockHashes(p.model, p.words)
+	}
+	if err := s.eng.submit(sq, p.output); err != nil {
+		if errors.Is(err, errQueueFull) {
+			w.Header().Set("Retry-After", "1")
+			writeError(w, p.api, http.StatusServiceUnavailable, "server_error", err.Error())
+			return
+		}
+		writeError(w, p.api, http.StatusBadRequest, "invalid_request_error", err.Error())
+		return
+	}
+	completed := false
+	defer func() {
+		if completed {
+			s.eng.finish(sq)
+		} else {
+			s.eng.abort(sq)
+		}
+	}()
+	if p.stream {
+		completed = s.streamOut(w, r, p, sq)
+		return
+	}
+	pause := func(d time.Duration) bool { return sleep(r, d) }
+	if !s.admit(r.Context(), sq, p, pause) {
+		return
+	}
+	for i := range p.output {
+		if i > 0 && !pause(p.tpot) {
+			return
+		}
+		if !s.step(r.Context(), sq, p, pause) {
+			return
+		}
+	}
+	completed = true
+	s.whole(w, p)
+}
+
+// admit waits for sq's admission and spends its prefill.
+func (s *Server) admit(ctx context.Context, sq *seq, p *plan, pause func(time.Duration) bool) bool {
+	return s.eng.wait(ctx, sq) && pause(s.eng.prefillTime(p, sq, s.opts.PrefillPer1K))
+}
+
+// step takes sq's next token's KV slot; preempted, it waits to be admitted again and
+// recomputes before it tries again.
+func (s *Server) step(ctx context.Context, sq *seq, p *plan, pause func(time.Duration) bool) bool {
+	for !s.eng.grow(sq) {
+		if !s.admit(ctx, sq, p, pause) {
+			return false
+		}
+	}
+	return true
 }
 
 func sleep(r *http.Request, d time.Duration) bool {

@@ -50,7 +50,9 @@ func (s *sseWriter) event(name, format string, args ...any) bool {
 	return s.send(s.buf)
 }
 
-func (s *Server) streamOut(w http.ResponseWriter, r *http.Request, p *plan) {
+// streamOut streams p, through the scheduler when sq is not nil, and reports whether it
+// sent every token.
+func (s *Server) streamOut(w http.ResponseWriter, r *http.Request, p *plan, sq *seq) bool {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
@@ -66,39 +68,46 @@ func (s *Server) streamOut(w http.ResponseWriter, r *http.Request, p *plan) {
 	// and the first token only after prefill: a proxy timing the first byte gets TTFT wrong.
 	pace := newPacer(r)
 	defer pace.stop()
-	if !s.open(sw, p) || !pace.sleep(p.ttft-p.ttft/2) {
-		return
+	if !s.open(sw, p) {
+		return false
+	}
+	if sq == nil && !pace.sleep(p.ttft-p.ttft/2) || sq != nil && !s.admit(r.Context(), sq, p, pace.sleep) {
+		return false
 	}
 	te := newTokenEvent(p)
 	cut := p.output / 2
 	for i := range p.output {
 		if i > 0 && !pace.sleep(p.tpot) {
-			return
+			return false
+		}
+		if sq != nil && !s.step(r.Context(), sq, p, pace.sleep) {
+			return false
 		}
 		if i == cut && i > 0 {
 			switch p.mode {
 			case ModeStall:
 				<-r.Context().Done()
-				return
+				return false
 			case ModeDisconnect:
 				if conn, _, err := sw.rc.Hijack(); err == nil {
 					_ = conn.Close()
 				}
-				return
+				return false
 			case ModeSSEError:
 				s.sseError(sw, p)
-				return
+				return false
 			case ModeMalformed:
 				if !sw.send([]byte("data: {\"choices\": [oops\n\n")) {
-					return
+					return false
 				}
 			}
 		}
 		if !s.token(sw, p, &te, i) {
-			return
+			return false
 		}
 	}
 	s.close(sw, p)
+	return true
 }
 
 func (s *Server) open(sw *sseWriter, p *plan) bool {
