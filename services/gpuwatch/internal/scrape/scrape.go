@@ -272,11 +272,16 @@ func netReason(ctx context.Context, err error) string {
 
 // read sums what the families say per model: across the other labels (vLLM's engine
 // core index under data parallelism) additive readings add and usage ratios take the
-// highest.
+// highest. Series of a parallel rank other than 0 (SGLang's tp_rank, pp_rank,
+// moe_ep_rank) repeat what rank 0 says of the same scheduler and are skipped, or
+// they would be counted once per rank.
 func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily) map[string]*state {
 	cur := map[string]*state{}
 	byName := names[t.Engine]
 	label := modelLabel(t.Engine)
+	if label == "" {
+		label = "\x00" // no label has this name: TGI's samples have no model
+	}
 	overLimit := false
 	for name, fam := range fams {
 		mp, ok := byName[name]
@@ -288,14 +293,17 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily) map[string]
 			prio = 1
 		}
 		for _, m := range fam.GetMetric() {
-			mdl := ""
-			if label != "" {
-				for _, lp := range m.GetLabel() {
-					if lp.GetName() == label {
-						mdl = lp.GetValue()
-						break
-					}
+			mdl, otherRank := "", false
+			for _, lp := range m.GetLabel() {
+				switch lp.GetName() {
+				case label:
+					mdl = lp.GetValue()
+				case "tp_rank", "pp_rank", "moe_ep_rank":
+					otherRank = otherRank || lp.GetValue() != "0"
 				}
+			}
+			if otherRank {
+				continue
 			}
 			st := cur[mdl]
 			if st == nil {
@@ -460,7 +468,7 @@ func histDelta(h, old *cumHist) (*events.HistogramDelta, bool) {
 		}
 		return old.cum[i]
 	}
-	d := &events.HistogramDelta{Le: slices.Clone(h.le), Counts: make([]float64, len(h.le)+1)}
+	d := &events.HistogramDelta{Le: append([]float64{}, h.le...), Counts: make([]float64, len(h.le)+1)}
 	prevCum := 0.0
 	for i := range h.cum {
 		c := h.cum[i] - base(i)

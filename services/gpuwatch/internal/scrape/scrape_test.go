@@ -490,3 +490,19 @@ func TestParseTargets(t *testing.T) {
 		})
 	}
 }
+
+// TestParallelRanks: SGLang under tensor parallelism labels each rank's copy of the same
+// scheduler's figures; only rank 0 is read, so tokens are not counted once per rank.
+func TestParallelRanks(t *testing.T) {
+	eng := newEngine(t, `# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{engine_type="unified",model_name="m",pp_rank="0",tp_rank="0"} 4
+sglang:num_queue_reqs{engine_type="unified",model_name="m",pp_rank="0",tp_rank="1"} 4
+sglang:num_queue_reqs{engine_type="unified",model_name="m",pp_rank="1",tp_rank="0"} 4
+`)
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "sglang", Name: "sglang", URL: eng.URL}}, pub, 4)
+	s.Tick(context.Background(), t0)
+	if smp := one(t, pub.take(t)); smp.Waiting == nil || *smp.Waiting != 4 {
+		t.Errorf("waiting = %s, want 4 (rank 0 only)", jsonOf(smp.Waiting))
+	}
+}
