@@ -506,3 +506,37 @@ sglang:num_queue_reqs{engine_type="unified",model_name="m",pp_rank="1",tp_rank="
 		t.Errorf("waiting = %s, want 4 (rank 0 only)", jsonOf(smp.Waiting))
 	}
 }
+
+// TestHistogramBounds: two cores of one model with different bounds cannot be added, and a
+// histogram whose bounds changed between two scrapes has no delta that tick. The first is
+// counted; the second is an engine upgrade, not an error.
+func TestHistogramBounds(t *testing.T) {
+	hist := func(core, le string, n int) string {
+		return fmt.Sprintf(`vllm:time_to_first_token_seconds_bucket{engine="%s",le="%s",model_name="m"} %d
+vllm:time_to_first_token_seconds_bucket{engine="%s",le="+Inf",model_name="m"} %d
+vllm:time_to_first_token_seconds_count{engine="%s",model_name="m"} %d
+vllm:time_to_first_token_seconds_sum{engine="%s",model_name="m"} 1
+`, core, le, n, core, n, core, n, core)
+	}
+	head := "# TYPE vllm:time_to_first_token_seconds histogram\n"
+	eng := newEngine(t, head+hist("0", "0.5", 1))
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 4)
+	s.Tick(context.Background(), t0)
+	eng.set(head + hist("0", "0.25", 2)) // bounds changed
+	s.Tick(context.Background(), t0.Add(time.Second))
+	eng.set(head + hist("0", "0.25", 3) + hist("1", "0.5", 3)) // cores disagree
+	s.Tick(context.Background(), t0.Add(2*time.Second))
+	got := pub.take(t)
+	if len(got) != 3 {
+		t.Fatalf("%d samples", len(got))
+	}
+	for i, smp := range got {
+		if smp.TTFT != nil {
+			t.Errorf("tick %d: ttft %s, want none", i, jsonOf(smp.TTFT))
+		}
+	}
+	if v := testutil.ToFloat64(s.m.dropped.WithLabelValues("vllm", "histogram_bounds_mismatch")); v != 1 {
+		t.Errorf("histogram_bounds_mismatch = %v, want 1", v)
+	}
+}
