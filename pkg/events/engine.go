@@ -91,11 +91,14 @@ func UnmarshalEngineSample(data []byte, s *EngineSample) error {
 	return nil
 }
 
-// MarshalEngineSample encodes s as the contract's JSON, ts in milliseconds.
+// MarshalEngineSample encodes s as the contract's JSON, ts in the contract's millisecond
+// layout as every other message writes it.
 func MarshalEngineSample(s *EngineSample) ([]byte, error) {
-	c := *s
-	c.TS = c.TS.UTC().Truncate(time.Millisecond)
-	return json.Marshal(&c)
+	type plain EngineSample
+	return json.Marshal(struct {
+		*plain
+		TS string `json:"ts"` // shadows plain's
+	}{(*plain)(s), FormatTS(s.TS)})
 }
 
 // EngineSampleSubject returns engine.sample.<host>.

@@ -72,3 +72,15 @@ func ExampleUnmarshalEngineSample() {
 	fmt.Println(events.EngineSampleSubject(s.Host), *s.Waiting, s.QueueTime.Count, s.Running == nil)
 	// Output: engine.sample.gpu-node-3 4 10 true
 }
+
+func ExampleMarshalEngineSample() {
+	s := events.EngineSample{V: events.Version, TS: time.Date(2026, 11, 30, 10, 0, 1, 0, time.UTC),
+		Host: "gpu-node-3", Engine: events.EngineTGI, Name: "tgi", Up: false, Error: "timeout"}
+	data, err := events.MarshalEngineSample(&s)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(string(data))
+	// Output: {"v":1,"host":"gpu-node-3","engine":"tgi","name":"tgi","up":false,"error":"timeout","ts":"2026-11-30T10:00:01.000Z"}
+}
