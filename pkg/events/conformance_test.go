@@ -24,6 +24,10 @@ var crossField = map[string]string{
 	"request/invalid/future_timestamp.json":                "how far ahead ts may be depends on the clock",
 	"request/invalid/not_utf8.json":                        "JSON decoders replace invalid UTF-8 before the schema sees it",
 	"gpu/invalid/out_of_range_mem_used_above_total.json":   "mem_used_bytes <= mem_total_bytes compares two fields",
+	"engine/invalid/out_of_range_le_not_increasing.json":   "le increasing compares items",
+	"engine/invalid/out_of_range_count_not_sum.json":       "count = the sum of counts compares fields",
+	"engine/invalid/out_of_range_counts.json":              "len(counts) = len(le) + 1 compares two fields",
+	"engine/invalid/out_of_range_hits_above_queries.json":  "prefix_cache_hits <= prefix_cache_queries compares two fields",
 }
 
 func compileSchema(t *testing.T, name string) *jsonschema.Schema {
@@ -67,6 +71,13 @@ func TestSchemaConformance(t *testing.T) {
 		{"gpu", "gpu_sample.schema.json", func(b []byte) error {
 			var s events.GPUSample
 			if err := events.UnmarshalGPUSample(b, &s); err != nil {
+				return err
+			}
+			return s.ValidateAt(testNow)
+		}},
+		{"engine", "engine_sample.schema.json", func(b []byte) error {
+			var s events.EngineSample
+			if err := events.UnmarshalEngineSample(b, &s); err != nil {
 				return err
 			}
 			return s.ValidateAt(testNow)

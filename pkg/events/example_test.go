@@ -53,3 +53,34 @@ func ExampleFitLabel() {
 	// 256 support-xxxx ~
 	// chat
 }
+
+// An engine sample's histogram holds per-bucket deltas: the deltas of several ticks add
+// bucket by bucket, and a quantile is interpolated within its bucket.
+func ExampleUnmarshalEngineSample() {
+	data := []byte(`{"v":1,"ts":"2026-11-30T10:00:01.000Z","host":"gpu-node-3","engine":"vllm","name":"vllm",
+		"model":"meta-llama/Llama-3.1-8B-Instruct","up":true,"delta_seconds":1,"waiting":4,
+		"queue_time_seconds":{"le":[0.3,1,5],"counts":[6,3,1,0],"sum":4.1,"count":10}}`)
+	var s events.EngineSample
+	if err := events.UnmarshalEngineSample(data, &s); err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := s.ValidateAt(time.Date(2026, 11, 30, 10, 0, 2, 0, time.UTC)); err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(events.EngineSampleSubject(s.Host), *s.Waiting, s.QueueTime.Count, s.Running == nil)
+	// Output: engine.sample.gpu-node-3 4 10 true
+}
+
+func ExampleMarshalEngineSample() {
+	s := events.EngineSample{V: events.Version, TS: time.Date(2026, 11, 30, 10, 0, 1, 0, time.UTC),
+		Host: "gpu-node-3", Engine: events.EngineTGI, Name: "tgi", Up: false, Error: "timeout"}
+	data, err := events.MarshalEngineSample(&s)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(string(data))
+	// Output: {"v":1,"host":"gpu-node-3","engine":"tgi","name":"tgi","up":false,"error":"timeout","ts":"2026-11-30T10:00:01.000Z"}
+}

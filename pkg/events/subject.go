@@ -4,17 +4,19 @@ import "unicode/utf8"
 
 // Stream names, and the subjects each one holds.
 const (
-	StreamEvents  = "LLM_EVENTS"  // llm.req.<env>.<scene>
-	StreamGPU     = "GPU_SAMPLES" // gpu.sample.<host>
-	StreamRollups = "ROLLUPS"     // rollup.tokens.<env>.<scene>, rollup.gpu.<host>
-	StreamAlerts  = "ALERTS"      // alerts.<severity>.<rule>
+	StreamEvents  = "LLM_EVENTS"     // llm.req.<env>.<scene>
+	StreamGPU     = "GPU_SAMPLES"    // gpu.sample.<host>
+	StreamEngine  = "ENGINE_SAMPLES" // engine.sample.<host>
+	StreamRollups = "ROLLUPS"        // rollup.tokens.<env>.<scene>, rollup.gpu.<host>
+	StreamAlerts  = "ALERTS"         // alerts.<severity>.<rule>
 
-	SubjectRequestsAll    = "llm.req.>"
-	SubjectGPUSamplesAll  = "gpu.sample.>"
-	SubjectTokenRollupAll = "rollup.tokens.>"
-	SubjectGPURollupAll   = "rollup.gpu.>"
-	SubjectRollupsAll     = "rollup.>"
-	SubjectAlertsAll      = "alerts.>"
+	SubjectRequestsAll      = "llm.req.>"
+	SubjectGPUSamplesAll    = "gpu.sample.>"
+	SubjectEngineSamplesAll = "engine.sample.>"
+	SubjectTokenRollupAll   = "rollup.tokens.>"
+	SubjectGPURollupAll     = "rollup.gpu.>"
+	SubjectRollupsAll       = "rollup.>"
+	SubjectAlertsAll        = "alerts.>"
 
 	// SubjectInvalid carries dead letters: messages no consumer could use, with the reason.
 	SubjectInvalid = "llm.invalid"

@@ -11,6 +11,7 @@ import (
 	"github.com/tokenscope/tokenscope/pkg/bus"
 	"github.com/tokenscope/tokenscope/pkg/envconf"
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/gpuwatch/internal/scrape"
 )
 
 // Config is gpuwatch's whole configuration, read from the environment.
@@ -38,6 +39,15 @@ type Config struct {
 	// PublishBuffer is how many samples are held while NATS is away; older ones are kept
 	// and new ones dropped (and counted) once it is full.
 	PublishBuffer int `env:"GPUWATCH_PUBLISH_BUFFER" envDefault:"100000"`
+	// Engines are the inference engines' Prometheus endpoints scraped on each tick:
+	// kind=URL or kind:name=URL, comma-separated, kind being vllm, sglang or tgi.
+	Engines string `env:"GPUWATCH_ENGINES"`
+	// EngineTimeout bounds one scrape; 0 means 80 % of the interval, at most 5s.
+	EngineTimeout time.Duration `env:"GPUWATCH_ENGINE_TIMEOUT" envDefault:"0s"`
+	// EngineMaxBytes is the largest exposition read; a larger one fails the scrape.
+	EngineMaxBytes int64 `env:"GPUWATCH_ENGINE_MAX_BYTES" envDefault:"4194304"`
+	// EngineMaxModels bounds the samples one engine gives per tick (one per model).
+	EngineMaxModels int `env:"GPUWATCH_ENGINE_MAX_MODELS" envDefault:"16"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `env:"GPUWATCH_LOG_LEVEL" envDefault:"info"`
 
@@ -66,6 +76,9 @@ func parseConfig(getenv func(string) string, hostname func() (string, error)) (C
 		}
 		cfg.Host = h
 	}
+	if cfg.EngineTimeout == 0 {
+		cfg.EngineTimeout = min(cfg.Interval*4/5, 5*time.Second)
+	}
 	return cfg, cfg.Validate()
 }
 
@@ -88,6 +101,15 @@ func (c Config) Validate() error {
 		return fmt.Errorf("GPUWATCH_PUBLISH_BUFFER=%d must be at least 1", c.PublishBuffer)
 	case c.HTTPAddr == "":
 		return errors.New("HTTP_ADDR is empty")
+	case c.EngineTimeout < 0 || c.EngineTimeout >= c.Interval:
+		return fmt.Errorf("GPUWATCH_ENGINE_TIMEOUT=%s must be positive and below GPUWATCH_INTERVAL=%s", c.EngineTimeout, c.Interval)
+	case c.EngineMaxBytes < 1024 || c.EngineMaxBytes > 256<<20:
+		return fmt.Errorf("GPUWATCH_ENGINE_MAX_BYTES=%d must be 1024 to 268435456", c.EngineMaxBytes)
+	case c.EngineMaxModels < 1 || c.EngineMaxModels > 1024:
+		return fmt.Errorf("GPUWATCH_ENGINE_MAX_MODELS=%d must be 1 to 1024", c.EngineMaxModels)
+	}
+	if _, err := scrape.ParseTargets(c.Engines); err != nil {
+		return err
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		return err

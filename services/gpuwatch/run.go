@@ -21,6 +21,7 @@ import (
 	"github.com/tokenscope/tokenscope/services/gpuwatch/internal/nvmlsource"
 	"github.com/tokenscope/tokenscope/services/gpuwatch/internal/replay"
 	"github.com/tokenscope/tokenscope/services/gpuwatch/internal/sampler"
+	"github.com/tokenscope/tokenscope/services/gpuwatch/internal/scrape"
 	"github.com/tokenscope/tokenscope/services/gpuwatch/internal/synthetic"
 )
 
@@ -74,7 +75,12 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return fmt.Errorf("cannot open JetStream: %w", err)
 	}
 	ensureCtx, cancel := context.WithTimeout(ctx, cfg.NATS.ConnectTimeout+10*time.Second)
-	err = bus.EnsureStreams(ensureCtx, js, cfg.NATS.Streams, events.StreamGPU)
+	streams := []string{events.StreamGPU}
+	engines, _ := scrape.ParseTargets(cfg.Engines) // Validate has checked them
+	if len(engines) > 0 {
+		streams = append(streams, events.StreamEngine)
+	}
+	err = bus.EnsureStreams(ensureCtx, js, cfg.NATS.Streams, streams...)
 	cancel()
 	if err != nil {
 		return err
@@ -86,6 +92,12 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	reg.MustRegister(exp)
 	smp := sampler.New(src.sample, pub, exp, sampler.Options{Host: cfg.Host, Interval: cfg.Interval},
 		reg, logger.With("component", "sampler"))
+
+	var scr *scrape.Scraper
+	if len(engines) > 0 {
+		scr = scrape.New(engines, pub, scrape.Options{Host: cfg.Host, Interval: cfg.Interval, Timeout: cfg.EngineTimeout,
+			MaxBytes: cfg.EngineMaxBytes, MaxModels: cfg.EngineMaxModels}, reg, logger.With("component", "scrape"))
+	}
 
 	srv.AddCheck("nats", func(context.Context) error {
 		if !nc.IsConnected() {
@@ -105,16 +117,22 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	})
 
 	logger.Info("gpuwatch started", "host", cfg.Host, "source", cfg.Source, "interval", cfg.Interval,
-		"subject", events.GPUSampleSubject(cfg.Host), "http", srv.Addr())
+		"subject", events.GPUSampleSubject(cfg.Host), "engines", len(engines), "http", srv.Addr())
 
 	// The publisher outlives the sampler, so the last tick's samples are published too.
 	pubCtx, stopPub := context.WithCancel(context.Background())
 	defer stopPub()
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return srv.Run(gctx, shutdownTimeout) })
+	// The publisher stops once both the sampler and the scraper have.
+	var producers errgroup.Group
+	producers.Go(func() error { return smp.Run(gctx) })
+	if scr != nil {
+		producers.Go(func() error { return scr.Run(gctx) })
+	}
 	g.Go(func() error {
 		defer stopPub()
-		return smp.Run(gctx)
+		return producers.Wait()
 	})
 	g.Go(func() error {
 		if err := pub.Run(pubCtx); err != nil {
@@ -128,7 +146,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	err = g.Wait()
 	// What this run sampled and published, the last tick's samples included.
 	logger.Info("gpuwatch stopped", srv.Totals("gpuwatch_ticks_total", "gpuwatch_samples_total",
-		"gpuwatch_published_total", "gpuwatch_publish_dropped_total")...)
+		"gpuwatch_engine_samples_total", "gpuwatch_published_total", "gpuwatch_publish_dropped_total")...)
 	return err
 }
 

@@ -7,7 +7,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -265,6 +267,11 @@ func TestRunStartErrors(t *testing.T) {
 			"GPUWATCH_REPLAY_FILE=/nonexistent.jsonl cannot be read"},
 		{"PCIe too often", map[string]string{"GPUWATCH_PCIE_INTERVAL": "10ms"}, "GPUWATCH_PCIE_INTERVAL=10ms"},
 		{"bad log level", map[string]string{"GPUWATCH_LOG_LEVEL": "loud"}, "GPUWATCH_LOG_LEVEL"},
+		{"bad engine", map[string]string{"GPUWATCH_SOURCE": "synthetic", "GPUWATCH_ENGINES": "ollama=http://127.0.0.1:1/metrics"}, "GPUWATCH_ENGINES"},
+		{"engine timeout above interval", map[string]string{"GPUWATCH_SOURCE": "synthetic", "GPUWATCH_ENGINE_TIMEOUT": "2s"},
+			"GPUWATCH_ENGINE_TIMEOUT=2s must be positive and below GPUWATCH_INTERVAL=1s"},
+		{"engine body limit", map[string]string{"GPUWATCH_SOURCE": "synthetic", "GPUWATCH_ENGINE_MAX_BYTES": "10"}, "GPUWATCH_ENGINE_MAX_BYTES=10"},
+		{"engine models", map[string]string{"GPUWATCH_SOURCE": "synthetic", "GPUWATCH_ENGINE_MAX_MODELS": "0"}, "GPUWATCH_ENGINE_MAX_MODELS=0"},
 		{"bad NATS URL", map[string]string{"GPUWATCH_SOURCE": "synthetic", "NATS_URL": "::"}, "NATS_URL"},
 		{"no NATS", map[string]string{"GPUWATCH_SOURCE": "synthetic", "NATS_URL": "nats://127.0.0.1:1", "HTTP_ADDR": "127.0.0.1:0"},
 			"cannot connect to NATS"},
@@ -291,5 +298,106 @@ func TestHostDefaultsToHostname(t *testing.T) {
 	_, err = parseConfig(getenvFrom(nil), func() (string, error) { return "", errors.New("no uts") })
 	if err == nil || !strings.Contains(err.Error(), "GPUWATCH_HOST") {
 		t.Fatalf("hostname failure: %v", err)
+	}
+}
+
+// TestRunScrapesEngines runs gpuwatch against a vLLM-style endpoint and one that is down:
+// engine samples land on engine.sample.<host> in ENGINE_SAMPLES beside the GPU samples,
+// on the same ticks.
+func TestRunScrapesEngines(t *testing.T) {
+	ns := testbed.NATS(t)
+	var prompt atomic.Int64
+	vllm := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintf(w, "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine=\"0\",model_name=\"m.1\"} 5\n"+
+			"# TYPE vllm:prompt_tokens_total counter\nvllm:prompt_tokens_total{engine=\"0\",model_name=\"m.1\"} %d\n", prompt.Add(100))
+	}))
+	defer vllm.Close()
+	gone := httptest.NewServer(http.NotFoundHandler())
+	gone.Close()
+	addr := freeAddr(t)
+	stop := start(t, map[string]string{
+		"NATS_URL":                ns.ClientURL(),
+		"HTTP_ADDR":               addr,
+		"GPUWATCH_SOURCE":         "synthetic",
+		"GPUWATCH_SYNTHETIC_GPUS": "1",
+		"GPUWATCH_INTERVAL":       "100ms",
+		"GPUWATCH_HOST":           "gpu-node.3",
+		"GPUWATCH_ENGINES":        "vllm=" + vllm.URL + "/metrics,sglang:gone=" + gone.URL + "/metrics",
+	})
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	engineMsgs := func() int {
+		st, err := js.Stream(context.Background(), events.StreamEngine)
+		if err != nil {
+			return 0
+		}
+		return int(st.CachedInfo().State.Msgs)
+	}
+	eventually(t, "10 engine samples", func() bool { return engineMsgs() >= 10 })
+	_, body := get(t, "http://"+addr+"/metrics")
+	for _, want := range []string{`gpuwatch_engine_up{engine="vllm"} 1`, `gpuwatch_engine_up{engine="gone"} 0`,
+		`gpuwatch_engine_scrape_errors_total{engine="gone",reason="connect"}`} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	gpuTS := map[time.Time]bool{}
+	gpus, _ := fetchAll(t, js)
+	for _, s := range gpus {
+		gpuTS[s.TS] = true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cons, err := js.OrderedConsumer(ctx, events.StreamEngine, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var up, down, deltas, sameTick int
+	for range engineMsgs() {
+		msg, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if msg.Subject() != "engine.sample.gpu-node_3" {
+			t.Fatalf("subject %q", msg.Subject())
+		}
+		var s events.EngineSample
+		if err := events.UnmarshalEngineSample(msg.Data(), &s); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.ValidateAt(time.Now()); err != nil {
+			t.Fatalf("%v: %s", err, msg.Data())
+		}
+		if gpuTS[s.TS] {
+			sameTick++
+		}
+		switch {
+		case s.Name == "vllm" && s.Up && s.Model == "m.1" && s.Waiting != nil && *s.Waiting == 5:
+			up++
+			if s.PromptTokens != nil {
+				if *s.PromptTokens != 100 {
+					t.Errorf("prompt_tokens delta %v, want 100", *s.PromptTokens)
+				}
+				deltas++
+			}
+		case s.Name == "gone" && !s.Up && s.Error == "connect" && s.Engine == events.EngineSGLang:
+			down++
+		default:
+			t.Fatalf("unexpected sample %s", msg.Data())
+		}
+	}
+	if up == 0 || down == 0 || deltas == 0 {
+		t.Fatalf("up %d, down %d, with deltas %d", up, down, deltas)
+	}
+	if sameTick < up+down-2 {
+		t.Errorf("%d of %d engine samples share a tick with GPU samples", sameTick, up+down)
 	}
 }

@@ -1,0 +1,145 @@
+package scrape
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/tokenscope/tokenscope/pkg/bus"
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/pkg/testbed"
+)
+
+// vllmExposition writes a vLLM v1 exposition of one model on three engine cores with the
+// bucket layouts vLLM uses, and an unmapped latency histogram beside the mapped ones, as a
+// real server has. It returns the text and its number of series (sample lines).
+func vllmExposition(cores int, step int) (string, int) {
+	var b strings.Builder
+	series := 0
+	lbl := func(core int) string { return fmt.Sprintf(`engine="%d",model_name="%s"`, core, llama) }
+	gauge := func(name string, v func(int) float64) {
+		fmt.Fprintf(&b, "# HELP %s gauge\n# TYPE %s gauge\n", name, name)
+		for c := range cores {
+			fmt.Fprintf(&b, "%s{%s} %g\n", name, lbl(c), v(c))
+			series++
+		}
+	}
+	ctr := func(name string, per float64) {
+		fmt.Fprintf(&b, "# HELP %s_total counter\n# TYPE %s_total counter\n", name, name)
+		for c := range cores {
+			fmt.Fprintf(&b, "%s_total{%s} %g\n", name, lbl(c), per*float64(step+1)*float64(c+1))
+			series++
+		}
+		fmt.Fprintf(&b, "# HELP %s_created created\n# TYPE %s_created gauge\n", name, name)
+		for c := range cores {
+			fmt.Fprintf(&b, "%s_created{%s} 1.7645e+09\n", name, lbl(c))
+			series++
+		}
+	}
+	hist := func(name string, le []float64) {
+		fmt.Fprintf(&b, "# HELP %s histogram\n# TYPE %s histogram\n", name, name)
+		for c := range cores {
+			n := float64((step + 1) * (c + 1))
+			for i, u := range le {
+				fmt.Fprintf(&b, "%s_bucket{engine=\"%d\",le=\"%g\",model_name=\"%s\"} %g\n", name, c, u, llama, n*float64(i+1))
+				series++
+			}
+			total := n * float64(len(le)+1)
+			fmt.Fprintf(&b, "%s_bucket{engine=\"%d\",le=\"+Inf\",model_name=\"%s\"} %g\n", name, c, llama, total)
+			fmt.Fprintf(&b, "%s_count{%s} %g\n%s_sum{%s} %g\n", name, lbl(c), total, name, lbl(c), total*0.5)
+			series += 3
+		}
+	}
+	lat := []float64{0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60}
+	ttft := []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
+	gauge("vllm:num_requests_running", func(c int) float64 { return float64(4 + c) })
+	gauge("vllm:num_requests_waiting", func(c int) float64 { return float64(c) })
+	gauge("vllm:kv_cache_usage_perc", func(c int) float64 { return 0.1 * float64(c+1) })
+	for _, name := range []string{"vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions", "vllm:prompt_tokens", "vllm:generation_tokens"} {
+		ctr(name, 100)
+	}
+	hist("vllm:request_queue_time_seconds", lat)
+	hist("vllm:time_to_first_token_seconds", ttft)
+	hist("vllm:request_prefill_time_seconds", lat)
+	hist("vllm:request_decode_time_seconds", lat)
+	hist("vllm:iteration_tokens_total", []float64{1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048})
+	return b.String(), series
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkScrapeVLLM300 scrapes, parses and publishes a vLLM exposition of about 300
+// series from an HTTP endpoint on loopback, counters moving at each scrape. "nop" stops at
+// the publisher's queue; "nats" publishes through bus.Publisher to an in-process JetStream
+// and waits until every sample is acknowledged. cpu-ns/scrape is the whole process's CPU
+// (the HTTP server writing the exposition and, for "nats", the NATS server included).
+func BenchmarkScrapeVLLM300(b *testing.B) {
+	bodies := make([]string, 16)
+	var series int
+	for i := range bodies {
+		bodies[i], series = vllmExposition(3, i)
+	}
+	run := func(b *testing.B, pub publisher, wait func()) {
+		eng := newEngine(b, bodies[0])
+		s, _ := newScraper(b, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 16)
+		s.opts.Timeout = 5 * time.Second
+		now := t0
+		s.Tick(context.Background(), now)
+		b.ReportAllocs()
+		b.ResetTimer()
+		cpu0, n := cpuTime(), 0
+		for b.Loop() {
+			n++
+			eng.set(bodies[n%len(bodies)])
+			now = now.Add(time.Second)
+			s.Tick(context.Background(), now)
+		}
+		wait()
+		b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(n), "cpu-ns/scrape")
+		b.ReportMetric(float64(series), "series")
+		b.ReportMetric(float64(len(bodies[0])), "bytes")
+	}
+	// parse is expfmt alone on the same text: the share of the scrape the parser takes.
+	b.Run("parse", func(b *testing.B) {
+		p := expfmt.NewTextParser(model.UTF8Validation)
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := p.TextToMetricFamilies(strings.NewReader(bodies[0])); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("nop", func(b *testing.B) { run(b, nopPublisher{}, func() {}) })
+	b.Run("nats", func(b *testing.B) {
+		_, js := testbed.JetStream(b)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		if err := bus.EnsureStreams(ctx, js, bus.StreamLimits{MaxBytes: -1, DuplicateWindow: time.Minute, Replicas: 1}, events.StreamEngine); err != nil {
+			b.Fatal(err)
+		}
+		pub := bus.NewPublisher(js, bus.PublisherOptions{Buffer: 1 << 20, FlushTimeout: 10 * time.Second}, nil, discard())
+		done := make(chan error, 1)
+		go func() { done <- pub.Run(ctx) }()
+		run(b, pub, func() {
+			for pub.Buffered() > 0 {
+				time.Sleep(100 * time.Microsecond)
+			}
+		})
+		cancel()
+		<-done
+	})
+}
+
+type nopPublisher struct{}
+
+func (nopPublisher) Publish(string, string, []byte) bool { return true }

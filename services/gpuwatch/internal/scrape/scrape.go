@@ -1,0 +1,490 @@
+package scrape
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+)
+
+// publisher queues a message without blocking; bus.Publisher is one.
+type publisher interface {
+	Publish(subject, msgID string, data []byte) bool
+}
+
+// Options configure a Scraper.
+type Options struct {
+	Host      string
+	Interval  time.Duration
+	Timeout   time.Duration // per scrape; below Interval
+	MaxBytes  int64         // largest exposition read; a larger one fails the scrape
+	MaxModels int           // models per engine; more are left out and counted
+}
+
+// Scraper scrapes every target once per tick, concurrently, and publishes one sample per
+// engine × model (one up=false sample for an engine that could not be read).
+type Scraper struct {
+	targets  []*target
+	pub      publisher
+	opts     Options
+	subject  string
+	client   *http.Client
+	m        *metrics
+	logger   *slog.Logger
+	lastTick atomic.Int64
+}
+
+// target is one endpoint and what its previous scrape left, to subtract from the next.
+type target struct {
+	Target
+	parser  expfmt.TextParser
+	body    bytes.Buffer
+	models  map[string]*state
+	lastErr string
+	out     []events.EngineSample
+}
+
+// state is one model's totals at one scrape: the counters and cumulative histograms.
+type state struct {
+	ts       time.Time
+	has      [numFields]bool
+	counters [numFields]float64
+	hists    [numFields]*cumHist
+	// while reading: which name set each field (0 none, 1 legacy, 2 current) and the
+	// fields dropped for a conflict this scrape
+	from     [numFields]uint8
+	conflict [numFields]bool
+}
+
+// cumHist is a histogram as exposed: finite upper bounds, cumulative counts at each, and
+// the total count (the +Inf bucket) and sum.
+type cumHist struct {
+	le    []float64
+	cum   []float64
+	count float64
+	sum   float64
+}
+
+// New returns a Scraper of targets that publishes through pub.
+func New(targets []Target, pub publisher, opts Options, reg prometheus.Registerer, logger *slog.Logger) *Scraper {
+	s := &Scraper{
+		pub: pub, opts: opts,
+		subject: events.EngineSampleSubject(opts.Host),
+		m:       newMetrics(reg, targets),
+		logger:  logger,
+		client: &http.Client{
+			Timeout: opts.Timeout,
+			Transport: &http.Transport{
+				Proxy:               nil, // engines are on this host; never through a proxy
+				DialContext:         (&net.Dialer{Timeout: opts.Timeout}).DialContext,
+				MaxIdleConnsPerHost: 2,
+				IdleConnTimeout:     max(3*opts.Interval, 30*time.Second),
+				DisableCompression:  false,
+			},
+		},
+	}
+	for _, t := range targets {
+		s.targets = append(s.targets, &target{
+			Target: t,
+			parser: expfmt.NewTextParser(model.UTF8Validation),
+			models: map[string]*state{},
+		})
+	}
+	return s
+}
+
+// Run scrapes on wall-clock multiples of the interval, the ticks the GPU sampler takes,
+// until ctx ends.
+func (s *Scraper) Run(ctx context.Context) error {
+	next := time.Now().Truncate(s.opts.Interval).Add(s.opts.Interval)
+	timer := time.NewTimer(time.Until(next))
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-timer.C:
+		}
+		s.Tick(ctx, next)
+		next = time.Now().Truncate(s.opts.Interval).Add(s.opts.Interval)
+		timer.Reset(time.Until(next))
+	}
+}
+
+// LastTick returns when the last tick finished, or the zero time before the first.
+func (s *Scraper) LastTick() time.Time {
+	if ns := s.lastTick.Load(); ns != 0 {
+		return time.Unix(0, ns)
+	}
+	return time.Time{}
+}
+
+// Tick scrapes every target at now and queues the samples.
+func (s *Scraper) Tick(ctx context.Context, now time.Time) {
+	now = now.UTC().Truncate(time.Millisecond)
+	var wg sync.WaitGroup
+	for _, t := range s.targets {
+		wg.Go(func() { s.scrapeTarget(ctx, t, now) })
+	}
+	wg.Wait()
+	for _, t := range s.targets {
+		for i := range t.out {
+			s.publish(&t.out[i], now)
+		}
+	}
+	s.lastTick.Store(time.Now().UnixNano())
+}
+
+func (s *Scraper) publish(smp *events.EngineSample, now time.Time) {
+	if err := smp.ValidateAt(now); err != nil {
+		s.m.invalid.WithLabelValues(events.Reason(err)).Inc()
+		return
+	}
+	data, err := events.MarshalEngineSample(smp)
+	if err != nil {
+		s.m.invalid.WithLabelValues("other").Inc()
+		return
+	}
+	if s.pub.Publish(s.subject, msgID(smp), data) {
+		s.m.samples.Inc()
+	}
+}
+
+// msgID is host/name/model/ts, the model hashed: one sample of one engine's model at
+// one tick, whatever bytes the model name holds.
+func msgID(s *events.EngineSample) string {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(s.Model))
+	b := make([]byte, 0, 96)
+	b = append(b, s.Host...)
+	b = append(b, '/')
+	b = append(b, s.Name...)
+	b = append(b, '/')
+	b = strconv.AppendUint(b, h.Sum64(), 16)
+	b = append(b, '/')
+	return string(events.AppendTime(b, s.TS))
+}
+
+// scrapeTarget fills t.out with this tick's samples of t.
+func (s *Scraper) scrapeTarget(ctx context.Context, t *target, now time.Time) {
+	began := time.Now()
+	t.out = t.out[:0]
+	s.m.scrapes.WithLabelValues(t.Name).Inc()
+	reason, err := s.fetch(ctx, t)
+	var fams map[string]*dto.MetricFamily
+	if err == nil {
+		fams, err = t.parser.TextToMetricFamilies(bytes.NewReader(t.body.Bytes()))
+		if err != nil {
+			reason = "malformed"
+		}
+	}
+	if err != nil {
+		s.m.failed.WithLabelValues(t.Name, reason).Inc()
+		s.m.up.WithLabelValues(t.Name).Set(0)
+		if msg := reason + ": " + err.Error(); msg != t.lastErr {
+			s.logger.Warn("cannot scrape engine; reported down", "engine", t.Name, "url", t.URL, "reason", reason, "err", err)
+			t.lastErr = msg
+		}
+		t.out = append(t.out, events.EngineSample{V: events.Version, TS: now, Host: s.opts.Host,
+			Engine: t.Engine, Name: t.Name, Up: false, Error: reason})
+		return
+	}
+	if t.lastErr != "" {
+		s.logger.Info("engine scraped again", "engine", t.Name)
+		t.lastErr = ""
+	}
+	s.m.up.WithLabelValues(t.Name).Set(1)
+	cur := s.read(t, fams)
+	s.m.models.WithLabelValues(t.Name).Set(float64(len(cur)))
+	for mdl, st := range cur {
+		st.ts = now
+		smp := events.EngineSample{V: events.Version, TS: now, Host: s.opts.Host,
+			Engine: t.Engine, Name: t.Name, Model: mdl, Up: true}
+		s.fill(t, &smp, st, t.models[mdl])
+		t.out = append(t.out, smp)
+	}
+	// Only what this scrape saw is kept: a model the engine unloaded leaves no state.
+	t.models = cur
+	slices.SortFunc(t.out, func(a, b events.EngineSample) int {
+		switch {
+		case a.Model < b.Model:
+			return -1
+		case a.Model > b.Model:
+			return 1
+		}
+		return 0
+	})
+	s.m.duration.WithLabelValues(t.Name).Observe(time.Since(began).Seconds())
+}
+
+// fetch reads t's exposition into t.body.
+func (s *Scraper) fetch(ctx context.Context, t *target) (reason string, err error) {
+	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.URL, nil)
+	if err != nil {
+		return "connect", err
+	}
+	req.Header.Set("Accept", "text/plain;version=0.0.4")
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return netReason(ctx, err), err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.CopyN(io.Discard, resp.Body, 4096)
+		return "http_status", fmt.Errorf("engine answered %s", resp.Status)
+	}
+	t.body.Reset()
+	if _, err := t.body.ReadFrom(io.LimitReader(resp.Body, s.opts.MaxBytes+1)); err != nil {
+		return netReason(ctx, err), fmt.Errorf("cannot read the exposition: %w", err)
+	}
+	if int64(t.body.Len()) > s.opts.MaxBytes {
+		return "too_large", fmt.Errorf("exposition over %d bytes", s.opts.MaxBytes)
+	}
+	return "", nil
+}
+
+func netReason(ctx context.Context, err error) string {
+	if ne, ok := errors.AsType[net.Error](err); (ok && ne.Timeout()) || ctx.Err() != nil {
+		return "timeout"
+	}
+	return "connect"
+}
+
+// read sums what the families say per model: across the other labels (vLLM's engine
+// core index under data parallelism) additive readings add and usage ratios take the
+// highest. Series of a parallel rank other than 0 (SGLang's tp_rank, pp_rank,
+// moe_ep_rank) repeat what rank 0 says of the same scheduler and are skipped, or
+// they would be counted once per rank.
+func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily) map[string]*state {
+	cur := map[string]*state{}
+	byName := names[t.Engine]
+	label := modelLabel(t.Engine)
+	if label == "" {
+		label = "\x00" // no label has this name: TGI's samples have no model
+	}
+	overLimit := false
+	for name, fam := range fams {
+		mp, ok := byName[name]
+		if !ok {
+			continue
+		}
+		prio := uint8(2)
+		if mp.legacy {
+			prio = 1
+		}
+		for _, m := range fam.GetMetric() {
+			mdl, otherRank := "", false
+			for _, lp := range m.GetLabel() {
+				switch lp.GetName() {
+				case label:
+					mdl = lp.GetValue()
+				case "tp_rank", "pp_rank", "moe_ep_rank":
+					otherRank = otherRank || lp.GetValue() != "0"
+				}
+			}
+			if otherRank {
+				continue
+			}
+			st := cur[mdl]
+			if st == nil {
+				if len(cur) >= s.opts.MaxModels {
+					overLimit = true
+					continue
+				}
+				st = &state{}
+				cur[mdl] = st
+			}
+			f := mp.f
+			if st.from[f] > prio || st.conflict[f] {
+				continue
+			}
+			if st.from[f] < prio { // a current name replaces a legacy one
+				st.has[f], st.counters[f], st.hists[f] = false, 0, nil
+				st.from[f] = prio
+			}
+			if f >= firstHistogram {
+				s.addHist(t, st, f, m.GetHistogram())
+				continue
+			}
+			v, ok := value(fam.GetType(), m, f >= firstCounter)
+			if !ok || math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || (maxed(f) && v > 1) {
+				s.m.dropped.WithLabelValues(t.Name, "bad_value").Inc()
+				continue
+			}
+			switch {
+			case !st.has[f]:
+				st.counters[f] = v
+			case maxed(f):
+				st.counters[f] = max(st.counters[f], v)
+			default:
+				st.counters[f] += v
+			}
+			st.has[f] = true
+		}
+	}
+	if overLimit {
+		s.m.dropped.WithLabelValues(t.Name, "models_over_limit").Inc()
+	}
+	if len(cur) == 0 {
+		cur[""] = &state{} // up, and exporting nothing tokenscope reads
+	}
+	return cur
+}
+
+// value is a gauge's or counter's value; untyped families count as either.
+func value(typ dto.MetricType, m *dto.Metric, isCounter bool) (float64, bool) {
+	switch {
+	case typ == dto.MetricType_UNTYPED:
+		return m.GetUntyped().GetValue(), m.Untyped != nil
+	case isCounter && typ == dto.MetricType_COUNTER:
+		return m.GetCounter().GetValue(), m.Counter != nil
+	case !isCounter && typ == dto.MetricType_GAUGE:
+		return m.GetGauge().GetValue(), m.Gauge != nil
+	}
+	return 0, false
+}
+
+// addHist adds one exposed histogram to st's field f.
+func (s *Scraper) addHist(t *target, st *state, f field, h *dto.Histogram) {
+	if h == nil {
+		s.m.dropped.WithLabelValues(t.Name, "histogram_malformed").Inc()
+		return
+	}
+	ch := &cumHist{count: float64(h.GetSampleCount()) + h.GetSampleCountFloat(), sum: h.GetSampleSum()}
+	bs := slices.Clone(h.GetBucket())
+	slices.SortFunc(bs, func(a, b *dto.Bucket) int {
+		switch {
+		case a.GetUpperBound() < b.GetUpperBound():
+			return -1
+		case a.GetUpperBound() > b.GetUpperBound():
+			return 1
+		}
+		return 0
+	})
+	for _, b := range bs {
+		ub := b.GetUpperBound()
+		if math.IsInf(ub, +1) {
+			continue
+		}
+		c := float64(b.GetCumulativeCount()) + b.GetCumulativeCountFloat()
+		n := len(ch.le)
+		if math.IsNaN(ub) || math.IsInf(ub, 0) || (n > 0 && ub == ch.le[n-1]) || (n > 0 && c < ch.cum[n-1]) || c > ch.count {
+			s.m.dropped.WithLabelValues(t.Name, "histogram_malformed").Inc()
+			return
+		}
+		ch.le = append(ch.le, ub)
+		ch.cum = append(ch.cum, c)
+	}
+	if math.IsNaN(ch.count) || math.IsInf(ch.count, 0) || math.IsNaN(ch.sum) || math.IsInf(ch.sum, 0) {
+		s.m.dropped.WithLabelValues(t.Name, "histogram_malformed").Inc()
+		return
+	}
+	if len(ch.le) > events.MaxEngineBuckets {
+		s.m.dropped.WithLabelValues(t.Name, "histogram_too_many_buckets").Inc()
+		return
+	}
+	old := st.hists[f]
+	switch {
+	case old == nil:
+		st.hists[f] = ch
+	case slices.Equal(old.le, ch.le):
+		for i := range old.cum {
+			old.cum[i] += ch.cum[i]
+		}
+		old.count += ch.count
+		old.sum += ch.sum
+	default:
+		s.m.dropped.WithLabelValues(t.Name, "histogram_bounds_mismatch").Inc()
+		st.hists[f], st.conflict[f] = nil, true
+	}
+}
+
+// fill writes st's gauges and its deltas from prev (the model's previous scrape, or nil)
+// into smp. A counter below its previous value means the engine restarted: the delta is
+// the new value, counted from zero.
+func (s *Scraper) fill(t *target, smp *events.EngineSample, st, prev *state) {
+	for f := range firstCounter {
+		if st.has[f] {
+			set(smp, f, st.counters[f])
+		}
+	}
+	if prev == nil {
+		return
+	}
+	d := st.ts.Sub(prev.ts).Seconds()
+	smp.DeltaSeconds = &d
+	for f := firstCounter; f < firstHistogram; f++ {
+		if st.has[f] && prev.has[f] {
+			cur, old := st.counters[f], prev.counters[f]
+			if cur < old {
+				old = 0
+			}
+			set(smp, f, cur-old)
+		}
+	}
+	for f := firstHistogram; f < numFields; f++ {
+		h, old := st.hists[f], prev.hists[f]
+		if h == nil || old == nil || !slices.Equal(h.le, old.le) {
+			continue
+		}
+		if dh, ok := histDelta(h, old); ok {
+			setHist(smp, f, dh)
+		} else {
+			s.m.dropped.WithLabelValues(t.Name, "histogram_malformed").Inc()
+		}
+	}
+}
+
+// histDelta returns the per-bucket observations between old and h (same bounds); when
+// any count fell, the engine restarted and h counts from zero.
+func histDelta(h, old *cumHist) (*events.HistogramDelta, bool) {
+	reset := h.count < old.count
+	for i := range h.cum {
+		reset = reset || h.cum[i] < old.cum[i]
+	}
+	base := func(i int) float64 {
+		if reset {
+			return 0
+		}
+		return old.cum[i]
+	}
+	d := &events.HistogramDelta{Le: append([]float64{}, h.le...), Counts: make([]float64, len(h.le)+1)}
+	prevCum := 0.0
+	for i := range h.cum {
+		c := h.cum[i] - base(i)
+		d.Counts[i] = c - prevCum
+		prevCum = c
+	}
+	d.Count, d.Sum = h.count, h.sum
+	if !reset {
+		d.Count -= old.count
+		d.Sum -= old.sum
+	}
+	d.Counts[len(h.le)] = d.Count - prevCum
+	for _, c := range d.Counts {
+		if c < 0 {
+			return nil, false
+		}
+	}
+	return d, true
+}

@@ -1,0 +1,542 @@
+package scrape
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"reflect"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/santhosh-tekuri/jsonschema/v6"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/schemas"
+)
+
+var t0 = time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
+
+const llama = "meta-llama/Llama-3.1-8B-Instruct"
+
+func ptr[T any](v T) *T { return &v }
+
+func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// fakeEngine serves whatever exposition it was last given.
+type fakeEngine struct {
+	*httptest.Server
+	body  atomic.Pointer[string]
+	delay atomic.Int64
+	code  atomic.Int32
+}
+
+func newEngine(t testing.TB, body string) *fakeEngine {
+	t.Helper()
+	e := &fakeEngine{}
+	e.set(body)
+	e.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if d := time.Duration(e.delay.Load()); d > 0 {
+			select {
+			case <-time.After(d):
+			case <-r.Context().Done():
+				return
+			}
+		}
+		if c := e.code.Load(); c != 0 {
+			w.WriteHeader(int(c))
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		_, _ = io.WriteString(w, *e.body.Load())
+	}))
+	t.Cleanup(e.Close)
+	return e
+}
+
+func (e *fakeEngine) set(body string) { e.body.Store(&body) }
+
+func fixture(t testing.TB, name string) string {
+	t.Helper()
+	b, err := os.ReadFile("testdata/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+type published struct{ subject, id, data string }
+
+type fakePublisher struct {
+	mu   sync.Mutex
+	msgs []published
+}
+
+func (p *fakePublisher) Publish(subject, msgID string, data []byte) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.msgs = append(p.msgs, published{subject, msgID, string(data)})
+	return true
+}
+
+// take returns the samples published since the last call, decoded, checked against the
+// Go contract and the JSON Schema.
+func (p *fakePublisher) take(t *testing.T) []events.EngineSample {
+	t.Helper()
+	p.mu.Lock()
+	msgs := p.msgs
+	p.msgs = nil
+	p.mu.Unlock()
+	sch := engineSchema(t)
+	var out []events.EngineSample
+	for _, m := range msgs {
+		if m.subject != "engine.sample.gpu-node-3" {
+			t.Errorf("subject %q", m.subject)
+		}
+		var s events.EngineSample
+		if err := events.UnmarshalEngineSample([]byte(m.data), &s); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.ValidateAt(time.Now()); err != nil {
+			t.Fatalf("published sample breaks the contract: %v: %s", err, m.data)
+		}
+		inst, err := jsonschema.UnmarshalJSON(strings.NewReader(m.data))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sch.Validate(inst); err != nil {
+			t.Fatalf("schema rejects %s: %v", m.data, err)
+		}
+		if want := msgID(&s); m.id != want {
+			t.Errorf("msg id %q, want %q", m.id, want)
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+var schemaOnce = sync.OnceValues(func() (*jsonschema.Schema, error) {
+	raw, err := fs.ReadFile(schemas.JSON, "engine_sample.schema.json")
+	if err != nil {
+		return nil, err
+	}
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
+	if err != nil {
+		return nil, err
+	}
+	c := jsonschema.NewCompiler()
+	c.AssertFormat()
+	if err := c.AddResource("engine_sample.schema.json", doc); err != nil {
+		return nil, err
+	}
+	return c.Compile("engine_sample.schema.json")
+})
+
+func engineSchema(t *testing.T) *jsonschema.Schema {
+	t.Helper()
+	s, err := schemaOnce()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func newScraper(t testing.TB, targets []Target, pub publisher, maxModels int) (*Scraper, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	s := New(targets, pub, Options{Host: "gpu-node-3", Interval: time.Second, Timeout: 300 * time.Millisecond,
+		MaxBytes: 1 << 20, MaxModels: maxModels}, reg, discard())
+	return s, reg
+}
+
+func one(t *testing.T, got []events.EngineSample) events.EngineSample {
+	t.Helper()
+	if len(got) != 1 {
+		t.Fatalf("%d samples, want 1: %+v", len(got), got)
+	}
+	return got[0]
+}
+
+func jsonOf(v any) string { b, _ := json.Marshal(v); return string(b) }
+
+// TestVLLM reads the vLLM fixture twice: gauges on the first scrape (summed over the two
+// engine cores, KV usage the higher), counter and histogram deltas on the second.
+func TestVLLM(t *testing.T) {
+	body := fixture(t, "vllm.prom")
+	eng := newEngine(t, body)
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 16)
+
+	s.Tick(context.Background(), t0)
+	first := one(t, pub.take(t))
+	want := events.EngineSample{V: 1, TS: t0, Host: "gpu-node-3", Engine: "vllm", Name: "vllm", Model: llama, Up: true,
+		Running: ptr(12.0), Waiting: ptr(4.0), KVCacheUsage: ptr(0.62)}
+	if !reflect.DeepEqual(first, want) {
+		t.Fatalf("first scrape\n%s\nwant\n%s", jsonOf(first), jsonOf(want))
+	}
+
+	// One request more: 500 prompt and 40 generated tokens, 2 s in the queue (above 1 s).
+	r := strings.NewReplacer(
+		`vllm:prompt_tokens_total{engine="0",model_name="`+llama+`"} 20000.0`, `vllm:prompt_tokens_total{engine="0",model_name="`+llama+`"} 20500.0`,
+		`vllm:generation_tokens_total{engine="1",model_name="`+llama+`"} 3000.0`, `vllm:generation_tokens_total{engine="1",model_name="`+llama+`"} 3040.0`,
+		`vllm:prefix_cache_hits_total{engine="0",model_name="`+llama+`"} 4000.0`, `vllm:prefix_cache_hits_total{engine="0",model_name="`+llama+`"} 4256.0`,
+		`vllm:prefix_cache_queries_total{engine="0",model_name="`+llama+`"} 10000.0`, `vllm:prefix_cache_queries_total{engine="0",model_name="`+llama+`"} 10500.0`,
+		`vllm:request_queue_time_seconds_bucket{engine="0",le="5.0",model_name="`+llama+`"} 15.0`, `vllm:request_queue_time_seconds_bucket{engine="0",le="5.0",model_name="`+llama+`"} 16.0`,
+		`vllm:request_queue_time_seconds_bucket{engine="0",le="+Inf",model_name="`+llama+`"} 16.0`, `vllm:request_queue_time_seconds_bucket{engine="0",le="+Inf",model_name="`+llama+`"} 17.0`,
+		`vllm:request_queue_time_seconds_count{engine="0",model_name="`+llama+`"} 16.0`, `vllm:request_queue_time_seconds_count{engine="0",model_name="`+llama+`"} 17.0`,
+		`vllm:request_queue_time_seconds_sum{engine="0",model_name="`+llama+`"} 12.5`, `vllm:request_queue_time_seconds_sum{engine="0",model_name="`+llama+`"} 14.5`,
+	)
+	next := r.Replace(body)
+	if strings.Count(next, "\n") != strings.Count(body, "\n") || next == body {
+		t.Fatal("replacements did not apply")
+	}
+	eng.set(next)
+	s.Tick(context.Background(), t0.Add(time.Second))
+	second := one(t, pub.take(t))
+	f := func(name string, got *float64, want float64) {
+		t.Helper()
+		if got == nil || *got != want {
+			t.Errorf("%s = %v, want %v", name, jsonOf(got), want)
+		}
+	}
+	f("delta_seconds", second.DeltaSeconds, 1)
+	f("prompt_tokens", second.PromptTokens, 500)
+	f("generation_tokens", second.GenerationTokens, 40)
+	f("prefix_cache_queries", second.PrefixCacheQueries, 500)
+	f("prefix_cache_hits", second.PrefixCacheHits, 256)
+	f("preemptions", second.Preemptions, 0)
+	f("running", second.Running, 12)
+	wantQ := &events.HistogramDelta{Le: []float64{0.3, 1, 5}, Counts: []float64{0, 0, 1, 0}, Sum: 2, Count: 1}
+	if !reflect.DeepEqual(second.QueueTime, wantQ) {
+		t.Errorf("queue_time_seconds %s, want %s", jsonOf(second.QueueTime), jsonOf(wantQ))
+	}
+	for name, h := range map[string]*events.HistogramDelta{"ttft": second.TTFT, "prefill": second.PrefillTime,
+		"decode": second.DecodeTime, "iteration_tokens": second.IterationTokens} {
+		if h == nil || h.Count != 0 || len(h.Counts) != len(h.Le)+1 {
+			t.Errorf("%s = %s, want a histogram with no new observations", name, jsonOf(h))
+		}
+	}
+	if second.GeneratedTokens != nil || second.BatchSize != nil || second.CacheHitRate != nil {
+		t.Errorf("readings vLLM does not export are present: %s", jsonOf(second))
+	}
+}
+
+func TestSGLang(t *testing.T) {
+	eng := newEngine(t, fixture(t, "sglang.prom"))
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "sglang", Name: "sglang", URL: eng.URL}}, pub, 16)
+	s.Tick(context.Background(), t0)
+	s.Tick(context.Background(), t0.Add(2*time.Second))
+	got := pub.take(t)
+	if len(got) != 2 {
+		t.Fatalf("%d samples", len(got))
+	}
+	want := events.EngineSample{V: 1, TS: t0.Add(2 * time.Second), Host: "gpu-node-3", Engine: "sglang", Name: "sglang",
+		Model: "Qwen/Qwen2.5-7B-Instruct", Up: true, DeltaSeconds: ptr(2.0),
+		Running: ptr(9.0), Waiting: ptr(4.0), KVCacheUsage: ptr(0.27), CacheHitRate: ptr(0.41), GenThroughput: ptr(812.5),
+		PromptTokens: ptr(0.0), GenerationTokens: ptr(0.0),
+		TTFT: &events.HistogramDelta{Le: []float64{0.1, 0.5}, Counts: []float64{0, 0, 0}, Sum: 0, Count: 0}}
+	if !reflect.DeepEqual(got[1], want) {
+		t.Fatalf("got\n%s\nwant\n%s", jsonOf(got[1]), jsonOf(want))
+	}
+}
+
+func TestTGI(t *testing.T) {
+	body := fixture(t, "tgi.prom")
+	eng := newEngine(t, body)
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "tgi", Name: "tgi", URL: eng.URL}}, pub, 16)
+	s.Tick(context.Background(), t0)
+	eng.set(strings.NewReplacer("tgi_request_queue_duration_bucket{le=\"+Inf\"} 100", "tgi_request_queue_duration_bucket{le=\"+Inf\"} 103",
+		"tgi_request_queue_duration_count 100", "tgi_request_queue_duration_count 103",
+		"tgi_request_queue_duration_sum 21.5", "tgi_request_queue_duration_sum 24.5").Replace(body))
+	s.Tick(context.Background(), t0.Add(time.Second))
+	got := pub.take(t)
+	if len(got) != 2 {
+		t.Fatalf("%d samples", len(got))
+	}
+	want := events.EngineSample{V: 1, TS: t0.Add(time.Second), Host: "gpu-node-3", Engine: "tgi", Name: "tgi", Up: true,
+		DeltaSeconds: ptr(1.0), Waiting: ptr(6.0), BatchSize: ptr(16.0),
+		QueueTime:       &events.HistogramDelta{Le: []float64{0.005, 0.05, 0.5}, Counts: []float64{0, 0, 0, 3}, Sum: 3, Count: 3},
+		GeneratedTokens: &events.HistogramDelta{Le: []float64{64, 512}, Counts: []float64{0, 0, 0}, Sum: 0, Count: 0}}
+	if !reflect.DeepEqual(got[1], want) {
+		t.Fatalf("got\n%s\nwant\n%s", jsonOf(got[1]), jsonOf(want))
+	}
+}
+
+func small(prompt, b1, inf, sum float64) string {
+	return fmt.Sprintf(`# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="m"} %g
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.5",model_name="m"} %g
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="m"} %g
+vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} %g
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} %g
+`, prompt, b1, inf, inf, sum)
+}
+
+// TestCounterReset restarts the engine between two scrapes: the counters start again from
+// zero, so the delta is the new value, never negative and never the old total.
+func TestCounterReset(t *testing.T) {
+	eng := newEngine(t, small(100000, 900, 1000, 400))
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 16)
+	s.Tick(context.Background(), t0)
+	eng.set(small(100300, 901, 1002, 401.5))
+	s.Tick(context.Background(), t0.Add(time.Second))
+	eng.set(small(250, 3, 4, 2.5)) // restarted
+	s.Tick(context.Background(), t0.Add(2*time.Second))
+	got := pub.take(t)
+	if len(got) != 3 {
+		t.Fatalf("%d samples", len(got))
+	}
+	if got[1].PromptTokens == nil || *got[1].PromptTokens != 300 {
+		t.Errorf("before the restart prompt_tokens = %s, want 300", jsonOf(got[1].PromptTokens))
+	}
+	if w := (&events.HistogramDelta{Le: []float64{0.5}, Counts: []float64{1, 1}, Sum: 1.5, Count: 2}); !reflect.DeepEqual(got[1].TTFT, w) {
+		t.Errorf("before the restart ttft %s, want %s", jsonOf(got[1].TTFT), jsonOf(w))
+	}
+	if got[2].PromptTokens == nil || *got[2].PromptTokens != 250 {
+		t.Errorf("after the restart prompt_tokens = %s, want 250", jsonOf(got[2].PromptTokens))
+	}
+	if w := (&events.HistogramDelta{Le: []float64{0.5}, Counts: []float64{3, 1}, Sum: 2.5, Count: 4}); !reflect.DeepEqual(got[2].TTFT, w) {
+		t.Errorf("after the restart ttft %s, want %s", jsonOf(got[2].TTFT), jsonOf(w))
+	}
+}
+
+// TestEngineFails: an engine that disappears, hangs, errors, sends too much or sends a
+// malformed exposition is reported down with its reason and counted, and the engine beside
+// it is still read.
+func TestEngineFails(t *testing.T) {
+	good := newEngine(t, fixture(t, "tgi.prom"))
+	gone := newEngine(t, fixture(t, "vllm.prom"))
+	slow := newEngine(t, fixture(t, "vllm.prom"))
+	slow.delay.Store(int64(2 * time.Second))
+	status := newEngine(t, "")
+	status.code.Store(503)
+	bad := newEngine(t, fixture(t, "malformed.prom"))
+	huge := newEngine(t, strings.Repeat("# padding\n", 200_000))
+	targets := []Target{
+		{Engine: "tgi", Name: "good", URL: good.URL},
+		{Engine: "vllm", Name: "gone", URL: gone.URL},
+		{Engine: "vllm", Name: "slow", URL: slow.URL},
+		{Engine: "vllm", Name: "status", URL: status.URL},
+		{Engine: "vllm", Name: "bad", URL: bad.URL},
+		{Engine: "vllm", Name: "huge", URL: huge.URL},
+	}
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, targets, pub, 16)
+	s.Tick(context.Background(), t0)
+	gone.Close() // the engine stops between two ticks
+	began := time.Now()
+	s.Tick(context.Background(), t0.Add(time.Second))
+	if d := time.Since(began); d > time.Second {
+		t.Errorf("a tick with a hanging engine took %s; the timeout is 300ms", d)
+	}
+	got := pub.take(t)[len(targets):]
+	wantErr := map[string]string{"good": "", "gone": "connect", "slow": "timeout", "status": "http_status", "bad": "malformed", "huge": "too_large"}
+	if len(got) != len(targets) {
+		t.Fatalf("%d samples on the second tick, want %d", len(got), len(targets))
+	}
+	for _, smp := range got {
+		want := wantErr[smp.Name]
+		if smp.Up != (want == "") || smp.Error != want {
+			t.Errorf("%s: up=%v error=%q, want error %q", smp.Name, smp.Up, smp.Error, want)
+		}
+		if want != "" {
+			if smp.Model != "" || smp.Running != nil || smp.DeltaSeconds != nil {
+				t.Errorf("%s: a down sample carries readings: %s", smp.Name, jsonOf(smp))
+			}
+			n := 1.0
+			if smp.Name != "gone" {
+				n = 2
+			}
+			if v := testutil.ToFloat64(s.m.failed.WithLabelValues(smp.Name, want)); v != n {
+				t.Errorf("engine_scrape_errors_total{%s,%s} = %v, want %v", smp.Name, want, v, n)
+			}
+			if v := testutil.ToFloat64(s.m.up.WithLabelValues(smp.Name)); v != 0 {
+				t.Errorf("engine_up{%s} = %v", smp.Name, v)
+			}
+		}
+	}
+	if v := testutil.ToFloat64(s.m.up.WithLabelValues("good")); v != 1 {
+		t.Errorf("engine_up{good} = %v", v)
+	}
+}
+
+// TestModelLimit: an exposition with more models than the limit gives samples for the
+// limit only and counts what it left out.
+func TestModelLimit(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("# TYPE vllm:num_requests_running gauge\n")
+	for i := range 50 {
+		fmt.Fprintf(&b, "vllm:num_requests_running{model_name=\"m%d\"} %d\n", i, i)
+	}
+	eng := newEngine(t, b.String())
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 4)
+	s.Tick(context.Background(), t0)
+	if got := pub.take(t); len(got) != 4 {
+		t.Fatalf("%d samples, want 4", len(got))
+	}
+	if v := testutil.ToFloat64(s.m.dropped.WithLabelValues("vllm", "models_over_limit")); v != 1 {
+		t.Errorf("models_over_limit = %v", v)
+	}
+}
+
+// TestHostileValues: values no engine can mean are left out and counted; the rest of the
+// sample is kept.
+func TestHostileValues(t *testing.T) {
+	eng := newEngine(t, `# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} NaN
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} -3
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{model_name="m"} 7
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{model_name="m"} 0.5
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{model_name="m"} 10
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{le="0.5",model_name="m"} 9
+vllm:time_to_first_token_seconds_bucket{le="1",model_name="m"} 3
+vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} 9
+vllm:time_to_first_token_seconds_count{model_name="m"} 9
+vllm:time_to_first_token_seconds_sum{model_name="m"} 1
+`)
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 4)
+	s.Tick(context.Background(), t0)
+	s.Tick(context.Background(), t0.Add(time.Second))
+	got := pub.take(t)
+	if len(got) != 2 {
+		t.Fatalf("%d samples", len(got))
+	}
+	smp := got[1]
+	if smp.Running != nil || smp.Waiting != nil || smp.KVCacheUsage != nil || smp.TTFT != nil {
+		t.Errorf("hostile values reached the sample: %s", jsonOf(smp))
+	}
+	if smp.PromptTokens == nil || *smp.PromptTokens != 0 {
+		t.Errorf("prompt_tokens beside them lost: %s", jsonOf(smp))
+	}
+	if v := testutil.ToFloat64(s.m.dropped.WithLabelValues("vllm", "bad_value")); v != 6 {
+		t.Errorf("bad_value = %v, want 6 (3 per scrape)", v)
+	}
+	if v := testutil.ToFloat64(s.m.dropped.WithLabelValues("vllm", "histogram_malformed")); v != 2 {
+		t.Errorf("histogram_malformed = %v, want 2", v)
+	}
+}
+
+// TestLegacyKVName: vLLM before kv_cache_usage_perc exported gpu_cache_usage_perc; the
+// current name wins when both are there.
+func TestLegacyKVName(t *testing.T) {
+	f := func(body string, want float64) {
+		t.Helper()
+		eng := newEngine(t, body)
+		pub := &fakePublisher{}
+		s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 4)
+		s.Tick(context.Background(), t0)
+		smp := one(t, pub.take(t))
+		if smp.KVCacheUsage == nil || *smp.KVCacheUsage != want {
+			t.Errorf("kv_cache_usage = %s, want %v", jsonOf(smp.KVCacheUsage), want)
+		}
+	}
+	legacy := "# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc{model_name=\"m\"} 0.3\n"
+	current := "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{model_name=\"m\"} 0.7\n"
+	f(legacy, 0.3)
+	f(legacy+current, 0.7)
+	f(current+legacy, 0.7)
+}
+
+func TestParseTargets(t *testing.T) {
+	for _, tc := range []struct {
+		name, in string
+		want     []Target
+		wantErr  string
+	}{
+		{name: "empty", in: ""},
+		{name: "three", in: "vllm=http://127.0.0.1:8000/metrics, sglang=http://127.0.0.1:30000/metrics,tgi=http://127.0.0.1:8080/metrics",
+			want: []Target{{"vllm", "vllm", "http://127.0.0.1:8000/metrics"}, {"sglang", "sglang", "http://127.0.0.1:30000/metrics"}, {"tgi", "tgi", "http://127.0.0.1:8080/metrics"}}},
+		{name: "named", in: "vllm:gpu0=http://h:1/metrics,vllm:gpu1=http://h:2/metrics",
+			want: []Target{{"vllm", "gpu0", "http://h:1/metrics"}, {"vllm", "gpu1", "http://h:2/metrics"}}},
+		{name: "twice", in: "vllm=http://h:1/metrics,vllm=http://h:2/metrics", wantErr: "twice"},
+		{name: "unknown kind", in: "ollama=http://h:1/metrics", wantErr: "must be vllm, sglang or tgi"},
+		{name: "no url", in: "vllm", wantErr: "kind=URL"},
+		{name: "bad url", in: "vllm=127.0.0.1:8000", wantErr: "http:// or https://"},
+		{name: "bad name", in: "vllm:a.b=http://h/", wantErr: "ASCII letters"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ParseTargets(tc.in)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), "GPUWATCH_ENGINES") {
+					t.Fatalf("err %v, want one naming GPUWATCH_ENGINES and saying %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("got %+v, %v", got, err)
+			}
+		})
+	}
+}
+
+// TestParallelRanks: SGLang under tensor parallelism labels each rank's copy of the same
+// scheduler's figures; only rank 0 is read, so tokens are not counted once per rank.
+func TestParallelRanks(t *testing.T) {
+	eng := newEngine(t, `# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{engine_type="unified",model_name="m",pp_rank="0",tp_rank="0"} 4
+sglang:num_queue_reqs{engine_type="unified",model_name="m",pp_rank="0",tp_rank="1"} 4
+sglang:num_queue_reqs{engine_type="unified",model_name="m",pp_rank="1",tp_rank="0"} 4
+`)
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "sglang", Name: "sglang", URL: eng.URL}}, pub, 4)
+	s.Tick(context.Background(), t0)
+	if smp := one(t, pub.take(t)); smp.Waiting == nil || *smp.Waiting != 4 {
+		t.Errorf("waiting = %s, want 4 (rank 0 only)", jsonOf(smp.Waiting))
+	}
+}
+
+// TestHistogramBounds: two cores of one model with different bounds cannot be added, and a
+// histogram whose bounds changed between two scrapes has no delta that tick. The first is
+// counted; the second is an engine upgrade, not an error.
+func TestHistogramBounds(t *testing.T) {
+	hist := func(core, le string, n int) string {
+		return fmt.Sprintf(`vllm:time_to_first_token_seconds_bucket{engine="%s",le="%s",model_name="m"} %d
+vllm:time_to_first_token_seconds_bucket{engine="%s",le="+Inf",model_name="m"} %d
+vllm:time_to_first_token_seconds_count{engine="%s",model_name="m"} %d
+vllm:time_to_first_token_seconds_sum{engine="%s",model_name="m"} 1
+`, core, le, n, core, n, core, n, core)
+	}
+	head := "# TYPE vllm:time_to_first_token_seconds histogram\n"
+	eng := newEngine(t, head+hist("0", "0.5", 1))
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 4)
+	s.Tick(context.Background(), t0)
+	eng.set(head + hist("0", "0.25", 2)) // bounds changed
+	s.Tick(context.Background(), t0.Add(time.Second))
+	eng.set(head + hist("0", "0.25", 3) + hist("1", "0.5", 3)) // cores disagree
+	s.Tick(context.Background(), t0.Add(2*time.Second))
+	got := pub.take(t)
+	if len(got) != 3 {
+		t.Fatalf("%d samples", len(got))
+	}
+	for i, smp := range got {
+		if smp.TTFT != nil {
+			t.Errorf("tick %d: ttft %s, want none", i, jsonOf(smp.TTFT))
+		}
+	}
+	if v := testutil.ToFloat64(s.m.dropped.WithLabelValues("vllm", "histogram_bounds_mismatch")); v != 1 {
+		t.Errorf("histogram_bounds_mismatch = %v, want 1", v)
+	}
+}
