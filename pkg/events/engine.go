@@ -2,7 +2,6 @@ package events
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -79,16 +78,7 @@ type HistogramDelta struct {
 // error that wraps ErrInvalidEvent. It does not validate: call ValidateAt.
 func UnmarshalEngineSample(data []byte, s *EngineSample) error {
 	*s = EngineSample{}
-	if err := json.Unmarshal(data, s); err != nil {
-		if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
-			if s.V != Version && s.V != 0 {
-				return fieldErr("v", ErrUnsupportedVersion, strconv.Itoa(s.V))
-			}
-			return fieldErr(te.Field, ErrWrongType, "want "+te.Type.String())
-		}
-		return &SyntaxError{Msg: err.Error()}
-	}
-	return nil
+	return unmarshalSample(data, s, &s.V)
 }
 
 // MarshalEngineSample encodes s as the contract's JSON, ts in the contract's millisecond

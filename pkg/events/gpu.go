@@ -47,18 +47,7 @@ type GPUSample struct {
 // that wraps ErrInvalidEvent. It does not validate: call ValidateAt.
 func UnmarshalGPUSample(data []byte, s *GPUSample) error {
 	*s = GPUSample{}
-	if err := json.Unmarshal(data, s); err != nil {
-		if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
-			// json.Unmarshal read on past the mistyped field: a sample of another version
-			// may type its fields otherwise, and that is what is wrong with it.
-			if s.V != Version && s.V != 0 {
-				return fieldErr("v", ErrUnsupportedVersion, strconv.Itoa(s.V))
-			}
-			return fieldErr(te.Field, ErrWrongType, "want "+te.Type.String())
-		}
-		return &SyntaxError{Msg: err.Error()}
-	}
-	return nil
+	return unmarshalSample(data, s, &s.V)
 }
 
 // ValidateAt checks the sample against the contract; see RequestEvent.ValidateAt.
@@ -119,6 +108,23 @@ func (s *GPUSample) ValidateAt(now time.Time) error {
 	}
 	if s.MemUsedBytes != nil && s.MemTotalBytes != nil && *s.MemUsedBytes > *s.MemTotalBytes {
 		return fieldErr("mem_used_bytes", ErrOutOfRange, "above mem_total_bytes")
+	}
+	return nil
+}
+
+// unmarshalSample decodes one JSON message into v with encoding/json. A mistyped field is
+// ErrWrongType, unless the message says another version (*ver once decoded: json.Unmarshal
+// reads on past the mistyped field), for a message of another version may type its fields
+// otherwise and that is what is wrong with it; bad JSON is a SyntaxError.
+func unmarshalSample(data []byte, v any, ver *int) error {
+	if err := json.Unmarshal(data, v); err != nil {
+		if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
+			if *ver != Version && *ver != 0 {
+				return fieldErr("v", ErrUnsupportedVersion, strconv.Itoa(*ver))
+			}
+			return fieldErr(te.Field, ErrWrongType, "want "+te.Type.String())
+		}
+		return &SyntaxError{Msg: err.Error()}
 	}
 	return nil
 }
