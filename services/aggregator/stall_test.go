@@ -51,8 +51,6 @@ func TestStalledWriteShows(t *testing.T) {
 		}
 	}()
 	b.publish(t, batch(100)) // the flush of these hangs
-	time.Sleep(time.Second)
-	b.publish(t, batch(300)) // and these wait behind it
 
 	readyz := func() (int, string) {
 		resp, err := http.Get("http://" + addr + "/readyz")
@@ -63,16 +61,31 @@ func TestStalledWriteShows(t *testing.T) {
 		body, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(body)
 	}
+	buffered := func() float64 { return metricValue(addr, "aggregator_buffered", `stream="tokens"`) }
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		code, body := readyz()
 		stalled := metricValue(addr, "aggregator_write_stalled_seconds", `stream="tokens"`)
-		buffered := metricValue(addr, "aggregator_buffered", `stream="tokens"`)
-		if code == http.StatusServiceUnavailable && strings.Contains(body, "clickhouse_writes") && stalled >= 10 && buffered == 300 {
+		if code == http.StatusServiceUnavailable && strings.Contains(body, "clickhouse_writes") && stalled >= 10 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("30 s into the stall: /readyz %d %s, write_stalled_seconds %.1f, buffered %.0f (want 503 naming clickhouse_writes, ≥ 10, 300)", code, body, stalled, buffered)
+			t.Fatalf("30 s into the stall: /readyz %d %s, write_stalled_seconds %.1f (want 503 naming clickhouse_writes, ≥ 10)", code, body, stalled)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// The flush is stuck: what arrives now waits in memory, and the gauge follows it.
+	before := buffered()
+	for settled := false; !settled; {
+		time.Sleep(1500 * time.Millisecond) // the gauges are read every second
+		now := buffered()
+		settled, before = now == before, now
+	}
+	b.publish(t, batch(300))
+	deadline = time.Now().Add(15 * time.Second)
+	for buffered() != before+300 {
+		if time.Now().After(deadline) {
+			t.Fatalf("buffered %.0f after 300 more events during the stall, want %.0f: the gauge is not live", buffered(), before+300)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
