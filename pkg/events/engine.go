@@ -98,16 +98,7 @@ func EngineSampleSubject(host string) string {
 
 // ValidateAt checks the sample against the contract; see RequestEvent.ValidateAt.
 func (s *EngineSample) ValidateAt(now time.Time) error {
-	if s.V != Version {
-		if s.V == 0 {
-			return fieldErr("v", ErrMissingField, "")
-		}
-		return fieldErr("v", ErrUnsupportedVersion, strconv.Itoa(s.V))
-	}
-	if err := checkTime("ts", s.TS, now); err != nil {
-		return err
-	}
-	if err := checkLabel("host", s.Host, true); err != nil {
+	if err := checkSampleHead(s.V, s.TS, s.Host, now); err != nil {
 		return err
 	}
 	switch s.Engine {

@@ -52,16 +52,7 @@ func UnmarshalGPUSample(data []byte, s *GPUSample) error {
 
 // ValidateAt checks the sample against the contract; see RequestEvent.ValidateAt.
 func (s *GPUSample) ValidateAt(now time.Time) error {
-	if s.V != Version {
-		if s.V == 0 {
-			return fieldErr("v", ErrMissingField, "")
-		}
-		return fieldErr("v", ErrUnsupportedVersion, strconv.Itoa(s.V))
-	}
-	if err := checkTime("ts", s.TS, now); err != nil {
-		return err
-	}
-	if err := checkLabel("host", s.Host, true); err != nil {
+	if err := checkSampleHead(s.V, s.TS, s.Host, now); err != nil {
 		return err
 	}
 	if err := checkLabel("gpu_uuid", s.GPUUUID, true); err != nil {
@@ -127,4 +118,19 @@ func unmarshalSample(data []byte, v any, ver *int) error {
 		return &SyntaxError{Msg: err.Error()}
 	}
 	return nil
+}
+
+// checkSampleHead checks what every sample of a host starts with: its version, its time and
+// its host.
+func checkSampleHead(v int, ts time.Time, host string, now time.Time) error {
+	if v != Version {
+		if v == 0 {
+			return fieldErr("v", ErrMissingField, "")
+		}
+		return fieldErr("v", ErrUnsupportedVersion, strconv.Itoa(v))
+	}
+	if err := checkTime("ts", ts, now); err != nil {
+		return err
+	}
+	return checkLabel("host", host, true)
 }
