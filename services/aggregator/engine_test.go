@@ -13,6 +13,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/schemas"
+	"github.com/tokenscope/tokenscope/services/aggregator/internal/sink"
 )
 
 func (b *bed) publishEngine(t testing.TB, ss []events.EngineSample) {
@@ -230,4 +232,78 @@ finish:
 	check()
 	time.Sleep(time.Second) // and nothing more arrives later
 	check()
+}
+
+// TestEngineEfficiencyQuery runs schemas/clickhouse/queries/engine_efficiency.sql over known
+// engine and GPU rows, corrections among them, on 18.16 and on a current ClickHouse: the
+// engines' tokens/s ÷ the host's sample-weighted GPU utilisation, and tokens per joule.
+func TestEngineEfficiencyQuery(t *testing.T) {
+	b := newBed(t)
+	ctx := context.Background()
+	if _, err := b.db.Migrate(ctx, schemas.Migrations()); err != nil {
+		t.Fatal(err)
+	}
+	w0 := time.Now().UTC().Add(-time.Hour).Truncate(time.Minute)
+	w1 := w0.Add(15 * time.Second)
+	eng := func(at time.Time, kind, host, model string, gen, prompt float64) events.EngineRollup {
+		return events.EngineRollup{V: 1, WindowStart: at, WindowSeconds: 15, Kind: kind, Host: host, Engine: events.EngineVLLM, Name: "vllm",
+			Model: model, Samples: 15, UpSamples: 15, GenerationTokens: gen, PromptTokens: prompt}
+	}
+	gpu := func(at time.Time, kind, host string, idx int, util float64, samples uint64, energy float64) events.GPURollup {
+		return events.GPURollup{V: 1, WindowStart: at, WindowSeconds: 15, Kind: kind, Host: host, GPUIndex: idx, GPUUUID: "GPU-" + host + string(rune('0'+idx)),
+			Samples: samples, UtilAvg: util, EnergyJ: energy}
+	}
+	sk := sink.New(b.db.Conn(), "efficiency")
+	if err := sk.WriteEngineRollups(ctx, []events.EngineRollup{
+		eng(w0, events.KindWindow, "h1", "a", 3000, 9000),
+		eng(w0, events.KindWindow, "h1", "b", 1500, 0),
+		eng(w0, events.KindCorrection, "h1", "a", 300, 0),
+		eng(w0, events.KindWindow, "h2", "a", 999, 999), // no GPU rows: no figure
+		eng(w1, events.KindWindow, "h1", "a", 150, 150),
+	}, sink.Ledger{SeqThrough: 1, FlushID: "e"}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := sk.WriteGPURollups(ctx, []events.GPURollup{
+		gpu(w0, events.KindWindow, "h1", 0, 80, 15, 3000),
+		gpu(w0, events.KindWindow, "h1", 1, 40, 15, 1500),
+		gpu(w0, events.KindCorrection, "h1", 0, 20, 5, 100),
+		gpu(w0, events.KindWindow, "h3", 0, 50, 15, 700), // no engine rows: no figure
+		gpu(w1, events.KindWindow, "h1", 0, 0, 15, 0),    // idle and no energy counter: ratios 0
+	}, sink.Ledger{SeqThrough: 1, FlushID: "g"}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	util := (80*15 + 40*15 + 20*5) / 35.0
+	type row struct {
+		start                                    time.Time
+		host                                     string
+		gen, total, genPS, totalPS               float64
+		gpus                                     float64
+		util, energy, genEff, totEff, genJ, totJ float64
+	}
+	want := []row{
+		{w0, "h1", 4800, 13800, 320, 920, 2, util, 4600, 320 / util, 920 / util, 4800 / 4600.0, 13800 / 4600.0},
+		{w1, "h1", 150, 300, 10, 20, 1, 0, 0, 0, 0, 0, 0},
+	}
+	check := func(t *testing.T, srv server) {
+		res, err := srv.run(cookbook(t, "engine_efficiency.sql"), map[string]string{"from": dt(w0.Add(-time.Minute)), "to": dt(w0.Add(time.Minute))})
+		if err != nil {
+			t.Fatalf("ClickHouse %s: %v", srv.name, err)
+		}
+		if len(res.Rows) != len(want) {
+			t.Fatalf("ClickHouse %s: %d rows %v, want %d", srv.name, len(res.Rows), res.Rows, len(want))
+		}
+		for i, r := range res.Rows {
+			w := want[i]
+			if !tm(t, r[0]).Equal(w.start) || str(t, r[1]) != w.host {
+				t.Fatalf("ClickHouse %s row %d: %v %v, want %v %v", srv.name, i, r[0], r[1], w.start, w.host)
+			}
+			for j, v := range []float64{w.gen, w.total, w.genPS, w.totalPS, w.gpus, w.util, w.energy, w.genEff, w.totEff, w.genJ, w.totJ} {
+				if got := num(t, r[2+j]); !near(got, v, 1e-9) {
+					t.Errorf("ClickHouse %s row %d %s = %v, want %v", srv.name, i, res.Columns[2+j].Name, got, v)
+				}
+			}
+		}
+	}
+	check(t, server18(b.db))
+	t.Run("current", func(t *testing.T) { check(t, serverCurrent(current(t, b, "engine_rollups", "gpu_rollups"))) })
 }
