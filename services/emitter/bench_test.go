@@ -57,6 +57,8 @@ func TestMain(m *testing.M) {
 			serve = serveRelayFloor
 		case "floor-http":
 			serve = serveRelayFloorHTTP
+		case "revproxy", "nethttp":
+			serve = func() error { return serveNetHTTPFloor(mode) }
 		case "nats":
 			serve = serveNATS
 		}
@@ -183,10 +185,10 @@ func startChildAs(b *testing.B, mode, natsURL, upstream string, env ...string) (
 	}
 	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	c = &child{base: "http://" + addr, pid: cmd.Process.Pid, cmd: cmd}
-	if strings.HasPrefix(mode, "floor") {
-		waitListening(b, addr) // it relays /readyz too
-	} else {
+	if mode == "serve" || mode == "bare" {
 		waitReady(b, c.base)
+	} else {
+		waitListening(b, addr) // the floors relay /readyz too
 	}
 	return c, pprofAddr
 }
