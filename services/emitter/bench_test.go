@@ -172,8 +172,14 @@ func startChild(b *testing.B, natsURL, upstream string, env ...string) (c *child
 
 // startChildAs starts this test binary in the child mode given (TestMain): serve, bare or floor.
 func startChildAs(b *testing.B, mode, natsURL, upstream string, env ...string) (c *child, pprofAddr string) {
+	return startChildFrom(b, os.Args[0], mode, natsURL, upstream, env...)
+}
+
+// startChildFrom is startChildAs with the test binary bin, such as one built from another
+// checkout of the emitter.
+func startChildFrom(b *testing.B, bin, mode, natsURL, upstream string, env ...string) (c *child, pprofAddr string) {
 	addr := freeAddr(b)
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd := exec.Command(bin, "-test.run=^$")
 	cmd.Env = append(os.Environ(), "EMITTER_TEST_CHILD="+mode, "HTTP_ADDR="+addr, "NATS_URL="+natsURL,
 		"EMITTER_UPSTREAM_URL="+upstream, "LOG_LEVEL=error", "EMITTER_SHUTDOWN_GRACE=1s")
 	cmd.Env = append(cmd.Env, env...)

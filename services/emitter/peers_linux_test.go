@@ -27,6 +27,8 @@ import (
 //	emitter-loops<n>     with EMITTER_RELAY_LOOPS=n
 //	emitter-linger<d>    with EMITTER_PUBLISH_LINGER=d (0, 1ms, 5ms, 20ms)
 //	emitter-procs<n>     with GOMAXPROCS=n
+//	emitter…@<binary>    any of these run from another test binary of this package (go test
+//	                     -c), such as one built before a change, for a side-by-side A/B run
 //	nginx-w<n>           nginx with worker_processes n, proxy_buffering off, a kept-alive
 //	                     HTTP/1.1 upstream pool
 //	caddy                Debian's Caddy, reverse_proxy with flush_interval -1, buffer_requests
@@ -163,7 +165,11 @@ func startPeers(b *testing.B, names []string, natsURL, upstream string, env ...s
 				pids: func() []int { return []int{c.pid} }})
 		case strings.HasPrefix(name, "emitter"):
 			penv := append([]string{"EMITTER_STREAM_IDLE_TIMEOUT=1h"}, env...)
-			switch rest := strings.TrimPrefix(name, "emitter"); {
+			kind, bin, other := strings.Cut(name, "@")
+			if !other {
+				bin = os.Args[0]
+			}
+			switch rest := strings.TrimPrefix(kind, "emitter"); {
 			case rest == "":
 			case strings.HasPrefix(rest, "-loops"):
 				penv = append(penv, "EMITTER_RELAY_LOOPS="+strings.TrimPrefix(rest, "-loops"))
@@ -174,7 +180,7 @@ func startPeers(b *testing.B, names []string, natsURL, upstream string, env ...s
 			default:
 				b.Fatalf("BENCH_PEERS: %q: want emitter, emitter-loops<n>, emitter-linger<duration> or emitter-procs<n>", name)
 			}
-			c, pprof := startChild(b, natsURL, "http://"+upstream, penv...)
+			c, pprof := startChildFrom(b, bin, "serve", natsURL, "http://"+upstream, penv...)
 			peers = append(peers, &peer{name: name, addr: strings.TrimPrefix(c.base, "http://"), emitter: true, pprof: pprof,
 				pids: func() []int { return []int{c.pid} }})
 		default:
