@@ -136,13 +136,51 @@ func (p *peer) rss(b testing.TB) float64 {
 	return sum
 }
 
-// benchPeers reads BENCH_PEERS, skipping the benchmark when it is not set.
+// benchPeers reads BENCH_PEERS, skipping the benchmark when it is not set. A peer whose
+// program is not installed is left out, and said so; the benchmark is skipped when none is left.
 func benchPeers(b *testing.B) []string {
 	v := os.Getenv("BENCH_PEERS")
 	if v == "" {
-		b.Skip(`set BENCH_PEERS, such as "emitter nginx-w1 nginx-w2" (make bench-peers)`)
+		b.Skip(`set BENCH_PEERS, such as "emitter nginx-w1 nginx-w2 caddy nethttp" (make bench-peers)`)
 	}
-	return strings.Fields(v)
+	var names []string
+	for _, name := range strings.Fields(v) {
+		if why := peerMissing(name); why != "" {
+			b.Logf("BENCH_PEERS: leaving %s out: %s", name, why)
+			continue
+		}
+		names = append(names, name)
+	}
+	if len(names) == 0 {
+		b.Skip("BENCH_PEERS: none of the peers named is installed")
+	}
+	return names
+}
+
+// peerMissing says what is missing to run the peer name, or "" when nothing is.
+func peerMissing(name string) string {
+	switch {
+	case strings.HasPrefix(name, "nginx-w"):
+		if nginxBinary() == "" {
+			return "nginx is not installed: apt-get install -y nginx-light"
+		}
+	case name == "caddy":
+		if _, err := exec.LookPath("caddy"); err != nil {
+			return "caddy is not installed: apt-get install -y caddy"
+		}
+	}
+	return ""
+}
+
+// nginxBinary is nginx's path, "" when it is not installed.
+func nginxBinary() string {
+	if bin, err := exec.LookPath("nginx"); err == nil {
+		return bin
+	}
+	if _, err := os.Stat("/usr/sbin/nginx"); err == nil {
+		return "/usr/sbin/nginx" // not on a user's PATH
+	}
+	return ""
 }
 
 // startPeers starts each peer named, in front of upstream (host:port), the emitters
@@ -244,15 +282,9 @@ http {
 `
 
 // startNginx starts Debian's nginx with workers worker processes in front of upstream,
-// configured in a temporary directory; it skips the benchmark when nginx is not installed.
+// configured in a temporary directory (benchPeers has left it out when nginx is not installed).
 func startNginx(b *testing.B, name string, workers int, upstream string) *peer {
-	bin, err := exec.LookPath("nginx")
-	if err != nil {
-		if _, serr := os.Stat("/usr/sbin/nginx"); serr != nil {
-			b.Skip("nginx is not installed: apt-get install -y nginx-light")
-		}
-		bin = "/usr/sbin/nginx"
-	}
+	bin := nginxBinary()
 	dir := b.TempDir()
 	addr := freeAddr(b)
 	conf := filepath.Join(dir, "nginx.conf")
@@ -302,12 +334,9 @@ http://%[1]s {
 `
 
 // startCaddy starts Debian's Caddy in front of upstream, configured and storing in a
-// temporary directory; it skips the benchmark when Caddy is not installed.
+// temporary directory (benchPeers has left it out when Caddy is not installed).
 func startCaddy(b *testing.B, upstream string) *peer {
-	bin, err := exec.LookPath("caddy")
-	if err != nil {
-		b.Skip("caddy is not installed: apt-get install -y caddy")
-	}
+	bin, _ := exec.LookPath("caddy")
 	dir := b.TempDir()
 	addr := freeAddr(b)
 	conf := filepath.Join(dir, "Caddyfile")
