@@ -574,7 +574,14 @@ func holdStreams(b testing.TB, client *http.Client, base, body string, n int) fu
 			<-ctx.Done()
 		}()
 	}
-	opened.Wait()
+	all := make(chan struct{})
+	go func() { opened.Wait(); close(all) }()
+	select {
+	case <-all:
+	case <-time.After(time.Minute):
+		cancel()
+		b.Fatalf("cannot open the streams: not all %d got their first bytes within a minute", n)
+	}
 	select {
 	case err := <-errs:
 		cancel()
