@@ -14,10 +14,9 @@ import (
 	"github.com/tokenscope/tokenscope/pkg/events"
 )
 
-// TestLoopHeadWithFirstBytes: on the loop the response's head is not flushed alone but with the
-// first piece of the stream when that came with it. The client still gets the head at once
-// when what came with it is not a piece the meter lets through yet (half an event, held while
-// the proxy strips the usage chunk it asked for), and the stream is relayed whole either way.
+// TestLoopHeadWithFirstBytes: a stream relayed on the loop gives the client the response's head
+// at once, whatever came with it from the upstream (a whole event, half of one, held by the
+// meter while the proxy strips the usage chunk it asked for, or nothing), and is relayed whole.
 func TestLoopHeadWithFirstBytes(t *testing.T) {
 	const hold = 400 * time.Millisecond
 	for _, tc := range []struct {

@@ -89,70 +89,42 @@ func newLoop(logger *slog.Logger) (*evloop, error) {
 // runtime's poller, as the watcher's does: a goroutine blocked in epoll_wait would hold a
 // thread, and the runtime's monitor would take its processor back and forth, at a cost of
 // its own, each time it waits.
-//
-// The events are handled within the wait (RawConn.Read), and after a batch the loop waits
-// again at once, without first polling an instance that is most likely empty: an event that
-// comes while a batch is handled makes the instance readable again, which the runtime's
-// poller (edge-triggered) remembers, so the wait returns at once. That is one epoll_pwait
-// fewer per wake-up, most of the loop's calls but the reads and writes.
 func (l *evloop) run(rc syscall.RawConn, f *os.File) {
 	defer f.Close() // the epoll instance
 	evs := make([]syscall.EpollEvent, 256)
 	for {
-		stop := false
+		n := 0
 		var werr error
 		err := rc.Read(func(fd uintptr) bool {
-			for {
-				n, err := epollPoll(int(fd), evs)
-				switch {
-				case err == syscall.EINTR:
-					continue
-				case err != nil:
-					werr = err
-					return true
-				case n == 0:
-					return false // wait
-				}
-				if l.handle(evs[:n]) {
-					stop = true
-					return true
-				}
-				if n < len(evs) {
-					return false // all that was ready: wait
-				}
-			}
+			n, werr = epollPoll(int(fd), evs)
+			return n > 0 || (werr != nil && werr != syscall.EINTR)
 		})
-		if stop {
-			return
-		}
 		if err == nil {
 			err = werr
 		}
-		// Not a condition the loop can meet (a bad descriptor would be a bug): said, and
-		// tried again, rather than the emitter stopping or the loop spinning.
-		l.logger.Error("the relay loop cannot wait for events", "err", err)
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// handle handles a batch of events; it reports whether the loop is to stop.
-func (l *evloop) handle(evs []syscall.EpollEvent) (stop bool) {
-	for _, ev := range evs {
-		if int(ev.Fd) == l.wake {
-			if l.runPosted() {
-				return true
-			}
+		if err != nil {
+			// Not a condition the loop can meet (a bad descriptor would be a bug): said, and
+			// tried again, rather than the emitter stopping or the loop spinning.
+			l.logger.Error("the relay loop cannot wait for events", "err", err)
+			time.Sleep(100 * time.Millisecond)
 			continue
 		}
-		l.mu.Lock()
-		c := l.conns[ev.Fd]
-		l.mu.Unlock()
-		// A descriptor closed and reused since the event: its generation differs.
-		if c != nil && c.gen == uint32(ev.Pad) {
-			c.event(ev.Events)
+		for _, ev := range evs[:n] {
+			if int(ev.Fd) == l.wake {
+				if l.runPosted() {
+					return
+				}
+				continue
+			}
+			l.mu.Lock()
+			c := l.conns[ev.Fd]
+			l.mu.Unlock()
+			// A descriptor closed and reused since the event: its generation differs.
+			if c != nil && c.gen == uint32(ev.Pad) {
+				c.event(ev.Events)
+			}
 		}
 	}
-	return false
 }
 
 // post runs f on the loop.
@@ -823,13 +795,10 @@ func (c *flight) onLoop(r *http.Request, out *response) (onLoop, handedOff bool)
 	c.ls, c.park.undecided = s, false
 	c.pk.Unlock()
 	c.rl = relay{out: out, dog: &c.dog, m: c.m, bufs: &p.bufs, body: upstreamBody{r: c.body, dog: &c.dog}}
-	// The head is not out yet: it goes in the same write as the first piece of the stream
-	// when that came with it, else alone, now (a flush with nothing left to send writes nothing).
 	if c.relayBuffered(b) {
 		c.settle()
 		return true, false
 	}
-	_ = out.rc.Flush()
 	s.attach()
 	for {
 		select {

@@ -477,20 +477,17 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	_, framed := h["Content-Length"]
 	w.WriteHeader(resp.StatusCode)
 	rc := http.NewResponseController(w)
+	_ = rc.Flush()
 	if c.sse && !framed && c.enc == identity && p.canDetach(r, x) {
-		// net/http sends the head chunked: the stream may leave it later.
+		// net/http sent the head chunked: the stream may leave it later.
 		c.w, c.keep, c.unhook = w, !r.Close, unhook
-		// On the loop, the head goes out with what came with it (onLoop).
 		if onLoop, handedOff := c.onLoop(r, &response{w: w, rc: rc}); onLoop {
 			if !handedOff {
 				unhook()
 			}
 			return
 		}
-		_ = rc.Flush()
 		c.mayPark()
-	} else {
-		_ = rc.Flush()
 	}
 	c.decided()
 	if !c.relay(&response{w: w, rc: rc}) {
