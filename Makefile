@@ -4,7 +4,8 @@
 #                 SQL on ClickHouse 26.7 too (chDB, installed by make chdb)
 #   make chdb     install chDB for Node.js into pkg/testbed/testdata/chdb (git-ignored)
 #   make bench    the benchmarks behind the speed and memory goals
-#   make bench-peers  the emitter against nginx (apt-get install -y nginx-light), side by side
+#   make bench-peers  the emitter against nginx and Caddy (apt-get install -y nginx-light caddy)
+#                 and net/http's own floor, side by side
 #   make build    the service binaries and the tokenscope command into bin/
 
 SHELL   := /bin/bash
@@ -39,10 +40,11 @@ bench:
 		if [ -n "$$(cd $$m && go list ./... 2>/dev/null)" ]; then (cd $$m && go test -run '^$$' -bench . -benchmem ./...); fi; \
 	done
 
-# The emitter and Debian's nginx in front of the same fake LLM, driven in alternating rounds
-# (services/emitter/peers_linux_test.go): added latency and CPU per request at BENCH_RATES
-# (default 250,500,1000), then the resident set per held stream. PEERS picks the proxies.
-PEERS ?= emitter nginx-w1 nginx-w2
+# The emitter, Debian's nginx and Caddy, and a proxy of net/http alone (nethttp) in front of
+# the same fake LLM, driven in alternating rounds (services/emitter/peers_linux_test.go):
+# added latency and CPU per request at BENCH_RATES (default 250,500,1000), then the resident
+# set per held stream. PEERS picks the proxies; a missing nginx or caddy skips the run.
+PEERS ?= emitter nginx-w1 nginx-w2 caddy nethttp
 bench-peers:
 	cd services/emitter && BENCH_PEERS="$(PEERS)" go test -v -run '^$$' -timeout 60m -bench '^BenchmarkPeers$$' -benchtime=4000x .
 	cd services/emitter && BENCH_PEERS="$(PEERS)" go test -v -run '^$$' -timeout 10m -bench '^BenchmarkPeerStreams$$' -benchtime=1x .

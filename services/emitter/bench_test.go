@@ -57,6 +57,8 @@ func TestMain(m *testing.M) {
 			serve = serveRelayFloor
 		case "floor-http":
 			serve = serveRelayFloorHTTP
+		case "revproxy", "nethttp":
+			serve = func() error { return serveNetHTTPFloor(mode) }
 		case "nats":
 			serve = serveNATS
 		}
@@ -170,8 +172,14 @@ func startChild(b *testing.B, natsURL, upstream string, env ...string) (c *child
 
 // startChildAs starts this test binary in the child mode given (TestMain): serve, bare or floor.
 func startChildAs(b *testing.B, mode, natsURL, upstream string, env ...string) (c *child, pprofAddr string) {
+	return startChildFrom(b, os.Args[0], mode, natsURL, upstream, env...)
+}
+
+// startChildFrom is startChildAs with the test binary bin, such as one built from another
+// checkout of the emitter.
+func startChildFrom(b *testing.B, bin, mode, natsURL, upstream string, env ...string) (c *child, pprofAddr string) {
 	addr := freeAddr(b)
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd := exec.Command(bin, "-test.run=^$")
 	cmd.Env = append(os.Environ(), "EMITTER_TEST_CHILD="+mode, "HTTP_ADDR="+addr, "NATS_URL="+natsURL,
 		"EMITTER_UPSTREAM_URL="+upstream, "LOG_LEVEL=error", "EMITTER_SHUTDOWN_GRACE=1s")
 	cmd.Env = append(cmd.Env, env...)
@@ -183,10 +191,10 @@ func startChildAs(b *testing.B, mode, natsURL, upstream string, env ...string) (
 	}
 	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	c = &child{base: "http://" + addr, pid: cmd.Process.Pid, cmd: cmd}
-	if strings.HasPrefix(mode, "floor") {
-		waitListening(b, addr) // it relays /readyz too
-	} else {
+	if mode == "serve" || mode == "bare" {
 		waitReady(b, c.base)
+	} else {
+		waitListening(b, addr) // the floors relay /readyz too
 	}
 	return c, pprofAddr
 }
@@ -566,7 +574,14 @@ func holdStreams(b testing.TB, client *http.Client, base, body string, n int) fu
 			<-ctx.Done()
 		}()
 	}
-	opened.Wait()
+	all := make(chan struct{})
+	go func() { opened.Wait(); close(all) }()
+	select {
+	case <-all:
+	case <-time.After(time.Minute):
+		cancel()
+		b.Fatalf("cannot open the streams: not all %d got their first bytes within a minute", n)
+	}
 	select {
 	case err := <-errs:
 		cancel()

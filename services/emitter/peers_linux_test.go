@@ -27,8 +27,16 @@ import (
 //	emitter-loops<n>     with EMITTER_RELAY_LOOPS=n
 //	emitter-linger<d>    with EMITTER_PUBLISH_LINGER=d (0, 1ms, 5ms, 20ms)
 //	emitter-procs<n>     with GOMAXPROCS=n
+//	emitter…@<binary>    any of these run from another test binary of this package (go test
+//	                     -c), such as one built before a change, for a side-by-side A/B run
 //	nginx-w<n>           nginx with worker_processes n, proxy_buffering off, a kept-alive
 //	                     HTTP/1.1 upstream pool
+//	caddy                Debian's Caddy, reverse_proxy with flush_interval -1, buffer_requests
+//	                     and a kept-alive upstream pool
+//	revproxy             net/http's floor: httputil.ReverseProxy (FlushInterval -1) on a bare
+//	                     http.Server, in this test binary's child process
+//	nethttp              net/http's floor without ReverseProxy: a handler that forwards the
+//	                     request with http.Transport and copies the answer, flushing each read
 //
 // Every emitter publishes each request's event to one nats-server, in its own process too, so
 // its CPU time per request is the event's cost on NATS; only one peer is driven at a time.
@@ -128,13 +136,51 @@ func (p *peer) rss(b testing.TB) float64 {
 	return sum
 }
 
-// benchPeers reads BENCH_PEERS, skipping the benchmark when it is not set.
+// benchPeers reads BENCH_PEERS, skipping the benchmark when it is not set. A peer whose
+// program is not installed is left out, and said so; the benchmark is skipped when none is left.
 func benchPeers(b *testing.B) []string {
 	v := os.Getenv("BENCH_PEERS")
 	if v == "" {
-		b.Skip(`set BENCH_PEERS, such as "emitter nginx-w1 nginx-w2" (make bench-peers)`)
+		b.Skip(`set BENCH_PEERS, such as "emitter nginx-w1 nginx-w2 caddy nethttp" (make bench-peers)`)
 	}
-	return strings.Fields(v)
+	var names []string
+	for _, name := range strings.Fields(v) {
+		if why := peerMissing(name); why != "" {
+			b.Logf("BENCH_PEERS: leaving %s out: %s", name, why)
+			continue
+		}
+		names = append(names, name)
+	}
+	if len(names) == 0 {
+		b.Skip("BENCH_PEERS: none of the peers named is installed")
+	}
+	return names
+}
+
+// peerMissing says what is missing to run the peer name, or "" when nothing is.
+func peerMissing(name string) string {
+	switch {
+	case strings.HasPrefix(name, "nginx-w"):
+		if nginxBinary() == "" {
+			return "nginx is not installed: apt-get install -y nginx-light"
+		}
+	case name == "caddy":
+		if _, err := exec.LookPath("caddy"); err != nil {
+			return "caddy is not installed: apt-get install -y caddy"
+		}
+	}
+	return ""
+}
+
+// nginxBinary is nginx's path, "" when it is not installed.
+func nginxBinary() string {
+	if bin, err := exec.LookPath("nginx"); err == nil {
+		return bin
+	}
+	if _, err := os.Stat("/usr/sbin/nginx"); err == nil {
+		return "/usr/sbin/nginx" // not on a user's PATH
+	}
+	return ""
 }
 
 // startPeers starts each peer named, in front of upstream (host:port), the emitters
@@ -149,9 +195,19 @@ func startPeers(b *testing.B, names []string, natsURL, upstream string, env ...s
 				b.Fatalf("BENCH_PEERS: %q: want nginx-w<workers>", name)
 			}
 			peers = append(peers, startNginx(b, name, workers, upstream))
+		case name == "caddy":
+			peers = append(peers, startCaddy(b, upstream))
+		case name == "revproxy" || name == "nethttp":
+			c, pprof := startChildAs(b, name, natsURL, "http://"+upstream, env...)
+			peers = append(peers, &peer{name: name, addr: strings.TrimPrefix(c.base, "http://"), pprof: pprof,
+				pids: func() []int { return []int{c.pid} }})
 		case strings.HasPrefix(name, "emitter"):
 			penv := append([]string{"EMITTER_STREAM_IDLE_TIMEOUT=1h"}, env...)
-			switch rest := strings.TrimPrefix(name, "emitter"); {
+			kind, bin, other := strings.Cut(name, "@")
+			if !other {
+				bin = os.Args[0]
+			}
+			switch rest := strings.TrimPrefix(kind, "emitter"); {
 			case rest == "":
 			case strings.HasPrefix(rest, "-loops"):
 				penv = append(penv, "EMITTER_RELAY_LOOPS="+strings.TrimPrefix(rest, "-loops"))
@@ -162,7 +218,7 @@ func startPeers(b *testing.B, names []string, natsURL, upstream string, env ...s
 			default:
 				b.Fatalf("BENCH_PEERS: %q: want emitter, emitter-loops<n>, emitter-linger<duration> or emitter-procs<n>", name)
 			}
-			c, pprof := startChild(b, natsURL, "http://"+upstream, penv...)
+			c, pprof := startChildFrom(b, bin, "serve", natsURL, "http://"+upstream, penv...)
 			peers = append(peers, &peer{name: name, addr: strings.TrimPrefix(c.base, "http://"), emitter: true, pprof: pprof,
 				pids: func() []int { return []int{c.pid} }})
 		default:
@@ -226,15 +282,9 @@ http {
 `
 
 // startNginx starts Debian's nginx with workers worker processes in front of upstream,
-// configured in a temporary directory; it skips the benchmark when nginx is not installed.
+// configured in a temporary directory (benchPeers has left it out when nginx is not installed).
 func startNginx(b *testing.B, name string, workers int, upstream string) *peer {
-	bin, err := exec.LookPath("nginx")
-	if err != nil {
-		if _, serr := os.Stat("/usr/sbin/nginx"); serr != nil {
-			b.Skip("nginx is not installed: apt-get install -y nginx-light")
-		}
-		bin = "/usr/sbin/nginx"
-	}
+	bin := nginxBinary()
 	dir := b.TempDir()
 	addr := freeAddr(b)
 	conf := filepath.Join(dir, "nginx.conf")
@@ -257,6 +307,52 @@ func startNginx(b *testing.B, name string, workers int, upstream string) *peer {
 		}
 	}
 	return &peer{name: name, addr: addr, pids: func() []int { return procs }}
+}
+
+// caddyConf is the configuration of the Caddy peer, set up like nginx's: a streaming reverse
+// proxy (flush_interval -1: every write flushed), the request body read before it goes
+// upstream (buffer_requests, as nginx's proxy_request_buffering does by default), upstream
+// connections kept alive, no access log, no admin endpoint, no TLS.
+const caddyConf = `{
+	admin off
+	auto_https off
+	log {
+		output discard
+	}
+}
+http://%[1]s {
+	reverse_proxy %[2]s {
+		flush_interval -1
+		buffer_requests
+		transport http {
+			keepalive 600s
+			keepalive_idle_conns 1024
+			keepalive_idle_conns_per_host 1024
+		}
+	}
+}
+`
+
+// startCaddy starts Debian's Caddy in front of upstream, configured and storing in a
+// temporary directory (benchPeers has left it out when Caddy is not installed).
+func startCaddy(b *testing.B, upstream string) *peer {
+	bin, _ := exec.LookPath("caddy")
+	dir := b.TempDir()
+	addr := freeAddr(b)
+	conf := filepath.Join(dir, "Caddyfile")
+	if err := os.WriteFile(conf, fmt.Appendf(nil, caddyConf, addr, upstream), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command(bin, "run", "--config", conf, "--adapter", "caddyfile")
+	cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatalf("cannot start caddy: %v", err)
+	}
+	b.Cleanup(func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() })
+	waitListening(b, addr)
+	pid := cmd.Process.Pid
+	return &peer{name: "caddy", addr: addr, pids: func() []int { return []int{pid} }}
 }
 
 // childrenOf lists the processes whose parent is pid, from /proc.
@@ -370,9 +466,11 @@ func peerRound(b *testing.B, p *peer, direct string, natsPid int, every time.Dur
 	}
 	cpu0, nats0, self0 := p.cpu(b), cpuTime(b, natsPid), cpuTime(b, os.Getpid())
 	sys0 := p.sysCPU(b)
+	prof := profileRound(b, p, time.Duration(b.N)*every)
 	b.ResetTimer()
 	sent := c.run(b.N, every)
 	b.StopTimer()
+	prof()
 	self := cpuTime(b, os.Getpid()) - self0
 	time.Sleep(50 * time.Millisecond) // the last events published, after the longest linger
 	cpu, nats, sys := p.cpu(b)-cpu0, cpuTime(b, natsPid)-nats0, p.sysCPU(b)-sys0
@@ -406,6 +504,29 @@ func peerRound(b *testing.B, p *peer, direct string, natsPid int, every time.Dur
 		b.ReportMetric(f[k], k)
 	}
 	return f
+}
+
+// profileRound saves, under BENCH_PROFILE_DIR, the CPU profile of a Go peer (the emitter, the
+// net/http floors) over the round about to run for d, as <peer>-rate<r>-round<n>.pb.gz; the
+// function it returns waits for it. The profiler costs the peer 1-3 % more CPU: compare the
+// CPU figures of rounds run without it.
+func profileRound(b *testing.B, p *peer, d time.Duration) (wait func()) {
+	dir := os.Getenv("BENCH_PROFILE_DIR")
+	secs := int(d.Seconds()) - 1
+	if dir == "" || p.pprof == "" || secs < 1 {
+		return func() {}
+	}
+	// b.Name() is BenchmarkPeers/rate=250/peer=emitter/round=1.
+	name := strings.NewReplacer("BenchmarkPeers/", "", "/", "-", "=", "").Replace(b.Name())
+	done := make(chan error, 1)
+	go func() {
+		done <- fetch(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", p.pprof, secs), filepath.Join(dir, name+".pb.gz"))
+	}()
+	return func() {
+		if err := <-done; err != nil {
+			b.Errorf("cannot save the CPU profile of %s: %v", p.name, err)
+		}
+	}
 }
 
 func splitTimings(ts []timing) (ttft, total []time.Duration) {
