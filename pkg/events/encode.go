@@ -47,6 +47,8 @@ func AppendRequest(dst []byte, ev *RequestEvent) []byte {
 	dst = appendOptStr(dst, "instance", ev.Instance)
 	dst = appendOptStr(dst, "tenant", ev.Tenant)
 	dst = appendOptStr(dst, "provider", ev.Provider)
+	dst = appendOptStr(dst, "layer", string(ev.Layer))
+	dst = appendOptStr(dst, "trace_id", ev.TraceID)
 	dst = appendIntField(dst, "input_tokens", ev.InputTokens)
 	dst = appendIntField(dst, "output_tokens", ev.OutputTokens)
 	if ev.CachedInputTokens != 0 {
@@ -62,6 +64,12 @@ func AppendRequest(dst []byte, ev *RequestEvent) []byte {
 	}
 	if ev.QueueMs != 0 {
 		dst = appendFloatField(dst, "queue_ms", ev.QueueMs)
+	}
+	if ev.PrefillMs != 0 {
+		dst = appendFloatField(dst, "prefill_ms", ev.PrefillMs)
+	}
+	if ev.DecodeMs != 0 {
+		dst = appendFloatField(dst, "decode_ms", ev.DecodeMs)
 	}
 	dst = appendStrField(dst, "status", string(ev.Status))
 	dst = appendOptStr(dst, "error_code", ev.ErrorCode)
