@@ -33,7 +33,8 @@ func AppendTime(dst []byte, t time.Time) []byte {
 // AppendRequest appends ev as JSON to dst and returns the extended slice. It writes the
 // same document encoding/json would for the struct tags, without reflection or allocation
 // when dst has room. A non-finite duration is written as null, so the event fails
-// validation instead of carrying a made-up zero.
+// validation instead of carrying a made-up zero. The gateway layer, the default, is not
+// written.
 func AppendRequest(dst []byte, ev *RequestEvent) []byte {
 	dst = append(dst, `{"v":`...)
 	dst = strconv.AppendInt(dst, int64(ev.V), 10)
@@ -47,7 +48,9 @@ func AppendRequest(dst []byte, ev *RequestEvent) []byte {
 	dst = appendOptStr(dst, "instance", ev.Instance)
 	dst = appendOptStr(dst, "tenant", ev.Tenant)
 	dst = appendOptStr(dst, "provider", ev.Provider)
-	dst = appendOptStr(dst, "layer", string(ev.Layer))
+	if ev.Layer != LayerGateway { // absent is gateway: a gateway event's bytes stay as they were
+		dst = appendOptStr(dst, "layer", string(ev.Layer))
+	}
 	dst = appendOptStr(dst, "trace_id", ev.TraceID)
 	dst = appendIntField(dst, "input_tokens", ev.InputTokens)
 	dst = appendIntField(dst, "output_tokens", ev.OutputTokens)

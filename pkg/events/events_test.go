@@ -68,6 +68,10 @@ func TestLayerRoundTrip(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	ev.Layer = events.LayerGateway
+	if data = events.AppendRequest(nil, &ev); strings.Contains(string(data), "layer") {
+		t.Fatalf("a gateway event writes its layer: %s", data)
+	}
 	ev.Layer, ev.TraceID = "", ""
 	data = events.AppendRequest(nil, &ev)
 	if strings.Contains(string(data), "layer") || strings.Contains(string(data), "trace_id") {
