@@ -81,8 +81,8 @@ func TestReportSQL(t *testing.T) {
 	if err != nil || len(files) == 0 {
 		t.Fatalf("cookbook: %v %v", files, err)
 	}
-	all := map[string]string{"from": base.Format(time.RFC3339), "to": base.Add(time.Hour).Format(time.RFC3339), "model": "it's", "limit": "10"}
-	serverParams := map[string]string{"from": strconv.FormatInt(base.Unix(), 10), "to": strconv.FormatInt(base.Add(time.Hour).Unix(), 10), "model": "it's", "limit": "10"}
+	all := map[string]string{"from": base.Format(time.RFC3339), "to": base.Add(time.Hour).Format(time.RFC3339), "model": "it's", "limit": "10", "layer": "gateway"}
+	serverParams := map[string]string{"from": strconv.FormatInt(base.Unix(), 10), "to": strconv.FormatInt(base.Add(time.Hour).Unix(), 10), "model": "it's", "limit": "10", "layer": "gateway"}
 	args := func(file string) []string {
 		raw, err := os.ReadFile(file)
 		if err != nil {
@@ -118,7 +118,7 @@ func TestReportSQL(t *testing.T) {
 	}
 
 	var table bytes.Buffer
-	if err := run(ctx, []string{"report", "--sql", filepath.Join(dir, "error_vs_timeout.sql"), "--param", "from=" + base.Local().Format("2006-01-02 15:04"), "--param", "to=now"}, getenv, &table, io.Discard); err != nil {
+	if err := run(ctx, []string{"report", "--sql", filepath.Join(dir, "error_vs_timeout.sql"), "--param", "from=" + base.Local().Format("2006-01-02 15:04"), "--param", "to=now", "--param", "layer=gateway"}, getenv, &table, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(table.String(), "model") || !strings.Contains(table.String(), "qwen2.5-72b") || !strings.Contains(table.String(), "2 rows") {
@@ -129,8 +129,8 @@ func TestReportSQL(t *testing.T) {
 		want string
 	}{
 		{[]string{"report", "--sql", filepath.Join(dir, "merged_p99.sql"), "--param", "from=now-1h", "--param", "to=now"}, "needs --param model=… (a String)"},
-		{[]string{"report", "--sql", filepath.Join(dir, "error_codes.sql"), "--param", "from=now-1h", "--param", "to=now", "--param", "model=x"}, "--param model: "},
-		{[]string{"report", "--sql", filepath.Join(dir, "cost_per_conversation.sql"), "--param", "from=now-1h", "--param", "to=now", "--param", "limit=-1"}, `limit="-1" is not a UInt32`},
+		{[]string{"report", "--sql", filepath.Join(dir, "error_codes.sql"), "--param", "from=now-1h", "--param", "to=now", "--param", "layer=gateway", "--param", "model=x"}, "--param model: "},
+		{[]string{"report", "--sql", filepath.Join(dir, "cost_per_conversation.sql"), "--param", "from=now-1h", "--param", "to=now", "--param", "layer=gateway", "--param", "limit=-1"}, `limit="-1" is not a UInt32`},
 		{[]string{"report", "--sql", filepath.Join(dir, "nope.sql")}, "cannot read --sql"},
 	} {
 		if err := run(ctx, bad.args, getenv, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), bad.want) {
