@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"io/fs"
 	"math"
@@ -51,7 +52,7 @@ func TestReportSQL(t *testing.T) {
 	if err := b.Send(); err != nil {
 		t.Fatal(err)
 	}
-	rb, err := db.Conn().PrepareBatch(ctx, "INSERT INTO requests (ts, event_id, env, scene, model, status, error_code, conversation_id, turn, outcome, cost_usd, input_tokens, output_tokens)")
+	rb, err := db.Conn().PrepareBatch(ctx, "INSERT INTO requests (ts, event_id, env, scene, model, status, error_code, conversation_id, turn, outcome, cost_usd, input_tokens, output_tokens, layer, trace_id, bucket, total_ms, queue_ms, prefill_ms, decode_ms)")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +66,8 @@ func TestReportSQL(t *testing.T) {
 			outcome = "completed"
 		}
 		if err := rb.Append(base.Add(time.Duration(i)*time.Second), "e"+strconv.Itoa(i), "prod", "chat", "qwen2.5-72b", status, code,
-			"c"+strconv.Itoa(i/3), uint32(i%3+1), outcome, 0.5, uint32(100), uint32(10)); err != nil {
+			"c"+strconv.Itoa(i/3), uint32(i%3+1), outcome, 0.5, uint32(100), uint32(10),
+			[]string{"engine", "gateway"}[i%2], fmt.Sprintf("%032x", i/2+1), "0-500", float64(90+i%2*10), float64((1-i%2)*5), float64((1-i%2)*20), float64((1-i%2)*60)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -81,8 +83,8 @@ func TestReportSQL(t *testing.T) {
 	if err != nil || len(files) == 0 {
 		t.Fatalf("cookbook: %v %v", files, err)
 	}
-	all := map[string]string{"from": base.Format(time.RFC3339), "to": base.Add(time.Hour).Format(time.RFC3339), "model": "it's", "limit": "10", "layer": "gateway"}
-	serverParams := map[string]string{"from": strconv.FormatInt(base.Unix(), 10), "to": strconv.FormatInt(base.Add(time.Hour).Unix(), 10), "model": "it's", "limit": "10", "layer": "gateway"}
+	all := map[string]string{"from": base.Format(time.RFC3339), "to": base.Add(time.Hour).Format(time.RFC3339), "model": "it's", "limit": "10", "layer": "gateway", "trace_id": "", "bucket": ""}
+	serverParams := map[string]string{"from": strconv.FormatInt(base.Unix(), 10), "to": strconv.FormatInt(base.Add(time.Hour).Unix(), 10), "model": "it's", "limit": "10", "layer": "gateway", "trace_id": "", "bucket": ""}
 	args := func(file string) []string {
 		raw, err := os.ReadFile(file)
 		if err != nil {
@@ -112,6 +114,12 @@ func TestReportSQL(t *testing.T) {
 	// The model whose name holds a quote: 10 windows of 10 samples.
 	if got := answers["merged_p99.sql"][0]; got["samples"] != float64(100) || got["ttft_p99"].(float64) < 800 {
 		t.Errorf("merged_p99 = %v, want 100 samples and a p99 in the slow centroid", got)
+	}
+	// Three traces of a gateway event (100 ms) and an engine one (90 ms: 5 queued, 20
+	// prefill, 60 decode).
+	if got := answers["trace_split.sql"]; len(got) != 1 || got[0]["traces"] != float64(3) || got[0]["gateway_ms"] != float64(10) ||
+		got[0]["queue_ms"] != float64(5) || got[0]["decode_ms"] != float64(60) || got[0]["engine_other_ms"] != float64(5) || got[0]["app_ms"] != nil {
+		t.Errorf("trace_split = %v", got)
 	}
 	if got := answers["error_codes.sql"]; len(got) != 1 || got[0]["error_code"] != "429" || got[0]["requests"] != float64(1) {
 		t.Errorf("error_codes = %v", got)
