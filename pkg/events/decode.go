@@ -16,7 +16,8 @@ const maxDepth = 64
 
 // UnmarshalRequest decodes one request event from JSON into ev, replacing its contents.
 // Unknown fields are ignored, null counts as absent, and the fields a schema-less client could
-// omit by mistake (input_tokens, output_tokens, ttft_ms, total_ms) must be present. It
+// omit by mistake (input_tokens, output_tokens, ttft_ms, total_ms) must be present. An absent
+// layer is LayerGateway; an empty one is an error, like any value that is not a layer. It
 // allocates once for all of the event's strings. It does not validate: call ValidateAt.
 func UnmarshalRequest(data []byte, ev *RequestEvent) error {
 	d := decodeState{s: string(data)}
@@ -161,6 +162,9 @@ func (d *decodeState) requestFields(ev *RequestEvent) error {
 	if d.i != len(d.s) {
 		return d.syntax("unexpected data after the object")
 	}
+	if ev.Layer == "" {
+		ev.Layer = LayerGateway
+	}
 	switch {
 	case seen&seenInput == 0:
 		return fieldErr("input_tokens", ErrMissingField, "")
@@ -203,6 +207,13 @@ func (d *decodeState) requestField(ev *RequestEvent, key string, seen *uint8) er
 		ev.Tenant, err = d.label(key)
 	case "provider":
 		ev.Provider, err = d.label(key)
+	case "layer":
+		var s string
+		if s, err = d.strValue(key); err == nil {
+			ev.Layer, err = toLayer(s)
+		}
+	case "trace_id":
+		ev.TraceID, err = d.strValue(key)
 	case "error_code":
 		ev.ErrorCode, err = d.label(key)
 	case "conversation_id":
@@ -235,6 +246,10 @@ func (d *decodeState) requestField(ev *RequestEvent, key string, seen *uint8) er
 		ev.MaxITLMs, err = d.float(key)
 	case "queue_ms":
 		ev.QueueMs, err = d.float(key)
+	case "prefill_ms":
+		ev.PrefillMs, err = d.float(key)
+	case "decode_ms":
+		ev.DecodeMs, err = d.float(key)
 	case "stream":
 		ev.Stream, err = d.boolean(key)
 	case "tokens_estimated":
@@ -265,6 +280,22 @@ func toStatus(s string) Status {
 		return StatusCanceled
 	}
 	return Status(s)
+}
+
+// toLayer returns the layer s names without allocating. Validate rejects a value that is not
+// a layer; an empty one is rejected here, since Validate reads an empty layer as gateway.
+func toLayer(s string) (Layer, error) {
+	switch s {
+	case "gateway":
+		return LayerGateway, nil
+	case "engine":
+		return LayerEngine, nil
+	case "app":
+		return LayerApp, nil
+	case "":
+		return "", fieldErr("layer", ErrUnknownStatus, `""`)
+	}
+	return Layer(s), nil
 }
 
 func toOutcome(s string) Outcome {

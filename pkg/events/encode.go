@@ -33,7 +33,8 @@ func AppendTime(dst []byte, t time.Time) []byte {
 // AppendRequest appends ev as JSON to dst and returns the extended slice. It writes the
 // same document encoding/json would for the struct tags, without reflection or allocation
 // when dst has room. A non-finite duration is written as null, so the event fails
-// validation instead of carrying a made-up zero.
+// validation instead of carrying a made-up zero. The gateway layer, the default, is not
+// written.
 func AppendRequest(dst []byte, ev *RequestEvent) []byte {
 	dst = append(dst, `{"v":`...)
 	dst = strconv.AppendInt(dst, int64(ev.V), 10)
@@ -47,6 +48,10 @@ func AppendRequest(dst []byte, ev *RequestEvent) []byte {
 	dst = appendOptStr(dst, "instance", ev.Instance)
 	dst = appendOptStr(dst, "tenant", ev.Tenant)
 	dst = appendOptStr(dst, "provider", ev.Provider)
+	if ev.Layer != LayerGateway { // absent is gateway: a gateway event's bytes stay as they were
+		dst = appendOptStr(dst, "layer", string(ev.Layer))
+	}
+	dst = appendOptStr(dst, "trace_id", ev.TraceID)
 	dst = appendIntField(dst, "input_tokens", ev.InputTokens)
 	dst = appendIntField(dst, "output_tokens", ev.OutputTokens)
 	if ev.CachedInputTokens != 0 {
@@ -62,6 +67,12 @@ func AppendRequest(dst []byte, ev *RequestEvent) []byte {
 	}
 	if ev.QueueMs != 0 {
 		dst = appendFloatField(dst, "queue_ms", ev.QueueMs)
+	}
+	if ev.PrefillMs != 0 {
+		dst = appendFloatField(dst, "prefill_ms", ev.PrefillMs)
+	}
+	if ev.DecodeMs != 0 {
+		dst = appendFloatField(dst, "decode_ms", ev.DecodeMs)
 	}
 	dst = appendStrField(dst, "status", string(ev.Status))
 	dst = appendOptStr(dst, "error_code", ev.ErrorCode)

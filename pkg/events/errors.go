@@ -24,6 +24,7 @@ var (
 	ErrTooLong            = errors.New("too long")
 	ErrWrongType          = errors.New("wrong JSON type")
 	ErrBadTimestamp       = errors.New("not an RFC 3339 timestamp")
+	ErrBadTraceID         = errors.New("not a W3C trace id (32 lowercase hex digits, not all zero)")
 )
 
 // reasons maps each sentinel to the bounded label it is counted under.
@@ -43,6 +44,7 @@ var reasons = []struct {
 	{ErrFutureTimestamp, "future_timestamp"},
 	{ErrNotUTF8, "not_utf8"},
 	{ErrTooLong, "too_long"},
+	{ErrBadTraceID, "bad_trace_id"},
 }
 
 // Reasons lists every label Reason can return, for pre-setting metric label values.

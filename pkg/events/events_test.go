@@ -23,6 +23,7 @@ func sampleEvent() events.RequestEvent {
 		V: 1, EventID: "0192f5c8-7a3e-7c41-9b1a-3f2d4e5a6b7c",
 		TS:    time.Date(2026, 11, 30, 10, 0, 0, 123e6, time.UTC),
 		Model: "qwen2.5-72b-instruct", Scene: "customer-service", Env: "prod", Instance: "gpu-node-3",
+		Layer: events.LayerGateway, TraceID: "4bf92f3577b34da6a3ce929d0e0e4736",
 		InputTokens: 812, OutputTokens: 245, CachedInputTokens: 512,
 		TTFTMs: 412.5, TotalMs: 6120.75, MaxITLMs: 80.25,
 		Status: events.StatusOK, Stream: true, ConversationID: "conv-1", Turn: 2,
@@ -46,6 +47,62 @@ func TestRoundTrip(t *testing.T) {
 	}
 	if viaStd["ts"] != "2026-11-30T10:00:00.123Z" || viaStd["ttft_ms"] != 412.5 {
 		t.Fatalf("unexpected document %s", data)
+	}
+}
+
+// TestLayerRoundTrip keeps an engine event's layer, trace id and time split through the
+// encoder and both decoders, and reads an event without a layer as a gateway event.
+func TestLayerRoundTrip(t *testing.T) {
+	ev := sampleEvent()
+	ev.Layer, ev.QueueMs, ev.PrefillMs, ev.DecodeMs = events.LayerEngine, 120, 280.5, 5300.25
+	data := events.AppendRequest(nil, &ev)
+	for _, decode := range []func([]byte, *events.RequestEvent) error{events.UnmarshalRequest, events.NewDecoder(16).Decode} {
+		var got events.RequestEvent
+		if err := decode(data, &got); err != nil {
+			t.Fatalf("decode(%s): %v", data, err)
+		}
+		if !reflect.DeepEqual(got, ev) {
+			t.Fatalf("round trip changed the event:\n got %+v\nwant %+v", got, ev)
+		}
+		if err := got.ValidateAt(testNow); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ev.Layer = events.LayerGateway
+	if data = events.AppendRequest(nil, &ev); strings.Contains(string(data), "layer") {
+		t.Fatalf("a gateway event writes its layer: %s", data)
+	}
+	ev.Layer, ev.TraceID = "", ""
+	data = events.AppendRequest(nil, &ev)
+	if strings.Contains(string(data), "layer") || strings.Contains(string(data), "trace_id") {
+		t.Fatalf("an event without layer or trace id writes them: %s", data)
+	}
+	if err := ev.ValidateAt(testNow); err != nil {
+		t.Fatalf("an event without a layer is invalid: %v", err)
+	}
+	var got events.RequestEvent
+	if err := events.UnmarshalRequest(data, &got); err != nil || got.Layer != events.LayerGateway {
+		t.Fatalf("absent layer decoded as %q (%v), want gateway", got.Layer, err)
+	}
+}
+
+func TestValidTraceID(t *testing.T) {
+	for id, want := range map[string]bool{
+		"4bf92f3577b34da6a3ce929d0e0e4736":  true,
+		"00000000000000000000000000000001":  true,
+		"00000000000000000000000000000000":  false,
+		"4BF92F3577B34DA6A3CE929D0E0E4736":  false,
+		"4bf92f3577b34da6a3ce929d0e0e473":   false,
+		"4bf92f3577b34da6a3ce929d0e0e47360": false,
+		"4bf92f3577b34da6a3ce929d0e0e473g":  false,
+		"":                                  false,
+	} {
+		if got := events.ValidTraceID(id); got != want {
+			t.Errorf("ValidTraceID(%q) = %v, want %v", id, got, want)
+		}
+	}
+	if !events.ValidSpanID("00f067aa0ba902b7") || events.ValidSpanID("0000000000000000") || events.ValidSpanID("00f067aa0ba902b") {
+		t.Error("ValidSpanID")
 	}
 }
 
@@ -107,6 +164,17 @@ func TestDecodeRequest(t *testing.T) {
 	f("version 1, retyped field", `{`+base+`,"input_tokens":"1","output_tokens":2,"ttft_ms":1,"total_ms":3}`, events.ErrWrongType, nil)
 	f("bad outcome", `{`+base+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3,"outcome":"won"}`, events.ErrUnknownStatus, nil)
 	f("old ts", `{`+strings.Replace(base, "2026-11-30", "1970-01-01", 1)+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3}`, events.ErrOutOfRange, nil)
+	f("layer engine", `{`+base+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3,"layer":"engine"}`, nil,
+		func(e *events.RequestEvent) bool { return e.Layer == events.LayerEngine })
+	f("layer null", `{`+base+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3,"layer":null}`, nil,
+		func(e *events.RequestEvent) bool { return e.Layer == events.LayerGateway })
+	f("layer empty", `{`+base+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3,"layer":""}`, events.ErrUnknownStatus, nil)
+	f("layer unknown", `{`+base+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3,"layer":"proxy"}`, events.ErrUnknownStatus, nil)
+	f("layer escaped", `{`+base+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3,"layer":"\u0061pp"}`, nil,
+		func(e *events.RequestEvent) bool { return e.Layer == events.LayerApp })
+	f("trace id zero", `{`+base+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3,"trace_id":"00000000000000000000000000000000"}`, events.ErrBadTraceID, nil)
+	f("prefill negative", `{`+base+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3,"prefill_ms":-0.5}`, events.ErrNegative, nil)
+	f("decode NaN-ish", `{`+base+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3,"decode_ms":1e400}`, events.ErrOutOfRange, nil)
 	f("itl above total", `{`+base+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3,"max_itl_ms":4}`, events.ErrOutOfRange, nil)
 }
 
@@ -351,4 +419,25 @@ func TestFitLabel(t *testing.T) {
 	f(strings.Repeat("é", 300), events.MaxLabelLen, func(got string) bool { return strings.HasPrefix(got, strings.Repeat("é", 123)+"~") })
 	f(long, 5, same("scene"))
 	f(long, events.MaxIDLen, func(got string) bool { return len(got) == events.MaxIDLen })
+}
+
+// TestDecoderDoesNotAllocate keeps the interning decoder allocation-free on an event with
+// every field, layer and trace id included, once its labels are interned.
+func TestDecoderDoesNotAllocate(t *testing.T) {
+	ev := sampleEvent()
+	ev.Layer, ev.QueueMs, ev.PrefillMs, ev.DecodeMs = events.LayerApp, 120, 280.5, 5300.25
+	ev.Tenant, ev.Provider, ev.ErrorCode, ev.Outcome = "acme", "vllm", "none", events.OutcomeCompleted
+	data := events.AppendRequest(nil, &ev)
+	dec := events.NewDecoder(64)
+	var got events.RequestEvent
+	if n := testing.AllocsPerRun(100, func() {
+		if err := dec.Decode(data, &got); err != nil {
+			t.Fatal(err)
+		}
+		if err := got.ValidateAt(testNow); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Fatalf("Decode+ValidateAt allocates %v times per event", n)
+	}
 }

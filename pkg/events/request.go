@@ -28,7 +28,29 @@ const (
 	OutcomeAbandoned Outcome = "abandoned"
 )
 
-// RequestEvent is one LLM request as measured at the edge. Optional numeric fields use 0 for
+// Layer is where a request was measured. The same request seen at two layers is two events,
+// never summed across layers: every rollup, table and query keeps them apart.
+type Layer string
+
+// The layers a request event may carry. An event without a layer is a gateway event.
+const (
+	LayerGateway Layer = "gateway" // the emitter's proxy and HTTP ingest, or any edge publisher
+	LayerEngine  Layer = "engine"  // the inference engine's own view (vLLM's llm_request span)
+	LayerApp     Layer = "app"     // the calling application (an OpenTelemetry GenAI client span)
+)
+
+// Layers lists every layer, gateway first.
+func Layers() []Layer { return []Layer{LayerGateway, LayerEngine, LayerApp} }
+
+// OrGateway returns l, or LayerGateway when l is empty.
+func (l Layer) OrGateway() Layer {
+	if l == "" {
+		return LayerGateway
+	}
+	return l
+}
+
+// RequestEvent is one LLM request as measured at one layer. Optional numeric fields use 0 for
 // "not measured" and are omitted from the JSON when 0.
 type RequestEvent struct {
 	V       int       `json:"v"`
@@ -41,16 +63,20 @@ type RequestEvent struct {
 	Instance string `json:"instance,omitempty"` // inference replica or upstream; equals gpuwatch's host
 	Tenant   string `json:"tenant,omitempty"`
 	Provider string `json:"provider,omitempty"`
+	Layer    Layer  `json:"layer,omitempty"`    // empty is LayerGateway; the decoder fills it in
+	TraceID  string `json:"trace_id,omitempty"` // W3C trace id: 32 lowercase hex digits, not all zero
 
 	InputTokens       int64 `json:"input_tokens"`
 	OutputTokens      int64 `json:"output_tokens"`
 	CachedInputTokens int64 `json:"cached_input_tokens,omitempty"` // prefix-cache hits
 	TokensEstimated   bool  `json:"tokens_estimated,omitempty"`    // no usage was reported; counts are estimates
 
-	TTFTMs   float64 `json:"ttft_ms"`  // time to the first content token
-	TotalMs  float64 `json:"total_ms"` // time to the last content token (or the end of the response)
-	MaxITLMs float64 `json:"max_itl_ms,omitempty"`
-	QueueMs  float64 `json:"queue_ms,omitempty"`
+	TTFTMs    float64 `json:"ttft_ms"`  // time to the first content token
+	TotalMs   float64 `json:"total_ms"` // time to the last content token (or the end of the response)
+	MaxITLMs  float64 `json:"max_itl_ms,omitempty"`
+	QueueMs   float64 `json:"queue_ms,omitempty"`   // waiting for the engine's scheduler
+	PrefillMs float64 `json:"prefill_ms,omitempty"` // the engine computing the prompt
+	DecodeMs  float64 `json:"decode_ms,omitempty"`  // the engine generating the output
 
 	Status     Status `json:"status"`
 	ErrorCode  string `json:"error_code,omitempty"`

@@ -76,7 +76,10 @@ func (e *RequestEvent) ValidateAt(now time.Time) error {
 	for _, d := range [...]struct {
 		name string
 		v    float64
-	}{{"ttft_ms", e.TTFTMs}, {"total_ms", e.TotalMs}, {"max_itl_ms", e.MaxITLMs}, {"queue_ms", e.QueueMs}} {
+	}{
+		{"ttft_ms", e.TTFTMs}, {"total_ms", e.TotalMs}, {"max_itl_ms", e.MaxITLMs},
+		{"queue_ms", e.QueueMs}, {"prefill_ms", e.PrefillMs}, {"decode_ms", e.DecodeMs},
+	} {
 		if err := checkDuration(d.name, d.v); err != nil {
 			return err
 		}
@@ -94,6 +97,14 @@ func (e *RequestEvent) ValidateAt(now time.Time) error {
 	default:
 		return fieldErr("status", ErrUnknownStatus, quoteBounded(string(e.Status)))
 	}
+	switch e.Layer {
+	case "", LayerGateway, LayerEngine, LayerApp:
+	default:
+		return fieldErr("layer", ErrUnknownStatus, quoteBounded(string(e.Layer)))
+	}
+	if e.TraceID != "" && !ValidTraceID(e.TraceID) {
+		return fieldErr("trace_id", ErrBadTraceID, quoteBounded(e.TraceID))
+	}
 	switch e.Outcome {
 	case "", OutcomeCompleted, OutcomeAbandoned:
 	default:
@@ -109,6 +120,32 @@ func (e *RequestEvent) ValidateAt(now time.Time) error {
 		return fieldErr("turn", ErrOutOfRange, strconv.Itoa(e.Turn))
 	}
 	return nil
+}
+
+// ValidTraceID reports whether s is a W3C Trace Context trace id: 32 lowercase hex digits,
+// not all zero.
+func ValidTraceID(s string) bool { return validHexID(s, 32) }
+
+// ValidSpanID reports whether s is a W3C Trace Context parent (span) id: 16 lowercase hex
+// digits, not all zero.
+func ValidSpanID(s string) bool { return validHexID(s, 16) }
+
+func validHexID(s string, n int) bool {
+	if len(s) != n {
+		return false
+	}
+	zero := true
+	for i := 0; i < n; i++ {
+		c := s[i]
+		switch {
+		case c == '0':
+		case '1' <= c && c <= '9', 'a' <= c && c <= 'f':
+			zero = false
+		default:
+			return false
+		}
+	}
+	return !zero
 }
 
 func checkID(name, v string, required bool) error {
