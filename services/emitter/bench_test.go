@@ -173,7 +173,8 @@ func startChildAs(b *testing.B, mode, natsURL, upstream string, env ...string) (
 	addr := freeAddr(b)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "EMITTER_TEST_CHILD="+mode, "HTTP_ADDR="+addr, "NATS_URL="+natsURL,
-		"EMITTER_UPSTREAM_URL="+upstream, "LOG_LEVEL=error", "EMITTER_SHUTDOWN_GRACE=1s")
+		"EMITTER_UPSTREAM_URL="+upstream, "LOG_LEVEL=error", "EMITTER_SHUTDOWN_GRACE=1s",
+		"EMITTER_OTLP_HTTP_ADDR=off", "EMITTER_OTLP_GRPC_ADDR=off")
 	cmd.Env = append(cmd.Env, env...)
 	cmd.Stderr = os.Stderr
 	pprofAddr = freeAddr(b)
