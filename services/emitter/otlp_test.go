@@ -1,0 +1,205 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+)
+
+// otlpRig serves the emitter with both OTLP receivers on free ports and the ingest token
+// "tok"; it returns the base URL, the two receiver addresses and the stream.
+func otlpRig(t *testing.T) (base, httpAddr, grpcAddr string, js jetstream.JetStream, stop func()) {
+	t.Helper()
+	httpAddr, grpcAddr = freeAddr(t), freeAddr(t)
+	base, js, stop = serveRig(t, "EMITTER_INGEST_TOKEN=tok", "EMITTER_OTLP_HTTP_ADDR="+httpAddr, "EMITTER_OTLP_GRPC_ADDR="+grpcAddr)
+	return base, httpAddr, grpcAddr, js, stop
+}
+
+// emitVLLMSpans ends n llm_request spans shaped as vLLM's (vllm/tracing.py attribute names,
+// start at the request's arrival) and extra spans of no LLM kind.
+func emitVLLMSpans(tr trace.Tracer, n, extra int) {
+	arrival := time.Now().Add(-5 * time.Second)
+	for i := range n {
+		_, span := tr.Start(context.Background(), "llm_request", trace.WithSpanKind(trace.SpanKindServer), trace.WithTimestamp(arrival))
+		span.SetAttributes(
+			attribute.String("gen_ai.response.model", "meta-llama/Llama-3.1-8B-Instruct"),
+			attribute.String("gen_ai.request.id", fmt.Sprintf("cmpl-%d", i)),
+			attribute.Int("gen_ai.request.max_tokens", 256),
+			attribute.Int("gen_ai.usage.prompt_tokens", 100+i),
+			attribute.Int("gen_ai.usage.completion_tokens", 20),
+			attribute.Float64("gen_ai.latency.time_in_queue", 0.010),
+			attribute.Float64("gen_ai.latency.time_to_first_token", 0.120),
+			attribute.Float64("gen_ai.latency.e2e", 0.900),
+			attribute.Float64("gen_ai.latency.time_in_model_prefill", 0.100),
+			attribute.Float64("gen_ai.latency.time_in_model_decode", 0.780),
+			attribute.Float64("gen_ai.latency.time_in_model_inference", 0.880),
+		)
+		span.End(trace.WithTimestamp(arrival.Add(900 * time.Millisecond)))
+	}
+	for range extra {
+		_, span := tr.Start(context.Background(), "scheduler_step")
+		span.End()
+	}
+}
+
+// emitGenAISpans ends n chat spans as the OpenTelemetry GenAI instrumentations write them,
+// one in five an error, and extra tool-call spans (not requests).
+func emitGenAISpans(tr trace.Tracer, n, extra int) {
+	for i := range n {
+		start := time.Now().Add(-3 * time.Second)
+		_, span := tr.Start(context.Background(), "chat gpt-4o", trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(start))
+		span.SetAttributes(
+			attribute.String("gen_ai.operation.name", "chat"),
+			attribute.String("gen_ai.provider.name", "openai"),
+			attribute.String("gen_ai.request.model", "gpt-4o"),
+			attribute.String("gen_ai.response.model", "gpt-4o-2024-08-06"),
+			attribute.StringSlice("gen_ai.response.finish_reasons", []string{"stop"}),
+		)
+		if i%5 == 4 {
+			span.SetAttributes(attribute.String("error.type", "RateLimitError"))
+			span.SetStatus(codes.Error, "429")
+		} else {
+			span.SetAttributes(attribute.Int("gen_ai.usage.input_tokens", 300), attribute.Int("gen_ai.usage.output_tokens", 40))
+		}
+		span.End(trace.WithTimestamp(start.Add(1500 * time.Millisecond)))
+	}
+	for range extra {
+		_, span := tr.Start(context.Background(), "execute_tool get_weather")
+		span.SetAttributes(attribute.String("gen_ai.operation.name", "execute_tool"))
+		span.End()
+	}
+}
+
+func provider(t *testing.T, exp sdktrace.SpanExporter, attrs ...attribute.KeyValue) *sdktrace.TracerProvider {
+	t.Helper()
+	res, err := resource.New(context.Background(), resource.WithAttributes(attrs...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp, sdktrace.WithMaxExportBatchSize(64)), sdktrace.WithResource(res))
+}
+
+// layerCounts reads every message of LLM_EVENTS and counts the events per layer.
+func layerCounts(t *testing.T, js jetstream.JetStream) map[events.Layer]int {
+	t.Helper()
+	ctx := context.Background()
+	s, err := js.Stream(ctx, events.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[events.Layer]int{}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+		raw, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ev events.RequestEvent
+		if err := events.UnmarshalRequest(raw.Data, &ev); err != nil {
+			t.Fatal(err)
+		}
+		if err := ev.Validate(); err != nil {
+			t.Fatalf("stored an invalid event: %v", err)
+		}
+		if raw.Header.Get(jetstream.MsgIDHeader) != ev.EventID || !events.ValidTraceID(ev.TraceID) {
+			t.Fatalf("stored %v %+v", raw.Header, ev)
+		}
+		counts[ev.Layer.OrGateway()]++
+	}
+	return counts
+}
+
+// TestOTLPGoExporters: the OpenTelemetry Go SDK's own exporters, gRPC for vLLM-shaped spans
+// (vLLM's default) and HTTP/protobuf with gzip for GenAI spans, land as events in
+// LLM_EVENTS with exact counts per layer; other spans are ignored and counted.
+func TestOTLPGoExporters(t *testing.T) {
+	base, httpAddr, grpcAddr, js, stop := otlpRig(t)
+	defer stop()
+	ctx := context.Background()
+	auth := map[string]string{"authorization": "Bearer tok"}
+
+	gexp, err := otlptracegrpc.New(ctx, otlptracegrpc.WithEndpoint(grpcAddr), otlptracegrpc.WithInsecure(),
+		otlptracegrpc.WithHeaders(auth), otlptracegrpc.WithCompressor("gzip"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	engine := provider(t, gexp, attribute.String("service.name", "vllm"), attribute.String("deployment.environment.name", "test"),
+		attribute.String("host.name", "gpu-1"))
+	emitVLLMSpans(engine.Tracer("vllm.entrypoints"), 150, 9)
+
+	hexp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpoint(httpAddr), otlptracehttp.WithInsecure(),
+		otlptracehttp.WithHeaders(auth), otlptracehttp.WithCompression(otlptracehttp.GzipCompression))
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := provider(t, hexp, attribute.String("service.name", "support-bot"), attribute.String("deployment.environment", "test"))
+	emitGenAISpans(app.Tracer("opentelemetry.instrumentation.openai_v2"), 100, 11)
+
+	// Shutdown exports what is left and fails if an export did.
+	if err := engine.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := app.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitMsgs(t, js, 250)
+	got := layerCounts(t, js)
+	if got[events.LayerEngine] != 150 || got[events.LayerApp] != 100 || got[events.LayerGateway] != 0 {
+		t.Fatalf("events per layer %v, want engine 150, app 100", got)
+	}
+	if n := metric(t, base, "emitter_otlp_spans_ignored_total"); n != 20 {
+		t.Fatalf("%v spans ignored, want 20", n)
+	}
+}
+
+// TestOTLPExportersWithoutToken: the exporters see the refusal, and nothing is published.
+func TestOTLPExportersWithoutToken(t *testing.T) {
+	_, httpAddr, grpcAddr, js, stop := otlpRig(t)
+	defer stop()
+	ctx := context.Background()
+	gexp, err := otlptracegrpc.New(ctx, otlptracegrpc.WithEndpoint(grpcAddr), otlptracegrpc.WithInsecure(),
+		otlptracegrpc.WithRetry(otlptracegrpc.RetryConfig{Enabled: false}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hexp, err := otlptracehttp.New(ctx, otlptracehttp.WithEndpoint(httpAddr), otlptracehttp.WithInsecure(),
+		otlptracehttp.WithHeaders(map[string]string{"Authorization": "Bearer wrong"}),
+		otlptracehttp.WithRetry(otlptracehttp.RetryConfig{Enabled: false}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := tracetest.NewSpanRecorder()
+	emitVLLMSpans(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)).Tracer("t"), 1, 0)
+	for name, exp := range map[string]sdktrace.SpanExporter{"grpc": gexp, "http": hexp} {
+		if err := exp.ExportSpans(ctx, rec.Ended()); err == nil {
+			t.Fatalf("%s: the export without the token succeeded", name)
+		}
+	}
+	s, err := js.Stream(ctx, events.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 0 {
+		t.Fatalf("%d events published", info.State.Msgs)
+	}
+}
