@@ -1,8 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -17,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/nodetest"
 )
 
 // otlpRig serves the emitter with both OTLP receivers on free ports and the ingest token
@@ -201,5 +205,39 @@ func TestOTLPExportersWithoutToken(t *testing.T) {
 	}
 	if info.State.Msgs != 0 {
 		t.Fatalf("%d events published", info.State.Msgs)
+	}
+}
+
+// otelDir holds the Node project that exports spans with the OpenTelemetry JavaScript SDK.
+const otelDir = "testdata/otel"
+
+// TestOTLPNodeExporter: @opentelemetry/exporter-trace-otlp-http from Node (OTLP/JSON, its
+// default) sends vLLM-shaped and GenAI spans; they land in LLM_EVENTS with exact counts per
+// layer. Without node it skips, except under CI=true.
+func TestOTLPNodeExporter(t *testing.T) {
+	nodetest.Need(t, otelDir)
+	base, httpAddr, _, js, stop := otlpRig(t)
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", "run.mjs", "http://"+httpAddr+"/v1/traces", "tok", "120", "80", "15")
+	cmd.Dir = otelDir
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("node run.mjs: %v\n%s", err, stderr.String())
+	}
+	var res struct{ Exports, Failed int }
+	if err := json.Unmarshal(out, &res); err != nil || res.Exports == 0 || res.Failed != 0 {
+		t.Fatalf("node exports %s (%v)\n%s", out, err, stderr.String())
+	}
+	waitMsgs(t, js, 200)
+	got := layerCounts(t, js)
+	if got[events.LayerEngine] != 120 || got[events.LayerApp] != 80 {
+		t.Fatalf("events per layer %v, want engine 120, app 80", got)
+	}
+	if n := metric(t, base, "emitter_otlp_spans_ignored_total"); n != 15 {
+		t.Fatalf("%v spans ignored, want 15", n)
 	}
 }

@@ -203,7 +203,10 @@ func TestHTTPProtobufJSONAndGzip(t *testing.T) {
 // every other span is published.
 func TestHTTPBigBatchWithBadSpans(t *testing.T) {
 	bad := map[int]func(s ptrace.Span){
-		17:   func(s ptrace.Span) { s.Attributes().Remove("gen_ai.response.model"); s.Attributes().Remove("gen_ai.request.model") },
+		17: func(s ptrace.Span) {
+			s.Attributes().Remove("gen_ai.response.model")
+			s.Attributes().Remove("gen_ai.request.model")
+		},
 		1001: func(s ptrace.Span) { s.SetEndTimestamp(s.StartTimestamp() - 1) },
 		4242: func(s ptrace.Span) { s.Attributes().PutInt("gen_ai.usage.completion_tokens", -1) },
 		9998: func(s ptrace.Span) { s.Attributes().PutStr("gen_ai.response.model", strings.Repeat("x", 4<<20)) },
