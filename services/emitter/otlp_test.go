@@ -3,13 +3,20 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os/exec"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.opentelemetry.io/collector/pdata/ptrace"
+	"go.opentelemetry.io/collector/pdata/ptrace/ptraceotlp"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
@@ -240,4 +247,94 @@ func TestOTLPNodeExporter(t *testing.T) {
 	if n := metric(t, base, "emitter_otlp_spans_ignored_total"); n != 15 {
 		t.Fatalf("%v spans ignored, want 15", n)
 	}
+}
+
+// BenchmarkOTLPIngestNATS posts OTLP/HTTP protobuf requests of 1,000 vLLM llm_request spans
+// each to POST /v1/traces from four clients and counts the spans per second until all of
+// them are stored in LLM_EVENTS by the real NATS, as BenchmarkIngestNATS does for NDJSON.
+// The bodies are encoded before the clock starts (ptraceotlp, what the collector's exporter
+// sends); client, emitter and nats-server share the process and the machine's cores.
+// Run it with -benchtime=200x.
+func BenchmarkOTLPIngestNATS(b *testing.B) {
+	httpAddr := freeAddr(b)
+	_, js, stop := serveRig(b, "EMITTER_PUBLISH_BUFFER=1000000", "EMITTER_OTLP_HTTP_ADDR="+httpAddr)
+	defer stop()
+	const batch = 1000
+	bodies := make([][]byte, b.N)
+	arrival := pcommon.NewTimestampFromTime(time.Now().Add(-time.Minute))
+	for k := range bodies {
+		td := ptrace.NewTraces()
+		rs := td.ResourceSpans().AppendEmpty()
+		rs.Resource().Attributes().PutStr("service.name", "vllm")
+		rs.Resource().Attributes().PutStr("deployment.environment.name", "prod")
+		rs.Resource().Attributes().PutStr("host.name", "gpu-node-1")
+		spans := rs.ScopeSpans().AppendEmpty().Spans()
+		spans.EnsureCapacity(batch)
+		for i := range batch {
+			s := spans.AppendEmpty()
+			s.SetName("llm_request")
+			s.SetKind(ptrace.SpanKindServer)
+			var tid pcommon.TraceID
+			binary.BigEndian.PutUint64(tid[:8], uint64(k)+1)
+			binary.BigEndian.PutUint64(tid[8:], uint64(i)+1)
+			s.SetTraceID(tid)
+			s.SetSpanID(pcommon.SpanID{1, 2, 3, 4, 5, 6, 7, 8})
+			s.SetStartTimestamp(arrival)
+			s.SetEndTimestamp(arrival + 3_300_000_000)
+			a := s.Attributes()
+			a.PutStr("gen_ai.response.model", "meta-llama/Llama-3.1-70B-Instruct")
+			a.PutStr("gen_ai.request.id", fmt.Sprintf("cmpl-%d-%d", k, i))
+			a.PutInt("gen_ai.request.max_tokens", 256)
+			a.PutInt("gen_ai.usage.prompt_tokens", 1024)
+			a.PutInt("gen_ai.usage.completion_tokens", 128)
+			a.PutDouble("gen_ai.latency.time_in_queue", 0.012)
+			a.PutDouble("gen_ai.latency.time_to_first_token", 0.2105)
+			a.PutDouble("gen_ai.latency.e2e", 3.30025)
+			a.PutDouble("gen_ai.latency.time_in_model_prefill", 0.19)
+			a.PutDouble("gen_ai.latency.time_in_model_decode", 3.08)
+			a.PutDouble("gen_ai.latency.time_in_model_inference", 3.27)
+		}
+		body, err := ptraceotlp.NewExportRequestFromTraces(td).MarshalProto()
+		if err != nil {
+			b.Fatal(err)
+		}
+		bodies[k] = body
+	}
+	url := "http://" + httpAddr + "/v1/traces"
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16}}
+	var next, retries atomic.Int64
+	b.SetParallelism(2) // four clients with GOMAXPROCS 2
+	b.ReportAllocs()
+	b.ResetTimer()
+	start, cpu0 := time.Now(), selfCPU()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			body := bodies[next.Add(1)-1]
+			// A 503 means the publish buffer is full: back off and send the request again,
+			// as an OTLP exporter does; JetStream drops what got through twice.
+			for {
+				resp, err := client.Post(url, "application/x-protobuf", bytes.NewReader(body))
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode == 200 {
+					break
+				}
+				if resp.StatusCode != 503 {
+					b.Errorf("status %d", resp.StatusCode)
+					return
+				}
+				retries.Add(1)
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+	})
+	n := int(next.Load())
+	waitMsgs(b, js, uint64(n*batch))
+	b.ReportMetric(float64(n*batch)/time.Since(start).Seconds(), "spans/s")
+	b.ReportMetric(float64((selfCPU()-cpu0).Microseconds())/float64(n*batch), "cpu-µs/span")
+	b.ReportMetric(float64(retries.Load()), "retried-requests")
 }

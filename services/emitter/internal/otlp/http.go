@@ -109,6 +109,14 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 func (r *Receiver) readBody(w http.ResponseWriter, req *http.Request, gzipped bool) ([]byte, error) {
 	limit := r.opts.MaxBytes
 	var body io.Reader = http.MaxBytesReader(w, req.Body, limit)
+	if !gzipped && req.ContentLength > 0 {
+		// One allocation; the server reads no further than Content-Length.
+		buf := make([]byte, req.ContentLength)
+		if _, err := io.ReadFull(body, buf); err != nil {
+			return nil, tooLarge(err)
+		}
+		return buf, nil
+	}
 	if gzipped {
 		zr, err := gzip.NewReader(body)
 		if err != nil {

@@ -1,16 +1,12 @@
 package otlp
 
 import (
-	"encoding/hex"
-
-	"go.opentelemetry.io/collector/pdata/pcommon"
-
 	"github.com/tokenscope/tokenscope/pkg/events"
 )
 
 // setLayer records where the event was measured, the engine's split of its time and the
-// trace it belongs to.
-func setLayer(ev *events.RequestEvent, k Kind, prefillMs, decodeMs float64, tid pcommon.TraceID) {
+// trace it belongs to; ev.EventID is set.
+func setLayer(ev *events.RequestEvent, k Kind, prefillMs, decodeMs float64) {
 	switch k {
 	case KindEngine:
 		ev.Layer = events.LayerEngine
@@ -18,5 +14,5 @@ func setLayer(ev *events.RequestEvent, k Kind, prefillMs, decodeMs float64, tid 
 		ev.Layer = events.LayerApp
 	}
 	ev.PrefillMs, ev.DecodeMs = prefillMs, decodeMs
-	ev.TraceID = hex.EncodeToString(tid[:])
+	ev.TraceID = ev.EventID[:32] // the event id begins with the trace id in hex
 }

@@ -1,6 +1,7 @@
 package otlp
 
 import (
+	"cmp"
 	"encoding/hex"
 	"math"
 	"strconv"
@@ -99,11 +100,137 @@ func Classify(span ptrace.Span) Kind {
 	return KindOther
 }
 
-// Map fills ev from a span of kind engine or app and the attributes of its resource. The
+// Resource is a resource's labels, looked up once for all its spans.
+type Resource struct {
+	env, scene, instance, tenant string
+}
+
+// Resource looks the labels up on a resource's attributes.
+func (l *Labels) Resource(res pcommon.Map) Resource {
+	return Resource{
+		env:      firstStr(res, l.Env, l.DefaultEnv),
+		scene:    firstStr(res, l.Scene, l.DefaultScene),
+		instance: firstStr(res, l.Instance, ""),
+		tenant:   firstStr(res, l.Tenant, ""),
+	}
+}
+
+func firstStr(m pcommon.Map, keys []string, def string) string {
+	for _, k := range keys {
+		if v := str(m, k); v != "" {
+			return v
+		}
+	}
+	return def
+}
+
+// spanAttrs are the attributes Map reads, found in one pass over the span's.
+type spanAttrs struct {
+	responseModel, requestModel, provider, system, conversation, errorType string
+	stream, hasStream                                                      bool
+
+	prompt, completion, input, output, cacheRead  pcommon.Value
+	queue, ttft, e2e, prefill, decode, firstChunk pcommon.Value
+	hasPrompt, hasCompletion, hasInput, hasOutput bool
+	hasCacheRead, hasQueue, hasTTFT, hasE2E       bool
+	hasPrefill, hasDecode, hasFirstChunk          bool
+
+	// labels set on the span itself, with the rank of the key that gave each (lower wins)
+	env, scene, instance, tenant                 string
+	envRank, sceneRank, instanceRank, tenantRank int
+}
+
+func (a *spanAttrs) read(l *Labels, attrs pcommon.Map) {
+	a.envRank, a.sceneRank, a.instanceRank, a.tenantRank = -1, -1, -1, -1
+	for k, v := range attrs.All() {
+		switch k {
+		case attrResponseModel:
+			a.responseModel = strOf(v)
+		case attrRequestModel:
+			a.requestModel = strOf(v)
+		case attrProvider:
+			a.provider = strOf(v)
+		case attrSystem:
+			a.system = strOf(v)
+		case attrConversation:
+			a.conversation = strOf(v)
+		case attrErrorType:
+			a.errorType = strOf(v)
+		case attrStream:
+			if v.Type() == pcommon.ValueTypeBool {
+				a.stream, a.hasStream = v.Bool(), true
+			}
+		case attrPromptTokens:
+			a.prompt, a.hasPrompt = v, true
+		case attrCompletionTokens:
+			a.completion, a.hasCompletion = v, true
+		case attrInputTokens:
+			a.input, a.hasInput = v, true
+		case attrOutputTokens:
+			a.output, a.hasOutput = v, true
+		case attrCacheReadTokens:
+			a.cacheRead, a.hasCacheRead = v, true
+		case attrQueue:
+			a.queue, a.hasQueue = v, true
+		case attrTTFT:
+			a.ttft, a.hasTTFT = v, true
+		case attrE2E:
+			a.e2e, a.hasE2E = v, true
+		case attrPrefill:
+			a.prefill, a.hasPrefill = v, true
+		case attrDecode:
+			a.decode, a.hasDecode = v, true
+		case attrFirstChunk:
+			a.firstChunk, a.hasFirstChunk = v, true
+		default:
+			if strings.HasPrefix(k, "gen_ai.") {
+				continue // the conventions' other attributes are never label keys here
+			}
+			rankLabel(&a.env, &a.envRank, l.Env, k, v)
+			rankLabel(&a.scene, &a.sceneRank, l.Scene, k, v)
+			rankLabel(&a.instance, &a.instanceRank, l.Instance, k, v)
+			rankLabel(&a.tenant, &a.tenantRank, l.Tenant, k, v)
+		}
+	}
+}
+
+// other returns the token count under its other name.
+func (a *spanAttrs) other(key string) (pcommon.Value, bool) {
+	switch key {
+	case attrPromptTokens:
+		return a.prompt, a.hasPrompt
+	case attrCompletionTokens:
+		return a.completion, a.hasCompletion
+	case attrInputTokens:
+		return a.input, a.hasInput
+	}
+	return a.output, a.hasOutput
+}
+
+// rankLabel keeps v as the label when k is one of its keys, ranked before the one kept.
+func rankLabel(dst *string, rank *int, keys []string, k string, v pcommon.Value) {
+	for i, key := range keys {
+		if key == k {
+			if s := strOf(v); s != "" && (*rank < 0 || i < *rank) {
+				*dst, *rank = s, i
+			}
+			return
+		}
+	}
+}
+
+func strOf(v pcommon.Value) string {
+	if v.Type() != pcommon.ValueTypeStr {
+		return ""
+	}
+	return v.Str()
+}
+
+// Map fills ev from a span of kind engine or app and the labels of its resource. The
 // error, when the span lacks what an event needs, names the attribute and wraps
 // events.ErrInvalidEvent and the reason's sentinel. ev is not validated against the
 // contract: the caller does that, as for any event.
-func (l *Labels) Map(res pcommon.Map, span ptrace.Span, kind Kind, ev *events.RequestEvent) error {
+func (l *Labels) Map(res Resource, span ptrace.Span, kind Kind, ev *events.RequestEvent) error {
 	*ev = events.RequestEvent{V: events.Version}
 	tid, sid := span.TraceID(), span.SpanID()
 	if tid.IsEmpty() {
@@ -124,46 +251,57 @@ func (l *Labels) Map(res pcommon.Map, span ptrace.Span, kind Kind, ev *events.Re
 	}
 	ev.TS = start.AsTime()
 	spanMs := float64(end-start) / 1e6
-	attrs := span.Attributes()
+	var a spanAttrs
+	a.read(l, span.Attributes())
 
-	ev.Env = l.label(attrs, res, l.Env, l.DefaultEnv)
-	ev.Scene = l.label(attrs, res, l.Scene, l.DefaultScene)
-	ev.Instance = l.label(attrs, res, l.Instance, "")
-	ev.Tenant = l.label(attrs, res, l.Tenant, "")
-	ev.Model = str(attrs, attrResponseModel)
-	if ev.Model == "" {
-		ev.Model = str(attrs, attrRequestModel)
+	ev.Env, ev.Scene, ev.Instance, ev.Tenant = res.env, res.scene, res.instance, res.tenant
+	if a.envRank >= 0 {
+		ev.Env = a.env
 	}
+	if a.sceneRank >= 0 {
+		ev.Scene = a.scene
+	}
+	if a.instanceRank >= 0 {
+		ev.Instance = a.instance
+	}
+	if a.tenantRank >= 0 {
+		ev.Tenant = a.tenant
+	}
+	ev.Model = cmp.Or(a.responseModel, a.requestModel)
 	if ev.Model == "" {
 		return fieldErr(attrResponseModel, events.ErrMissingField, "nor "+attrRequestModel)
 	}
-	ev.Provider = str(attrs, attrProvider)
-	if ev.Provider == "" {
-		ev.Provider = str(attrs, attrSystem)
-	}
-	if v, ok := attrs.Get(attrStream); ok && v.Type() == pcommon.ValueTypeBool {
-		ev.Stream = v.Bool()
-	}
-	ev.ConversationID = str(attrs, attrConversation)
+	ev.Provider = cmp.Or(a.provider, a.system)
+	ev.Stream = a.stream
+	ev.ConversationID = a.conversation
 	ev.Status = events.StatusOK
-	if errType := str(attrs, attrErrorType); errType != "" || span.Status().Code() == ptrace.StatusCodeError {
-		ev.Status, ev.ErrorCode = errorStatus(errType)
+	if a.errorType != "" || span.Status().Code() == ptrace.StatusCodeError {
+		ev.Status, ev.ErrorCode = errorStatus(a.errorType)
 	}
 
-	// Tokens: required of a request that succeeded; a failed one may have none.
-	needTokens := ev.Status == events.StatusOK
-	var err error
-	in, out := attrPromptTokens, attrCompletionTokens
+	// Tokens: required of a request that succeeded; a failed one may have none. vLLM and
+	// older conventions say prompt and completion, the current ones input and output.
+	need := ev.Status == events.StatusOK
+	inKey, inV, inOK, inAlt := attrPromptTokens, a.prompt, a.hasPrompt, attrInputTokens
+	outKey, outV, outOK, outAlt := attrCompletionTokens, a.completion, a.hasCompletion, attrOutputTokens
 	if kind == KindApp {
-		in, out = attrInputTokens, attrOutputTokens
+		inKey, inV, inOK, inAlt = attrInputTokens, a.input, a.hasInput, attrPromptTokens
+		outKey, outV, outOK, outAlt = attrOutputTokens, a.output, a.hasOutput, attrCompletionTokens
 	}
-	if ev.InputTokens, err = tokens(attrs, in, attrAlt(in), needTokens); err != nil {
+	if !inOK {
+		inV, inOK = a.other(inAlt)
+	}
+	if !outOK {
+		outV, outOK = a.other(outAlt)
+	}
+	var err error
+	if ev.InputTokens, err = tokens(inKey, inAlt, inV, inOK, need); err != nil {
 		return err
 	}
-	if ev.OutputTokens, err = tokens(attrs, out, attrAlt(out), needTokens); err != nil {
+	if ev.OutputTokens, err = tokens(outKey, outAlt, outV, outOK, need); err != nil {
 		return err
 	}
-	if cached, err := tokens(attrs, attrCacheReadTokens, "", false); err != nil {
+	if cached, err := tokens(attrCacheReadTokens, "", a.cacheRead, a.hasCacheRead, false); err != nil {
 		return err
 	} else if cached <= ev.InputTokens {
 		// The conventions count cached tokens inside input_tokens; an instrumentation
@@ -173,61 +311,42 @@ func (l *Labels) Map(res pcommon.Map, span ptrace.Span, kind Kind, ev *events.Re
 
 	switch kind {
 	case KindEngine:
-		ttft, ok, err := seconds(attrs, attrTTFT)
-		if err != nil {
-			return err
-		}
-		if !ok && ev.Status == events.StatusOK {
+		if !a.hasTTFT && ev.Status == events.StatusOK {
 			return fieldErr(attrTTFT, events.ErrMissingField, "")
 		}
-		ev.TTFTMs = ttft
-		if ev.TotalMs, ok, err = seconds(attrs, attrE2E); err != nil {
+		if ev.TTFTMs, err = seconds(attrTTFT, a.ttft, a.hasTTFT); err != nil {
 			return err
-		} else if !ok {
-			ev.TotalMs = spanMs
 		}
-		if ev.QueueMs, _, err = seconds(attrs, attrQueue); err != nil {
+		ev.TotalMs = spanMs
+		if a.hasE2E {
+			if ev.TotalMs, err = seconds(attrE2E, a.e2e, true); err != nil {
+				return err
+			}
+		}
+		if ev.QueueMs, err = seconds(attrQueue, a.queue, a.hasQueue); err != nil {
 			return err
 		}
 		var prefill, decode float64
-		if prefill, _, err = seconds(attrs, attrPrefill); err != nil {
+		if prefill, err = seconds(attrPrefill, a.prefill, a.hasPrefill); err != nil {
 			return err
 		}
-		if decode, _, err = seconds(attrs, attrDecode); err != nil {
+		if decode, err = seconds(attrDecode, a.decode, a.hasDecode); err != nil {
 			return err
 		}
-		setLayer(ev, KindEngine, prefill, decode, tid)
+		setLayer(ev, KindEngine, prefill, decode)
 	case KindApp:
 		ev.TotalMs = spanMs
-		ttft, ok, err := seconds(attrs, attrFirstChunk)
-		if err != nil {
-			return err
+		// No first chunk recorded: the answer is taken as arriving whole, as the proxy
+		// takes a body that is not streamed.
+		ev.TTFTMs = spanMs
+		if a.hasFirstChunk {
+			if ev.TTFTMs, err = seconds(attrFirstChunk, a.firstChunk, true); err != nil {
+				return err
+			}
 		}
-		if !ok {
-			// No first chunk recorded: the answer is taken as arriving whole, as the
-			// proxy takes a body that is not streamed.
-			ttft = spanMs
-		}
-		ev.TTFTMs = ttft
-		setLayer(ev, KindApp, 0, 0, tid)
+		setLayer(ev, KindApp, 0, 0)
 	}
 	return nil
-}
-
-// attrAlt is the other name of a token count: vLLM and older conventions say prompt and
-// completion, the current ones input and output.
-func attrAlt(key string) string {
-	switch key {
-	case attrPromptTokens:
-		return attrInputTokens
-	case attrCompletionTokens:
-		return attrOutputTokens
-	case attrInputTokens:
-		return attrPromptTokens
-	case attrOutputTokens:
-		return attrCompletionTokens
-	}
-	return ""
 }
 
 // errorStatus maps error.type to a status: timeouts and cancellations are kept apart from
@@ -246,20 +365,6 @@ func errorStatus(errType string) (events.Status, string) {
 	return events.StatusError, errType
 }
 
-func (l *Labels) label(attrs, res pcommon.Map, keys []string, def string) string {
-	for _, k := range keys {
-		if v := str(attrs, k); v != "" {
-			return v
-		}
-	}
-	for _, k := range keys {
-		if v := str(res, k); v != "" {
-			return v
-		}
-	}
-	return def
-}
-
 // str returns the attribute's value when it is a string, "" otherwise.
 func str(attrs pcommon.Map, key string) string {
 	v, ok := attrs.Get(key)
@@ -270,11 +375,10 @@ func str(attrs pcommon.Map, key string) string {
 }
 
 // seconds returns an attribute in seconds as milliseconds. It may be a double, an int or a
-// string holding a number; ok is false when it is absent.
-func seconds(attrs pcommon.Map, key string) (ms float64, ok bool, err error) {
-	v, ok := attrs.Get(key)
+// string holding a number; 0 when absent (ok false).
+func seconds(key string, v pcommon.Value, ok bool) (ms float64, err error) {
 	if !ok {
-		return 0, false, nil
+		return 0, nil
 	}
 	var s float64
 	switch v.Type() {
@@ -284,31 +388,26 @@ func seconds(attrs pcommon.Map, key string) (ms float64, ok bool, err error) {
 		s = float64(v.Int())
 	case pcommon.ValueTypeStr:
 		if s, err = strconv.ParseFloat(strings.TrimSpace(v.Str()), 64); err != nil {
-			return 0, true, fieldErr(key, events.ErrWrongType, "not a number of seconds")
+			return 0, fieldErr(key, events.ErrWrongType, "not a number of seconds")
 		}
 	default:
-		return 0, true, fieldErr(key, events.ErrWrongType, "a "+strings.ToLower(v.Type().String())+", not a number of seconds")
+		return 0, fieldErr(key, events.ErrWrongType, "a "+strings.ToLower(v.Type().String())+", not a number of seconds")
 	}
 	// Not-a-number and infinities pass on, so the contract's check names them.
-	return s * 1e3, true, nil
+	return s * 1e3, nil
 }
 
-// tokens returns a token count, from key or else from alt (when not ""). It may be an int,
-// a whole double or a string holding an integer.
-func tokens(attrs pcommon.Map, key, alt string, required bool) (int64, error) {
-	v, ok := attrs.Get(key)
-	if !ok && alt != "" {
-		key = alt
-		v, ok = attrs.Get(alt)
-	}
+// tokens returns a token count. It may be an int, a whole double or a string holding an
+// integer; alt, when not "", is the other name the count goes by, for the message.
+func tokens(key, alt string, v pcommon.Value, ok, required bool) (int64, error) {
 	if !ok {
-		if required {
-			if alt != "" {
-				return 0, fieldErr(key, events.ErrMissingField, "nor "+attrAlt(key))
-			}
-			return 0, fieldErr(key, events.ErrMissingField, "")
+		if !required {
+			return 0, nil
 		}
-		return 0, nil
+		if alt != "" {
+			return 0, fieldErr(key, events.ErrMissingField, "nor "+alt)
+		}
+		return 0, fieldErr(key, events.ErrMissingField, "")
 	}
 	switch v.Type() {
 	case pcommon.ValueTypeInt:

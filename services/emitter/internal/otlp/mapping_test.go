@@ -76,7 +76,7 @@ func TestMapEngineSpan(t *testing.T) {
 		t.Fatalf("classified %v", k)
 	}
 	var ev events.RequestEvent
-	if err := labels.Map(resource(), span, KindEngine, &ev); err != nil {
+	if err := labels.Map(labels.Resource(resource()), span, KindEngine, &ev); err != nil {
 		t.Fatal(err)
 	}
 	if err := ev.ValidateAt(testStart); err != nil {
@@ -99,7 +99,7 @@ func TestMapAppSpan(t *testing.T) {
 		t.Fatalf("classified %v", k)
 	}
 	var ev events.RequestEvent
-	if err := labels.Map(resource(), span, KindApp, &ev); err != nil {
+	if err := labels.Map(labels.Resource(resource()), span, KindApp, &ev); err != nil {
 		t.Fatal(err)
 	}
 	want := events.RequestEvent{V: 1, EventID: "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7", TS: testStart,
@@ -168,7 +168,7 @@ func TestMapRejects(t *testing.T) {
 			tc.edit(span)
 			labels := DefaultLabels()
 			var ev events.RequestEvent
-			err := labels.Map(resource(), span, tc.kind, &ev)
+			err := labels.Map(labels.Resource(resource()), span, tc.kind, &ev)
 			if !errors.Is(err, tc.wantErr) || !errors.Is(err, events.ErrInvalidEvent) {
 				t.Fatalf("err %v, want %v", err, tc.wantErr)
 			}
@@ -202,7 +202,7 @@ func TestMapThenValidate(t *testing.T) {
 			tc.edit(span.Attributes())
 			labels := DefaultLabels()
 			var ev events.RequestEvent
-			err := labels.Map(resource(), span, KindEngine, &ev)
+			err := labels.Map(labels.Resource(resource()), span, KindEngine, &ev)
 			if err == nil {
 				err = ev.ValidateAt(testStart)
 			}
@@ -225,13 +225,13 @@ func TestMapLabelsAndStatus(t *testing.T) {
 		res.PutStr("deployment.environment", "staging") // the older key
 		labels := DefaultLabels()
 		var ev events.RequestEvent
-		if err := labels.Map(res, span, KindApp, &ev); err != nil {
+		if err := labels.Map(labels.Resource(res), span, KindApp, &ev); err != nil {
 			t.Fatal(err)
 		}
 		if ev.Scene != "checkout" || ev.Env != "staging" || ev.Instance != "" {
 			t.Fatalf("scene %q env %q instance %q", ev.Scene, ev.Env, ev.Instance)
 		}
-		if err := labels.Map(pcommon.NewMap(), span, KindApp, &ev); err != nil {
+		if err := labels.Map(labels.Resource(pcommon.NewMap()), span, KindApp, &ev); err != nil {
 			t.Fatal(err)
 		}
 		if ev.Env != "dev" {
@@ -250,7 +250,7 @@ func TestMapLabelsAndStatus(t *testing.T) {
 		a.PutBool("gen_ai.request.stream", true)
 		labels := DefaultLabels()
 		var ev events.RequestEvent
-		if err := labels.Map(resource(), span, KindApp, &ev); err != nil {
+		if err := labels.Map(labels.Resource(resource()), span, KindApp, &ev); err != nil {
 			t.Fatal(err)
 		}
 		if ev.Provider != "anthropic" || ev.InputTokens != 77 || ev.TTFTMs != 300 || !ev.Stream || ev.CachedInputTokens != 0 {
@@ -281,7 +281,7 @@ func TestMapLabelsAndStatus(t *testing.T) {
 			}
 			labels := DefaultLabels()
 			var ev events.RequestEvent
-			if err := labels.Map(resource(), span, KindApp, &ev); err != nil {
+			if err := labels.Map(labels.Resource(resource()), span, KindApp, &ev); err != nil {
 				t.Fatal(err)
 			}
 			if err := ev.ValidateAt(testStart); err != nil {

@@ -11,7 +11,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/ptrace"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
@@ -152,7 +151,7 @@ func (r *Receiver) consume(td ptrace.Traces) result {
 	rss := td.ResourceSpans()
 	for i := 0; i < rss.Len(); i++ {
 		rs := rss.At(i)
-		res := rs.Resource().Attributes()
+		res := r.opts.Labels.Resource(rs.Resource().Attributes())
 		sss := rs.ScopeSpans()
 		for j := 0; j < sss.Len(); j++ {
 			spans := sss.At(j).Spans()
@@ -193,7 +192,7 @@ type batch struct {
 // arenaChunk is the size of the blocks payloads are encoded into.
 const arenaChunk = 64 << 10
 
-func (b *batch) span(res pcommon.Map, span ptrace.Span) {
+func (b *batch) span(res Resource, span ptrace.Span) {
 	kind := Classify(span)
 	if kind == KindOther {
 		b.res.ignored++
