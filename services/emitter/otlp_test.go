@@ -9,6 +9,8 @@ import (
 	"io"
 	"net/http"
 	"os/exec"
+	"regexp"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -106,6 +108,15 @@ func provider(t *testing.T, exp sdktrace.SpanExporter, attrs ...attribute.KeyVal
 // layerCounts reads every message of LLM_EVENTS and counts the events per layer.
 func layerCounts(t *testing.T, js jetstream.JetStream) map[events.Layer]int {
 	t.Helper()
+	counts, _ := layerEvents(t, js)
+	return counts
+}
+
+// layerEvents reads every message of LLM_EVENTS, counts the events per layer and returns
+// the trace ids of the engine and app events.
+func layerEvents(t *testing.T, js jetstream.JetStream) (map[events.Layer]int, map[string]int) {
+	t.Helper()
+	traces := map[string]int{}
 	ctx := context.Background()
 	s, err := js.Stream(ctx, events.StreamEvents)
 	if err != nil {
@@ -128,12 +139,18 @@ func layerCounts(t *testing.T, js jetstream.JetStream) map[events.Layer]int {
 		if err := ev.Validate(); err != nil {
 			t.Fatalf("stored an invalid event: %v", err)
 		}
-		if raw.Header.Get(jetstream.MsgIDHeader) != ev.EventID || !events.ValidTraceID(ev.TraceID) {
+		if raw.Header.Get(jetstream.MsgIDHeader) != ev.EventID {
 			t.Fatalf("stored %v %+v", raw.Header, ev)
+		}
+		if l := ev.Layer.OrGateway(); l != events.LayerGateway {
+			if !events.ValidTraceID(ev.TraceID) {
+				t.Fatalf("a span's event without its trace: %+v", ev)
+			}
+			traces[ev.TraceID]++
 		}
 		counts[ev.Layer.OrGateway()]++
 	}
-	return counts
+	return counts, traces
 }
 
 // TestOTLPGoExporters: the OpenTelemetry Go SDK's own exporters, gRPC for vLLM-shaped spans
@@ -337,4 +354,78 @@ func BenchmarkOTLPIngestNATS(b *testing.B) {
 	b.ReportMetric(float64(n*batch)/time.Since(start).Seconds(), "spans/s")
 	b.ReportMetric(float64((selfCPU()-cpu0).Microseconds())/float64(n*batch), "cpu-µs/span")
 	b.ReportMetric(float64(retries.Load()), "retried-requests")
+}
+
+// startFakeLLM runs `emitter fakellm` with args and returns its base URL and a stop function
+// that waits for it to end (flushing its spans).
+func startFakeLLM(t *testing.T, args ...string) (base string, stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	out := &syncBuffer{}
+	done := make(chan error, 1)
+	go func() { done <- runFakeLLM(ctx, append([]string{"-addr", "127.0.0.1:0"}, args...), nil, out, io.Discard) }()
+	addr := regexp.MustCompile(`http://[0-9.:]+`)
+	for deadline := time.Now().Add(10 * time.Second); base == "" && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		base = addr.FindString(out.String())
+	}
+	if base == "" {
+		cancel()
+		t.Fatalf("the fake never said where it listens: %q", out.String())
+	}
+	return base, func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// TestFakeLLMSpansThroughTheProxy: the fake, given the emitter's OTLP endpoint, exports an
+// llm_request span for each request; through the proxy each request is then two events, a
+// gateway one and an engine one, and the engine one carries the trace the client started.
+func TestFakeLLMSpansThroughTheProxy(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"latency model, http/protobuf", []string{"-otlp-protocol", "http/protobuf"}},
+		{"scheduler, grpc", []string{"-otlp-protocol", "grpc", "-max-batch", "1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			httpAddr, grpcAddr := freeAddr(t), freeAddr(t)
+			endpoint := "http://" + httpAddr
+			if tc.args[1] == "grpc" {
+				endpoint = "http://" + grpcAddr
+			}
+			fake, stopFake := startFakeLLM(t, append([]string{"-ttft", "20ms", "-tpot", "2ms", "-tokens", "5",
+				"-otlp-endpoint", endpoint, "-otlp-token", "tok"}, tc.args...)...)
+			base, js, stop := serveRig(t, "EMITTER_INGEST_TOKEN=tok", "EMITTER_OTLP_HTTP_ADDR="+httpAddr,
+				"EMITTER_OTLP_GRPC_ADDR="+grpcAddr, "EMITTER_UPSTREAM_URL="+fake)
+			defer stop()
+			const n = 6
+			for i := range n {
+				traceID := fmt.Sprintf("%032x", i+1)
+				req, _ := http.NewRequest("POST", base+"/v1/chat/completions", strings.NewReader(
+					`{"model":"llama","stream":true,"max_tokens":5,"messages":[{"role":"user","content":"a b c"}]}`))
+				req.Header.Set("traceparent", "00-"+traceID+"-00f067aa0ba902b7-01")
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			stopFake() // flushes the batched spans
+			waitMsgs(t, js, 2*n)
+			got, traces := layerEvents(t, js)
+			if got[events.LayerGateway] != n || got[events.LayerEngine] != n {
+				t.Fatalf("events per layer %v, want %d gateway and %d engine", got, n, n)
+			}
+			for i := range n {
+				if id := fmt.Sprintf("%032x", i+1); traces[id] != 1 {
+					t.Fatalf("trace %s has %d engine events, want 1 (%v)", id, traces[id], traces)
+				}
+			}
+		})
+	}
 }

@@ -45,7 +45,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	case "", "serve":
 		return serve(ctx, envMap, stderr)
 	case "fakellm":
-		return runFakeLLM(ctx, args, stdout, stderr)
+		return runFakeLLM(ctx, args, envMap, stdout, stderr)
 	case "bench":
 		return runBench(ctx, args, envMap, stdout, stderr)
 	case "replay":
