@@ -363,7 +363,9 @@ func startFakeLLM(t *testing.T, args ...string) (base string, stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	out := &syncBuffer{}
 	done := make(chan error, 1)
-	go func() { done <- runFakeLLM(ctx, append([]string{"-addr", "127.0.0.1:0"}, args...), nil, out, io.Discard) }()
+	go func() {
+		done <- runFakeLLM(ctx, append([]string{"-addr", "127.0.0.1:0"}, args...), nil, out, io.Discard)
+	}()
 	addr := regexp.MustCompile(`http://[0-9.:]+`)
 	for deadline := time.Now().Add(10 * time.Second); base == "" && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		base = addr.FindString(out.String())

@@ -32,7 +32,7 @@ func (s *Server) exportSpan(r *http.Request, p *plan, t spanTimes) {
 		attribute.Float64("gen_ai.latency.e2e", t.end.Sub(t.arrived).Seconds()),
 		attribute.Float64("gen_ai.latency.time_in_model_prefill", t.prefill.Seconds()),
 		attribute.Float64("gen_ai.latency.time_in_model_decode", t.decode.Seconds()),
-		attribute.Float64("gen_ai.latency.time_in_model_inference", (t.prefill + t.decode).Seconds()),
+		attribute.Float64("gen_ai.latency.time_in_model_inference", (t.prefill+t.decode).Seconds()),
 	)
 	if p.maxTokens > 0 {
 		span.SetAttributes(attribute.Int("gen_ai.request.max_tokens", p.maxTokens))

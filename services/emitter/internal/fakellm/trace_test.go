@@ -21,10 +21,10 @@ import (
 func TestSpans(t *testing.T) {
 	const parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 	for _, tc := range []struct {
-		name      string
-		opts      Options
+		name       string
+		opts       Options
 		concurrent int
-		wantQueue bool
+		wantQueue  bool
 	}{
 		{"latency model", Options{TTFT: 30 * time.Millisecond, TPOT: 5 * time.Millisecond, Tokens: 4}, 1, false},
 		// One slot for two requests: the second waits for the first.
