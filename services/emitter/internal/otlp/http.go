@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 
 	"go.opentelemetry.io/collector/pdata/ptrace/ptraceotlp"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
@@ -59,7 +60,11 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	case <-req.Context().Done():
 		return
 	}
-	body, err := r.readBody(w, req, enc == "gzip")
+	body, pooled, err := r.readBody(w, req, enc == "gzip")
+	if pooled {
+		// Nothing of the request outlives consume: the events are encoded apart.
+		defer putBody(body)
+	}
 	if err != nil {
 		if errors.Is(err, errTooLarge) {
 			r.fail(w, isJSON, http.StatusRequestEntityTooLarge, codes.InvalidArgument,
@@ -105,18 +110,44 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.write(w, isJSON, http.StatusOK, out)
 }
 
-// readBody reads the body, decompressing it when gzipped, up to MaxBytes either way.
-func (r *Receiver) readBody(w http.ResponseWriter, req *http.Request, gzipped bool) ([]byte, error) {
+// bodies holds the buffers of bodies of known length, up to maxPooled bytes, for reuse.
+var bodies sync.Pool
+
+const maxPooled = 4 << 20
+
+func getBody(n int64) []byte {
+	if p, ok := bodies.Get().(*[]byte); ok && int64(cap(*p)) >= n {
+		return (*p)[:n]
+	}
+	return make([]byte, n)
+}
+
+func putBody(b []byte) {
+	if cap(b) <= maxPooled {
+		bodies.Put(&b)
+	}
+}
+
+// readBody reads the body, decompressing it when gzipped, up to MaxBytes either way;
+// pooled says the buffer may go back to the pool with putBody.
+func (r *Receiver) readBody(w http.ResponseWriter, req *http.Request, gzipped bool) (buf []byte, pooled bool, err error) {
 	limit := r.opts.MaxBytes
 	var body io.Reader = http.MaxBytesReader(w, req.Body, limit)
 	if !gzipped && req.ContentLength > 0 {
-		// One allocation; the server reads no further than Content-Length.
-		buf := make([]byte, req.ContentLength)
+		// One buffer; the server reads no further than Content-Length.
+		buf := getBody(req.ContentLength)
 		if _, err := io.ReadFull(body, buf); err != nil {
-			return nil, tooLarge(err)
+			putBody(buf)
+			return nil, false, tooLarge(err)
 		}
-		return buf, nil
+		return buf, true, nil
 	}
+	buf, err = r.readAll(body, gzipped)
+	return buf, false, err
+}
+
+func (r *Receiver) readAll(body io.Reader, gzipped bool) ([]byte, error) {
+	limit := r.opts.MaxBytes
 	if gzipped {
 		zr, err := gzip.NewReader(body)
 		if err != nil {
