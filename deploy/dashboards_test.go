@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -52,6 +53,12 @@ func TestDashboardStructure(t *testing.T) {
 			t.Errorf("panel %q has no query", p.Title)
 		}
 		for _, q := range p.Queries {
+			// The same requests seen at two layers must never be summed: a panel over
+			// requests reads the one layer selected.
+			if reads := strings.Contains(q.SQL, "token_rollups") || strings.Contains(q.SQL, "FROM requests"); reads &&
+				strings.Count(q.SQL, "layer = '${layer}'") != strings.Count(q.SQL, "token_rollups")+strings.Count(q.SQL, "FROM requests") {
+				t.Errorf("panel %q does not read the selected layer from each of its tables:\n%s", p.Title, q.SQL)
+			}
 			if q.Datasource.UID != datasourceUID || p.Datasource.UID != datasourceUID {
 				t.Errorf("panel %q does not use data source %s", p.Title, datasourceUID)
 			}
@@ -342,13 +349,22 @@ func TestDashboardQueries(t *testing.T) {
 	base := time.Now().UTC().Add(-20 * time.Minute).Truncate(time.Minute)
 	tr := makeTraffic(base, 40, 4)
 	publish(t, js, tr)
+	// The engine's view of the same requests, faster: the panels read the layer selected
+	// (gateway), so checkPanel's figures, from tr alone, hold only if every panel keeps to it.
+	engine := traffic{requests: slices.Clone(tr.requests)}
+	for i := range engine.requests {
+		e := &engine.requests[i]
+		e.EventID, e.Layer, e.TTFTMs = events.NewEventID(), events.LayerEngine, e.TTFTMs/4
+	}
+	publish(t, js, engine)
 
 	counts := []struct {
 		q    string
 		want uint64
 	}{
-		{"SELECT sum(requests) FROM token_rollups", uint64(len(tr.requests))},
-		{"SELECT count() FROM requests", uint64(len(tr.requests))},
+		{"SELECT sum(requests) FROM token_rollups WHERE layer = 'gateway'", uint64(len(tr.requests))},
+		{"SELECT sum(requests) FROM token_rollups WHERE layer = 'engine'", uint64(len(tr.requests))},
+		{"SELECT count() FROM requests", 2 * uint64(len(tr.requests))},
 		{"SELECT sum(samples) FROM gpu_rollups", uint64(len(tr.samples))},
 	}
 	for _, c := range counts {
@@ -366,6 +382,11 @@ func TestDashboardQueries(t *testing.T) {
 	options := map[string][]string{}
 	var allSel, oneSel = map[string][]string{}, map[string][]string{}
 	for _, v := range d.Variables {
+		if v.Name == "layer" {
+			allSel[v.Name], oneSel[v.Name] = []string{"gateway"}, []string{"gateway"}
+			options[v.Name] = v.Values
+			continue
+		}
 		if v.Type == "custom" {
 			allSel[v.Name], oneSel[v.Name] = v.Values[1:2], v.Values[len(v.Values)-1:]
 			options[v.Name] = v.Values

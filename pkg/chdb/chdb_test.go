@@ -115,7 +115,7 @@ func TestMigrateIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"001_requests.sql", "002_token_rollups.sql", "003_gpu_rollups.sql", "004_alerts.sql"}
+	want := []string{"001_requests.sql", "002_token_rollups.sql", "003_gpu_rollups.sql", "004_alerts.sql", "007_layers.sql"}
 	if !slices.Equal(first.Applied, want) || len(first.Existing) != 0 || len(first.Created) != 4 {
 		t.Fatalf("first run: %+v", first)
 	}
@@ -151,7 +151,7 @@ func TestMigrateReportsExisting(t *testing.T) {
 	}
 	defer db.Close()
 	for _, stmt := range []string{
-		"CREATE TABLE token_rollups_local (window_start DateTime, requests UInt64) ENGINE = MergeTree ORDER BY window_start",
+		"CREATE TABLE token_rollups_local (window_start DateTime, layer String, requests UInt64) ENGINE = MergeTree ORDER BY window_start",
 		"CREATE TABLE token_rollups AS token_rollups_local ENGINE = Distributed(" + chserver.Cluster + ", " + cfg.DB + ", token_rollups_local)",
 		"CREATE TABLE alerts (at DateTime, rule String) ENGINE = MergeTree ORDER BY at",
 	} {
@@ -167,7 +167,7 @@ func TestMigrateReportsExisting(t *testing.T) {
 	if !slices.Equal(m.Existing, wantExisting) {
 		t.Errorf("existing %v, want %v", m.Existing, wantExisting)
 	}
-	if want := []string{"001_requests.sql", "003_gpu_rollups.sql"}; !slices.Equal(m.Applied, want) {
+	if want := []string{"001_requests.sql", "003_gpu_rollups.sql", "007_layers.sql"}; !slices.Equal(m.Applied, want) {
 		t.Errorf("applied %v, want %v", m.Applied, want)
 	}
 	if want := []string{"requests", "gpu_rollups"}; !slices.Equal(m.Created, want) {

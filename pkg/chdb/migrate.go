@@ -49,6 +49,9 @@ type Migration struct {
 	// Existing are the tables the migrations would have created that were already there
 	// (created by hand, such as a cluster's Distributed tables): left as they were.
 	Existing []Table
+	// Added are the columns the applied migrations added, as table.column; a column already
+	// there is not listed.
+	Added []string
 }
 
 // Table is a table a migration creates.
@@ -66,6 +69,13 @@ func (t Table) String() string { return t.Name + " (" + t.Engine + ")" }
 // ";" at the end of a line; every statement must be idempotent (IF NOT EXISTS), so two
 // services migrating at once are safe. A CREATE TABLE IF NOT EXISTS of a table that is
 // already there is not run: the table is reported in Existing with its engine.
+//
+// ALTER TABLE t ADD COLUMN IF NOT EXISTS c … runs only when system.columns lacks t.c, and
+// without IF NOT EXISTS, which 18.16 cannot parse; a failure after which the column is
+// there is another migrator's doing and not an error. On a Distributed table the column is
+// added only when this node's table under it already has it: the Distributed table would
+// otherwise take inserts the shards refuse, so the migration fails, saying what to run on
+// every node first, and runs again at the next start.
 func (d *DB) Migrate(ctx context.Context, fsys fs.FS) (Migration, error) {
 	return MigrateOn(ctx, nativeExecutor{d.conn}, d.name, d.version.String(), fsys)
 }
@@ -104,6 +114,17 @@ func MigrateOn(ctx context.Context, x Executor, db, server string, fsys fs.FS) (
 		}
 		ran := false
 		for i, stmt := range Statements(sql) {
+			if add := addedColumn(stmt); add != nil {
+				added, err := addColumn(ctx, x, db, add)
+				if err != nil {
+					return m, fmt.Errorf("cannot apply migration %s (statement %d) on ClickHouse %s: %w", name, i+1, server, err)
+				}
+				if added {
+					m.Added = append(m.Added, add.table+"."+add.column)
+					ran = true
+				}
+				continue
+			}
 			if table := createdTable(stmt); table != "" {
 				engine, err := x.Strings(ctx, "SELECT engine FROM system.tables WHERE database = "+Quote(db)+" AND name = "+Quote(table))
 				if err != nil {
@@ -139,6 +160,63 @@ func createdTable(stmt string) string {
 		return m[1]
 	}
 	return ""
+}
+
+var addColumnRE = regexp.MustCompile(`(?is)^(ALTER\s+TABLE\s+([A-Za-z_][A-Za-z0-9_]*)\s+ADD\s+COLUMN\s+)IF\s+NOT\s+EXISTS\s+([A-Za-z_][A-Za-z0-9_]*)(\s.*)$`)
+
+// columnAdd is an ALTER TABLE … ADD COLUMN IF NOT EXISTS statement.
+type columnAdd struct {
+	table, column string
+	plain         string // the statement without IF NOT EXISTS
+}
+
+// addedColumn parses an ALTER TABLE t ADD COLUMN IF NOT EXISTS c statement, or returns nil.
+func addedColumn(stmt string) *columnAdd {
+	m := addColumnRE.FindStringSubmatch(stmt)
+	if m == nil {
+		return nil
+	}
+	return &columnAdd{table: m[2], column: m[3], plain: m[1] + m[3] + m[4]}
+}
+
+// distributedRE reads the database and table a Distributed engine reads from its engine_full.
+var distributedRE = regexp.MustCompile(`^Distributed\(\s*'?[A-Za-z0-9_]+'?\s*,\s*'?([A-Za-z0-9_]+)'?\s*,\s*'?([A-Za-z0-9_]+)'?`)
+
+// addColumn adds the column unless the table has it; it reports whether it added it.
+func addColumn(ctx context.Context, x Executor, db string, a *columnAdd) (bool, error) {
+	has := func(db, table string) (bool, error) {
+		n, err := x.Strings(ctx, "SELECT name FROM system.columns WHERE database = "+Quote(db)+" AND table = "+Quote(table)+" AND name = "+Quote(a.column))
+		if err != nil {
+			return false, fmt.Errorf("cannot look for column %s.%s: %w", table, a.column, err)
+		}
+		return len(n) > 0, nil
+	}
+	if ok, err := has(db, a.table); err != nil || ok {
+		return false, err
+	}
+	engine, err := x.Strings(ctx, "SELECT engine_full FROM system.tables WHERE database = "+Quote(db)+" AND name = "+Quote(a.table))
+	if err != nil {
+		return false, fmt.Errorf("cannot look for table %s: %w", a.table, err)
+	}
+	if len(engine) > 0 {
+		if d := distributedRE.FindStringSubmatch(engine[0]); d != nil {
+			ok, err := has(d[1], d[2])
+			if err != nil {
+				return false, err
+			}
+			if !ok {
+				return false, fmt.Errorf("%s is a Distributed table over %s.%s, which has no column %s on this node: add it to that table on every node first (%s), then start again",
+					a.table, d[1], d[2], a.column, strings.Replace(a.plain, a.table, d[1]+"."+d[2], 1))
+			}
+		}
+	}
+	if err := x.Exec(ctx, a.plain); err != nil {
+		if ok, herr := has(db, a.table); herr == nil && ok {
+			return false, nil // another migrator added it meanwhile
+		}
+		return false, err
+	}
+	return true, nil
 }
 
 // nativeExecutor is an Executor over clickhouse-go.
@@ -244,7 +322,7 @@ func Statements(sql string) []string {
 // Log says what Migrate did and found, when it did or found anything: the migrations applied,
 // the tables created, and the tables that already existed, with their engines.
 func (m Migration) Log(logger *slog.Logger, server Version) {
-	if len(m.Applied)+len(m.Created)+len(m.Existing) == 0 {
+	if len(m.Applied)+len(m.Created)+len(m.Existing)+len(m.Added) == 0 {
 		return
 	}
 	existing := make([]string, len(m.Existing))
@@ -252,5 +330,5 @@ func (m Migration) Log(logger *slog.Logger, server Version) {
 		existing[i] = t.String()
 	}
 	logger.Info("migrated ClickHouse", "server", server.String(), "features", fmt.Sprintf("%+v", m.Features),
-		"applied", m.Applied, "created", m.Created, "existing", existing)
+		"applied", m.Applied, "created", m.Created, "added", m.Added, "existing", existing)
 }

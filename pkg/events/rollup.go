@@ -9,7 +9,7 @@ const (
 	KindCorrection = "correction"
 )
 
-// TokenRollup is one window × env × scene × model × input bucket (× instance): what the
+// TokenRollup is one window × env × scene × model × layer × input bucket (× instance): what the
 // aggregator writes to token_rollups and publishes on rollup.tokens.<env>.<scene>.
 // Latency fields are in milliseconds; each digest's centroids travel as means and weights
 // so that any range of windows can be merged without averaging percentiles.
@@ -23,6 +23,7 @@ type TokenRollup struct {
 	Scene    string `json:"scene"`
 	Model    string `json:"model"`
 	Instance string `json:"instance"`
+	Layer    Layer  `json:"layer"` // never summed with another layer's rollups
 	Bucket   string `json:"bucket"`
 
 	Requests    uint64 `json:"requests"`

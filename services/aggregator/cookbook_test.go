@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -179,11 +180,34 @@ func TestCookbook(t *testing.T) {
 		}
 		evs = append(evs, e)
 	}
-	b.publish(t, evs)
-	b.waitRows(t, time.Minute, uint64(len(evs)), "SELECT sum(requests) FROM token_rollups")
-	b.waitRows(t, time.Minute, uint64(len(evs)), "SELECT count() FROM requests")
+	// The engine's view of every other request, as its OTLP spans bring it: the cookbook
+	// reads the gateway's, so the checks below, computed from evs alone, hold only if every
+	// query keeps to its layer.
+	// Every request has a trace; every other one an engine span and every fourth an app span
+	// of the same trace, with known splits for trace_split.sql.
+	all := slices.Clone(evs)
+	for i := range evs {
+		evs[i].TraceID = fmt.Sprintf("%016x%016x", r.Uint64()|1, i+1)
+		all[i].TraceID = evs[i].TraceID
+	}
+	for i, e := range evs {
+		if i%2 == 0 {
+			g := e
+			e.EventID, e.Layer, e.TTFTMs, e.TotalMs = events.NewEventID(), events.LayerEngine, g.TTFTMs/2, g.TotalMs*0.9
+			e.QueueMs, e.PrefillMs, e.DecodeMs = e.TotalMs*0.1, e.TotalMs*0.2, e.TotalMs*0.6
+			all = append(all, e)
+		}
+		if i%4 == 0 {
+			e := evs[i]
+			e.EventID, e.Layer, e.TTFTMs, e.TotalMs = events.NewEventID(), events.LayerApp, e.TTFTMs+12, e.TotalMs+12
+			all = append(all, e)
+		}
+	}
+	b.publish(t, all)
+	b.waitRows(t, time.Minute, uint64(len(all)), "SELECT sum(requests) FROM token_rollups")
+	b.waitRows(t, time.Minute, uint64(len(all)), "SELECT count() FROM requests")
 
-	params := map[string]string{"from": dt(base), "to": dt(base.Add(time.Hour)), "model": "qwen2.5-72b", "limit": "1000"}
+	params := map[string]string{"from": dt(base), "to": dt(base.Add(time.Hour)), "model": "qwen2.5-72b", "limit": "1000", "layer": "gateway", "trace_id": "", "bucket": ""}
 	buckets := events.DefaultBucketBounds()
 	type ms struct{ model, scene string }
 
@@ -363,6 +387,9 @@ func TestCookbook(t *testing.T) {
 				t.Fatalf("%d conversations, want %d", len(res.Rows), len(conv))
 			}
 		}},
+		{"trace_split.sql", func(t *testing.T, res *testbed.Result) {
+			checkTraceSplit(t, res, wantTraceSplit(all, buckets, ""))
+		}},
 		{"conversations.sql", func(t *testing.T, res *testbed.Result) {
 			var turns, completed, abandoned, withOutcome float64
 			for _, c := range conv {
@@ -415,8 +442,33 @@ func TestCookbook(t *testing.T) {
 	}
 	// The same rows on a current ClickHouse, the same queries bound by the server: the same
 	// checks, and the same answers as 18.16's.
+	// One trace, with all three layers, and one bucket: the same split from that trace's rows
+	// alone, or that bucket's.
+	one := maps.Clone(params)
+	one["trace_id"] = evs[0].TraceID
+	oneBucket := maps.Clone(params)
+	oneBucket["bucket"] = buckets.Label(buckets.Index(evs[0].InputTokens))
+	splitCheck := func(t *testing.T, srv server) {
+		res, err := srv.run(cookbook(t, "trace_split.sql"), one)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := wantTraceSplit(all, buckets, evs[0].TraceID)
+		if w := want[oneBucket["bucket"]]; len(w) == 0 || w[0] != 1 || w[1] != 1 || w[2] != 1 || !near(w[3], 12, 1e-9) {
+			t.Fatalf("the first trace's split %v lacks a layer", w)
+		}
+		checkTraceSplit(t, res, want)
+		res, err = srv.run(cookbook(t, "trace_split.sql"), oneBucket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all := wantTraceSplit(all, buckets, "")
+		checkTraceSplit(t, res, map[string][]float64{oneBucket["bucket"]: all[oneBucket["bucket"]]})
+	}
+	t.Run("trace_split one trace", func(t *testing.T) { splitCheck(t, old) })
 	t.Run("current", func(t *testing.T) {
 		cur := serverCurrent(current(t, b, "requests", "token_rollups"))
+		t.Run("trace_split one trace", func(t *testing.T) { splitCheck(t, cur) })
 		for _, c := range checks {
 			t.Run(c.file, func(t *testing.T) {
 				res, err := cur.run(cookbook(t, c.file), params)
@@ -434,6 +486,89 @@ func TestCookbook(t *testing.T) {
 			})
 		}
 	})
+}
+
+// wantTraceSplit computes what trace_split.sql answers for evs, all of one trace when
+// trace is set: per bucket, the columns after bucket.
+func wantTraceSplit(evs []events.RequestEvent, buckets events.Buckets, trace string) map[string][]float64 {
+	byTrace := map[string]map[events.Layer]events.RequestEvent{}
+	for _, e := range evs {
+		if e.TraceID == "" || trace != "" && e.TraceID != trace {
+			continue
+		}
+		if byTrace[e.TraceID] == nil {
+			byTrace[e.TraceID] = map[events.Layer]events.RequestEvent{}
+		}
+		byTrace[e.TraceID][e.Layer.OrGateway()] = e
+	}
+	type acc struct{ traces, withApp, withEngine, app, gw, queue, prefill, decode, other, appTTFT, gwTTFT, engTTFT, nApp, nGW, nEng float64 }
+	per := map[string]*acc{}
+	for _, l := range byTrace {
+		app, hasApp := l[events.LayerApp]
+		gw, hasGW := l[events.LayerGateway]
+		eng, hasEng := l[events.LayerEngine]
+		b := buckets.Label(buckets.Index(gw.InputTokens))
+		a := per[b]
+		if a == nil {
+			a = &acc{}
+			per[b] = a
+		}
+		a.traces++
+		if hasApp && hasGW {
+			a.withApp++
+			a.app += app.TotalMs - gw.TotalMs
+		}
+		if hasGW && hasEng {
+			a.withEngine++
+			a.gw += gw.TotalMs - eng.TotalMs
+		}
+		if hasEng {
+			a.nEng++
+			a.queue += eng.QueueMs
+			a.prefill += eng.PrefillMs
+			a.decode += eng.DecodeMs
+			a.other += eng.TotalMs - eng.QueueMs - eng.PrefillMs - eng.DecodeMs
+			a.engTTFT += eng.TTFTMs
+		}
+		if hasApp {
+			a.nApp++
+			a.appTTFT += app.TTFTMs
+		}
+		if hasGW {
+			a.nGW++
+			a.gwTTFT += gw.TTFTMs
+		}
+	}
+	out := map[string][]float64{}
+	for b, a := range per {
+		out[b] = []float64{a.traces, a.withApp, a.withEngine, a.app / a.withApp, a.gw / a.withEngine,
+			a.queue / a.nEng, a.prefill / a.nEng, a.decode / a.nEng, a.other / a.nEng,
+			a.appTTFT / a.nApp, a.gwTTFT / a.nGW, a.engTTFT / a.nEng}
+	}
+	return out
+}
+
+func checkTraceSplit(t *testing.T, res *testbed.Result, want map[string][]float64) {
+	t.Helper()
+	if len(res.Rows) != len(want) {
+		t.Fatalf("%d buckets, want %d", len(res.Rows), len(want))
+	}
+	for _, r := range res.Rows {
+		b := str(t, r[0])
+		w, ok := want[b]
+		if !ok {
+			t.Fatalf("bucket %s unexpected", b)
+		}
+		for i, x := range w {
+			got := num(t, r[i+1])
+			if math.IsNaN(x) && math.IsNaN(got) {
+				continue
+			}
+			if !near(got, x, 1e-9) {
+				t.Errorf("bucket %s, %s = %v, want %v", b, res.Columns[i+1].Name, got, x)
+			}
+		}
+	}
 }
 
 // TestMergedAccuracy240Windows writes 240 windows of lognormal TTFTs as the aggregator does
@@ -469,7 +604,7 @@ func TestMergedAccuracy240Windows(t *testing.T) {
 		t.Fatal(err)
 	}
 	slices.Sort(all)
-	params := map[string]string{"from": dt(base), "to": dt(base.Add(time.Hour)), "model": "m"}
+	params := map[string]string{"from": dt(base), "to": dt(base.Add(time.Hour)), "model": "m", "layer": "gateway"}
 	check := func(t *testing.T, srv server) {
 		res, err := srv.run(cookbook(t, "merged_p99.sql"), params)
 		if err != nil {

@@ -19,6 +19,7 @@ import (
 // reportArgs is what the report command was asked for.
 type reportArgs struct {
 	json    bool
+	layers  bool // TTFT per bucket at each layer side by side
 	filter  report.Filter
 	main    report.Range
 	compare *report.Range // the baseline ("before") range, when comparing
@@ -41,6 +42,16 @@ func parseReportArgs(args []string, now time.Time, loc *time.Location, stderr io
 	fs.StringVar(&a.filter.Model, "model", "", "only this model")
 	fs.StringVar(&a.filter.Scene, "scene", "", "only this scene")
 	fs.StringVar(&a.filter.Env, "env", "", "only this env")
+	fs.Func("layer", "the layer to read: gateway (default), engine or app; layers are never summed", func(v string) error {
+		for _, l := range report.Layers {
+			if v == l {
+				a.filter.Layer = v
+				return nil
+			}
+		}
+		return fmt.Errorf("%q is not a layer (gateway, engine, app)", v)
+	})
+	fs.BoolVar(&a.layers, "layers", false, "TTFT p50/p95 per bucket at each layer (app, gateway, engine) side by side")
 	fs.BoolVar(&a.json, "json", false, "print JSON instead of a table")
 	fs.StringVar(&a.sqlFile, "sql", "", "run this SQL file (a query of schemas/clickhouse/queries, say) instead of the table, its {name:Type} parameters bound from --param")
 	fs.Func("param", "name=value of a {name:Type} parameter of --sql, repeated; a DateTime takes the times --from takes", func(v string) error {
@@ -58,7 +69,7 @@ func parseReportArgs(args []string, now time.Time, loc *time.Location, stderr io
 		return nil
 	})
 	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: tokenscope report [flags]\n       tokenscope report --sql FILE [--param name=value]... [--json]\n\nThe per-bucket table from ClickHouse (CLICKHOUSE_ADDR, CLICKHOUSE_DB, CLICKHOUSE_USER,\nCLICKHOUSE_PASSWORD, CLICKHOUSE_TLS). A window belongs to a range when it starts in it.\nWith --sql, the answer of a query whose {name:Type} parameters are bound here, so that\nany server runs it, 18.16 too.\n\n")
+		fmt.Fprint(stderr, "usage: tokenscope report [flags]\n       tokenscope report --sql FILE [--param name=value]... [--json]\n\nThe per-bucket table from ClickHouse (CLICKHOUSE_ADDR, CLICKHOUSE_DB, CLICKHOUSE_USER,\nCLICKHOUSE_PASSWORD, CLICKHOUSE_TLS) at one layer (--layer, gateway by default), or with\n--layers the TTFT of every layer side by side. A window belongs to a range when it starts in it.\nWith --sql, the answer of a query whose {name:Type} parameters are bound here, so that\nany server runs it, 18.16 too.\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -81,6 +92,12 @@ func parseReportArgs(args []string, now time.Time, loc *time.Location, stderr io
 	}
 	if len(a.params) > 0 {
 		return a, errors.New("--param goes with --sql")
+	}
+	if a.layers && a.filter.Layer != "" {
+		return a, errors.New("--layers reads every layer: use it without --layer")
+	}
+	if a.layers && (*change != "" || *cmpFrom != "" || *cmpTo != "") {
+		return a, errors.New("--layers reads one range: use it without --change, --compare-from and --compare-to")
 	}
 	at := func(name, v string, def time.Time) (time.Time, error) {
 		if v == "" {
@@ -180,6 +197,16 @@ func runReport(ctx context.Context, args []string, getenv func(string) string, s
 		return err
 	} else if !ok {
 		return fmt.Errorf("database %s at %s has no token_rollups table: is CLICKHOUSE_DB the aggregator's, and has the aggregator run?", cfg.ClickHouse.DB, cfg.ClickHouse.Addr)
+	}
+	if a.layers {
+		rep, err := report.QueryLayers(ctx, db.Conn(), a.main, a.filter)
+		if err != nil {
+			return err
+		}
+		if a.json {
+			return writeJSON(stdout, rep)
+		}
+		return report.WriteLayers(stdout, rep)
 	}
 	cur, err := report.Query(ctx, db.Conn(), a.main, a.filter)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"io/fs"
 	"math"
@@ -51,7 +52,7 @@ func TestReportSQL(t *testing.T) {
 	if err := b.Send(); err != nil {
 		t.Fatal(err)
 	}
-	rb, err := db.Conn().PrepareBatch(ctx, "INSERT INTO requests (ts, event_id, env, scene, model, status, error_code, conversation_id, turn, outcome, cost_usd, input_tokens, output_tokens)")
+	rb, err := db.Conn().PrepareBatch(ctx, "INSERT INTO requests (ts, event_id, env, scene, model, status, error_code, conversation_id, turn, outcome, cost_usd, input_tokens, output_tokens, layer, trace_id, bucket, total_ms, queue_ms, prefill_ms, decode_ms)")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +66,8 @@ func TestReportSQL(t *testing.T) {
 			outcome = "completed"
 		}
 		if err := rb.Append(base.Add(time.Duration(i)*time.Second), "e"+strconv.Itoa(i), "prod", "chat", "qwen2.5-72b", status, code,
-			"c"+strconv.Itoa(i/3), uint32(i%3+1), outcome, 0.5, uint32(100), uint32(10)); err != nil {
+			"c"+strconv.Itoa(i/3), uint32(i%3+1), outcome, 0.5, uint32(100), uint32(10),
+			[]string{"engine", "gateway"}[i%2], fmt.Sprintf("%032x", i/2+1), "0-500", float64(90+i%2*10), float64((1-i%2)*5), float64((1-i%2)*20), float64((1-i%2)*60)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -81,8 +83,8 @@ func TestReportSQL(t *testing.T) {
 	if err != nil || len(files) == 0 {
 		t.Fatalf("cookbook: %v %v", files, err)
 	}
-	all := map[string]string{"from": base.Format(time.RFC3339), "to": base.Add(time.Hour).Format(time.RFC3339), "model": "it's", "limit": "10"}
-	serverParams := map[string]string{"from": strconv.FormatInt(base.Unix(), 10), "to": strconv.FormatInt(base.Add(time.Hour).Unix(), 10), "model": "it's", "limit": "10"}
+	all := map[string]string{"from": base.Format(time.RFC3339), "to": base.Add(time.Hour).Format(time.RFC3339), "model": "it's", "limit": "10", "layer": "gateway", "trace_id": "", "bucket": ""}
+	serverParams := map[string]string{"from": strconv.FormatInt(base.Unix(), 10), "to": strconv.FormatInt(base.Add(time.Hour).Unix(), 10), "model": "it's", "limit": "10", "layer": "gateway", "trace_id": "", "bucket": ""}
 	args := func(file string) []string {
 		raw, err := os.ReadFile(file)
 		if err != nil {
@@ -113,12 +115,18 @@ func TestReportSQL(t *testing.T) {
 	if got := answers["merged_p99.sql"][0]; got["samples"] != float64(100) || got["ttft_p99"].(float64) < 800 {
 		t.Errorf("merged_p99 = %v, want 100 samples and a p99 in the slow centroid", got)
 	}
+	// Three traces of a gateway event (100 ms) and an engine one (90 ms: 5 queued, 20
+	// prefill, 60 decode).
+	if got := answers["trace_split.sql"]; len(got) != 1 || got[0]["traces"] != float64(3) || got[0]["gateway_ms"] != float64(10) ||
+		got[0]["queue_ms"] != float64(5) || got[0]["decode_ms"] != float64(60) || got[0]["engine_other_ms"] != float64(5) || got[0]["app_ms"] != nil {
+		t.Errorf("trace_split = %v", got)
+	}
 	if got := answers["error_codes.sql"]; len(got) != 1 || got[0]["error_code"] != "429" || got[0]["requests"] != float64(1) {
 		t.Errorf("error_codes = %v", got)
 	}
 
 	var table bytes.Buffer
-	if err := run(ctx, []string{"report", "--sql", filepath.Join(dir, "error_vs_timeout.sql"), "--param", "from=" + base.Local().Format("2006-01-02 15:04"), "--param", "to=now"}, getenv, &table, io.Discard); err != nil {
+	if err := run(ctx, []string{"report", "--sql", filepath.Join(dir, "error_vs_timeout.sql"), "--param", "from=" + base.Local().Format("2006-01-02 15:04"), "--param", "to=now", "--param", "layer=gateway"}, getenv, &table, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(table.String(), "model") || !strings.Contains(table.String(), "qwen2.5-72b") || !strings.Contains(table.String(), "2 rows") {
@@ -129,8 +137,8 @@ func TestReportSQL(t *testing.T) {
 		want string
 	}{
 		{[]string{"report", "--sql", filepath.Join(dir, "merged_p99.sql"), "--param", "from=now-1h", "--param", "to=now"}, "needs --param model=… (a String)"},
-		{[]string{"report", "--sql", filepath.Join(dir, "error_codes.sql"), "--param", "from=now-1h", "--param", "to=now", "--param", "model=x"}, "--param model: "},
-		{[]string{"report", "--sql", filepath.Join(dir, "cost_per_conversation.sql"), "--param", "from=now-1h", "--param", "to=now", "--param", "limit=-1"}, `limit="-1" is not a UInt32`},
+		{[]string{"report", "--sql", filepath.Join(dir, "error_codes.sql"), "--param", "from=now-1h", "--param", "to=now", "--param", "layer=gateway", "--param", "model=x"}, "--param model: "},
+		{[]string{"report", "--sql", filepath.Join(dir, "cost_per_conversation.sql"), "--param", "from=now-1h", "--param", "to=now", "--param", "layer=gateway", "--param", "limit=-1"}, `limit="-1" is not a UInt32`},
 		{[]string{"report", "--sql", filepath.Join(dir, "nope.sql")}, "cannot read --sql"},
 	} {
 		if err := run(ctx, bad.args, getenv, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), bad.want) {

@@ -29,12 +29,20 @@ func TestQueriesOnCurrent(t *testing.T) {
 	}
 	quantiles := []string{"ttft_p50", "ttft_p95", "ttft_p99", "tpot_p50", "tpot_p95", "tpot_p99"}
 	r := Range{From: base, To: base.Add(30 * time.Minute)}
-	for _, f := range []Filter{{}, {Env: "prod"}, {Model: "llama"}, {Scene: "chat"}, {Model: "qwen", Env: "staging"}, {Model: "it's"}} {
+	for _, f := range []Filter{{}, {Env: "prod"}, {Model: "llama"}, {Scene: "chat"}, {Model: "qwen", Env: "staging"}, {Model: "it's"}, {Layer: "engine"}} {
 		span, table, unbound, params, err := queries(r, f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for i, q := range []string{span, table} {
+		layers, layersUnbound, layersParams, err := layersQuery(r, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, q := range []string{span, table, layers} {
+			unbound := append(unbound[:], layersUnbound)
+			if i == 2 {
+				params = layersParams
+			}
 			want, err := testbed.Query(ctx, db.Conn(), q)
 			if err != nil {
 				t.Fatalf("18.16: %v\n%s", err, q)

@@ -12,11 +12,25 @@ import (
 	"github.com/tokenscope/tokenscope/pkg/chdb"
 )
 
-// Filter narrows a report; an empty field matches everything.
+// Filter narrows a report; an empty field matches everything but the layer: a report
+// reads one layer, the gateway's unless Layer says otherwise, since the same requests seen
+// at two layers must never be summed.
 type Filter struct {
 	Model string `json:"model,omitempty"`
 	Scene string `json:"scene,omitempty"`
 	Env   string `json:"env,omitempty"`
+	Layer string `json:"layer,omitempty"`
+}
+
+// DefaultLayer is the layer a report reads when the filter names none.
+const DefaultLayer = "gateway"
+
+// layer returns the layer f reads.
+func (f Filter) layer() string {
+	if f.Layer == "" {
+		return DefaultLayer
+	}
+	return f.Layer
 }
 
 // Range is a half-open time range [From, To): a window belongs to it when its start does.
@@ -76,6 +90,13 @@ func (r Report) Seconds() float64 {
 // where returns the condition shared by every part of the query, with {name:Type}
 // parameters, and their values.
 func where(r Range, f Filter) (string, map[string]string) {
+	cond, params := whereLabels(r, f)
+	params["layer"] = f.layer()
+	return cond + " AND layer = {layer:String}", params
+}
+
+// whereLabels is where without the layer, for a query that names its layers itself.
+func whereLabels(r Range, f Filter) (string, map[string]string) {
 	var b strings.Builder
 	b.WriteString("window_start >= {from:DateTime} AND window_start < {to:DateTime}")
 	params := map[string]string{"from": strconv.FormatInt(r.From.Unix(), 10), "to": strconv.FormatInt(r.To.Unix(), 10)}
@@ -129,6 +150,7 @@ func Query(ctx context.Context, conn driver.Conn, r Range, f Filter) (Report, er
 	if !r.From.Before(r.To) {
 		return Report{}, fmt.Errorf("cannot report on an empty range: from %s is not before to %s", r.From.Format(time.RFC3339), r.To.Format(time.RFC3339))
 	}
+	f.Layer = f.layer()
 	rep := Report{Range: Range{From: r.From.UTC(), To: r.To.UTC()}, Filter: f, Rows: []Row{}}
 	span, table, _, _, err := queries(r, f)
 	if err != nil {

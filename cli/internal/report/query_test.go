@@ -3,6 +3,7 @@ package report
 import (
 	"context"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ func TestMain(m *testing.M) { testbed.Main(m) }
 type window struct {
 	start                     time.Time
 	model, scene, env, bucket string
+	layer                     string // empty: gateway
 	lo                        uint32
 	ok, errors, timeouts      uint64
 	in, out                   uint64
@@ -40,7 +42,7 @@ func openDB(t *testing.T) *chdb.DB {
 func insert(t *testing.T, db *chdb.DB, ws ...window) {
 	t.Helper()
 	ctx := context.Background()
-	b, err := db.Conn().PrepareBatch(ctx, `INSERT INTO token_rollups (window_start, window_seconds, kind, env, scene, model, instance,
+	b, err := db.Conn().PrepareBatch(ctx, `INSERT INTO token_rollups (window_start, window_seconds, kind, env, scene, model, instance, layer,
 		bucket, bucket_lo, requests, ok, errors, timeouts, canceled, input_tokens, output_tokens,
 		ttft_count, ttft_means, ttft_weights, tpot_count, tpot_means, tpot_weights)`)
 	if err != nil {
@@ -54,7 +56,11 @@ func insert(t *testing.T, db *chdb.DB, ws ...window) {
 			}
 			return o
 		}
-		if err := b.Append(w.start, uint32(10), "window", w.env, w.scene, w.model, "", w.bucket, w.lo,
+		layer := w.layer
+		if layer == "" {
+			layer = "gateway"
+		}
+		if err := b.Append(w.start, uint32(10), "window", w.env, w.scene, w.model, "", layer, w.bucket, w.lo,
 			w.ok+w.errors+w.timeouts, w.ok, w.errors, w.timeouts, uint64(0), w.in, w.out,
 			uint64(len(w.ttft)), w.ttft, ones(w.ttft), uint64(len(w.tpot)), w.tpot, ones(w.tpot)); err != nil {
 			t.Fatal(err)
@@ -100,6 +106,12 @@ func knownWindows(base time.Time) []window {
 		// Other labels, for the filters.
 		{start: base, model: "llama", scene: "code", env: "staging", bucket: "0-500", lo: 0, ok: 5,
 			in: 500, out: 50, ttft: repeat(50, 5), tpot: repeat(5, 5)},
+		// The engine's and the app's view of the short bucket's requests: never in a report
+		// of the gateway.
+		{start: base, model: "qwen", scene: "chat", env: "prod", layer: "engine", bucket: "0-500", lo: 0, ok: 100,
+			in: 10000, out: 5000, ttft: repeat(60, 100), tpot: repeat(20, 100)},
+		{start: base, model: "qwen", scene: "chat", env: "prod", layer: "app", bucket: "0-500", lo: 0, ok: 100,
+			in: 10000, out: 5000, ttft: append(repeat(150, 90), repeat(1200, 10)...), tpot: repeat(20, 100)},
 		// Outside the range.
 		{start: base.Add(time.Hour), model: "qwen", scene: "chat", env: "prod", bucket: "0-500", lo: 0, ok: 1000,
 			in: 1, out: 1, ttft: repeat(9999, 1000), tpot: repeat(9999, 1000)},
@@ -158,6 +170,8 @@ func TestQuery(t *testing.T) {
 		{"scene", Filter{Scene: "chat"}, 3},
 		{"no match", Filter{Model: "qwen", Env: "staging"}, 0},
 		{"quote in a value", Filter{Model: "it's"}, 0},
+		{"engine layer", Filter{Layer: "engine"}, 1},
+		{"no such layer", Filter{Layer: "edge"}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rep, err := Query(ctx, db.Conn(), r, tc.f)
@@ -172,6 +186,43 @@ func TestQuery(t *testing.T) {
 
 	if _, err := Query(ctx, db.Conn(), Range{From: base, To: base}, Filter{}); err == nil {
 		t.Fatal("an empty range was accepted")
+	}
+}
+
+// TestQueryLayers sets the three layers' TTFT of the same requests side by side, each from
+// its own rows.
+func TestQueryLayers(t *testing.T) {
+	db := openDB(t)
+	base := time.Date(2026, 3, 2, 10, 0, 0, 0, time.UTC)
+	insert(t, db, knownWindows(base)...)
+	ctx := context.Background()
+	rep, err := QueryLayers(ctx, db.Conn(), Range{From: base, To: base.Add(30 * time.Minute)}, Filter{Env: "prod", Layer: "engine"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Rows) != 3 || rep.Rows[0].Bucket != "0-500" || rep.Filter.Layer != "" {
+		t.Fatalf("rows %+v filter %+v, want three buckets, short first, every layer read", rep.Rows, rep.Filter)
+	}
+	want := []struct {
+		layer    string
+		n        uint64
+		p50, p95 float64
+	}{{"app", 100, 150, 1200}, {"gateway", 100, 100, 1000}, {"engine", 100, 60, 60}}
+	for i, w := range want {
+		c := rep.Rows[0].Layers[i]
+		if c.Layer != w.layer || c.Requests != w.n || c.TTFT.N != w.n || !near(c.TTFT.P50, w.p50, 0.01) || !near(c.TTFT.P95, w.p95, 0.01) {
+			t.Errorf("short bucket at %s: %+v, want %d requests, TTFT p50 %v p95 %v", w.layer, c, w.n, w.p50, w.p95)
+		}
+	}
+	if long := rep.Rows[2].Layers; long[0].Requests != 0 || long[1].Requests != 100 || long[2].Requests != 0 || long[0].TTFT.N != 0 {
+		t.Errorf("long bucket %+v, want the gateway's only", long)
+	}
+	var out strings.Builder
+	if err := WriteLayers(&out, rep); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "gateway n") || !strings.Contains(out.String(), "1200") {
+		t.Errorf("table:\n%s", out.String())
 	}
 }
 

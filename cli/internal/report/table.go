@@ -14,7 +14,7 @@ func Heading(r Report) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s → %s", r.Range.From.Format(time.DateTime), r.Range.To.Format(time.DateTime))
 	b.WriteString(" UTC")
-	for _, f := range []struct{ k, v string }{{"model", r.Filter.Model}, {"scene", r.Filter.Scene}, {"env", r.Filter.Env}} {
+	for _, f := range []struct{ k, v string }{{"model", r.Filter.Model}, {"scene", r.Filter.Scene}, {"env", r.Filter.Env}, {"layer", r.Filter.Layer}} {
 		if f.v != "" {
 			fmt.Fprintf(&b, ", %s=%s", f.k, f.v)
 		}

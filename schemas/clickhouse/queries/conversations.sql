@@ -1,6 +1,7 @@
 -- The business layer: average turns per conversation, and task completion rate — the
 -- share of conversations whose outcome (sent by the app on the last request) is
--- 'completed' among those with an outcome. Parameters: from, to (DateTime).
+-- 'completed' among those with an outcome. Parameters: from, to (DateTime), layer (String:
+-- gateway, engine or app; the same requests seen at two layers are never summed).
 SELECT
     count() AS conversations,
     avg(turns) AS avg_turns,
@@ -14,6 +15,6 @@ FROM
         max(turn) AS turns,
         anyIf(outcome, outcome != '') AS outcome
     FROM requests
-    WHERE ts >= {from:DateTime} AND ts < {to:DateTime} AND conversation_id != ''
+    WHERE ts >= {from:DateTime} AND ts < {to:DateTime} AND conversation_id != '' AND layer = {layer:String}
     GROUP BY conversation_id
 )

@@ -1,5 +1,6 @@
 -- Cost in USD per model × scene, and per request (AGG_PRICES; unpriced counts requests of
--- models missing from the price table). Parameters: from, to (DateTime).
+-- models missing from the price table). Parameters: from, to (DateTime), layer (String:
+-- gateway, engine or app; the same requests seen at two layers are never summed).
 SELECT
     model, scene,
     sum(requests) AS n_requests,
@@ -7,6 +8,6 @@ SELECT
     sum(cost_usd) / sum(requests) AS cost_per_request_usd,
     sum(unpriced) AS unpriced_requests
 FROM token_rollups
-WHERE window_start >= {from:DateTime} AND window_start < {to:DateTime}
+WHERE window_start >= {from:DateTime} AND window_start < {to:DateTime} AND layer = {layer:String}
 GROUP BY model, scene
 ORDER BY model, scene

@@ -66,7 +66,7 @@ type Ledger struct {
 	FlushID    string
 }
 
-const tokenColumns = `window_start, window_seconds, kind, env, scene, model, instance, bucket, bucket_lo,
+const tokenColumns = `window_start, window_seconds, kind, env, scene, model, instance, layer, bucket, bucket_lo,
 requests, ok, errors, timeouts, canceled, rate_limited, late, estimated, unpriced,
 input_tokens, output_tokens, cached_input_tokens, cost_usd, max_itl_ms,
 ttft_count, ttft_min, ttft_max, ttft_p50, ttft_p90, ttft_p95, ttft_p99, ttft_means, ttft_weights,
@@ -86,7 +86,7 @@ func (c *ClickHouse) WriteTokenRollups(ctx context.Context, rows []events.TokenR
 	}
 	for i := range rows {
 		r := &rows[i]
-		args := []any{r.WindowStart, uint32(r.WindowSeconds), r.Kind, r.Env, r.Scene, r.Model, r.Instance, r.Bucket, uint32(bucketLo(r.Bucket)),
+		args := []any{r.WindowStart, uint32(r.WindowSeconds), r.Kind, r.Env, r.Scene, r.Model, r.Instance, string(r.Layer.OrGateway()), r.Bucket, uint32(bucketLo(r.Bucket)),
 			r.Requests, r.OK, r.Errors, r.Timeouts, r.Canceled, r.RateLimited, r.Late, r.Estimated, r.Unpriced,
 			r.InputTokens, r.OutputTokens, r.CachedInputTokens, r.CostUSD, r.MaxITLMs}
 		for _, lat := range []*events.Latency{&r.TTFT, &r.TPOT, &r.Total} {

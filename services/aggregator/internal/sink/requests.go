@@ -33,10 +33,11 @@ import (
 // or DateTime64(3).
 var requestColumns = []struct{ name, typ string }{
 	{"ts", "DateTime"}, {"event_id", "String"}, {"env", "String"}, {"scene", "String"}, {"model", "String"},
-	{"instance", "String"}, {"tenant", "String"}, {"provider", "String"}, {"bucket", "String"},
+	{"instance", "String"}, {"tenant", "String"}, {"provider", "String"}, {"layer", "String"}, {"trace_id", "String"}, {"bucket", "String"},
 	{"input_tokens", "UInt32"}, {"output_tokens", "UInt32"}, {"cached_input_tokens", "UInt32"},
 	{"tokens_estimated", "UInt8"}, {"ttft_ms", "Float64"}, {"total_ms", "Float64"}, {"tpot_ms", "Nullable(Float64)"},
-	{"max_itl_ms", "Float64"}, {"queue_ms", "Float64"}, {"status", "String"}, {"error_code", "String"},
+	{"max_itl_ms", "Float64"}, {"queue_ms", "Float64"}, {"prefill_ms", "Float64"}, {"decode_ms", "Float64"},
+	{"status", "String"}, {"error_code", "String"},
 	{"http_status", "UInt16"}, {"stream", "UInt8"}, {"conversation_id", "String"}, {"turn", "UInt32"},
 	{"outcome", "String"}, {"cost_usd", "Float64"}, {"consumer", "String"}, {"stream_seq", "UInt64"},
 }
@@ -188,12 +189,13 @@ type Requests struct {
 const blockSize = 1 << 20
 
 // rowFixed bounds a row's bytes other than its strings' (numbers, length prefixes, NULL flag).
-const rowFixed = 128 + 14*binary.MaxVarintLen64
+const rowFixed = 128 + 16*binary.MaxVarintLen64
 
 // Add appends one event at stream position seq.
 func (r *Requests) Add(ev *events.RequestEvent, bucket string, cost float64, seq uint64) {
+	layer := ev.Layer.OrGateway()
 	need := rowFixed + len(r.consumer) + len(ev.EventID) + len(ev.Env) + len(ev.Scene) + len(ev.Model) +
-		len(ev.Instance) + len(ev.Tenant) + len(ev.Provider) + len(bucket) + len(ev.Status) + len(ev.ErrorCode) +
+		len(ev.Instance) + len(ev.Tenant) + len(ev.Provider) + len(layer) + len(ev.TraceID) + len(bucket) + len(ev.Status) + len(ev.ErrorCode) +
 		len(ev.ConversationID) + len(ev.Outcome)
 	if cap(r.cur)-len(r.cur) < need {
 		r.grow(need)
@@ -211,6 +213,8 @@ func (r *Requests) Add(ev *events.RequestEvent, bucket string, cost float64, seq
 	b = appendString(b, ev.Instance)
 	b = appendString(b, ev.Tenant)
 	b = appendString(b, ev.Provider)
+	b = appendString(b, string(layer))
+	b = appendString(b, ev.TraceID)
 	b = appendString(b, bucket)
 	b = binary.LittleEndian.AppendUint32(b, uint32(ev.InputTokens))
 	b = binary.LittleEndian.AppendUint32(b, uint32(ev.OutputTokens))
@@ -225,6 +229,8 @@ func (r *Requests) Add(ev *events.RequestEvent, bucket string, cost float64, seq
 	}
 	b = appendFloat(b, ev.MaxITLMs)
 	b = appendFloat(b, ev.QueueMs)
+	b = appendFloat(b, ev.PrefillMs)
+	b = appendFloat(b, ev.DecodeMs)
 	b = appendString(b, string(ev.Status))
 	b = appendString(b, ev.ErrorCode)
 	b = binary.LittleEndian.AppendUint16(b, uint16(ev.HTTPStatus))

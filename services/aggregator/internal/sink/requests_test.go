@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -286,5 +287,46 @@ func TestRequestsDrop(t *testing.T) {
 				t.Fatalf("a second Drop removed %d rows, left %d", n, all.Len())
 			}
 		})
+	}
+}
+
+// TestRequestsLayerColumns stores each event's layer (an event without one is the
+// gateway's), trace id and engine time split.
+func TestRequestsLayerColumns(t *testing.T) {
+	db, w := openWriter(t, "agg-a")
+	ctx := context.Background()
+	r := w.NewBuffer()
+	gw := sampleEvent()
+	gw.TraceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+	r.Add(&gw, "500-2000", 0, 1)
+	eng := gw
+	eng.Layer, eng.QueueMs, eng.PrefillMs, eng.DecodeMs = events.LayerEngine, 12.5, 180.25, 4800
+	r.Add(&eng, "500-2000", 0, 2)
+	app := gw
+	app.Layer, app.TraceID = events.LayerApp, ""
+	r.Add(&app, "500-2000", 0, 3)
+	if err := w.Write(ctx, r, "layers-1"); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := db.Conn().Query(ctx, "SELECT concat(layer, '|', trace_id, '|', toString(queue_ms), '|', toString(prefill_ms), '|', toString(decode_ms)) FROM requests ORDER BY stream_seq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var got []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, s)
+	}
+	want := []string{
+		"gateway|4bf92f3577b34da6a3ce929d0e0e4736|3|0|0",
+		"engine|4bf92f3577b34da6a3ce929d0e0e4736|12.5|180.25|4800",
+		"app||3|0|0",
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("got %q, want %q", got, want)
 	}
 }

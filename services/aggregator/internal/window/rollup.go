@@ -24,6 +24,7 @@ func (a *Aggregator) Rollups(u *TokenUnit, dst []events.TokenRollup) []events.To
 			Scene:             k.Scene,
 			Model:             k.Model,
 			Instance:          k.Instance,
+			Layer:             k.Layer,
 			Bucket:            a.cfg.Buckets.Label(k.Bucket),
 			Requests:          s.Requests,
 			OK:                s.OK,

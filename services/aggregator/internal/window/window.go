@@ -26,9 +26,11 @@ type Config struct {
 	Prices      Pricer
 }
 
-// Key identifies one series in one window.
+// Key identifies one series in one window. Layer keeps the same requests seen at two
+// layers apart; it takes no part in the series limit (there are three).
 type Key struct {
 	Env, Scene, Model, Instance string
+	Layer                       events.Layer
 	Bucket                      int
 }
 
@@ -315,7 +317,7 @@ func (a *Aggregator) AddPriced(ev *events.RequestEvent, p Priced, seq uint64, no
 	if res == Skipped {
 		return res
 	}
-	k := Key{Env: ev.Env, Scene: ev.Scene, Model: ev.Model, Instance: ev.Instance, Bucket: p.Bucket}
+	k := Key{Env: ev.Env, Scene: ev.Scene, Model: ev.Model, Instance: ev.Instance, Layer: layerOf(ev), Bucket: p.Bucket}
 	k.Env, k.Scene, k.Model, k.Instance = a.series.admit(k.Env, k.Scene, k.Model, k.Instance, clock)
 	s := a.stats(u, k, cloneKey)
 	a.count(s, ev, p)
@@ -332,7 +334,19 @@ func (a *Aggregator) Advance(now time.Time) []*TokenUnit {
 }
 
 func cloneKey(k Key) Key {
-	return Key{Env: strings.Clone(k.Env), Scene: strings.Clone(k.Scene), Model: strings.Clone(k.Model), Instance: strings.Clone(k.Instance), Bucket: k.Bucket}
+	return Key{Env: strings.Clone(k.Env), Scene: strings.Clone(k.Scene), Model: strings.Clone(k.Model), Instance: strings.Clone(k.Instance), Layer: k.Layer, Bucket: k.Bucket}
+}
+
+// layerOf returns the event's layer as one of the package's constants, so that a key holds
+// nothing of the message it came from; a valid event has no other layer.
+func layerOf(ev *events.RequestEvent) events.Layer {
+	switch ev.Layer {
+	case events.LayerEngine:
+		return events.LayerEngine
+	case events.LayerApp:
+		return events.LayerApp
+	}
+	return events.LayerGateway
 }
 
 func (a *Aggregator) count(s *Stats, ev *events.RequestEvent, p Priced) {

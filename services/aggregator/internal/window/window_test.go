@@ -225,3 +225,39 @@ func BenchmarkHotPath(b *testing.B) {
 		}
 	}
 }
+
+// TestLayersKeptApart adds the same requests at three layers: each layer gets its own
+// rollup with exact counts, and an event without a layer is the gateway's.
+func TestLayersKeptApart(t *testing.T) {
+	a := window.New(cfg(t), nil)
+	now := t0.Add(time.Second)
+	seq := uint64(0)
+	counts := map[events.Layer]int{"": 5, events.LayerGateway: 2, events.LayerEngine: 6, events.LayerApp: 4}
+	for layer, n := range counts {
+		for i := range n {
+			e := ev(time.Duration(i)*time.Millisecond, events.StatusOK, 100, 11, float64(100+i), 1200)
+			e.Layer = layer
+			seq++
+			a.Add(e, seq, now)
+		}
+	}
+	got := map[events.Layer]events.TokenRollup{}
+	for _, u := range a.Advance(t0.Add(time.Hour)) {
+		for _, r := range a.Rollups(u, nil) {
+			if _, dup := got[r.Layer]; dup {
+				t.Fatalf("two rollups of layer %q in one window", r.Layer)
+			}
+			got[r.Layer] = r
+		}
+		a.Release(u)
+	}
+	want := map[events.Layer]uint64{events.LayerGateway: 7, events.LayerEngine: 6, events.LayerApp: 4}
+	if len(got) != len(want) {
+		t.Fatalf("rollups by layer %v, want %v", len(got), want)
+	}
+	for layer, n := range want {
+		if r := got[layer]; r.Requests != n || r.TTFT.Count != n {
+			t.Errorf("layer %s: %d requests, %d TTFT samples; want %d", layer, r.Requests, r.TTFT.Count, n)
+		}
+	}
+}

@@ -14,9 +14,23 @@ import (
 	"github.com/tokenscope/tokenscope/services/alerter/internal/rules"
 )
 
-// SeriesKey identifies a token series.
+// SeriesKey identifies a token series. Layer is empty for the gateway, the default layer,
+// so a gateway series keeps the key (and its alerts the labels) it had before layers;
+// rollups of other layers are other series, never summed with the gateway's.
 type SeriesKey struct {
 	Env, Scene, Model, Bucket string
+	Layer                     string
+}
+
+// SeriesLayer returns the Layer of a SeriesKey for a rollup's layer: empty for the gateway.
+func SeriesLayer(l events.Layer) string {
+	switch l {
+	case events.LayerEngine:
+		return string(events.LayerEngine)
+	case events.LayerApp:
+		return string(events.LayerApp)
+	}
+	return ""
 }
 
 // Window is one window's main rollups.
@@ -184,14 +198,16 @@ func (e *Engine) group(w Window) {
 			e.counts.SkippedRows++
 			continue
 		}
-		key := SeriesKey{r.Env, r.Scene, r.Model, r.Bucket}
+		key := SeriesKey{Env: r.Env, Scene: r.Scene, Model: r.Model, Bucket: r.Bucket, Layer: SeriesLayer(r.Layer)}
 		a := e.agg[key]
 		if a == nil {
 			a = &seriesAgg{}
 			e.agg[key] = a
 		}
 		a.add(r)
-		if r.Instance != "" {
+		// A host's efficiency counts the gateway's view of its requests only: the same
+		// requests seen by the engine too would count twice.
+		if r.Instance != "" && key.Layer == "" {
 			h := e.host(r.Instance)
 			h.requests += r.Requests
 			h.output += r.OutputTokens
@@ -225,7 +241,7 @@ func (e *Engine) host(name string) *hostAgg {
 func (e *Engine) checkSeries(key SeriesKey, a *seriesAgg, h *baseline.History, plan baseline.Plan, vals *[rules.NumSeriesMetrics]float64, ok *[rules.NumSeriesMetrics]bool) {
 	e.counts.Series++
 	r := e.rules.For(key.Scene)
-	lk := lifecycle.Key{Env: key.Env, Scene: key.Scene, Model: key.Model, Bucket: key.Bucket}
+	lk := lifecycle.Key{Env: key.Env, Scene: key.Scene, Model: key.Model, Bucket: key.Bucket, Layer: key.Layer}
 	for m := range rules.Metric(rules.NumSeriesMetrics) {
 		if !ok[m] {
 			continue

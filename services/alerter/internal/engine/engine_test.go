@@ -188,3 +188,32 @@ func BenchmarkEvaluate10kSeries(b *testing.B) {
 		}
 	})
 }
+
+// TestLayersAreSeparateSeries evaluates the same requests seen at the gateway (fast) and by
+// the engine (slow): the engine's TTFT SLA alert fires on a series of its own, labelled with
+// its layer, and the gateway's never merges the engine's centroids into its own. An alert
+// without a layer label is the gateway's, as before layers.
+func TestLayersAreSeparateSeries(t *testing.T) {
+	e := newEngine(t, rules.NewSet())
+	t0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	fast := events.Latency{Count: 100, P95: 400, Means: []float64{200, 400}, Weights: []uint64{90, 10}}
+	slow := events.Latency{Count: 100, P95: 6000, Means: []float64{5500, 6500}, Weights: []uint64{50, 50}}
+	var sent []events.Alert
+	for i := range 2 {
+		start := t0.Add(time.Duration(i) * time.Minute)
+		gw, eng := row(start, "a", 100, fast), row(start, "a", 100, slow)
+		eng.Layer = events.LayerEngine
+		sent = append(sent, e.Evaluate(engine.Window{Start: start, Seconds: 60, Tokens: []events.TokenRollup{gw, eng}})...)
+	}
+	if len(sent) == 0 {
+		t.Fatal("the engine's slow TTFT fired nothing")
+	}
+	for _, a := range sent {
+		if a.Rule != "ttft_p95_sla" || a.Labels["layer"] != "engine" || a.Value != 6000 {
+			t.Errorf("%s %s: value %v labels %v; want only the engine layer's ttft_p95_sla at 6000", a.State, a.Rule, a.Value, a.Labels)
+		}
+	}
+	if c := e.Counts(); c.Series != 4 { // two series, two windows
+		t.Errorf("evaluated %d series, want 4", c.Series)
+	}
+}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
 
+	"github.com/tokenscope/tokenscope/pkg/events"
 	"github.com/tokenscope/tokenscope/services/alerter/internal/engine"
 	"github.com/tokenscope/tokenscope/services/alerter/internal/rules"
 )
@@ -27,7 +28,7 @@ type Loaded struct {
 // Percentiles merge the centroids of every row of the window (instances and corrections)
 // with quantileTDigestWeighted, which 18.16 has; toFloat64 because it answers Float32 there.
 const seriesWindows = `
-SELECT window_start, env, scene, model, bucket,
+SELECT window_start, env, scene, model, bucket, layer,
     sum(requests) AS req,
     toFloat64(quantileTDigestWeightedArrayIf(0.95)(ttft_means, ttft_weights, ttft_count > 0)) AS ttft,
     toFloat64(quantileTDigestWeightedArrayIf(0.95)(tpot_means, tpot_weights, tpot_count > 0)) AS tpot,
@@ -37,12 +38,12 @@ SELECT window_start, env, scene, model, bucket,
     sum(output_tokens) / max(window_seconds) AS tps
 FROM token_rollups
 WHERE window_start >= toDateTime(%d) AND window_start < toDateTime(%d)
-GROUP BY window_start, env, scene, model, bucket
+GROUP BY window_start, env, scene, model, bucket, layer
 HAVING req > 0`
 
 // Then per baseline step: count, mean, population variance and a few values of each.
 const seriesCells = `
-SELECT env, scene, model, bucket, toUInt32(intDiv(toUInt32(window_start), %d) * %d) AS step, max(window_start) AS last,
+SELECT env, scene, model, bucket, layer, toUInt32(intDiv(toUInt32(window_start), %d) * %d) AS step, max(window_start) AS last,
     countIf(ttft_n > 0), avgIf(ttft, ttft_n > 0), varPopIf(ttft, ttft_n > 0), groupArrayIf(3)(ttft, ttft_n > 0),
     countIf(tpot_n > 0), avgIf(tpot, tpot_n > 0), varPopIf(tpot, tpot_n > 0), groupArrayIf(3)(tpot, tpot_n > 0),
     countIf(total_n > 0), avgIf(total, total_n > 0), varPopIf(total, total_n > 0), groupArrayIf(3)(total, total_n > 0),
@@ -50,10 +51,11 @@ SELECT env, scene, model, bucket, toUInt32(intDiv(toUInt32(window_start), %d) * 
     count(), avg(tmo_rate), varPop(tmo_rate), groupArray(3)(tmo_rate),
     count(), avg(tps), varPop(tps), groupArray(3)(tps)
 FROM (` + seriesWindows + `)
-GROUP BY env, scene, model, bucket, step`
+GROUP BY env, scene, model, bucket, layer, step`
 
 // Hosts: output tokens of an instance's token rows joined with its host's GPU rows per
-// window; utilisation weighted by samples over GPUs and corrections. Current servers require
+// window, at the gateway layer only (the engine's view of the same requests would count
+// them twice); utilisation weighted by samples over GPUs and corrections. Current servers require
 // the joined subqueries to be named.
 const hostCells = `
 SELECT host, toUInt32(intDiv(toUInt32(window_start), %d) * %d) AS step, max(window_start) AS last,
@@ -63,7 +65,7 @@ FROM (
     SELECT window_start, host, out, tps, util, energy FROM (
         SELECT window_start, instance AS host, sum(output_tokens) AS out, sum(output_tokens) / max(window_seconds) AS tps
         FROM token_rollups
-        WHERE window_start >= toDateTime(%d) AND window_start < toDateTime(%d) AND instance != ''
+        WHERE window_start >= toDateTime(%d) AND window_start < toDateTime(%d) AND instance != '' AND layer = 'gateway'
         GROUP BY window_start, host
         HAVING sum(requests) > 0
     ) AS tokens ALL INNER JOIN (
@@ -97,7 +99,8 @@ func LoadBaselines(ctx context.Context, conn driver.Conn, b Baselines, since, un
 		var stepStart uint32
 		var last time.Time
 		var st [rules.NumSeriesMetrics]stat
-		dest := []any{&key.Env, &key.Scene, &key.Model, &key.Bucket, &stepStart, &last}
+		var layer string
+		dest := []any{&key.Env, &key.Scene, &key.Model, &key.Bucket, &layer, &stepStart, &last}
 		for i := range st {
 			dest = append(dest, &st[i].n, &st[i].mean, &st[i].vari, &st[i].sample)
 		}
@@ -105,6 +108,7 @@ func LoadBaselines(ctx context.Context, conn driver.Conn, b Baselines, since, un
 			rows.Close()
 			return out, fmt.Errorf("cannot read token_rollups baselines: %w", err)
 		}
+		key.Layer = engine.SeriesLayer(events.Layer(layer))
 		at := time.Unix(int64(stepStart), 0).UTC()
 		for i := range st {
 			b.MergeSeries(key, at, rules.Metric(i), st[i].n, st[i].mean, st[i].vari, st[i].sample)

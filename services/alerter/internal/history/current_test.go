@@ -79,7 +79,7 @@ func TestBaselineQueriesOnCurrent(t *testing.T) {
 	for _, c := range []struct {
 		q    string
 		keys int
-	}{{fmt.Sprintf(seriesCells, 600, 600, since, until), 5}, {fmt.Sprintf(hostCells, 600, 600, since, until, since, until), 2}} {
+	}{{fmt.Sprintf(seriesCells, 600, 600, since, until), 6}, {fmt.Sprintf(hostCells, 600, 600, since, until, since, until), 2}} {
 		q := c.q
 		want, err := testbed.Query(ctx, db.Conn(), q)
 		if err != nil {

@@ -88,6 +88,12 @@ func TestLoadBaselines(t *testing.T) {
 	if err := tb.Send(); err != nil {
 		t.Fatal(err)
 	}
+	// The engine's view of window 1's requests on instance a: a series of its own, and no
+	// part of the host's efficiency (its output tokens are the gateway's again).
+	if err := db.Conn().Exec(ctx, `INSERT INTO token_rollups (window_start, window_seconds, kind, env, scene, model, instance, layer, bucket, requests, errors, output_tokens)
+		SELECT toDateTime('2026-03-02 10:00:00'), 60, 'window', 'prod', 'chat', 'm', 'a', 'engine', '0-499', 100, 50, 6000`); err != nil {
+		t.Fatal(err)
+	}
 	gb, err := db.Conn().PrepareBatch(ctx, `INSERT INTO gpu_rollups (window_start, window_seconds, kind, host, gpu_index, samples, util_avg, energy_j)`)
 	if err != nil {
 		t.Fatal(err)
@@ -115,8 +121,11 @@ func TestLoadBaselines(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if loaded.SeriesCells != 1 || loaded.HostCells != 1 || !loaded.Through.Equal(step0.Add(time.Minute)) {
-		t.Fatalf("loaded %+v, want one series cell, one host cell, through 10:01", loaded)
+	if loaded.SeriesCells != 2 || loaded.HostCells != 1 || !loaded.Through.Equal(step0.Add(time.Minute)) {
+		t.Fatalf("loaded %+v, want two series cells (gateway, engine), one host cell, through 10:01", loaded)
+	}
+	if c := f.series[engine.SeriesKey{Env: "prod", Scene: "chat", Model: "m", Bucket: "0-499", Layer: "engine"}][rules.ErrorRate]; len(c) != 1 || c[0].n != 1 || c[0].mean != 0.5 {
+		t.Fatalf("engine layer error rate cells %+v, want one window at 0.5", c)
 	}
 	s := f.series[engine.SeriesKey{Env: "prod", Scene: "chat", Model: "m", Bucket: "0-499"}]
 	near := func(name string, got, want, tol float64) {

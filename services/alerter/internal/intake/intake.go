@@ -541,6 +541,11 @@ func checkToken(r *events.TokenRollup) error {
 	case r.Errors+r.Timeouts > r.Requests:
 		return fmt.Errorf("%w: errors %d + timeouts %d exceed requests %d", errInvalidRollup, r.Errors, r.Timeouts, r.Requests)
 	}
+	switch r.Layer {
+	case "", events.LayerGateway, events.LayerEngine, events.LayerApp: // none: an older aggregator, the gateway
+	default:
+		return fmt.Errorf("%w: unknown layer %.64q", errInvalidRollup, r.Layer)
+	}
 	return checkKind(r.Kind)
 }
 

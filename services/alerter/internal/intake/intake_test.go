@@ -303,3 +303,26 @@ func TestRollupsOfEvaluatedWindowsAfterRestart(t *testing.T) {
 		t.Fatalf("delivered %d, evaluated %+v: want w2 once with one rollup", n, rec.windows)
 	}
 }
+
+// TestRollupLayers takes a rollup of each layer, and one without (an older aggregator's,
+// the gateway's), and dead-letters one of a layer that does not exist.
+func TestRollupLayers(t *testing.T) {
+	dl := &dead{}
+	in := New(nil, &recorder{}, &sink{}, &memCheckpoint{}, dl, Options{Settle: time.Second}, prometheus.NewRegistry(), discard)
+	w0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	for _, layer := range []string{"", "gateway", "engine", "app", "edge"} {
+		m := tokenMsg(t, w0, events.KindWindow)
+		if layer == "" {
+			m.data = []byte(strings.Replace(string(m.data), `"layer":"",`, ``, 1))
+		} else {
+			m.data = []byte(strings.Replace(string(m.data), `"layer":""`, `"layer":"`+layer+`"`, 1))
+		}
+		in.Add(m, w0.Add(20*time.Second))
+		if m.termd != (layer == "edge") {
+			t.Errorf("layer %q: terminated %v", layer, m.termd)
+		}
+	}
+	if len(dl.msgs) != 1 || dl.msgs[0].Header.Get("Tokenscope-Reason") != "invalid" || !strings.Contains(string(dl.msgs[0].Data), `"layer":"edge"`) {
+		t.Fatalf("dead letters %+v", dl.msgs)
+	}
+}

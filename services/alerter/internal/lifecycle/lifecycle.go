@@ -15,13 +15,15 @@ import (
 type Key struct {
 	Rule, Severity            string
 	Env, Scene, Model, Bucket string
+	Layer                     string // empty for the gateway
 	Instance                  string
 }
 
-// Labels returns the alert's labels: alertname, severity and the series' non-empty labels.
+// Labels returns the alert's labels: alertname, severity and the series' non-empty labels
+// (no layer label is the gateway).
 func (k Key) Labels() map[string]string {
 	l := map[string]string{"alertname": k.Rule, "severity": k.Severity}
-	for name, v := range map[string]string{"env": k.Env, "scene": k.Scene, "model": k.Model, "bucket": k.Bucket, "instance": k.Instance} {
+	for name, v := range map[string]string{"env": k.Env, "scene": k.Scene, "model": k.Model, "bucket": k.Bucket, "layer": k.Layer, "instance": k.Instance} {
 		if v != "" {
 			l[name] = v
 		}
@@ -32,7 +34,7 @@ func (k Key) Labels() map[string]string {
 // KeyOf rebuilds a Key from an alert's labels.
 func KeyOf(a *events.Alert) Key {
 	l := a.Labels
-	return Key{Rule: a.Rule, Severity: a.Severity, Env: l["env"], Scene: l["scene"], Model: l["model"], Bucket: l["bucket"], Instance: l["instance"]}
+	return Key{Rule: a.Rule, Severity: a.Severity, Env: l["env"], Scene: l["scene"], Model: l["model"], Bucket: l["bucket"], Layer: l["layer"], Instance: l["instance"]}
 }
 
 // Fingerprint hashes sorted labels (FNV-1a, 64 bits, hex), as Alertmanager identifies alerts.
@@ -267,7 +269,7 @@ func (s *state) summary(st string) string {
 		fmt.Fprintf(&b, " (baseline median %.4g, MAD %.4g)", o.Center, o.Spread)
 	}
 	var where []string
-	for _, v := range []string{s.key.Env, s.key.Scene, s.key.Model, s.key.Bucket, s.key.Instance} {
+	for _, v := range []string{s.key.Env, s.key.Scene, s.key.Model, s.key.Bucket, s.key.Layer, s.key.Instance} {
 		if v != "" {
 			where = append(where, v)
 		}

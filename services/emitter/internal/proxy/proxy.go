@@ -400,6 +400,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	// stream outlives the handler; until then the client's connection is net/http's, and
 	// its end ends the upstream request.
 	out, cancel := p.outgoing(context.Background(), r, base, x.path, body, length)
+	c.ev.TraceID = trace(out.Header)
 	c.ctx, c.cancel = out.Context(), cancel
 	unhook := context.AfterFunc(r.Context(), func() { cancel(errClientGone) })
 	if x.strip {
