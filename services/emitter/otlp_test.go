@@ -113,10 +113,10 @@ func layerCounts(t *testing.T, js jetstream.JetStream) map[events.Layer]int {
 }
 
 // layerEvents reads every message of LLM_EVENTS, counts the events per layer and returns
-// the trace ids of the engine and app events.
-func layerEvents(t *testing.T, js jetstream.JetStream) (map[events.Layer]int, map[string]int) {
+// how many events of each layer each trace has.
+func layerEvents(t *testing.T, js jetstream.JetStream) (map[events.Layer]int, map[string]map[events.Layer]int) {
 	t.Helper()
-	traces := map[string]int{}
+	traces := map[string]map[events.Layer]int{}
 	ctx := context.Background()
 	s, err := js.Stream(ctx, events.StreamEvents)
 	if err != nil {
@@ -142,12 +142,13 @@ func layerEvents(t *testing.T, js jetstream.JetStream) (map[events.Layer]int, ma
 		if raw.Header.Get(jetstream.MsgIDHeader) != ev.EventID {
 			t.Fatalf("stored %v %+v", raw.Header, ev)
 		}
-		if l := ev.Layer.OrGateway(); l != events.LayerGateway {
-			if !events.ValidTraceID(ev.TraceID) {
-				t.Fatalf("a span's event without its trace: %+v", ev)
-			}
-			traces[ev.TraceID]++
+		if l := ev.Layer.OrGateway(); l != events.LayerGateway && !events.ValidTraceID(ev.TraceID) {
+			t.Fatalf("a span's event without its trace: %+v", ev)
 		}
+		if traces[ev.TraceID] == nil {
+			traces[ev.TraceID] = map[events.Layer]int{}
+		}
+		traces[ev.TraceID][ev.Layer.OrGateway()]++
 		counts[ev.Layer.OrGateway()]++
 	}
 	return counts, traces
@@ -384,7 +385,7 @@ func startFakeLLM(t *testing.T, args ...string) (base string, stop func()) {
 
 // TestFakeLLMSpansThroughTheProxy: the fake, given the emitter's OTLP endpoint, exports an
 // llm_request span for each request; through the proxy each request is then two events, a
-// gateway one and an engine one, and the engine one carries the trace the client started.
+// gateway one and an engine one, both of the trace the client started.
 func TestFakeLLMSpansThroughTheProxy(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -404,12 +405,14 @@ func TestFakeLLMSpansThroughTheProxy(t *testing.T) {
 			base, js, stop := serveRig(t, "EMITTER_INGEST_TOKEN=tok", "EMITTER_OTLP_HTTP_ADDR="+httpAddr,
 				"EMITTER_OTLP_GRPC_ADDR="+grpcAddr, "EMITTER_UPSTREAM_URL="+fake)
 			defer stop()
-			const n = 6
-			for i := range n {
+			const n = 6 // and one more without a traceparent: the proxy starts its trace
+			for i := range n + 1 {
 				traceID := fmt.Sprintf("%032x", i+1)
 				req, _ := http.NewRequest("POST", base+"/v1/chat/completions", strings.NewReader(
 					`{"model":"llama","stream":true,"max_tokens":5,"messages":[{"role":"user","content":"a b c"}]}`))
-				req.Header.Set("traceparent", "00-"+traceID+"-00f067aa0ba902b7-01")
+				if i < n {
+					req.Header.Set("traceparent", "00-"+traceID+"-00f067aa0ba902b7-01")
+				}
 				resp, err := http.DefaultClient.Do(req)
 				if err != nil {
 					t.Fatal(err)
@@ -418,14 +421,21 @@ func TestFakeLLMSpansThroughTheProxy(t *testing.T) {
 				resp.Body.Close()
 			}
 			stopFake() // flushes the batched spans
-			waitMsgs(t, js, 2*n)
+			waitMsgs(t, js, 2*(n+1))
 			got, traces := layerEvents(t, js)
-			if got[events.LayerGateway] != n || got[events.LayerEngine] != n {
-				t.Fatalf("events per layer %v, want %d gateway and %d engine", got, n, n)
+			if got[events.LayerGateway] != n+1 || got[events.LayerEngine] != n+1 {
+				t.Fatalf("events per layer %v, want %d gateway and %d engine", got, n+1, n+1)
 			}
+			// The proxy forwards the client's traceparent, or starts one: both layers of a
+			// request share its trace.
 			for i := range n {
-				if id := fmt.Sprintf("%032x", i+1); traces[id] != 1 {
-					t.Fatalf("trace %s has %d engine events, want 1 (%v)", id, traces[id], traces)
+				if id := fmt.Sprintf("%032x", i+1); traces[id] == nil {
+					t.Fatalf("no events of trace %s: %v", id, traces)
+				}
+			}
+			for id, tr := range traces {
+				if len(traces) != n+1 || tr[events.LayerEngine] != 1 || tr[events.LayerGateway] != 1 {
+					t.Fatalf("trace %s has %v, want one gateway and one engine event (%v)", id, tr, traces)
 				}
 			}
 		})
