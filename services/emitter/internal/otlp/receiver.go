@@ -142,7 +142,7 @@ func (res *result) message() string {
 	if len(res.errs) < res.rejected {
 		b.WriteString("; …")
 	}
-	return b.String()
+	return strings.ToValidUTF8(b.String(), "\uFFFD") // a protobuf string
 }
 
 // consume maps, validates and publishes every span of td.
