@@ -4,7 +4,7 @@
 #   apt:  clickhouse-server, clickhouse-client, gcc, libc6-dev, make, curl, ca-certificates;
 #         nodejs and npm only when there is no Node.js 18 or newer (a Node installed another
 #         way, NodeSource's say, stays: Debian's npm conflicts with it)
-#   npm:  the Node projects the tests drive (official SDKs, nats.js, the Claude Code CLI),
+#   npm:  the Node projects the tests drive (official SDKs, the OpenTelemetry JS exporter, nats.js, the Claude Code CLI),
 #         into their git-ignored node_modules
 #   Go 1.26 or later must be installed already (https://go.dev/dl/).
 # With CI=true a test whose server, tool or data is missing fails instead of skipping.
@@ -71,7 +71,7 @@ check_go() {
 # is missing or older than the lock file.
 install_npm_test_deps() {
 	local dir
-	for dir in services/emitter/testdata/sdk services/emitter/testdata/claude cli/testdata/natsjs; do
+	for dir in services/emitter/testdata/sdk services/emitter/testdata/otel services/emitter/testdata/claude cli/testdata/natsjs; do
 		[ -f "$dir/package-lock.json" ] || continue
 		if [ ! -f "$dir/node_modules/.package-lock.json" ] || [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
 			echo "== npm ci in $dir"

@@ -181,7 +181,8 @@ func startChildFrom(b *testing.B, bin, mode, natsURL, upstream string, env ...st
 	addr := freeAddr(b)
 	cmd := exec.Command(bin, "-test.run=^$")
 	cmd.Env = append(os.Environ(), "EMITTER_TEST_CHILD="+mode, "HTTP_ADDR="+addr, "NATS_URL="+natsURL,
-		"EMITTER_UPSTREAM_URL="+upstream, "LOG_LEVEL=error", "EMITTER_SHUTDOWN_GRACE=1s")
+		"EMITTER_UPSTREAM_URL="+upstream, "LOG_LEVEL=error", "EMITTER_SHUTDOWN_GRACE=1s",
+		"EMITTER_OTLP_HTTP_ADDR=off", "EMITTER_OTLP_GRPC_ADDR=off")
 	cmd.Env = append(cmd.Env, env...)
 	cmd.Stderr = os.Stderr
 	pprofAddr = freeAddr(b)

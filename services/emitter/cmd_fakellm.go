@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -8,12 +9,19 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/tokenscope/tokenscope/services/emitter/internal/fakellm"
 )
 
-func runFakeLLM(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+func runFakeLLM(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("fakellm", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	addr := fs.String("addr", "127.0.0.1:8081", "listen address")
@@ -32,6 +40,9 @@ func runFakeLLM(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.BoolVar(&o.PrefixCache, "prefix-cache", false, "scheduler: cache prompt prefixes in 16-token blocks, skipping their prefill")
 	fs.IntVar(&o.MaxWaiting, "max-waiting", 4096, "scheduler: requests queued before it answers 503")
 	fs.StringVar(&o.ModelName, "model-name", "fake-model", "scheduler: the model_name label on /metrics")
+	otlpEndpoint := fs.String("otlp-endpoint", "", "export an llm_request span per request, as vLLM does, to this OTLP receiver (http://host:4318; with none, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT turns it on)")
+	otlpProtocol := fs.String("otlp-protocol", "http/protobuf", "OTLP protocol of -otlp-endpoint: http/protobuf or grpc")
+	otlpToken := fs.String("otlp-token", "", "bearer token for the OTLP receiver (the emitter's EMITTER_INGEST_TOKEN)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -44,6 +55,25 @@ func runFakeLLM(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if v < 0 || v > 1 {
 			return fmt.Errorf("-%s=%g must be between 0 and 1", name, v)
 		}
+	}
+	endpoint := *otlpEndpoint
+	if endpoint == "" {
+		endpoint = cmp.Or(environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"], environ["OTEL_EXPORTER_OTLP_ENDPOINT"])
+	}
+	if endpoint != "" {
+		tp, err := spanExporter(ctx, endpoint, *otlpProtocol, *otlpToken)
+		if err != nil {
+			return err
+		}
+		// What is still batched goes out at the end.
+		defer func() {
+			shut, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := tp.Shutdown(shut); err != nil {
+				fmt.Fprintf(stderr, "cannot export the last spans: %v\n", err)
+			}
+		}()
+		o.Tracer = tp.Tracer("github.com/tokenscope/tokenscope/services/emitter/fakellm")
 	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
@@ -69,4 +99,38 @@ func runFakeLLM(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("cannot shut down the fake LLM: %w", err)
 	}
 	return nil
+}
+
+// spanExporter returns a tracer provider batching spans to the OTLP receiver at endpoint,
+// with the resource the OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES variables describe
+// (service.name fakellm unless they say otherwise) and the host's name.
+func spanExporter(ctx context.Context, endpoint, protocol, token string) (*sdktrace.TracerProvider, error) {
+	u, err := url.Parse(endpoint)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("-otlp-endpoint=%q must be an http:// or https:// URL", endpoint)
+	}
+	var headers map[string]string
+	if token != "" {
+		headers = map[string]string{"authorization": "Bearer " + token}
+	}
+	var exp sdktrace.SpanExporter
+	switch protocol {
+	case "http/protobuf":
+		if u.Path == "" || u.Path == "/" {
+			u.Path = "/v1/traces" // as OTEL_EXPORTER_OTLP_ENDPOINT is read
+		}
+		exp, err = otlptracehttp.New(ctx, otlptracehttp.WithEndpointURL(u.String()), otlptracehttp.WithHeaders(headers))
+	case "grpc":
+		exp, err = otlptracegrpc.New(ctx, otlptracegrpc.WithEndpointURL(u.String()), otlptracegrpc.WithHeaders(headers))
+	default:
+		return nil, fmt.Errorf("-otlp-protocol=%q must be http/protobuf or grpc", protocol)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cannot make the OTLP exporter: %w", err)
+	}
+	res, err := resource.New(ctx, resource.WithAttributes(attribute.String("service.name", "fakellm")), resource.WithHost(), resource.WithFromEnv())
+	if err != nil {
+		return nil, fmt.Errorf("cannot describe the fake's resource: %w", err)
+	}
+	return sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res)), nil
 }

@@ -31,14 +31,14 @@ func (s *syncBuffer) String() string {
 
 // TestFakeLLMSchedulerFlags: the scheduler flags turn on vLLM's /metrics; bad values are refused.
 func TestFakeLLMSchedulerFlags(t *testing.T) {
-	if err := runFakeLLM(context.Background(), []string{"-max-batch", "-1"}, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "-max-batch") {
+	if err := runFakeLLM(context.Background(), []string{"-max-batch", "-1"}, nil, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "-max-batch") {
 		t.Fatalf("-max-batch -1: error %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	out := &syncBuffer{}
 	done := make(chan error, 1)
 	go func() {
-		done <- runFakeLLM(ctx, []string{"-addr", "127.0.0.1:0", "-max-batch", "2", "-kv-tokens", "4096", "-prefix-cache", "-model-name", "llama"}, out, io.Discard)
+		done <- runFakeLLM(ctx, []string{"-addr", "127.0.0.1:0", "-max-batch", "2", "-kv-tokens", "4096", "-prefix-cache", "-model-name", "llama"}, nil, out, io.Discard)
 	}()
 	addr := regexp.MustCompile(`http://[0-9.:]+`)
 	var base string

@@ -4,11 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/tokenscope/tokenscope/pkg/bus"
 	"github.com/tokenscope/tokenscope/pkg/envconf"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/otlp"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/proxy"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/subject"
 )
 
 // Config is the emitter's configuration, from the environment.
@@ -32,6 +35,14 @@ type Config struct {
 
 	IngestToken    string `env:"EMITTER_INGEST_TOKEN"`
 	IngestMaxBytes int64  `env:"EMITTER_INGEST_MAX_BYTES" envDefault:"16777216"`
+
+	OTLPHTTPAddr     string   `env:"EMITTER_OTLP_HTTP_ADDR" envDefault:"127.0.0.1:4318"` // "off" turns it off
+	OTLPGRPCAddr     string   `env:"EMITTER_OTLP_GRPC_ADDR" envDefault:"127.0.0.1:4317"`
+	OTLPMaxBytes     int64    `env:"EMITTER_OTLP_MAX_BYTES" envDefault:"16777216"`
+	OTLPEnvKeys      []string `env:"EMITTER_OTLP_ENV_KEYS" envSeparator:"," envDefault:"tokenscope.env,deployment.environment.name,deployment.environment"`
+	OTLPSceneKeys    []string `env:"EMITTER_OTLP_SCENE_KEYS" envSeparator:"," envDefault:"tokenscope.scene,service.name"`
+	OTLPInstanceKeys []string `env:"EMITTER_OTLP_INSTANCE_KEYS" envSeparator:"," envDefault:"service.instance.id,host.name"`
+	OTLPTenantKeys   []string `env:"EMITTER_OTLP_TENANT_KEYS" envSeparator:"," envDefault:"tokenscope.tenant"`
 
 	PublishBuffer int           `env:"EMITTER_PUBLISH_BUFFER" envDefault:"100000"`
 	PublishLinger time.Duration `env:"EMITTER_PUBLISH_LINGER" envDefault:"20ms"`
@@ -79,6 +90,14 @@ func (c Config) Validate() error {
 		return fmt.Errorf("EMITTER_MAX_SSE_EVENT_BYTES=%d must be at least 1024", c.MaxSSEEventBytes)
 	case c.IngestMaxBytes < 1024:
 		return fmt.Errorf("EMITTER_INGEST_MAX_BYTES=%d must be at least 1024", c.IngestMaxBytes)
+	case c.OTLPHTTPAddr == "":
+		return errors.New("EMITTER_OTLP_HTTP_ADDR is empty (off turns the receiver off)")
+	case c.OTLPGRPCAddr == "":
+		return errors.New("EMITTER_OTLP_GRPC_ADDR is empty (off turns the receiver off)")
+	case c.OTLPHTTPAddr != otlp.Off && c.OTLPHTTPAddr == c.OTLPGRPCAddr:
+		return fmt.Errorf("EMITTER_OTLP_HTTP_ADDR and EMITTER_OTLP_GRPC_ADDR are both %s", c.OTLPHTTPAddr)
+	case c.OTLPMaxBytes < 1024 || c.OTLPMaxBytes > 1<<30:
+		return fmt.Errorf("EMITTER_OTLP_MAX_BYTES=%d must be between 1024 and 1073741824", c.OTLPMaxBytes)
 	case c.PublishBuffer < 1:
 		return fmt.Errorf("EMITTER_PUBLISH_BUFFER=%d must be at least 1", c.PublishBuffer)
 	case c.PublishLinger < 0 || c.PublishLinger > time.Second:
@@ -87,6 +106,24 @@ func (c Config) Validate() error {
 		return fmt.Errorf("EMITTER_SHUTDOWN_GRACE=%s must be positive", c.ShutdownGrace)
 	}
 	return nil
+}
+
+// otlpOptions are the OTLP receivers' options; the ingest token applies to them too.
+func (c Config) otlpOptions(subjects *subject.Limit) otlp.Options {
+	keys := func(ks []string) []string {
+		out := make([]string, 0, len(ks))
+		for _, k := range ks {
+			if k = strings.TrimSpace(k); k != "" {
+				out = append(out, k)
+			}
+		}
+		return out
+	}
+	return otlp.Options{
+		Labels: otlp.Labels{Env: keys(c.OTLPEnvKeys), Scene: keys(c.OTLPSceneKeys), Instance: keys(c.OTLPInstanceKeys),
+			Tenant: keys(c.OTLPTenantKeys), DefaultEnv: c.DefaultEnv, DefaultScene: c.DefaultScene},
+		MaxBytes: c.OTLPMaxBytes, Token: c.IngestToken, Subjects: subjects,
+	}
 }
 
 func (c Config) publisherOptions() bus.PublisherOptions {

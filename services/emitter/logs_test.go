@@ -53,7 +53,8 @@ func TestStopLogsWhatWasPublished(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, nil, []string{"HTTP_ADDR=" + addr, "NATS_URL=" + ns.ClientURL(), "EMITTER_UPSTREAM_URL=" + fake.URL}, &bytes.Buffer{}, &logs)
+		done <- run(ctx, nil, []string{"HTTP_ADDR=" + addr, "NATS_URL=" + ns.ClientURL(), "EMITTER_UPSTREAM_URL=" + fake.URL,
+			"EMITTER_OTLP_HTTP_ADDR=off", "EMITTER_OTLP_GRPC_ADDR=off"}, &bytes.Buffer{}, &logs)
 	}()
 	base := "http://" + addr
 	deadline := time.Now().Add(10 * time.Second)

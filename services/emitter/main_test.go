@@ -96,7 +96,7 @@ func serveRigWith(t testing.TB, opts fakellm.Options, extra ...string) (base str
 	addr := freeAddr(t)
 	upstreams.Store("http://"+addr, fake.URL)
 	environ := append([]string{"HTTP_ADDR=" + addr, "NATS_URL=" + ns.ClientURL(), "EMITTER_UPSTREAM_URL=" + fake.URL,
-		"EMITTER_DEFAULT_ENV=test", "LOG_LEVEL=warn"}, extra...)
+		"EMITTER_DEFAULT_ENV=test", "LOG_LEVEL=warn", "EMITTER_OTLP_HTTP_ADDR=off", "EMITTER_OTLP_GRPC_ADDR=off"}, extra...)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, nil, environ, io.Discard, io.Discard) }()

@@ -18,6 +18,7 @@ import (
 	"github.com/tokenscope/tokenscope/pkg/ops"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/emit"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/ingest"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/otlp"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/proxy"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/subject"
 )
@@ -25,7 +26,8 @@ import (
 const usage = `usage: emitter [command] [flags]
 
 commands:
-  (none)    serve the LLM gateway proxy, POST /v1/events, /metrics, /healthz and /readyz on HTTP_ADDR
+  (none)    serve the LLM gateway proxy, POST /v1/events, /metrics, /healthz and /readyz on HTTP_ADDR,
+            and the OTLP trace receivers
   bench     measure TTFT, TPOT and total for short, medium and long prompts against an endpoint
   replay    replay an Azure LLM inference trace, against an endpoint or simulated
   fakellm   serve a fake OpenAI and Anthropic API with configurable latency and failures
@@ -43,7 +45,7 @@ func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) 
 	case "", "serve":
 		return serve(ctx, envMap, stderr)
 	case "fakellm":
-		return runFakeLLM(ctx, args, stdout, stderr)
+		return runFakeLLM(ctx, args, envMap, stdout, stderr)
 	case "bench":
 		return runBench(ctx, args, envMap, stdout, stderr)
 	case "replay":
@@ -116,20 +118,30 @@ func serve(ctx context.Context, environ map[string]string, stderr io.Writer) err
 	srv.Handle("POST /v1/events", ingest.New(ingest.Options{MaxBytes: cfg.IngestMaxBytes, Token: cfg.IngestToken, Subjects: subjects},
 		pub, time.Now, srv.Registry(), logger))
 
-	logger.Info("serving", "addr", srv.Addr(), "upstream", cfg.UpstreamURL, "nats", nc.ConnectedUrlRedacted())
-	// The publisher outlives the listener, so the events of requests finishing during the
-	// shutdown grace are still flushed.
+	otlpSrv, err := otlp.New(cfg.otlpOptions(subjects), pub, time.Now, srv.Registry(), logger).
+		Listen(cfg.OTLPHTTPAddr, cfg.OTLPGRPCAddr)
+	if err != nil {
+		return err
+	}
+
+	logger.Info("serving", "addr", srv.Addr(), "otlp_http", otlpSrv.HTTPAddr(), "otlp_grpc", otlpSrv.GRPCAddr(),
+		"upstream", cfg.UpstreamURL, "nats", nc.ConnectedUrlRedacted())
+	// The publisher outlives the listeners, so the events of requests finishing during the
+	// shutdown grace are still flushed. One listener failing stops the others.
 	pubCtx, stopPub := context.WithCancel(context.Background())
 	g := new(errgroup.Group)
 	g.Go(func() error {
 		defer stopPub()
-		return srv.Run(ctx, cfg.ShutdownGrace)
+		intake, ictx := errgroup.WithContext(ctx)
+		intake.Go(func() error { return srv.Run(ictx, cfg.ShutdownGrace) })
+		intake.Go(func() error { return otlpSrv.Run(ictx, cfg.ShutdownGrace) })
+		return intake.Wait()
 	})
 	g.Go(func() error { return pub.Run(pubCtx) })
 	err = g.Wait()
 	// What this run measured and published, the events of the requests that finished during
 	// the shutdown grace included.
-	logger.Info("stopped", srv.Totals("emitter_events_emitted_total", "emitter_ingest_events_accepted_total",
+	logger.Info("stopped", srv.Totals("emitter_events_emitted_total", "emitter_ingest_events_accepted_total", "emitter_otlp_spans_accepted_total",
 		"emitter_published_total", "emitter_publish_dropped_total")...)
 	if errors.Is(err, context.Canceled) {
 		return nil

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -42,13 +44,16 @@ func TestDemo(t *testing.T) {
 		t.Fatalf(format+"\noutput:\n%s", append(args, out.String())...)
 	}
 
-	var chAddr string
+	var chAddr, emitterURL string
 	deadline := time.Now().Add(3 * time.Minute)
 	for chAddr == "" {
 		if b, err := os.ReadFile(filepath.Join(dir, "stack.env")); err == nil {
 			for _, l := range strings.Split(string(b), "\n") {
 				if v, ok := strings.CutPrefix(l, "CLICKHOUSE_ADDR="); ok {
 					chAddr = v
+				}
+				if v, ok := strings.CutPrefix(l, "EMITTER_URL="); ok {
+					emitterURL = v
 				}
 			}
 		}
@@ -82,12 +87,21 @@ func TestDemo(t *testing.T) {
 		q("SELECT count() FROM requests WHERE scene = 'chat' AND provider = 'openai'", &reqs)
 		q("SELECT count() FROM gpu_rollups", &gpu)
 		o := out.String()
-		if chat > 0 && support > 0 && reqs > 0 && gpu > 0 && strings.Contains(o, "TTFT p50") &&
+		// The fake LLM's llm_request spans reach the emitter's OTLP receiver.
+		var engineSpans bool
+		if resp, err := http.Get(emitterURL + "/metrics"); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			engineSpans = strings.Contains(string(b), `emitter_otlp_spans_accepted_total{layer="engine"}`) &&
+				!strings.Contains(string(b), `emitter_otlp_spans_accepted_total{layer="engine"} 0`+"\n")
+		}
+		if chat > 0 && support > 0 && reqs > 0 && gpu > 0 && engineSpans && strings.Contains(o, "TTFT p50") &&
 			strings.Contains(o, "llama-3.1-70b") && strings.Contains(o, "qwen2.5-72b") {
 			break
 		}
 		if time.Now().After(deadline) {
-			fail("after 60 s: chat %d, support %d requests in token_rollups, %d proxied requests, %d GPU rollups", chat, support, reqs, gpu)
+			fail("after 60 s: chat %d, support %d requests in token_rollups, %d proxied requests, %d GPU rollups, engine spans %v",
+				chat, support, reqs, gpu, engineSpans)
 		}
 		select {
 		case err := <-done:

@@ -95,7 +95,7 @@ func TestPublishAnyLanguage(t *testing.T) {
 	common := []string{"NATS_URL=" + ns.ClientURL(), "CLICKHOUSE_ADDR=" + chCfg.Addr, "CLICKHOUSE_HTTP_ADDR=" + chCfg.HTTPAddr, "CLICKHOUSE_DB=" + chCfg.DB}
 	startService(t, bin, "aggregator", freeAddr(t), append(common, "AGG_WINDOW=1s", "AGG_LATENESS=1s")...)
 	emitterAddr := freeAddr(t)
-	startService(t, bin, "emitter", emitterAddr, common...)
+	startService(t, bin, "emitter", emitterAddr, append(common, "EMITTER_OTLP_HTTP_ADDR=off", "EMITTER_OTLP_GRPC_ADDR=off")...)
 
 	const n = 25
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

@@ -54,6 +54,7 @@ func (o Options) Validate() error {
 // addrs are where everything listens.
 type addrs struct {
 	nats, ch, chHTTP, aggregator, alerter, gpuwatch, emitter, fakellm string
+	otlpHTTP, otlpGRPC                                                string // the emitter's OTLP receivers
 }
 
 // Run starts everything, shows the live view until ctx ends, then stops everything in
@@ -162,7 +163,9 @@ func (s *demo) start(ctx context.Context) error {
 	}
 	fake, err := s.run(stack.Cmd{Name: "fakellm", Path: bin("emitter"), Args: []string{"fakellm", "-addr", s.a.fakellm,
 		"-ttft", "120ms", "-prefill-per-1k", "150ms", "-tpot", "15ms", "-error-rate", "0.01", "-rate-limit-rate", "0.01",
-		"-stall-rate", "0.01", "-disconnect-rate", "0.005"}})
+		"-stall-rate", "0.01", "-disconnect-rate", "0.005", "-otlp-endpoint", "http://" + s.a.otlpHTTP},
+		// Its llm_request spans become the chat scene's engine-layer events, beside the proxy's.
+		Env: []string{"OTEL_RESOURCE_ATTRIBUTES=tokenscope.scene=chat,deployment.environment.name=demo,service.instance.id=" + s.a.fakellm}})
 	if err != nil {
 		return err
 	}
@@ -171,13 +174,15 @@ func (s *demo) start(ctx context.Context) error {
 	}
 	em, err := s.run(stack.Cmd{Name: "emitter", Path: bin("emitter"), Env: append(common, "HTTP_ADDR="+s.a.emitter,
 		"EMITTER_UPSTREAM_URL=http://"+s.a.fakellm, "EMITTER_DEFAULT_SCENE=chat", "EMITTER_DEFAULT_ENV=demo",
-		"EMITTER_STREAM_IDLE_TIMEOUT=5s", "EMITTER_UPSTREAM_TIMEOUT=30s")})
+		"EMITTER_STREAM_IDLE_TIMEOUT=5s", "EMITTER_UPSTREAM_TIMEOUT=30s",
+		"EMITTER_OTLP_HTTP_ADDR="+s.a.otlpHTTP, "EMITTER_OTLP_GRPC_ADDR="+s.a.otlpGRPC)})
 	if err != nil {
 		return err
 	}
 	if err := ready(em, "http://"+s.a.emitter+"/readyz", "emitter (proxy, ingest)"); err != nil {
 		return err
 	}
+	s.say("%-23s http://%s/v1/traces, gRPC %s (the fake LLM's llm_request spans)", "OTLP receivers", s.a.otlpHTTP, s.a.otlpGRPC)
 
 	// The proxied load: real HTTP through the emitter to the fake LLM; the proxy measures
 	// and publishes, so the replay itself publishes nothing.
@@ -204,7 +209,8 @@ func (s *demo) start(ctx context.Context) error {
 	s.say("load: scene support     simulated events; TTFT ×8 for 40 s of every 2 minutes (alerts fire, then resolve)")
 
 	env := strings.Join([]string{"NATS_URL=nats://" + s.a.nats, "CLICKHOUSE_ADDR=" + s.a.ch, "CLICKHOUSE_HTTP_ADDR=" + s.a.chHTTP, "CLICKHOUSE_DB=tokenscope",
-		"EMITTER_URL=http://" + s.a.emitter, "FAKELLM_URL=http://" + s.a.fakellm}, "\n") + "\n"
+		"EMITTER_URL=http://" + s.a.emitter, "FAKELLM_URL=http://" + s.a.fakellm,
+		"OTEL_EXPORTER_OTLP_ENDPOINT=http://" + s.a.otlpHTTP}, "\n") + "\n"
 	if err := os.WriteFile(filepath.Join(o.Dir, "stack.env"), []byte(env), 0o644); err != nil {
 		return fmt.Errorf("cannot write stack.env: %w", err)
 	}
@@ -313,6 +319,8 @@ func (s *demo) pickAddrs() error {
 		{&s.a.chHTTP, "127.0.0.1:8123", "ClickHouse HTTP"},
 		{&s.a.emitter, "127.0.0.1:8080", "the emitter"},
 		{&s.a.fakellm, "127.0.0.1:8081", "the fake LLM"},
+		{&s.a.otlpHTTP, "127.0.0.1:4318", "the emitter's OTLP/HTTP receiver"},
+		{&s.a.otlpGRPC, "127.0.0.1:4317", "the emitter's OTLP/gRPC receiver"},
 		{&s.a.gpuwatch, "127.0.0.1:9102", "gpuwatch"},
 		{&s.a.aggregator, "127.0.0.1:9103", "the aggregator"},
 		{&s.a.alerter, "127.0.0.1:9104", "the alerter"},

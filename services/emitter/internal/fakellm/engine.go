@@ -200,8 +200,8 @@ func (e *engine) preempt(s *seq, now time.Time) {
 	e.m.preemptions.Inc()
 }
 
-// finish ends s after its last token and records it.
-func (e *engine) finish(s *seq) {
+// finish ends s after its last token, records it and returns the record.
+func (e *engine) finish(s *seq) EngineRecord {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	now := e.now()
@@ -220,6 +220,7 @@ func (e *engine) finish(s *seq) {
 		e.next = (e.next + 1) % finishedKept
 	}
 	e.schedule(now)
+	return s.rec
 }
 
 // abort drops s, wherever it is, when its client left or its stream was cut.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Options set how the fake behaves for every request; X-Fakellm-* headers override them for one.
@@ -41,6 +42,11 @@ type Options struct {
 	MaxWaiting  int              // requests the queue holds before it answers 503; zero means 4096
 	ModelName   string           // the model_name label; zero means fake-model
 	Now         func() time.Time // the scheduler's clock; nil means time.Now
+
+	// Tracer, when not nil, gets one llm_request span per request that ran to its end,
+	// shaped as vLLM's, parented on the request's traceparent: queue and prefill times
+	// from the scheduler when it is on, from the latency model otherwise.
+	Tracer trace.Tracer
 }
 
 // The modes the X-Fakellm-Mode header selects.
@@ -138,6 +144,7 @@ type plan struct {
 	created      int64
 	seed         uint64
 	words        []string // the prompt's words in order, kept only for the prefix cache
+	maxTokens    int      // the request's max_tokens (max_completion_tokens), 0 when absent
 }
 
 // finishReason is the OpenAI finish_reason of a response that ran to its end.
@@ -208,6 +215,9 @@ func (s *Server) plan(r *http.Request, a api, body []byte) (*plan, error) {
 		if n, err := strconv.Atoi(v); err == nil && n > 0 {
 			p.output, forced = n, true
 		}
+	}
+	if limit != nil {
+		p.maxTokens = *limit
 	}
 	if limit != nil && *limit < p.output {
 		p.truncated = true
@@ -312,6 +322,7 @@ func (p *plan) text(n int) string {
 }
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request, a api) {
+	arrived := time.Now()
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
 		return
@@ -344,7 +355,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, a api) {
 		return
 	}
 	if s.eng != nil {
-		s.serveScheduled(w, r, p)
+		s.serveScheduled(w, r, p, arrived)
 		return
 	}
 	if !p.stream {
@@ -352,14 +363,17 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, a api) {
 			return
 		}
 		s.whole(w, p)
+	} else if !s.streamOut(w, r, p, nil) {
 		return
 	}
-	s.streamOut(w, r, p, nil)
+	if s.opts.Tracer != nil {
+		s.exportSpan(r, p, modelTimes(p, arrived, time.Now()))
+	}
 }
 
 // serveScheduled answers p through the scheduler: it queues, waits for admission, spends
 // its prefill, and takes a KV slot for each token, waiting again when preempted.
-func (s *Server) serveScheduled(w http.ResponseWriter, r *http.Request, p *plan) {
+func (s *Server) serveScheduled(w http.ResponseWriter, r *http.Request, p *plan, arrived time.Time) {
 	sq := &seq{input: p.input}
 	if s.eng.prefix != nil {
 		sq.blocks = blockHashes(p.model, p.words)
@@ -375,10 +389,13 @@ func (s *Server) serveScheduled(w http.ResponseWriter, r *http.Request, p *plan)
 	}
 	completed := false
 	defer func() {
-		if completed {
-			s.eng.finish(sq)
-		} else {
+		if !completed {
 			s.eng.abort(sq)
+			return
+		}
+		rec := s.eng.finish(sq)
+		if s.opts.Tracer != nil {
+			s.exportSpan(r, p, engineTimes(rec, arrived, time.Now()))
 		}
 	}()
 	if p.stream {

@@ -1,0 +1,99 @@
+package otlp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"google.golang.org/grpc"
+)
+
+// Off is the address that turns a receiver off.
+const Off = "off"
+
+// Server serves a receiver on OTLP/HTTP and OTLP/gRPC listeners.
+type Server struct {
+	r              *Receiver
+	httpLn, grpcLn net.Listener // nil when off
+}
+
+// Listen binds the two addresses now, so a start-up error is reported before anything
+// runs; either may be Off. The errors name the variables a person sets.
+func (r *Receiver) Listen(httpAddr, grpcAddr string) (*Server, error) {
+	s := &Server{r: r}
+	if httpAddr != Off {
+		ln, err := net.Listen("tcp", httpAddr)
+		if err != nil {
+			return nil, fmt.Errorf("cannot listen on EMITTER_OTLP_HTTP_ADDR=%s: %w", httpAddr, err)
+		}
+		s.httpLn = ln
+	}
+	if grpcAddr != Off {
+		ln, err := net.Listen("tcp", grpcAddr)
+		if err != nil {
+			if s.httpLn != nil {
+				s.httpLn.Close()
+			}
+			return nil, fmt.Errorf("cannot listen on EMITTER_OTLP_GRPC_ADDR=%s: %w", grpcAddr, err)
+		}
+		s.grpcLn = ln
+	}
+	return s, nil
+}
+
+// HTTPAddr and GRPCAddr return the bound addresses, "" for a receiver that is off.
+func (s *Server) HTTPAddr() string { return addr(s.httpLn) }
+
+// GRPCAddr: see HTTPAddr.
+func (s *Server) GRPCAddr() string { return addr(s.grpcLn) }
+
+func addr(ln net.Listener) string {
+	if ln == nil {
+		return ""
+	}
+	return ln.Addr().String()
+}
+
+// Run serves until ctx ends, then stops taking requests and gives the open ones up to
+// grace to finish, so every span answered as taken is with the publisher.
+func (s *Server) Run(ctx context.Context, grace time.Duration) error {
+	errc := make(chan error, 2)
+	var hs *http.Server
+	if s.httpLn != nil {
+		mux := http.NewServeMux()
+		mux.Handle("POST /v1/traces", s.r)
+		hs = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { errc <- fmt.Errorf("OTLP/HTTP server on %s stopped: %w", s.HTTPAddr(), hs.Serve(s.httpLn)) }()
+	}
+	var gs *grpc.Server
+	if s.grpcLn != nil {
+		gs = grpc.NewServer(grpc.MaxRecvMsgSize(int(min(s.r.opts.MaxBytes, 1<<31-1))))
+		s.r.RegisterGRPC(gs)
+		go func() { errc <- fmt.Errorf("OTLP/gRPC server on %s stopped: %w", s.GRPCAddr(), gs.Serve(s.grpcLn)) }()
+	}
+	var err error
+	select {
+	case err = <-errc:
+	case <-ctx.Done():
+	}
+	shutCtx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	if gs != nil {
+		stopped := make(chan struct{})
+		go func() { gs.GracefulStop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-shutCtx.Done():
+			gs.Stop()
+		}
+	}
+	if hs != nil {
+		if serr := hs.Shutdown(shutCtx); serr != nil && !errors.Is(serr, context.DeadlineExceeded) && err == nil {
+			err = fmt.Errorf("cannot shut down the OTLP/HTTP server: %w", serr)
+		}
+	}
+	return err
+}
