@@ -19,11 +19,12 @@ FROM
     WHERE request_id != '' AND ts >= {from:DateTime}
     GROUP BY event_id, request_id
 ) AS f
-ANY INNER JOIN
+ANY LEFT JOIN
 (
-    SELECT event_id AS request_id, scene, model
+    SELECT event_id AS request_id, scene, model, 1 AS known
     FROM requests
     WHERE ts >= {from:DateTime} AND ts < {to:DateTime}
 ) AS r USING request_id
+WHERE known = 1
 GROUP BY scene, model
 ORDER BY scene, model

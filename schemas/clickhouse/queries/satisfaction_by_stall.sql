@@ -16,11 +16,12 @@ FROM
     WHERE name = {name:String} AND request_id != '' AND ts >= {from:DateTime}
     GROUP BY event_id, request_id
 ) AS f
-ANY INNER JOIN
+ANY LEFT JOIN
 (
-    SELECT event_id AS request_id, max_itl_ms
+    SELECT event_id AS request_id, max_itl_ms, 1 AS known
     FROM requests
     WHERE ts >= {from:DateTime} AND ts < {to:DateTime}
 ) AS r USING request_id
+WHERE known = 1
 GROUP BY stall_band
 ORDER BY stall_band

@@ -1,6 +1,7 @@
 -- User satisfaction by the TTFT band of the request each verdict rates (<= 500 ms, <= 2 s,
 -- <= 5 s, > 5 s: the design's thresholds). A verdict is joined to its request at query
--- time (feedback.request_id = requests.event_id), so one given hours later still counts
+-- time (feedback.request_id = requests.event_id; ANY LEFT JOIN keeps every verdict of a
+-- request on every engine), so one given hours later still counts
 -- for the request's band; verdicts whose request is unknown are left out here (see
 -- feedback_coverage.sql), and a verdict sent twice counts once (one row per event_id).
 -- satisfied is the share of verdicts with value >= satisfied_at (1 for thumbs, 4 for a
@@ -18,11 +19,12 @@ FROM
     WHERE name = {name:String} AND request_id != '' AND ts >= {from:DateTime}
     GROUP BY event_id, request_id
 ) AS f
-ANY INNER JOIN
+ANY LEFT JOIN
 (
-    SELECT event_id AS request_id, ttft_ms
+    SELECT event_id AS request_id, ttft_ms, 1 AS known
     FROM requests
     WHERE ts >= {from:DateTime} AND ts < {to:DateTime}
 ) AS r USING request_id
+WHERE known = 1
 GROUP BY ttft_band
 ORDER BY ttft_band
