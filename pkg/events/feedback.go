@@ -129,9 +129,6 @@ func (d *decodeState) feedbackFields(ev *FeedbackEvent) error {
 
 func (d *decodeState) feedbackField(ev *FeedbackEvent, key string, seen *uint8) error {
 	if d.null() {
-		if key == "comment" {
-			ev.CommentLength = 0
-		}
 		return nil
 	}
 	var err error
