@@ -32,7 +32,7 @@ type Config struct {
 }
 
 // StreamLimits bound what the streams keep. MaxAge 0 keeps each stream's own default
-// (events and samples 3 days, rollups 7 days, alerts 30 days).
+// (events and samples 3 days, rollups and feedback 7 days, alerts 30 days).
 type StreamLimits struct {
 	MaxAge          time.Duration `env:"MAX_AGE" envDefault:"0s"`
 	MaxBytes        int64         `env:"MAX_BYTES" envDefault:"1073741824"`
@@ -156,7 +156,7 @@ func redact(urls string) string {
 	return strings.Join(parts, ",")
 }
 
-// StreamConfigs returns the configuration of the five streams under the given limits.
+// StreamConfigs returns the configuration of the six streams under the given limits.
 func StreamConfigs(l StreamLimits) []jetstream.StreamConfig {
 	age := func(def time.Duration) time.Duration {
 		if l.MaxAge > 0 {
@@ -185,6 +185,9 @@ func StreamConfigs(l StreamLimits) []jetstream.StreamConfig {
 		mk(events.StreamEngine, "tokenscope inference-engine samples", []string{events.SubjectEngineSamplesAll}, age(3*day)),
 		mk(events.StreamRollups, "tokenscope token and GPU rollups", []string{events.SubjectRollupsAll}, age(7*day)),
 		mk(events.StreamAlerts, "tokenscope alerts", []string{events.SubjectAlertsAll}, age(30*day)),
+		// Feedback has a stream of its own: the request consumers read all of LLM_EVENTS and
+		// are untouched by it.
+		mk(events.StreamFeedback, "tokenscope feedback events", []string{events.SubjectFeedbackAll}, age(7*day)),
 	}
 }
 

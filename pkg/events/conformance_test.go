@@ -28,6 +28,7 @@ var crossField = map[string]string{
 	"engine/invalid/out_of_range_count_not_sum.json":       "count = the sum of counts compares fields",
 	"engine/invalid/out_of_range_counts.json":              "len(counts) = len(le) + 1 compares two fields",
 	"engine/invalid/out_of_range_hits_above_queries.json":  "prefix_cache_hits <= prefix_cache_queries compares two fields",
+	"feedback/invalid/future_timestamp.json":               "how far ahead ts may be depends on the clock",
 }
 
 func compileSchema(t *testing.T, name string) *jsonschema.Schema {
@@ -74,6 +75,13 @@ func TestSchemaConformance(t *testing.T) {
 				return err
 			}
 			return s.ValidateAt(testNow)
+		}},
+		{"feedback", "feedback_event.schema.json", func(b []byte) error {
+			var ev events.FeedbackEvent
+			if err := events.UnmarshalFeedback(b, &ev); err != nil {
+				return err
+			}
+			return ev.ValidateAt(testNow)
 		}},
 		{"engine", "engine_sample.schema.json", func(b []byte) error {
 			var s events.EngineSample

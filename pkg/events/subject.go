@@ -9,6 +9,10 @@ const (
 	StreamEngine  = "ENGINE_SAMPLES" // engine.sample.<host>
 	StreamRollups = "ROLLUPS"        // rollup.tokens.<env>.<scene>, rollup.gpu.<host>, rollup.engine.<host>
 	StreamAlerts  = "ALERTS"         // alerts.<severity>.<rule>
+	// StreamFeedback holds feedback events, apart from LLM_EVENTS so that the request
+	// consumers (which read all of it) never see them, and with a longer age: verdicts
+	// arrive hours after their requests, and a replay must find both.
+	StreamFeedback = "FEEDBACK" // llm.feedback.<env>.<scene>
 
 	SubjectRequestsAll      = "llm.req.>"
 	SubjectGPUSamplesAll    = "gpu.sample.>"
@@ -18,6 +22,7 @@ const (
 	SubjectEngineRollupAll  = "rollup.engine.>"
 	SubjectRollupsAll       = "rollup.>"
 	SubjectAlertsAll        = "alerts.>"
+	SubjectFeedbackAll      = "llm.feedback.>"
 
 	// SubjectInvalid carries dead letters: messages no consumer could use, with the reason.
 	SubjectInvalid = "llm.invalid"
@@ -99,4 +104,15 @@ func EngineRollupSubject(host string) string {
 // AlertSubject returns alerts.<severity>.<rule>.
 func AlertSubject(severity, rule string) string {
 	return string(appendSubject(make([]byte, 0, 48), "alerts.", severity, rule, true))
+}
+
+// AppendFeedbackSubject appends llm.feedback.<env>.<scene>; a feedback event that does not
+// know its env or scene has "_" in its place.
+func AppendFeedbackSubject(dst []byte, env, scene string) []byte {
+	return appendSubject(dst, "llm.feedback.", env, scene, true)
+}
+
+// FeedbackSubject returns llm.feedback.<env>.<scene>.
+func FeedbackSubject(env, scene string) string {
+	return string(AppendFeedbackSubject(make([]byte, 0, 48), env, scene))
 }

@@ -32,6 +32,8 @@ type AggConfig struct {
 	StoreRequests bool          `env:"STORE_REQUESTS" envDefault:"true"`
 	GPU           bool          `env:"GPU" envDefault:"true"`
 	Engine        bool          `env:"ENGINE" envDefault:"true"`
+	Feedback      bool          `env:"FEEDBACK" envDefault:"true"`
+	FeedbackDedup int           `env:"FEEDBACK_DEDUP" envDefault:"250000"` // feedback event_ids remembered to count a resent verdict once
 	Consumer      string        `env:"CONSUMER" envDefault:"aggregator"`
 	Filter        string        `env:"FILTER" envDefault:"llm.req.>"` // this aggregator's share of LLM_EVENTS
 	FlushInterval time.Duration `env:"FLUSH_INTERVAL" envDefault:"1s"`
@@ -88,6 +90,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("AGG_WRITE_TIMEOUT=%s is too short (at least 100ms)", a.WriteTimeout)
 	case a.MaxBuffered < 1000:
 		return fmt.Errorf("AGG_MAX_BUFFERED=%d is too small (at least 1000)", a.MaxBuffered)
+	case a.FeedbackDedup < 0 || a.FeedbackDedup > 100_000_000:
+		return fmt.Errorf("AGG_FEEDBACK_DEDUP=%d must be 0 (off) to 100000000", a.FeedbackDedup)
 	case a.PullBatch < 1:
 		return fmt.Errorf("AGG_PULL_BATCH=%d must be positive", a.PullBatch)
 	case a.Compression < 20 || a.Compression > 1000:

@@ -423,6 +423,9 @@ func TestCookbook(t *testing.T) {
 		if _, ok := elsewhere[filepath.Base(f)]; ok {
 			continue
 		}
+		if businessQueries[filepath.Base(f)] {
+			continue // checked by TestFeedbackThroughAggregator
+		}
 		if !slices.ContainsFunc(checks, func(c struct {
 			file  string
 			check func(t *testing.T, res *testbed.Result)

@@ -45,6 +45,7 @@ func runReplay(ctx context.Context, args []string, environ map[string]string, st
 	instance := fs.String("instance", "", "instance of the events (default sim-1 when simulating)")
 	seed := fs.Uint64("seed", 1, "random seed of the generator and the model")
 	publish := fs.Bool("publish", true, "publish events to NATS (NATS_* variables)")
+	feedback := fs.Float64("feedback", 0, "with -simulate: the share of answers (0–1) simulated users rate, thumbs and ratings worse the slower the first token and the longer the stalls")
 	m := replay.DefaultModel
 	fs.DurationVar(&m.BaseTTFT, "model-ttft", m.BaseTTFT, "model: base TTFT")
 	fs.DurationVar(&m.PrefillPerToken, "model-prefill", m.PrefillPerToken, "model: TTFT per input token")
@@ -114,9 +115,15 @@ func runReplay(ctx context.Context, args []string, environ map[string]string, st
 		opts.Target = &replay.Target{Stream: *stream, Concurrency: *concurrency,
 			Client: &llmclient.Client{BaseURL: *url, APIKey: key, Protocol: proto, HTTP: &http.Client{Transport: tr, Timeout: 600 * time.Second}}}
 	}
+	if *feedback < 0 || *feedback > 1 || (*feedback > 0 && !*simulate) {
+		return fmt.Errorf("-feedback=%g must be between 0 and 1, and goes with -simulate", *feedback)
+	}
 	em, stop, err := publishing(ctx, environ, *publish, stderr)
 	if err != nil {
 		return fmt.Errorf("%w (run with -publish=false to replay without NATS)", err)
+	}
+	if *feedback > 0 {
+		opts.Users = replay.NewUsers(*feedback, em, *seed)
 	}
 	var stats replay.Stats
 	fmt.Fprintf(stderr, "replaying %d requests (%s, scene %s) at %gx\n", len(records), name, *scene, *speed)
@@ -128,9 +135,9 @@ func runReplay(ctx context.Context, args []string, environ map[string]string, st
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	line := func() string {
-		return fmt.Sprintf("sent %d  ok %d  errors %d  timeouts %d  canceled %d  skipped %d  unpublished %d",
+		return fmt.Sprintf("sent %d  ok %d  errors %d  timeouts %d  canceled %d  skipped %d  feedback %d  unpublished %d",
 			stats.Sent.Load(), stats.OK.Load(), stats.Errors.Load(), stats.Timeouts.Load(), stats.Canceled.Load(),
-			stats.Skipped.Load(), stats.Unpublished.Load())
+			stats.Skipped.Load(), stats.Feedback.Load(), stats.Unpublished.Load())
 	}
 wait:
 	for {

@@ -26,8 +26,8 @@ import (
 const usage = `usage: emitter [command] [flags]
 
 commands:
-  (none)    serve the LLM gateway proxy, POST /v1/events, /metrics, /healthz and /readyz on HTTP_ADDR,
-            and the OTLP trace receivers
+  (none)    serve the LLM gateway proxy, POST /v1/events, POST /v1/feedback, /metrics, /healthz and /readyz
+            on HTTP_ADDR, and the OTLP trace receivers
   bench     measure TTFT, TPOT and total for short, medium and long prompts against an endpoint
   replay    replay an Azure LLM inference trace, against an endpoint or simulated
   fakellm   serve a fake OpenAI and Anthropic API with configurable latency and failures
@@ -61,7 +61,7 @@ func newLogger(w io.Writer, level slog.Level) *slog.Logger {
 	return ops.NewLogger(w, level, "emitter")
 }
 
-// connectBus connects to NATS, makes sure LLM_EVENTS exists and returns a started-later
+// connectBus connects to NATS, makes sure LLM_EVENTS and FEEDBACK exist and returns a started-later
 // publisher; close closes the connection.
 func connectBus(ctx context.Context, cfg bus.Config, popts bus.PublisherOptions, srv *ops.Server, logger *slog.Logger) (*bus.Publisher, *nats.Conn, error) {
 	nc, err := bus.Connect(cfg, "tokenscope-emitter", logger)
@@ -73,7 +73,7 @@ func connectBus(ctx context.Context, cfg bus.Config, popts bus.PublisherOptions,
 		nc.Close()
 		return nil, nil, fmt.Errorf("cannot open JetStream: %w", err)
 	}
-	if err := bus.EnsureStreams(ctx, js, cfg.Streams, events.StreamEvents); err != nil {
+	if err := bus.EnsureStreams(ctx, js, cfg.Streams, events.StreamEvents, events.StreamFeedback); err != nil {
 		nc.Close()
 		return nil, nil, err
 	}
@@ -117,6 +117,8 @@ func serve(ctx context.Context, environ map[string]string, stderr io.Writer) err
 	srv.OnShutdown(px.Drain)
 	srv.Handle("POST /v1/events", ingest.New(ingest.Options{MaxBytes: cfg.IngestMaxBytes, Token: cfg.IngestToken, Subjects: subjects},
 		pub, time.Now, srv.Registry(), logger))
+	srv.Handle("POST /v1/feedback", ingest.NewFeedback(ingest.Options{MaxBytes: cfg.IngestMaxBytes, Token: cfg.IngestToken, Subjects: subjects},
+		pub, time.Now, srv.Registry(), logger))
 
 	otlpSrv, err := otlp.New(cfg.otlpOptions(subjects), pub, time.Now, srv.Registry(), logger).
 		Listen(cfg.OTLPHTTPAddr, cfg.OTLPGRPCAddr)
@@ -141,7 +143,7 @@ func serve(ctx context.Context, environ map[string]string, stderr io.Writer) err
 	err = g.Wait()
 	// What this run measured and published, the events of the requests that finished during
 	// the shutdown grace included.
-	logger.Info("stopped", srv.Totals("emitter_events_emitted_total", "emitter_ingest_events_accepted_total", "emitter_otlp_spans_accepted_total",
+	logger.Info("stopped", srv.Totals("emitter_events_emitted_total", "emitter_ingest_events_accepted_total", "emitter_otlp_spans_accepted_total", "emitter_feedback_events_accepted_total",
 		"emitter_published_total", "emitter_publish_dropped_total")...)
 	if errors.Is(err, context.Canceled) {
 		return nil

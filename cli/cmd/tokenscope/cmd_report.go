@@ -27,6 +27,9 @@ type reportArgs struct {
 	// {name:Type} parameters in params.
 	sqlFile string
 	params  map[string]string
+	// business asks for the business view (satisfaction, completion, cost per satisfied
+	// conversation, retries) of the requests in main.
+	business bool
 }
 
 func parseReportArgs(args []string, now time.Time, loc *time.Location, stderr io.Writer) (reportArgs, error) {
@@ -53,6 +56,7 @@ func parseReportArgs(args []string, now time.Time, loc *time.Location, stderr io
 	})
 	fs.BoolVar(&a.layers, "layers", false, "TTFT p50/p95 per bucket at each layer (app, gateway, engine) side by side")
 	fs.BoolVar(&a.json, "json", false, "print JSON instead of a table")
+	fs.BoolVar(&a.business, "business", false, "the business view of the range's requests: satisfaction and quality per scene and model, by TTFT band and by stall, completion and turns, cost per satisfied conversation, retries")
 	fs.StringVar(&a.sqlFile, "sql", "", "run this SQL file (a query of schemas/clickhouse/queries, say) instead of the table, its {name:Type} parameters bound from --param")
 	fs.Func("param", "name=value of a {name:Type} parameter of --sql, repeated; a DateTime takes the times --from takes", func(v string) error {
 		name, value, ok := strings.Cut(v, "=")
@@ -69,7 +73,7 @@ func parseReportArgs(args []string, now time.Time, loc *time.Location, stderr io
 		return nil
 	})
 	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: tokenscope report [flags]\n       tokenscope report --sql FILE [--param name=value]... [--json]\n\nThe per-bucket table from ClickHouse (CLICKHOUSE_ADDR, CLICKHOUSE_DB, CLICKHOUSE_USER,\nCLICKHOUSE_PASSWORD, CLICKHOUSE_TLS) at one layer (--layer, gateway by default), or with\n--layers the TTFT of every layer side by side. A window belongs to a range when it starts in it.\nWith --sql, the answer of a query whose {name:Type} parameters are bound here, so that\nany server runs it, 18.16 too.\n\n")
+		fmt.Fprint(stderr, "usage: tokenscope report [flags]\n       tokenscope report --business [--from/--to/--last] [--json]\n       tokenscope report --sql FILE [--param name=value]... [--json]\n\nThe per-bucket table from ClickHouse (CLICKHOUSE_ADDR, CLICKHOUSE_DB, CLICKHOUSE_USER,\nCLICKHOUSE_PASSWORD, CLICKHOUSE_TLS) at one layer (--layer, gateway by default), or with\n--layers the TTFT of every layer side by side, or with --business the business layer's\nanswers. A window belongs to a range when it starts in it.\nWith --sql, the answer of a query whose {name:Type} parameters are bound here, so that\nany server runs it, 18.16 too.\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -92,6 +96,19 @@ func parseReportArgs(args []string, now time.Time, loc *time.Location, stderr io
 	}
 	if len(a.params) > 0 {
 		return a, errors.New("--param goes with --sql")
+	}
+	if a.business {
+		var other []string
+		fs.Visit(func(f *flag.Flag) {
+			switch f.Name {
+			case "business", "json", "from", "to", "last", "layer":
+			default:
+				other = append(other, "--"+f.Name)
+			}
+		})
+		if len(other) > 0 {
+			return a, fmt.Errorf("--business takes a range (--from, --to, --last), --layer and --json, not %s", strings.Join(other, ", "))
+		}
 	}
 	if a.layers && a.filter.Layer != "" {
 		return a, errors.New("--layers reads every layer: use it without --layer")
@@ -197,6 +214,16 @@ func runReport(ctx context.Context, args []string, getenv func(string) string, s
 		return err
 	} else if !ok {
 		return fmt.Errorf("database %s at %s has no token_rollups table: is CLICKHOUSE_DB the aggregator's, and has the aggregator run?", cfg.ClickHouse.DB, cfg.ClickHouse.Addr)
+	}
+	if a.business {
+		b, err := report.QueryBusiness(ctx, db.Conn(), a.main, a.filter.Layer)
+		if err != nil {
+			return err
+		}
+		if a.json {
+			return writeJSON(stdout, b)
+		}
+		return report.WriteBusiness(stdout, b)
 	}
 	if a.layers {
 		rep, err := report.QueryLayers(ctx, db.Conn(), a.main, a.filter)

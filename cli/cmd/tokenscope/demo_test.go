@@ -73,10 +73,11 @@ func TestDemo(t *testing.T) {
 	defer db.Close()
 
 	// Both scenes must reach token_rollups (through the aggregator), the proxied one must
-	// reach requests too, and GPU rollups must come from gpuwatch.
+	// reach requests too, GPU rollups must come from gpuwatch, and the support scene's
+	// simulated users' verdicts must reach feedback.
 	deadline = time.Now().Add(60 * time.Second)
 	for {
-		var chat, support, reqs, gpu uint64
+		var chat, support, reqs, gpu, verdicts uint64
 		q := func(sql string, dst *uint64) {
 			if err := db.Conn().QueryRow(ctx, sql).Scan(dst); err != nil && !strings.Contains(err.Error(), "doesn't exist") {
 				fail("%s: %v", sql, err)
@@ -86,6 +87,7 @@ func TestDemo(t *testing.T) {
 		q("SELECT sum(requests) FROM token_rollups WHERE scene = 'support'", &support)
 		q("SELECT count() FROM requests WHERE scene = 'chat' AND provider = 'openai'", &reqs)
 		q("SELECT count() FROM gpu_rollups", &gpu)
+		q("SELECT count() FROM feedback WHERE scene = 'support' AND name = 'thumbs'", &verdicts)
 		o := out.String()
 		// The fake LLM's llm_request spans reach the emitter's OTLP receiver.
 		var engineSpans bool
@@ -95,13 +97,13 @@ func TestDemo(t *testing.T) {
 			engineSpans = strings.Contains(string(b), `emitter_otlp_spans_accepted_total{layer="engine"}`) &&
 				!strings.Contains(string(b), `emitter_otlp_spans_accepted_total{layer="engine"} 0`+"\n")
 		}
-		if chat > 0 && support > 0 && reqs > 0 && gpu > 0 && engineSpans && strings.Contains(o, "TTFT p50") &&
+		if chat > 0 && support > 0 && reqs > 0 && gpu > 0 && engineSpans && verdicts > 0 && strings.Contains(o, "TTFT p50") &&
 			strings.Contains(o, "llama-3.1-70b") && strings.Contains(o, "qwen2.5-72b") {
 			break
 		}
 		if time.Now().After(deadline) {
-			fail("after 60 s: chat %d, support %d requests in token_rollups, %d proxied requests, %d GPU rollups, engine spans %v",
-				chat, support, reqs, gpu, engineSpans)
+			fail("after 60 s: chat %d, support %d requests in token_rollups, %d proxied requests, %d GPU rollups, engine spans %v, %d support verdicts",
+				chat, support, reqs, gpu, engineSpans, verdicts)
 		}
 		select {
 		case err := <-done:

@@ -99,6 +99,26 @@ func TestReportSQL(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Verdicts: thumbs on e0–e4 (up on e0–e2) and a second copy of one, a rating of
+	// conversation c1, and thumbs on a request nobody sent.
+	fb, err := db.Conn().PrepareBatch(ctx, "INSERT INTO feedback (ts, event_id, request_id, conversation_id, name, value, source)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, f := range []struct {
+		id, req, conv, name string
+		value               float64
+	}{
+		{"f0", "e0", "", "thumbs", 1}, {"f1", "e1", "", "thumbs", 1}, {"f2", "e2", "", "thumbs", 1}, {"f3", "e3", "", "thumbs", 0},
+		{"f4", "e4", "", "thumbs", 0}, {"f4", "e4", "", "thumbs", 0}, {"f5", "", "c1", "rating", 4}, {"f6", "gone", "", "thumbs", 1},
+	} {
+		if err := fb.Append(base.Add(time.Duration(10+i)*time.Minute), f.id, f.req, f.conv, f.name, f.value, "user"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := fb.Send(); err != nil {
+		t.Fatal(err)
+	}
 
 	getenv := func(k string) string {
 		return map[string]string{"CLICKHOUSE_ADDR": cfg.Addr, "CLICKHOUSE_DB": cfg.DB, "CLICKHOUSE_USER": cfg.User, "CLICKHOUSE_PASSWORD": cfg.Password}[k]
@@ -108,8 +128,8 @@ func TestReportSQL(t *testing.T) {
 	if err != nil || len(files) == 0 {
 		t.Fatalf("cookbook: %v %v", files, err)
 	}
-	all := map[string]string{"from": base.Format(time.RFC3339), "to": base.Add(time.Hour).Format(time.RFC3339), "model": "it's", "limit": "10", "layer": "gateway", "trace_id": "", "bucket": ""}
-	serverParams := map[string]string{"from": strconv.FormatInt(base.Unix(), 10), "to": strconv.FormatInt(base.Add(time.Hour).Unix(), 10), "model": "it's", "limit": "10", "layer": "gateway", "trace_id": "", "bucket": ""}
+	all := map[string]string{"from": base.Format(time.RFC3339), "to": base.Add(time.Hour).Format(time.RFC3339), "model": "it's", "limit": "10", "layer": "gateway", "trace_id": "", "bucket": "", "name": "thumbs", "satisfied_at": "1"}
+	serverParams := map[string]string{"from": strconv.FormatInt(base.Unix(), 10), "to": strconv.FormatInt(base.Add(time.Hour).Unix(), 10), "model": "it's", "limit": "10", "layer": "gateway", "trace_id": "", "bucket": "", "name": "thumbs", "satisfied_at": "1"}
 	args := func(file string) []string {
 		raw, err := os.ReadFile(file)
 		if err != nil {
@@ -150,6 +170,47 @@ func TestReportSQL(t *testing.T) {
 		t.Errorf("error_codes = %v", got)
 	}
 
+	if got := answers["feedback_coverage.sql"]; len(got) != 1 || got[0]["verdicts"] != float64(7) || got[0]["duplicate_rows"] != float64(1) ||
+		got[0]["unknown_request"] != float64(1) || got[0]["conversation_only"] != float64(1) {
+		t.Errorf("feedback_coverage = %v", got)
+	}
+
+	// The business view: the same queries, one range.
+	var biz bytes.Buffer
+	if err := run(ctx, []string{"report", "--business", "--from", base.Format(time.RFC3339), "--to", base.Add(time.Hour).Format(time.RFC3339), "--json"}, getenv, &biz, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	var view struct {
+		Sections []struct {
+			Query string           `json:"query"`
+			Rows  []map[string]any `json:"rows"`
+		} `json:"sections"`
+	}
+	if err := json.Unmarshal(biz.Bytes(), &view); err != nil {
+		t.Fatalf("%v\n%s", err, biz.String())
+	}
+	bySection := map[string][]map[string]any{}
+	for _, s := range view.Sections {
+		bySection[s.Query] = s.Rows
+	}
+	// e0–e4 have no TTFT (0 ms): one band, 5 verdicts (f4 once), 3 up.
+	if got := bySection["satisfaction_by_ttft_band.sql"]; len(got) != 1 || got[0]["ttft_band"] != "1: <= 500 ms" || got[0]["verdicts"] != float64(5) || got[0]["satisfied"] != 0.6 {
+		t.Errorf("business view, satisfaction by TTFT band = %v", got)
+	}
+	if got := bySection["retries.sql"]; len(got) != 1 || got[0]["conversations"] != float64(2) {
+		t.Errorf("business view, retries = %v", got)
+	}
+	var text bytes.Buffer
+	if err := run(ctx, []string{"report", "--business", "--last", "2h"}, getenv, &text, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(text.String(), "Satisfaction (thumbs up) by TTFT band") || !strings.Contains(text.String(), "1: <= 500 ms") {
+		t.Errorf("business view:\n%s", text.String())
+	}
+	if err := run(ctx, []string{"report", "--business", "--model", "x"}, getenv, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "--business takes a range") {
+		t.Errorf("--business --model: %v", err)
+	}
+
 	var table bytes.Buffer
 	if err := run(ctx, []string{"report", "--sql", filepath.Join(dir, "error_vs_timeout.sql"), "--param", "from=" + base.Local().Format("2006-01-02 15:04"), "--param", "to=now", "--param", "layer=gateway"}, getenv, &table, io.Discard); err != nil {
 		t.Fatal(err)
@@ -176,7 +237,7 @@ func TestReportSQL(t *testing.T) {
 		if _, err := chdb.MigrateOn(ctx, cur, cur.DB, cur.Version, schemas.Migrations()); err != nil {
 			t.Fatal(err)
 		}
-		if err := testbed.CopyTables(ctx, db.Conn(), cfg.DB, cur, "token_rollups", "requests", "engine_rollups", "gpu_rollups"); err != nil {
+		if err := testbed.CopyTables(ctx, db.Conn(), cfg.DB, cur, "token_rollups", "requests", "engine_rollups", "gpu_rollups", "feedback"); err != nil {
 			t.Fatal(err)
 		}
 		for _, file := range files {

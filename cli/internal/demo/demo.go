@@ -203,10 +203,11 @@ func (s *demo) start(ctx context.Context) error {
 	// every 2 minutes, so alerts fire and resolve while you watch.
 	if _, err := s.run(stack.Cmd{Name: "replay-support", Path: bin("emitter"), Env: common, Args: []string{"replay", "-simulate",
 		"-shape", "conversation", "-duration", "6m", "-loop", "-speed", "3", "-model", "qwen2.5-72b", "-scene", "support",
-		"-env", "demo", "-instance", s.a.fakellm, "-incident", "start=2m,for=2m,ttft=8", "-seed", "7"}}); err != nil {
+		"-env", "demo", "-instance", s.a.fakellm, "-incident", "start=2m,for=2m,ttft=8", "-seed", "7", "-feedback", "0.3"}}); err != nil {
 		return err
 	}
-	s.say("load: scene support     simulated events; TTFT ×8 for 40 s of every 2 minutes (alerts fire, then resolve)")
+	s.say("load: scene support     simulated events; TTFT ×8 for 40 s of every 2 minutes (alerts fire, then resolve);")
+	s.say("                        30 %% of answers rated by their users, worse when slow: tokenscope report --business")
 
 	env := strings.Join([]string{"NATS_URL=nats://" + s.a.nats, "CLICKHOUSE_ADDR=" + s.a.ch, "CLICKHOUSE_HTTP_ADDR=" + s.a.chHTTP, "CLICKHOUSE_DB=tokenscope",
 		"EMITTER_URL=http://" + s.a.emitter, "FAKELLM_URL=http://" + s.a.fakellm,

@@ -8,7 +8,7 @@ import (
 
 // metrics of one pipeline, labelled by which stream it consumes ("tokens" or "gpu").
 type metrics struct {
-	added, late, skipped, redelivered                                        prometheus.Counter
+	added, late, skipped, redelivered, duplicate                             prometheus.Counter
 	consumeErrors, flushErrors, ackErrors, deadLetterErrors, rowsWritten     prometheus.Counter
 	invalid                                                                  *prometheus.CounterVec
 	flushDuration, writeDelay                                                prometheus.Observer
@@ -39,7 +39,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: name, Help: help}, []string{"stream"})
 	}
 	m := &Metrics{
-		events:           cv("events_total", "Messages consumed, by what became of them: added to an open window, late (into a correction), skipped (already stored before a restart), redelivered (already held).", "result"),
+		events:           cv("events_total", "Messages consumed, by what became of them: added to an open window, late (into a correction), skipped (already stored before a restart), redelivered (already held), duplicate (a feedback event_id already counted).", "result"),
 		invalid:          cv("invalid_total", "Messages dead-lettered on llm.invalid, by reason.", "reason"),
 		consumeErrors:    cv("consume_errors_total", "Errors pulling from JetStream."),
 		flushErrors:      cv("flush_errors_total", "Failed attempts to write a flush to ClickHouse (each is retried)."),
@@ -67,7 +67,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 }
 
 func (m *Metrics) forStream(stream string) *metrics {
-	for _, r := range []string{"added", "late", "skipped", "redelivered"} {
+	for _, r := range []string{"added", "late", "skipped", "redelivered", "duplicate"} {
 		m.events.WithLabelValues(stream, r)
 	}
 	for _, r := range append(events.Reasons(), "no_metadata") {
@@ -78,6 +78,7 @@ func (m *Metrics) forStream(stream string) *metrics {
 		late:             m.events.WithLabelValues(stream, "late"),
 		skipped:          m.events.WithLabelValues(stream, "skipped"),
 		redelivered:      m.events.WithLabelValues(stream, "redelivered"),
+		duplicate:        m.events.WithLabelValues(stream, "duplicate"),
 		invalid:          m.invalid.MustCurryWith(prometheus.Labels{"stream": stream}),
 		consumeErrors:    m.consumeErrors.WithLabelValues(stream),
 		flushErrors:      m.flushErrors.WithLabelValues(stream),

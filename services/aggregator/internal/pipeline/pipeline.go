@@ -62,6 +62,7 @@ const (
 	resAdded result = iota
 	resLate
 	resSkipped
+	resDuplicate // a feedback event whose event_id was already counted
 )
 
 // Pipeline consumes one stream.
@@ -284,6 +285,8 @@ func (p *Pipeline) process(msg jetstream.Msg) {
 		p.m.late.Inc()
 	case res == resSkipped:
 		p.m.skipped.Inc()
+	case res == resDuplicate:
+		p.m.duplicate.Inc()
 	}
 	p.lastSeq = seq
 	if p.stage.full() {

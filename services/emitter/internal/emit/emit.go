@@ -3,6 +3,7 @@ package emit
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -102,5 +103,22 @@ func (e *Emitter) Emit(ev *events.RequestEvent, now time.Time) error {
 		return fmt.Errorf("cannot publish event %s: %w", ev.EventID, ErrDropped)
 	}
 	e.emitted.Inc()
+	return nil
+}
+
+// EmitFeedback validates fb as of now and publishes it on llm.feedback.<env>.<scene>, under
+// the same subject bound as the request events, with its event id as Nats-Msg-Id. It is not
+// counted in the request events' metrics.
+func (e *Emitter) EmitFeedback(fb *events.FeedbackEvent, now time.Time) error {
+	if err := fb.ValidateAt(now); err != nil {
+		return err
+	}
+	subj := events.FeedbackSubject(fb.Env, fb.Scene)
+	if e.subjects != nil {
+		subj = "llm.feedback." + strings.TrimPrefix(e.subjects.Request(fb.Env, fb.Scene, now), "llm.req.")
+	}
+	if !e.pub.Publish(subj, fb.EventID, events.AppendFeedback(make([]byte, 0, 256), fb)) {
+		return fmt.Errorf("cannot publish feedback %s: %w", fb.EventID, ErrDropped)
+	}
 	return nil
 }

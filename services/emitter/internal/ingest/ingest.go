@@ -39,31 +39,44 @@ type Options struct {
 	Subjects *subject.Limit // bounds the subjects published on; nil: one per env and scene
 }
 
-// Handler serves POST /v1/events.
+// Handler serves POST /v1/events (request events) or POST /v1/feedback (feedback events):
+// the same body forms, answers, token, limits and metrics, for two contracts.
 type Handler struct {
 	opts   Options
 	pub    Publisher
 	now    func() time.Time
 	logger *slog.Logger
+	decode func(b *batch, raw []byte) (subject, msgID string, payload []byte, err error)
 
 	batches  *prometheus.CounterVec
 	accepted prometheus.Counter
 	rejected *prometheus.CounterVec
 }
 
-// New returns the ingest handler, publishing through pub. now is the clock events are
-// validated against.
+// New returns the handler of POST /v1/events, publishing request events through pub. now
+// is the clock events are validated against.
 func New(opts Options, pub Publisher, now func() time.Time, reg prometheus.Registerer, logger *slog.Logger) *Handler {
+	return build(opts, pub, now, reg, logger, "ingest", "POST /v1/events", (*batch).request)
+}
+
+// NewFeedback returns the handler of POST /v1/feedback, publishing feedback events on
+// llm.feedback.<env>.<scene> through pub, under the same rules and subject bound as New's.
+func NewFeedback(opts Options, pub Publisher, now func() time.Time, reg prometheus.Registerer, logger *slog.Logger) *Handler {
+	return build(opts, pub, now, reg, logger, "feedback", "POST /v1/feedback", (*batch).feedback)
+}
+
+func build(opts Options, pub Publisher, now func() time.Time, reg prometheus.Registerer, logger *slog.Logger,
+	subsystem, route string, decode func(*batch, []byte) (string, string, []byte, error)) *Handler {
 	if opts.MaxBytes <= 0 {
 		opts.MaxBytes = 16 << 20
 	}
-	h := &Handler{opts: opts, pub: pub, now: now, logger: logger.With("component", "ingest"),
-		batches: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "ingest", Name: "requests_total",
-			Help: "POST /v1/events requests by HTTP status code."}, []string{"code"}),
-		accepted: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "ingest", Name: "events_accepted_total",
-			Help: "Events accepted and handed to the publisher."}),
-		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "ingest", Name: "events_rejected_total",
-			Help: "Events rejected, by reason (validation reasons, or dropped when the publish buffer is full)."}, []string{"reason"}),
+	h := &Handler{opts: opts, pub: pub, now: now, logger: logger.With("component", subsystem), decode: decode,
+		batches: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "emitter", Subsystem: subsystem, Name: "requests_total",
+			Help: route + " requests by HTTP status code."}, []string{"code"}),
+		accepted: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "emitter", Subsystem: subsystem, Name: "events_accepted_total",
+			Help: "Events accepted by " + route + " and handed to the publisher."}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "emitter", Subsystem: subsystem, Name: "events_rejected_total",
+			Help: "Events rejected by " + route + ", by reason (validation reasons, or dropped when the publish buffer is full)."}, []string{"reason"}),
 	}
 	for _, code := range []string{"202", "400", "401", "413", "415", "503"} {
 		h.batches.WithLabelValues(code)
@@ -213,43 +226,72 @@ type batch struct {
 	now time.Time
 	dec *events.Decoder // interns the few label values; other strings alias the body
 	ev  events.RequestEvent
+	fb  events.FeedbackEvent
 	res result
 
 	canon []byte // the event encoded by events.AppendRequest
 	arena []byte // payloads of events whose bytes were not already canonical
 
 	env, scene, subject string // the last subject, reused while the labels repeat
+	fbSubject           string // subject under llm.feedback. for the same labels
 }
 
 // arenaChunk is the size of the blocks non-canonical payloads are copied into.
 const arenaChunk = 64 << 10
 
 func (b *batch) item(i int, raw []byte) {
-	b.ev = events.RequestEvent{}
-	err := b.dec.Decode(raw, &b.ev)
-	if err == nil {
-		err = b.ev.ValidateAt(b.now)
-	}
+	subj, id, payload, err := b.h.decode(b, raw)
 	if err != nil {
 		b.reject(i, events.Reason(err), err)
 		return
 	}
 	// Once the buffer is full the rest of the batch is refused too, so that what was
 	// refused is every valid event from the first refused on, whatever room frees meanwhile.
-	if b.res.dropped > 0 || !b.h.pub.Publish(b.subjectOf(&b.ev), b.ev.EventID, b.payload(raw)) {
+	if b.res.dropped > 0 || !b.h.pub.Publish(subj, id, payload) {
 		b.res.dropped++
-		b.reject(i, "dropped", fmt.Errorf("cannot publish event %s: %w", b.ev.EventID, ErrDropped))
+		b.reject(i, "dropped", fmt.Errorf("cannot publish event %s: %w", id, ErrDropped))
 		return
 	}
 	b.res.Accepted++
 }
 
-// payload returns the bytes to publish: raw itself when it is byte for byte what
-// events.AppendRequest writes (a producer using pkg/events), so nothing is copied, or the
-// canonical encoding, so the stream holds one form whatever the client sent (no unknown
-// fields, no spacing, UTC timestamps). Either aliases memory nothing writes to again.
-func (b *batch) payload(raw []byte) []byte {
+// request decodes and validates one request event and returns where and what to publish.
+func (b *batch) request(raw []byte) (subject, msgID string, payload []byte, err error) {
+	b.ev = events.RequestEvent{}
+	if err = b.dec.Decode(raw, &b.ev); err == nil {
+		err = b.ev.ValidateAt(b.now)
+	}
+	if err != nil {
+		return "", "", nil, err
+	}
 	b.canon = events.AppendRequest(b.canon[:0], &b.ev)
+	return b.subjectOf(b.ev.Env, b.ev.Scene), b.ev.EventID, b.payload(raw), nil
+}
+
+// feedback decodes and validates one feedback event; its subject is the request subject's
+// env and scene under llm.feedback., so the two share one bound.
+func (b *batch) feedback(raw []byte) (subject, msgID string, payload []byte, err error) {
+	if err = b.dec.DecodeFeedback(raw, &b.fb); err == nil {
+		err = b.fb.ValidateAt(b.now)
+	}
+	if err != nil {
+		return "", "", nil, err
+	}
+	b.canon = events.AppendFeedback(b.canon[:0], &b.fb)
+	fresh := b.subject == "" || b.fb.Env != b.env || b.fb.Scene != b.scene
+	subj := b.subjectOf(b.fb.Env, b.fb.Scene)
+	if fresh || b.fbSubject == "" {
+		b.fbSubject = "llm.feedback." + strings.TrimPrefix(subj, "llm.req.")
+	}
+	return b.fbSubject, b.fb.EventID, b.payload(raw), nil
+}
+
+// payload returns the bytes to publish: raw itself when it is byte for byte the canonical
+// encoding in b.canon (what pkg/events writes, so a producer using it), so nothing is
+// copied, or the canonical encoding, so the stream holds one form whatever the client sent
+// (no unknown fields, no spacing, UTC timestamps). Either aliases memory nothing writes to
+// again.
+func (b *batch) payload(raw []byte) []byte {
 	if bytes.Equal(b.canon, raw) {
 		return raw[:len(raw):len(raw)]
 	}
@@ -263,13 +305,13 @@ func (b *batch) payload(raw []byte) []byte {
 
 // subjectOf returns the subject to publish ev on. While the labels repeat the last subject
 // is reused: seen once per run of them is enough for the subject limit's recency.
-func (b *batch) subjectOf(ev *events.RequestEvent) string {
-	if b.subject == "" || ev.Env != b.env || ev.Scene != b.scene {
-		b.env, b.scene = ev.Env, ev.Scene
+func (b *batch) subjectOf(env, scene string) string {
+	if b.subject == "" || env != b.env || scene != b.scene {
+		b.env, b.scene = env, scene
 		if b.h.opts.Subjects != nil {
-			b.subject = b.h.opts.Subjects.Request(ev.Env, ev.Scene, b.now)
+			b.subject = b.h.opts.Subjects.Request(env, scene, b.now)
 		} else {
-			b.subject = events.RequestSubject(ev.Env, ev.Scene)
+			b.subject = events.RequestSubject(env, scene)
 		}
 	}
 	return b.subject

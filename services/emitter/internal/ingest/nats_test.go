@@ -166,3 +166,66 @@ func metric(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Fatalf("no metric %s", name)
 	return 0
 }
+
+// BenchmarkFeedbackIngestNATS measures POST /v1/feedback into the real JetStream: NDJSON
+// batches of 1000 through the handler and the publisher, timed until the FEEDBACK stream
+// holds every event.
+func BenchmarkFeedbackIngestNATS(b *testing.B) {
+	srv := testbed.StartNATS(b, filepath.Join(b.TempDir(), "js"), -1)
+	ctx := context.Background()
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if err := bus.EnsureStreams(ctx, js, bus.StreamLimits{MaxBytes: 4 << 30, DuplicateWindow: time.Minute, Replicas: 1}, events.StreamFeedback); err != nil {
+		b.Fatal(err)
+	}
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	pub := bus.NewPublisher(js, bus.PublisherOptions{Namespace: "b"}, nil, logger)
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() { _ = pub.Run(runCtx) }()
+	h := NewFeedback(Options{MaxBytes: 16 << 20}, pub, time.Now, nil, logger)
+	ts := time.Now().UTC().Format(events.TimeLayout)
+	const batch = 1000
+	b.ReportAllocs()
+	sent := 0
+	start := time.Now()
+	for b.Loop() {
+		var sb strings.Builder
+		for i := range batch {
+			fmt.Fprintf(&sb, `{"v":1,"event_id":"fb-%d-%d","ts":%q,"request_id":"req-%d","name":"thumbs","value":1,"source":"user","scene":"chat","env":"prod"}`+"\n", sent, i, ts, i)
+		}
+		// A client resends what the full buffer refused: everything from the first refused on.
+		rest := sb.String()
+		for {
+			r := h.ingest([]byte(rest), time.Now())
+			if r.Rejected == 0 {
+				break
+			}
+			if r.Rejected != r.dropped {
+				b.Fatalf("%+v", r.Answer)
+			}
+			for range r.Accepted {
+				rest = rest[strings.IndexByte(rest, '\n')+1:]
+			}
+			time.Sleep(time.Millisecond) // wait for acks to free room
+		}
+		sent++
+	}
+	s, _ := js.Stream(ctx, events.StreamFeedback)
+	for {
+		info, err := s.Info(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if info.State.Msgs == uint64(sent*batch) {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// Until the last event is in the stream, not only handed to the publisher.
+	b.ReportMetric(float64(sent*batch)/time.Since(start).Seconds(), "events/s")
+}

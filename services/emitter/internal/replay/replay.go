@@ -32,6 +32,7 @@ type Options struct {
 	Instance  string
 	Simulator *Simulator
 	Target    *Target
+	Users     *Users           // simulated users rating the simulated answers; nil: none
 	Now       func() time.Time // the clock of event timestamps; time.Now when nil
 }
 
@@ -40,6 +41,7 @@ type Stats struct {
 	Sent, OK, Errors, Timeouts, Canceled atomic.Int64
 	Skipped                              atomic.Int64 // due while Target.Concurrency requests were in flight
 	Unpublished                          atomic.Int64 // events the emitter refused (invalid or buffer full)
+	Feedback                             atomic.Int64 // feedback events the simulated users gave
 }
 
 func (s *Stats) count(st events.Status) {
@@ -131,7 +133,9 @@ func simulate(opts Options, rec Record, ts time.Time, emit Emitter, stats *Stats
 	stats.count(s.Status)
 	if emit.Emit(ev, ts) != nil {
 		stats.Unpublished.Add(1)
+		return
 	}
+	opts.Users.rate(ev, stats)
 }
 
 func real(ctx context.Context, opts Options, rec Record, i int, emit Emitter, stats *Stats) {

@@ -1,0 +1,50 @@
+-- Cost per conversation and per satisfied conversation, per scene: what a happy user
+-- costs. A conversation is satisfied when its verdicts named name (thumbs, rating, …) on
+-- any of its requests or on the conversation itself average at least satisfied_at;
+-- conversations without such a verdict are counted apart (unrated). Verdicts are
+-- deduplicated by event_id. Parameters: layer (String: the layer of the requests read, gateway, engine or app), from, to (DateTime, of the requests), name
+-- (String), satisfied_at (Float64).
+SELECT
+    scene,
+    count() AS conversations,
+    sum(cost_usd) / count() AS cost_per_conversation,
+    countIf(rated = 1) AS rated_conversations,
+    countIf(rated = 1 AND verdict >= {satisfied_at:Float64}) AS satisfied_conversations,
+    if(countIf(rated = 1 AND verdict >= {satisfied_at:Float64}) = 0, 0,
+       sumIf(cost_usd, rated = 1) / countIf(rated = 1 AND verdict >= {satisfied_at:Float64})) AS cost_per_satisfied_conversation
+FROM
+(
+    SELECT conversation_id, scene, cost_usd, if(verdicts > 0, 1, 0) AS rated, verdict
+    FROM
+    (
+        SELECT conversation_id, any(scene) AS scene, sum(cost_usd) AS cost_usd
+        FROM requests
+        WHERE ts >= {from:DateTime} AND ts < {to:DateTime} AND layer = {layer:String} AND conversation_id != ''
+        GROUP BY conversation_id
+    ) AS c
+    ANY LEFT JOIN
+    (
+        SELECT conversation_id, count() AS verdicts, avg(value) AS verdict
+        FROM
+        (
+            SELECT if(fb_conversation != '', fb_conversation, req_conversation) AS conversation_id, value
+            FROM
+            (
+                SELECT event_id, any(request_id) AS request_id, any(conversation_id) AS fb_conversation, any(value) AS value
+                FROM feedback
+                WHERE name = {name:String} AND ts >= {from:DateTime}
+                GROUP BY event_id
+            ) AS f
+            ANY LEFT JOIN
+            (
+                SELECT event_id AS request_id, conversation_id AS req_conversation
+                FROM requests
+                WHERE ts >= {from:DateTime} AND ts < {to:DateTime} AND layer = {layer:String} AND conversation_id != ''
+            ) AS r USING request_id
+        )
+        WHERE conversation_id != ''
+        GROUP BY conversation_id
+    ) AS v USING conversation_id
+)
+GROUP BY scene
+ORDER BY scene

@@ -1,0 +1,27 @@
+-- User satisfaction by the longest gap between two streamed tokens (max_itl_ms) of the
+-- rated request: a stream that stalls loses users even when its first token was fast.
+-- Bands: no gap measured (not streamed), <= 100 ms, <= 500 ms, <= 2 s, > 2 s. Joined and
+-- deduplicated as satisfaction_by_ttft_band.sql. Parameters: layer (String: the layer of the requests read, gateway, engine or app), from, to (DateTime), name
+-- (String), satisfied_at (Float64).
+SELECT
+    multiIf(max_itl_ms = 0, '0: not streamed', max_itl_ms <= 100, '1: <= 100 ms', max_itl_ms <= 500, '2: <= 500 ms',
+            max_itl_ms <= 2000, '3: <= 2 s', '4: > 2 s') AS stall_band,
+    count() AS verdicts,
+    avg(value >= {satisfied_at:Float64}) AS satisfied,
+    avg(value) AS mean_value
+FROM
+(
+    SELECT request_id, any(value) AS value
+    FROM feedback
+    WHERE name = {name:String} AND request_id != '' AND ts >= {from:DateTime}
+    GROUP BY event_id, request_id
+) AS f
+ANY LEFT JOIN
+(
+    SELECT event_id AS request_id, max_itl_ms, 1 AS known
+    FROM requests
+    WHERE ts >= {from:DateTime} AND ts < {to:DateTime} AND layer = {layer:String}
+) AS r USING request_id
+WHERE known = 1
+GROUP BY stall_band
+ORDER BY stall_band

@@ -1,0 +1,275 @@
+package pipeline
+
+import (
+	"context"
+	"hash/maphash"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tokenscope/tokenscope/pkg/bus"
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/aggregator/internal/sink"
+	"github.com/tokenscope/tokenscope/services/aggregator/internal/window"
+)
+
+// NewFeedback returns the pipeline from FEEDBACK to feedback (one row per verdict) and
+// feedback_rollups, exactly once as NewTokens. A verdict whose event_id was already counted
+// — sent twice past JetStream's duplicate window — is counted as a duplicate and neither
+// stored nor rolled up, as long as the id is among the last dedup ids seen (read back from
+// ClickHouse at start, so a restart remembers them).
+func NewFeedback(ctx context.Context, o Options, cfg window.Config, dedup int, d Deps) (*Pipeline, error) {
+	cons, floor, store, err := resetConsumer(ctx, d.JS, o)
+	if err != nil {
+		return nil, err
+	}
+	sk := sink.New(d.CH, o.Consumer)
+	var done map[time.Time]uint64
+	var stored storedSet
+	ids := newRecentIDs(dedup)
+	err = untilRead(ctx, d.Logger, func() (err error) {
+		if err := sk.Settle(ctx, ""); err != nil {
+			return err
+		}
+		if done, err = sk.Done(ctx, "feedback_rollups", floor); err != nil {
+			return err
+		}
+		if stored.seqs, err = sk.StoredFeedback(ctx, floor+1, math.MaxUint64); err != nil {
+			return err
+		}
+		ids.reset()
+		var newestFirst []idSeq
+		if err := sk.RecentFeedbackIDs(ctx, dedup, func(id string, seq uint64) {
+			newestFirst = append(newestFirst, idSeq{ids.hash(id), seq})
+		}); err != nil {
+			return err
+		}
+		for i := len(newestFirst) - 1; i >= 0; i-- {
+			ids.add(newestFirst[i].h, newestFirst[i].seq)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	m := d.Metrics.forStream("feedback")
+	st := &feedbackStage{agg: window.NewFeedback(cfg, done), dec: events.NewDecoder(4096), cfg: cfg, sink: sk, stored: stored, ids: ids, m: m}
+	d.Logger.Info("consuming", "stream", o.Stream, "consumer", o.Consumer, "floor", floor, "windows_already_stored", len(done),
+		"feedback_already_stored", len(stored.seqs), "ids_remembered", ids.len())
+	return newPipeline(o, d.JS, d.NC, cons, floor, store, st, d.Publisher, m, d.Logger.With("stream", o.Stream)), nil
+}
+
+type idSeq struct{ h, seq uint64 }
+
+// recentIDs remembers the stream position of the first event of each of the last max
+// event_ids, by a 64-bit hash (a false duplicate needs two of a million ids to collide:
+// odds of about 1 in 10^7), forgetting the oldest first.
+type recentIDs struct {
+	seed  maphash.Seed
+	first map[uint64]uint64
+	ring  []uint64
+	next  int
+	max   int
+}
+
+func newRecentIDs(n int) *recentIDs {
+	return &recentIDs{seed: maphash.MakeSeed(), first: make(map[uint64]uint64, min(n, 1<<16)), max: n}
+}
+
+func (r *recentIDs) hash(id string) uint64 { return maphash.String(r.seed, id) }
+
+func (r *recentIDs) len() int { return len(r.first) }
+
+func (r *recentIDs) reset() {
+	clear(r.first)
+	r.ring, r.next = r.ring[:0], 0
+}
+
+// add records seq as the first position of h unless h is known; it returns the first.
+func (r *recentIDs) add(h, seq uint64) uint64 {
+	if first, ok := r.first[h]; ok {
+		return first
+	}
+	if r.max <= 0 {
+		return seq
+	}
+	if len(r.ring) < r.max {
+		r.ring = append(r.ring, h)
+	} else {
+		delete(r.first, r.ring[r.next])
+		r.ring[r.next] = h
+		r.next = (r.next + 1) % r.max
+	}
+	r.first[h] = seq
+	return seq
+}
+
+type feedbackStage struct {
+	agg *window.FeedbackAggregator
+	dec *events.Decoder
+	ev  events.FeedbackEvent
+	cfg window.Config
+
+	stored storedSet // feedback stored before the start, after the floor
+	ids    *recentIDs
+	rows   []sink.Feedback
+	rowMin uint64
+
+	sink       *sink.ClickHouse
+	m          *metrics
+	lastFolded uint64
+}
+
+func (s *feedbackStage) handle(data []byte, seq uint64, now time.Time) (result, error) {
+	if err := s.dec.DecodeFeedback(data, &s.ev); err != nil {
+		return 0, err
+	}
+	if err := s.ev.ValidateAt(now); err != nil {
+		return 0, err
+	}
+	// The first position of an id decides, so a replay judges every message as before.
+	if first := s.ids.add(s.ids.hash(s.ev.EventID), seq); first < seq {
+		return resDuplicate, nil
+	}
+	res := s.agg.Add(&s.ev, seq, now)
+	if !s.stored.has(seq) {
+		if len(s.rows) == 0 {
+			s.rowMin = seq
+		}
+		s.rows = append(s.rows, sink.Feedback{Event: cloneFeedback(&s.ev), Seq: seq})
+	}
+	switch res {
+	case window.AddedLate:
+		return resLate, nil
+	case window.Skipped:
+		return resSkipped, nil
+	}
+	return resAdded, nil
+}
+
+// cloneFeedback copies ev's strings out of the message they alias, in one allocation.
+func cloneFeedback(ev *events.FeedbackEvent) events.FeedbackEvent {
+	c := *ev
+	all := strings.Clone(ev.EventID + ev.RequestID + ev.ConversationID + ev.Name + string(ev.Source) + ev.Env + ev.Scene + ev.Model)
+	take := func(s string) string {
+		v := all[:len(s)]
+		all = all[len(s):]
+		return v
+	}
+	c.EventID, c.RequestID, c.ConversationID, c.Name = take(ev.EventID), take(ev.RequestID), take(ev.ConversationID), take(ev.Name)
+	c.Source = events.FeedbackSource(take(string(ev.Source)))
+	c.Env, c.Scene, c.Model = take(ev.Env), take(ev.Scene), take(ev.Model)
+	return c
+}
+
+func (s *feedbackStage) held() (uint64, bool) {
+	seq, ok := s.agg.Held()
+	if len(s.rows) > 0 && (!ok || s.rowMin < seq) {
+		return s.rowMin, true
+	}
+	return seq, ok
+}
+
+func (s *feedbackStage) full() bool { return len(s.rows) >= maxBatch }
+
+func (s *feedbackStage) buffered() int {
+	_, keys := s.agg.OpenWindows()
+	return len(s.rows) + keyWeight*keys
+}
+
+func (s *feedbackStage) observe(now time.Time) {
+	units, keys := s.agg.OpenWindows()
+	s.m.buffered.Set(float64(len(s.rows)))
+	s.m.openWindows.Set(float64(units))
+	s.m.activeKeys.Set(float64(keys))
+	if wm := s.agg.Watermark(now); !wm.IsZero() && wm.Unix() > 0 {
+		s.m.watermarkDelay.Set(now.Sub(wm).Seconds())
+	}
+	if f := s.agg.Folded(); f > s.lastFolded {
+		s.m.folded.Add(float64(f - s.lastFolded))
+		s.lastFolded = f
+	}
+}
+
+func (s *feedbackStage) cut(now time.Time, seqThrough uint64) flush {
+	f := &feedbackFlush{stage: s, ledger: sink.Ledger{SeqThrough: seqThrough, FlushID: events.NewEventID()}}
+	for _, u := range s.agg.Advance(now) {
+		f.rollups = s.agg.Rollups(u, f.rollups)
+		f.starts = append(f.starts, u.Start)
+		s.agg.Release(u)
+	}
+	f.raw, s.rows = s.rows, nil
+	s.stored.passed(seqThrough)
+	return f
+}
+
+type feedbackFlush struct {
+	stage      *feedbackStage
+	ledger     sink.Ledger
+	rollups    []window.FeedbackRollup
+	starts     []time.Time
+	raw        []sink.Feedback
+	rawWritten bool
+	attempt    int
+}
+
+func (f *feedbackFlush) empty() bool { return len(f.rollups) == 0 && len(f.raw) == 0 }
+func (f *feedbackFlush) count() int  { return len(f.rollups) + len(f.raw) }
+
+func (f *feedbackFlush) write(ctx context.Context, now time.Time) error {
+	sk := f.stage.sink
+	f.attempt++
+	if f.attempt > 1 {
+		if err := sk.Settle(ctx, f.ledger.FlushID); err != nil {
+			return err
+		}
+	}
+	if len(f.raw) > 0 && !f.rawWritten {
+		if f.attempt > 1 {
+			// An earlier attempt may have stored part of the batch: write what is missing.
+			stored, err := sk.StoredFeedback(ctx, f.raw[0].Seq, f.raw[len(f.raw)-1].Seq)
+			if err != nil {
+				return err
+			}
+			set := storedSet{seqs: stored}
+			kept := f.raw[:0]
+			for _, r := range f.raw {
+				if !set.has(r.Seq) {
+					kept = append(kept, r)
+				}
+			}
+			f.raw = kept
+		}
+		if err := sk.WriteFeedback(sk.WithQueryID(ctx, f.ledger.FlushID+"-feedback-"+strconv.Itoa(f.attempt)), f.raw); err != nil {
+			return err
+		}
+		f.rawWritten = true
+	}
+	if len(f.rollups) == 0 {
+		return nil
+	}
+	if f.attempt > 1 {
+		n, err := sk.RowsOfFlush(ctx, "feedback_rollups", f.ledger.FlushID)
+		if err != nil {
+			return err
+		}
+		if n == uint64(len(f.rollups)) {
+			return nil
+		}
+	}
+	return sk.WriteFeedbackRollups(sk.WithQueryID(ctx, f.ledger.FlushID+"-feedback-rollups-"+strconv.Itoa(f.attempt)), f.rollups, f.ledger, now)
+}
+
+// publish sends nothing: feedback rollups are read from ClickHouse.
+func (f *feedbackFlush) publish(*bus.Publisher) {}
+
+func (f *feedbackFlush) done(now time.Time) {
+	s := f.stage
+	s.agg.Flushed(f.starts, f.ledger.SeqThrough, now)
+	for i := range f.rollups {
+		if f.rollups[i].Kind == events.KindWindow {
+			s.m.writeDelay.Observe(now.Sub(f.rollups[i].WindowStart.Add(s.cfg.Window)).Seconds())
+		}
+	}
+}
