@@ -7,14 +7,22 @@ const (
 	StreamEvents  = "LLM_EVENTS"     // llm.req.<env>.<scene>
 	StreamGPU     = "GPU_SAMPLES"    // gpu.sample.<host>
 	StreamEngine  = "ENGINE_SAMPLES" // engine.sample.<host>
-	StreamRollups = "ROLLUPS"        // rollup.tokens.<env>.<scene>, rollup.gpu.<host>
+	StreamRollups = "ROLLUPS"        // rollup.tokens.<env>.<scene>, rollup.gpu.<host>, rollup.host.<host>
 	StreamAlerts  = "ALERTS"         // alerts.<severity>.<rule>
+
+	// StreamHost holds host samples, in a stream of their own for the reason engine
+	// samples have one: a consumer of GPU_SAMPLES (the aggregator's GPU windows, a
+	// recording made for replay) only ever receives GPU samples, and each stream's
+	// retention is set alone.
+	StreamHost = "HOST_SAMPLES" // host.sample.<host>
 
 	SubjectRequestsAll      = "llm.req.>"
 	SubjectGPUSamplesAll    = "gpu.sample.>"
 	SubjectEngineSamplesAll = "engine.sample.>"
+	SubjectHostSamplesAll   = "host.sample.>"
 	SubjectTokenRollupAll   = "rollup.tokens.>"
 	SubjectGPURollupAll     = "rollup.gpu.>"
+	SubjectHostRollupAll    = "rollup.host.>"
 	SubjectRollupsAll       = "rollup.>"
 	SubjectAlertsAll        = "alerts.>"
 
