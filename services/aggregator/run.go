@@ -93,6 +93,11 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 			return err
 		}
 		pipes = append(pipes, gpu)
+		host, err := hostPipeline(ctx, js, cfg, opts(events.StreamHost, events.SubjectHostSamplesAll), wcfg, deps)
+		if err != nil {
+			return err
+		}
+		pipes = append(pipes, host)
 	}
 	// The watermark tells an alerter which windows this aggregator has published.
 	marks := pipeline.NewWatermarks(js, pub, cfg.Agg.Consumer, cfg.Agg.Window, srv.Registry(), logger)
