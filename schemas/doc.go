@@ -8,8 +8,8 @@ import (
 	"io/fs"
 )
 
-// JSON holds the message schemas: request_event, feedback_event, gpu_sample, engine_sample, token_rollup,
-// gpu_rollup, engine_rollup,
+// JSON holds the message schemas: request_event, feedback_event, gpu_sample, engine_sample, host_sample,
+// token_rollup, gpu_rollup, engine_rollup, host_rollup,
 // rollup_watermark and alert, each as <name>.schema.json.
 //
 //go:embed *.schema.json

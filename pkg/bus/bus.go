@@ -156,7 +156,7 @@ func redact(urls string) string {
 	return strings.Join(parts, ",")
 }
 
-// StreamConfigs returns the configuration of the six streams under the given limits.
+// StreamConfigs returns the configuration of every stream under the given limits.
 func StreamConfigs(l StreamLimits) []jetstream.StreamConfig {
 	age := func(def time.Duration) time.Duration {
 		if l.MaxAge > 0 {
@@ -183,7 +183,8 @@ func StreamConfigs(l StreamLimits) []jetstream.StreamConfig {
 		mk(events.StreamEvents, "tokenscope request events", []string{events.SubjectRequestsAll}, age(3*day)),
 		mk(events.StreamGPU, "tokenscope GPU samples", []string{events.SubjectGPUSamplesAll}, age(3*day)),
 		mk(events.StreamEngine, "tokenscope inference-engine samples", []string{events.SubjectEngineSamplesAll}, age(3*day)),
-		mk(events.StreamRollups, "tokenscope token and GPU rollups", []string{events.SubjectRollupsAll}, age(7*day)),
+		mk(events.StreamHost, "tokenscope host samples", []string{events.SubjectHostSamplesAll}, age(3*day)),
+		mk(events.StreamRollups, "tokenscope token, GPU and host rollups", []string{events.SubjectRollupsAll}, age(7*day)),
 		mk(events.StreamAlerts, "tokenscope alerts", []string{events.SubjectAlertsAll}, age(30*day)),
 		// Feedback has a stream of its own: the request consumers read all of LLM_EVENTS and
 		// are untouched by it.

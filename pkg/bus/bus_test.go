@@ -77,7 +77,7 @@ func TestEnsureStreamsAndConsumer(t *testing.T) {
 	if err := bus.EnsureStreams(ctx, js, cfg.Streams); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{events.StreamEvents, events.StreamGPU, events.StreamEngine, events.StreamRollups, events.StreamAlerts, events.StreamFeedback} {
+	for _, name := range []string{events.StreamEvents, events.StreamGPU, events.StreamEngine, events.StreamHost, events.StreamRollups, events.StreamAlerts, events.StreamFeedback} {
 		s, err := js.Stream(ctx, name)
 		if err != nil {
 			t.Fatal(err)

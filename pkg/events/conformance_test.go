@@ -6,9 +6,11 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
@@ -29,6 +31,8 @@ var crossField = map[string]string{
 	"engine/invalid/out_of_range_counts.json":              "len(counts) = len(le) + 1 compares two fields",
 	"engine/invalid/out_of_range_hits_above_queries.json":  "prefix_cache_hits <= prefix_cache_queries compares two fields",
 	"feedback/invalid/future_timestamp.json":               "how far ahead ts may be depends on the clock",
+	"host/invalid/out_of_range_used_above_total.json":      "mem_used_bytes <= mem_total_bytes compares two fields",
+	"host/invalid/out_of_range_available_above_total.json": "mem_available_bytes <= mem_total_bytes compares two fields",
 }
 
 func compileSchema(t *testing.T, name string) *jsonschema.Schema {
@@ -86,6 +90,13 @@ func TestSchemaConformance(t *testing.T) {
 		{"engine", "engine_sample.schema.json", func(b []byte) error {
 			var s events.EngineSample
 			if err := events.UnmarshalEngineSample(b, &s); err != nil {
+				return err
+			}
+			return s.ValidateAt(testNow)
+		}},
+		{"host", "host_sample.schema.json", func(b []byte) error {
+			var s events.HostSample
+			if err := events.UnmarshalHostSample(b, &s); err != nil {
 				return err
 			}
 			return s.ValidateAt(testNow)
@@ -151,6 +162,34 @@ func validateSchema(sch *jsonschema.Schema, raw []byte) error {
 	return sch.Validate(inst)
 }
 
+// TestEncodedHostSampleMatchesSchema checks that what MarshalHostSample writes, every
+// reading present, passes the schema and decodes back to the same sample.
+func TestEncodedHostSampleMatchesSchema(t *testing.T) {
+	sch := compileSchema(t, "host_sample.schema.json")
+	u := func(v uint64) *uint64 { return &v }
+	f := func(v float64) *float64 { return &v }
+	in := events.HostSample{V: events.Version, TS: testNow.Add(-time.Second), Host: "gpu-node-3",
+		MemTotalBytes: u(100), MemUsedBytes: u(40), MemAvailableBytes: u(60),
+		DeltaSeconds: f(1), DiskReadBps: f(512), DiskWriteBps: f(0), NetRxBps: f(1e9), NetTxBps: f(2.5)}
+	data, err := events.MarshalHostSample(&in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := validateSchema(sch, data); err != nil {
+		t.Fatalf("%s: %v", data, err)
+	}
+	var out events.HostSample
+	if err := events.UnmarshalHostSample(data, &out); err != nil {
+		t.Fatal(err)
+	}
+	if err := out.ValidateAt(testNow); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(in, out) {
+		t.Fatalf("round trip: got %+v, want %+v", out, in)
+	}
+}
+
 // TestEncodedEventsMatchSchema checks that what the Go encoder writes passes the schema.
 func TestEncodedEventsMatchSchema(t *testing.T) {
 	sch := compileSchema(t, "request_event.schema.json")
@@ -163,7 +202,7 @@ func TestEncodedEventsMatchSchema(t *testing.T) {
 
 // TestOtherSchemasCompile keeps the rollup and alert schemas loadable.
 func TestOtherSchemasCompile(t *testing.T) {
-	for _, name := range []string{"token_rollup.schema.json", "gpu_rollup.schema.json", "engine_rollup.schema.json", "alert.schema.json", "rollup_watermark.schema.json"} {
+	for _, name := range []string{"token_rollup.schema.json", "gpu_rollup.schema.json", "engine_rollup.schema.json", "host_rollup.schema.json", "alert.schema.json", "rollup_watermark.schema.json"} {
 		compileSchema(t, name)
 	}
 }

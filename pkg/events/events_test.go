@@ -270,6 +270,8 @@ func TestSubjects(t *testing.T) {
 	f(events.TokenRollupSubject("prod", "chat"), "rollup.tokens.prod.chat")
 	f(events.GPURollupSubject("h"), "rollup.gpu.h")
 	f(events.EngineRollupSubject("gpu-node-3.dc1"), "rollup.engine.gpu-node-3_dc1")
+	f(events.HostSampleSubject("gpu-node-3.dc1"), "host.sample.gpu-node-3_dc1")
+	f(events.HostRollupSubject("a>b"), "rollup.host.a_b")
 	f(events.AlertSubject("critical", "ttft_p95_sla"), "alerts.critical.ttft_p95_sla")
 	long := events.Token(strings.Repeat("a", 500))
 	if len(long) != events.MaxTokenLen {

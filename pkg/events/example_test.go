@@ -84,3 +84,22 @@ func ExampleMarshalEngineSample() {
 	fmt.Println(string(data))
 	// Output: {"v":1,"host":"gpu-node-3","engine":"tgi","name":"tgi","up":false,"error":"timeout","ts":"2026-11-30T10:00:01.000Z"}
 }
+
+// A host sample's rates are the kernel counters' deltas over delta_seconds; a reading
+// that could not be read is absent.
+func ExampleUnmarshalHostSample() {
+	data := []byte(`{"v":1,"ts":"2026-11-30T10:00:01.000Z","host":"gpu-node-3",
+		"mem_total_bytes":68719476736,"mem_used_bytes":1073741824,"mem_available_bytes":67645734912,
+		"delta_seconds":1,"net_rx_bps":125000000,"net_tx_bps":9000000}`)
+	var s events.HostSample
+	if err := events.UnmarshalHostSample(data, &s); err != nil {
+		fmt.Println(err)
+		return
+	}
+	if err := s.ValidateAt(time.Date(2026, 11, 30, 10, 0, 2, 0, time.UTC)); err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(events.HostSampleSubject(s.Host), *s.NetRxBps, s.DiskReadBps == nil)
+	// Output: host.sample.gpu-node-3 1.25e+08 true
+}

@@ -39,6 +39,8 @@ type GPUSample struct {
 	MemClockMHz     *float64 `json:"mem_clock_mhz,omitempty"`
 	PCIeTxBps       *float64 `json:"pcie_tx_bps,omitempty"`
 	PCIeRxBps       *float64 `json:"pcie_rx_bps,omitempty"`
+	NVLinkTxBps     *float64 `json:"nvlink_tx_bps,omitempty"` // data over every NVLink of the GPU
+	NVLinkRxBps     *float64 `json:"nvlink_rx_bps,omitempty"`
 	ThrottleReasons *uint64  `json:"throttle_reasons,omitempty"` // NVML clocks-event reasons bitmask
 	ECCUncorrected  *uint64  `json:"ecc_uncorrected,omitempty"`
 }
@@ -84,6 +86,8 @@ func (s *GPUSample) ValidateAt(now time.Time) error {
 		{"mem_clock_mhz", s.MemClockMHz, 100_000},
 		{"pcie_tx_bps", s.PCIeTxBps, 1e15},
 		{"pcie_rx_bps", s.PCIeRxBps, 1e15},
+		{"nvlink_tx_bps", s.NVLinkTxBps, 1e15},
+		{"nvlink_rx_bps", s.NVLinkRxBps, 1e15},
 	} {
 		if f.v == nil {
 			continue

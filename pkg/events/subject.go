@@ -7,19 +7,27 @@ const (
 	StreamEvents  = "LLM_EVENTS"     // llm.req.<env>.<scene>
 	StreamGPU     = "GPU_SAMPLES"    // gpu.sample.<host>
 	StreamEngine  = "ENGINE_SAMPLES" // engine.sample.<host>
-	StreamRollups = "ROLLUPS"        // rollup.tokens.<env>.<scene>, rollup.gpu.<host>, rollup.engine.<host>
+	StreamRollups = "ROLLUPS"        // rollup.tokens.<env>.<scene>, rollup.gpu.<host>, rollup.engine.<host>, rollup.host.<host>
 	StreamAlerts  = "ALERTS"         // alerts.<severity>.<rule>
 	// StreamFeedback holds feedback events, apart from LLM_EVENTS so that the request
 	// consumers (which read all of it) never see them, and with a longer age: verdicts
 	// arrive hours after their requests, and a replay must find both.
 	StreamFeedback = "FEEDBACK" // llm.feedback.<env>.<scene>
 
+	// StreamHost holds host samples, in a stream of their own for the reason engine
+	// samples have one: a consumer of GPU_SAMPLES (the aggregator's GPU windows, a
+	// recording made for replay) only ever receives GPU samples, and each stream's
+	// retention is set alone.
+	StreamHost = "HOST_SAMPLES" // host.sample.<host>
+
 	SubjectRequestsAll      = "llm.req.>"
 	SubjectGPUSamplesAll    = "gpu.sample.>"
 	SubjectEngineSamplesAll = "engine.sample.>"
+	SubjectHostSamplesAll   = "host.sample.>"
 	SubjectTokenRollupAll   = "rollup.tokens.>"
 	SubjectGPURollupAll     = "rollup.gpu.>"
 	SubjectEngineRollupAll  = "rollup.engine.>"
+	SubjectHostRollupAll    = "rollup.host.>"
 	SubjectRollupsAll       = "rollup.>"
 	SubjectAlertsAll        = "alerts.>"
 	SubjectFeedbackAll      = "llm.feedback.>"

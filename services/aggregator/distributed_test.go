@@ -28,6 +28,7 @@ var shardKeys = map[string]string{
 	"requests":      "rand()",
 	"token_rollups": "cityHash64(consumer, flush_id)",
 	"gpu_rollups":   "cityHash64(consumer, flush_id)",
+	"host_rollups":  "cityHash64(consumer, flush_id)",
 	"alerts":        "cityHash64(fingerprint)",
 }
 

@@ -93,6 +93,11 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 			return err
 		}
 		pipes = append(pipes, gpu)
+		host, err := hostPipeline(ctx, js, cfg, opts(events.StreamHost, events.SubjectHostSamplesAll), wcfg, deps)
+		if err != nil {
+			return err
+		}
+		pipes = append(pipes, host)
 	}
 	if cfg.Agg.Engine {
 		engine, err := pipeline.NewEngine(ctx, opts(events.StreamEngine, events.SubjectEngineSamplesAll), wcfg, deps)

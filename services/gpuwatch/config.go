@@ -48,6 +48,12 @@ type Config struct {
 	EngineMaxBytes int64 `env:"GPUWATCH_ENGINE_MAX_BYTES" envDefault:"4194304"`
 	// EngineMaxModels bounds the samples one engine gives per tick (one per model).
 	EngineMaxModels int `env:"GPUWATCH_ENGINE_MAX_MODELS" envDefault:"16"`
+	// HostStats turns on the host sample (memory, disks, network from procfs) on each tick.
+	HostStats bool `env:"GPUWATCH_HOST_STATS" envDefault:"true"`
+	// ProcRoot and SysRoot are where the host's /proc and /sys are: in a container, the
+	// host's, mounted for instance at /host/proc and /host/sys.
+	ProcRoot string `env:"GPUWATCH_PROC_ROOT" envDefault:"/proc"`
+	SysRoot  string `env:"GPUWATCH_SYS_ROOT" envDefault:"/sys"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `env:"GPUWATCH_LOG_LEVEL" envDefault:"info"`
 

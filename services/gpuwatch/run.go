@@ -18,6 +18,7 @@ import (
 	"github.com/tokenscope/tokenscope/pkg/events"
 	"github.com/tokenscope/tokenscope/pkg/ops"
 	"github.com/tokenscope/tokenscope/services/gpuwatch/internal/exporter"
+	"github.com/tokenscope/tokenscope/services/gpuwatch/internal/hostsource"
 	"github.com/tokenscope/tokenscope/services/gpuwatch/internal/nvmlsource"
 	"github.com/tokenscope/tokenscope/services/gpuwatch/internal/replay"
 	"github.com/tokenscope/tokenscope/services/gpuwatch/internal/sampler"
@@ -61,6 +62,14 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 			logger.Error("cannot close the GPU source", "err", err)
 		}
 	}()
+	var host *hostsource.Source
+	if cfg.HostStats {
+		host, err = hostsource.New(hostsource.Options{ProcRoot: cfg.ProcRoot, SysRoot: cfg.SysRoot}, reg, logger.With("component", "host"))
+		if err != nil {
+			return fmt.Errorf("GPUWATCH_PROC_ROOT=%s, GPUWATCH_SYS_ROOT=%s: %w (on a host without procfs set GPUWATCH_HOST_STATS=false)",
+				cfg.ProcRoot, cfg.SysRoot, err)
+		}
+	}
 	if err := srv.Listen(); err != nil {
 		return err
 	}
@@ -80,6 +89,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if len(engines) > 0 {
 		streams = append(streams, events.StreamEngine)
 	}
+	if host != nil {
+		streams = append(streams, events.StreamHost)
+	}
 	err = bus.EnsureStreams(ensureCtx, js, cfg.NATS.Streams, streams...)
 	cancel()
 	if err != nil {
@@ -90,8 +102,11 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		reg, logger.With("component", "publisher"))
 	exp := exporter.New()
 	reg.MustRegister(exp)
-	smp := sampler.New(src.sample, pub, exp, sampler.Options{Host: cfg.Host, Interval: cfg.Interval},
-		reg, logger.With("component", "sampler"))
+	sopts := sampler.Options{Host: cfg.Host, Interval: cfg.Interval}
+	if host != nil {
+		sopts.HostReader = host // a nil *Source in the interface would not be nil
+	}
+	smp := sampler.New(src.sample, pub, exp, sopts, reg, logger.With("component", "sampler"))
 
 	var scr *scrape.Scraper
 	if len(engines) > 0 {
@@ -117,7 +132,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	})
 
 	logger.Info("gpuwatch started", "host", cfg.Host, "source", cfg.Source, "interval", cfg.Interval,
-		"subject", events.GPUSampleSubject(cfg.Host), "engines", len(engines), "http", srv.Addr())
+		"subject", events.GPUSampleSubject(cfg.Host), "engines", len(engines), "host_stats", host != nil, "http", srv.Addr())
 
 	// The publisher outlives the sampler, so the last tick's samples are published too.
 	pubCtx, stopPub := context.WithCancel(context.Background())
@@ -146,7 +161,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	err = g.Wait()
 	// What this run sampled and published, the last tick's samples included.
 	logger.Info("gpuwatch stopped", srv.Totals("gpuwatch_ticks_total", "gpuwatch_samples_total",
-		"gpuwatch_engine_samples_total", "gpuwatch_published_total", "gpuwatch_publish_dropped_total")...)
+		"gpuwatch_engine_samples_total", "gpuwatch_host_samples_total", "gpuwatch_published_total", "gpuwatch_publish_dropped_total")...)
 	return err
 }
 

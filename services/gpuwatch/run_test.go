@@ -276,6 +276,8 @@ func TestRunStartErrors(t *testing.T) {
 		{"no NATS", map[string]string{"GPUWATCH_SOURCE": "synthetic", "NATS_URL": "nats://127.0.0.1:1", "HTTP_ADDR": "127.0.0.1:0"},
 			"cannot connect to NATS"},
 		{"bad HTTP_ADDR", map[string]string{"GPUWATCH_SOURCE": "synthetic", "HTTP_ADDR": "256.0.0.1:1"}, "HTTP_ADDR"},
+		{"no proc", map[string]string{"GPUWATCH_SOURCE": "synthetic", "GPUWATCH_PROC_ROOT": "/nonexistent/proc"},
+			"GPUWATCH_PROC_ROOT=/nonexistent/proc"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -399,5 +401,70 @@ func TestRunScrapesEngines(t *testing.T) {
 	}
 	if sameTick < up+down-2 {
 		t.Errorf("%d of %d engine samples share a tick with GPU samples", sameTick, up+down)
+	}
+}
+
+// TestRunPublishesHostSamples runs gpuwatch on a fixture /proc and /sys: every tick's host
+// sample reaches HOST_SAMPLES with the ts of that tick's GPU samples, memory from the
+// fixture's meminfo, and rates from the second tick on.
+func TestRunPublishesHostSamples(t *testing.T) {
+	ns := testbed.NATS(t)
+	stop := start(t, map[string]string{
+		"NATS_URL": ns.ClientURL(), "HTTP_ADDR": freeAddr(t),
+		"GPUWATCH_SOURCE": "synthetic", "GPUWATCH_SYNTHETIC_GPUS": "2", "GPUWATCH_INTERVAL": "100ms",
+		"GPUWATCH_HOST":      "gpu-node-3",
+		"GPUWATCH_PROC_ROOT": "internal/hostsource/testdata/host/proc",
+		"GPUWATCH_SYS_ROOT":  "internal/hostsource/testdata/host/sys",
+	})
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	hostMsgs := func() int {
+		st, err := js.Stream(context.Background(), events.StreamHost)
+		if err != nil {
+			return 0
+		}
+		return int(st.CachedInfo().State.Msgs)
+	}
+	eventually(t, "3 host samples in HOST_SAMPLES", func() bool { return hostMsgs() >= 3 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	gpuTicks := map[time.Time]bool{}
+	gpus, _ := fetchAll(t, js)
+	for _, s := range gpus {
+		gpuTicks[s.TS] = true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cons, err := js.OrderedConsumer(ctx, events.StreamHost, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := hostMsgs()
+	for i := range n {
+		msg, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var s events.HostSample
+		if err := events.UnmarshalHostSample(msg.Data(), &s); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.ValidateAt(time.Now()); err != nil {
+			t.Fatalf("%v: %s", err, msg.Data())
+		}
+		if msg.Subject() != "host.sample.gpu-node-3" || !gpuTicks[s.TS] {
+			t.Fatalf("subject %s, ts %s not a GPU tick", msg.Subject(), s.TS)
+		}
+		if s.MemTotalBytes == nil || *s.MemTotalBytes != 2113451096*1024 {
+			t.Fatalf("sample %d: %s", i, msg.Data())
+		}
+		if i > 0 && (s.NetRxBps == nil || *s.NetRxBps != 0 || s.DiskWriteBps == nil || s.DeltaSeconds == nil) {
+			t.Fatalf("sample %d has no rates: %s", i, msg.Data())
+		}
 	}
 }

@@ -22,7 +22,7 @@ func TestCollector(t *testing.T) {
 		UtilGPUPct: ptr(100.0), UtilMemPct: ptr(71.0),
 		MemUsedBytes: ptr(uint64(120 * mib)), MemTotalBytes: ptr(uint64(140 * mib)),
 		PowerW: ptr(689.2), PowerLimitW: ptr(700.0), EnergyJ: ptr(1234.5), TempC: ptr(54.0),
-		SMClockMHz: ptr(1410.0), MemClockMHz: ptr(3201.0), PCIeTxBps: ptr(1.2e9), PCIeRxBps: ptr(3.4e8),
+		SMClockMHz: ptr(1410.0), MemClockMHz: ptr(3201.0), PCIeTxBps: ptr(1.2e9), PCIeRxBps: ptr(3.4e8), NVLinkTxBps: ptr(2.5e11), NVLinkRxBps: ptr(2.4e11),
 		ThrottleReasons: ptr(uint64(4)), ECCUncorrected: ptr(uint64(0)),
 	}
 	// A GPU that answers only utilisation: everything else must be absent, not zero.

@@ -20,6 +20,7 @@ const (
 	fieldMemClock
 	fieldThrottle
 	fieldECC
+	fieldNVLink // read by Source.readNVLink: it keeps the previous counters
 	fieldPCIeTx
 	fieldPCIeRx
 	numFields
@@ -42,6 +43,7 @@ var fields = [numFields]Field{
 	fieldMemClock:   {"mem_clock_mhz", []string{"mem_clock_mhz"}},
 	fieldThrottle:   {"throttle_reasons", []string{"throttle_reasons"}},
 	fieldECC:        {"ecc_uncorrected", []string{"ecc_uncorrected"}},
+	fieldNVLink:     {"nvlink", []string{"nvlink_tx_bps", "nvlink_rx_bps"}},
 	fieldPCIeTx:     {"pcie_tx_bps", []string{"pcie_tx_bps"}},
 	fieldPCIeRx:     {"pcie_rx_bps", []string{"pcie_rx_bps"}},
 }

@@ -1,8 +1,10 @@
 package nvmlsource
 
 import (
+	"encoding/binary"
 	"io"
 	"log/slog"
+	"sync"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -12,7 +14,9 @@ import (
 
 // h200 returns go-nvml's mock DGX H200 with n GPUs whose readings answer with what an
 // H200 under a matmul load answered: 100 % busy, 689 W of 700 W, 54 °C, SM
-// clock 1410 MHz, throttled by the software power cap.
+// clock 1410 MHz, throttled by the software power cap. Each has 18 active NVLinks whose
+// data counters (KiB, every link together) advance by nvlinkStepKiB (TX) and half that
+// (RX) at each read.
 func h200(t testing.TB, n int) (*server.Server, []*server.Device) {
 	t.Helper()
 	srv := dgxh200.New()
@@ -21,6 +25,32 @@ func h200(t testing.TB, n int) (*server.Server, []*server.Device) {
 	for i, d := range srv.Devices {
 		dev := d.(*server.Device)
 		devs[i] = dev
+		dev.GetNvLinkStateFunc = func(link int) (nvml.EnableState, nvml.Return) {
+			if link >= 18 {
+				return 0, nvml.ERROR_INVALID_ARGUMENT
+			}
+			return nvml.FEATURE_ENABLED, nvml.SUCCESS
+		}
+		var mu sync.Mutex
+		tx, rx := uint64(5_000_000_000), uint64(4_000_000_000)
+		dev.GetFieldValuesFunc = func(vals []nvml.FieldValue) nvml.Return {
+			mu.Lock()
+			defer mu.Unlock()
+			tx, rx = tx+nvlinkStepKiB, rx+nvlinkStepKiB/2
+			for i := range vals {
+				v := &vals[i]
+				v.ValueType, v.NvmlReturn = uint32(nvml.VALUE_TYPE_UNSIGNED_LONG_LONG), uint32(nvml.SUCCESS)
+				switch {
+				case v.FieldId == nvml.FI_DEV_NVLINK_THROUGHPUT_DATA_TX && v.ScopeId == nvlinkScope:
+					binary.NativeEndian.PutUint64(v.Value[:], tx)
+				case v.FieldId == nvml.FI_DEV_NVLINK_THROUGHPUT_DATA_RX && v.ScopeId == nvlinkScope:
+					binary.NativeEndian.PutUint64(v.Value[:], rx)
+				default:
+					v.NvmlReturn = uint32(nvml.ERROR_NOT_SUPPORTED)
+				}
+			}
+			return nvml.SUCCESS
+		}
 		dev.GetNameFunc = func() (string, nvml.Return) { return "NVIDIA H200", nvml.SUCCESS }
 		dev.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) {
 			return nvml.Utilization{Gpu: 100, Memory: 71}, nvml.SUCCESS
@@ -55,5 +85,8 @@ func h200(t testing.TB, n int) (*server.Server, []*server.Device) {
 	}
 	return srv, devs
 }
+
+// nvlinkStepKiB is how far the mock's NVLink TX counter moves per read: 100 GB/s at 1 Hz.
+const nvlinkStepKiB = 100_000_000_000 / 1024
 
 func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

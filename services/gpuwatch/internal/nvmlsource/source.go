@@ -43,12 +43,13 @@ type Source struct {
 }
 
 type gpu struct {
-	index int
-	label string // index as a metric label
-	uuid  string
-	name  string
-	dev   nvml.Device
-	state [numFields]fieldState
+	index  int
+	label  string // index as a metric label
+	uuid   string
+	name   string
+	dev    nvml.Device
+	state  [numFields]fieldState
+	nvlink nvlinkState
 
 	mu      sync.Mutex // guards the PCIe readings, written by pcieLoop
 	pcieTx  *float64
@@ -128,7 +129,12 @@ func (s *Source) read(g *gpu, f field, now time.Time, smp *events.GPUSample) {
 	if !st.retryAt.IsZero() && now.Before(st.retryAt) {
 		return
 	}
-	ret := readField(g.dev, f, smp)
+	var ret nvml.Return
+	if f == fieldNVLink {
+		ret = s.readNVLink(g, now, smp)
+	} else {
+		ret = readField(g.dev, f, smp)
+	}
 	switch {
 	case ret == nvml.SUCCESS:
 		st.retryAt = time.Time{}

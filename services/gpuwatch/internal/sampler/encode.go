@@ -39,6 +39,8 @@ func appendSample(dst []byte, s *events.GPUSample) []byte {
 	dst = appendF(dst, "mem_clock_mhz", s.MemClockMHz)
 	dst = appendF(dst, "pcie_tx_bps", s.PCIeTxBps)
 	dst = appendF(dst, "pcie_rx_bps", s.PCIeRxBps)
+	dst = appendF(dst, "nvlink_tx_bps", s.NVLinkTxBps)
+	dst = appendF(dst, "nvlink_rx_bps", s.NVLinkRxBps)
 	dst = appendU(dst, "throttle_reasons", s.ThrottleReasons)
 	dst = appendU(dst, "ecc_uncorrected", s.ECCUncorrected)
 	return append(dst, '}')

@@ -14,6 +14,9 @@ type metrics struct {
 	samples  prometheus.Counter
 	invalid  *prometheus.CounterVec
 	gpus     prometheus.Gauge
+
+	hostSamples prometheus.Counter
+	hostInvalid *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -34,12 +37,18 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			[]string{"reason"}),
 		gpus: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "gpuwatch", Name: "gpus", Help: "GPUs in the last tick."}),
+		hostSamples: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: "gpuwatch", Name: "host_samples_total", Help: "Host samples queued for publishing."}),
+		hostInvalid: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gpuwatch", Name: "host_samples_invalid_total", Help: "Host samples not published because they break the contract, by reason."},
+			[]string{"reason"}),
 	}
 	for _, r := range events.Reasons() {
 		m.invalid.WithLabelValues(r)
+		m.hostInvalid.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.ticks, m.skipped, m.lateness, m.duration, m.samples, m.invalid, m.gpus)
+		reg.MustRegister(m.ticks, m.skipped, m.lateness, m.duration, m.samples, m.invalid, m.gpus, m.hostSamples, m.hostInvalid)
 	}
 	return m
 }

@@ -27,21 +27,31 @@ type exporter interface {
 	Update(samples []events.GPUSample)
 }
 
+// hostReader reads the host itself (memory, disks, network) at a tick; version, time and
+// host are the sampler's to set.
+type hostReader interface {
+	Read(now time.Time) events.HostSample
+}
+
 // Options configure a Sampler.
 type Options struct {
 	Host     string
 	Interval time.Duration
+	// HostReader, when set, is read on every tick and its sample published on
+	// host.sample.<host> beside the GPU samples of the same tick.
+	HostReader hostReader
 }
 
 // Sampler is gpuwatch's tick loop.
 type Sampler struct {
-	src     source
-	pub     publisher
-	exp     exporter
-	opts    Options
-	subject string
-	m       *metrics
-	logger  *slog.Logger
+	src         source
+	pub         publisher
+	exp         exporter
+	opts        Options
+	subject     string
+	hostSubject string
+	m           *metrics
+	logger      *slog.Logger
 
 	buf      []events.GPUSample
 	valid    []events.GPUSample
@@ -49,15 +59,17 @@ type Sampler struct {
 	id       []byte
 	lastTick atomic.Int64 // unix nanoseconds of the last finished tick
 	lastErr  string       // reason of the last invalid sample, to log only changes
+	hostErr  string       // likewise for host samples
 }
 
 // New returns a Sampler of src that publishes through pub and shows samples through exp.
 func New(src source, pub publisher, exp exporter, opts Options, reg prometheus.Registerer, logger *slog.Logger) *Sampler {
 	return &Sampler{
 		src: src, pub: pub, exp: exp, opts: opts,
-		subject: events.GPUSampleSubject(opts.Host),
-		m:       newMetrics(reg),
-		logger:  logger,
+		subject:     events.GPUSampleSubject(opts.Host),
+		hostSubject: events.HostSampleSubject(opts.Host),
+		m:           newMetrics(reg),
+		logger:      logger,
 	}
 }
 
@@ -114,10 +126,36 @@ func (s *Sampler) Tick(ctx context.Context, now time.Time) {
 		s.valid = append(s.valid, *smp)
 	}
 	s.exp.Update(s.valid)
+	if s.opts.HostReader != nil {
+		s.publishHost(now)
+	}
 	s.m.gpus.Set(float64(len(s.valid)))
 	s.m.ticks.Inc()
 	s.m.duration.Observe(time.Since(began).Seconds())
 	s.lastTick.Store(time.Now().UnixNano())
+}
+
+// publishHost reads the host at now and queues its sample.
+func (s *Sampler) publishHost(now time.Time) {
+	smp := s.opts.HostReader.Read(now)
+	smp.V, smp.TS, smp.Host = events.Version, now, s.opts.Host
+	err := smp.ValidateAt(now)
+	var data []byte
+	if err == nil {
+		data, err = events.MarshalHostSample(&smp)
+	}
+	if err != nil {
+		s.m.hostInvalid.WithLabelValues(events.Reason(err)).Inc()
+		if msg := err.Error(); msg != s.hostErr {
+			s.logger.Warn("host sample breaks the contract; not published", "err", err)
+			s.hostErr = msg
+		}
+		return
+	}
+	id := events.AppendTime(append(append([]byte(nil), s.opts.Host...), "/host/"...), now)
+	if s.pub.Publish(s.hostSubject, string(id), data) {
+		s.m.hostSamples.Inc()
+	}
 }
 
 // LastTick returns when the last tick finished, or the zero time before the first.

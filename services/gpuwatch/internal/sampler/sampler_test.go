@@ -31,6 +31,7 @@ func h200(i int) events.GPUSample {
 		MemUsedBytes: ptr(uint64(120000000000)), MemTotalBytes: ptr(uint64(150754820096)),
 		PowerW: ptr(689.2), PowerLimitW: ptr(700.0), EnergyJ: ptr(123456789.5), TempC: ptr(54.0),
 		SMClockMHz: ptr(1410.0), MemClockMHz: ptr(3201.0), PCIeTxBps: ptr(1.2e9), PCIeRxBps: ptr(3.4e8),
+		NVLinkTxBps: ptr(2.5e11), NVLinkRxBps: ptr(2.4e11),
 		ThrottleReasons: ptr(uint64(4)), ECCUncorrected: ptr(uint64(0)),
 	}
 }
@@ -242,3 +243,48 @@ func BenchmarkTick8GPUs(b *testing.B) {
 type nopPublisher struct{}
 
 func (nopPublisher) Publish(string, string, []byte) bool { return true }
+
+type fakeHost struct{ s events.HostSample }
+
+func (h *fakeHost) Read(time.Time) events.HostSample { return h.s }
+
+// TestTickHost: the host sample goes out on the GPU tick, with the tick's ts, to
+// host.sample.<host>, once per tick (its Nats-Msg-Id names host and tick); one that
+// breaks the contract is counted and not published.
+func TestTickHost(t *testing.T) {
+	host := &fakeHost{s: events.HostSample{MemTotalBytes: ptr(uint64(100)), MemUsedBytes: ptr(uint64(40)),
+		MemAvailableBytes: ptr(uint64(60)), DeltaSeconds: ptr(1.0), NetRxBps: ptr(1e6), NetTxBps: ptr(2e6)}}
+	pub := &fakePublisher{}
+	src := &fakeSource{samples: []events.GPUSample{h200(0)}}
+	s := New(src, pub, &fakeExporter{}, Options{Host: "gpu-node.3", Interval: time.Second, HostReader: host},
+		prometheus.NewRegistry(), discard())
+	s.Tick(context.Background(), t0)
+	if len(pub.msgs) != 2 {
+		t.Fatalf("published %d, want a GPU and a host sample", len(pub.msgs))
+	}
+	m := pub.msgs[1]
+	if m.subject != "host.sample.gpu-node_3" || m.id != "gpu-node.3/host/2026-11-30T10:00:00.000Z" {
+		t.Fatalf("subject %q, id %q", m.subject, m.id)
+	}
+	var got events.HostSample
+	if err := events.UnmarshalHostSample([]byte(m.data), &got); err != nil {
+		t.Fatal(err)
+	}
+	want := host.s
+	want.V, want.TS, want.Host = events.Version, t0, "gpu-node.3"
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("decoded\n%+v\nwant\n%+v", got, want)
+	}
+	if v := testutil.ToFloat64(s.m.hostSamples); v != 1 {
+		t.Fatalf("host_samples_total = %v", v)
+	}
+
+	host.s.MemUsedBytes = ptr(uint64(101)) // above the total
+	s.Tick(context.Background(), t0.Add(time.Second))
+	if len(pub.msgs) != 3 || pub.msgs[2].subject != "gpu.sample.gpu-node_3" {
+		t.Fatalf("an invalid host sample was published: %+v", pub.msgs[2:])
+	}
+	if v := testutil.ToFloat64(s.m.hostInvalid.WithLabelValues("out_of_range")); v != 1 {
+		t.Fatalf("host_samples_invalid_total{out_of_range} = %v", v)
+	}
+}

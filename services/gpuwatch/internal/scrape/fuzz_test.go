@@ -2,11 +2,17 @@ package scrape
 
 import (
 	"bytes"
+	"fmt"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
@@ -32,8 +38,7 @@ func FuzzExposition(f *testing.F) {
 			tg := s.targets[0]
 			for i, body := range [][]byte{a, b} {
 				now := t0.Add(time.Duration(i) * time.Second)
-				p := expfmt.NewTextParser(model.UTF8Validation)
-				fams, err := p.TextToMetricFamilies(bytes.NewReader(body))
+				fams, err := families(body, names[kind])
 				if err != nil {
 					continue
 				}
@@ -53,4 +58,92 @@ func FuzzExposition(f *testing.F) {
 			}
 		}
 	})
+}
+
+// FuzzFamilies checks the families read with textparse against expfmt, the reference
+// parser of the same format: for an exposition both accept, every family gpuwatch reads
+// holds the same series with the same values, histograms the same buckets, count and sum.
+func FuzzFamilies(f *testing.F) {
+	files, _ := filepath.Glob("testdata/*.prom")
+	for _, file := range files {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte(small(10, 1, 2, 1)))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		// expfmt reads "#TYPE" and a type word in any case; textparse only "# TYPE" and
+		// lower case, what every writer emits. Otherwise the family is untyped to gpuwatch:
+		// a gauge or counter reads the same, a histogram is not read.
+		for line := range strings.Lines(string(body)) {
+			w := strings.Fields(strings.TrimPrefix(line, "#"))
+			if strings.HasPrefix(line, "#") && len(w) >= 3 && w[0] == "TYPE" && (w[2] != strings.ToLower(w[2]) || !strings.HasPrefix(line, "# TYPE ")) {
+				return
+			}
+		}
+		p := expfmt.NewTextParser(model.UTF8Validation)
+		want, err := p.TextToMetricFamilies(bytes.NewReader(body))
+		if err != nil {
+			return
+		}
+		for _, kind := range []string{events.EngineVLLM, events.EngineSGLang, events.EngineTGI} {
+			got, err := families(body, names[kind])
+			if err != nil {
+				return // textparse is stricter in places (e.g. a TYPE line after its samples)
+			}
+			for name := range names[kind] {
+				g, w := canonical(got[name]), canonical(want[name])
+				if g != w {
+					t.Fatalf("%s %s: textparse\n%s\nexpfmt\n%s", kind, name, g, w)
+				}
+			}
+		}
+	})
+}
+
+// canonical writes a family's series sorted, values as float64 bits where NaN is one value.
+func canonical(f *dto.MetricFamily) string {
+	if f == nil || len(f.GetMetric()) == 0 {
+		return ""
+	}
+	num := func(v float64) string {
+		if math.IsNaN(v) {
+			return "NaN"
+		}
+		return strconv.FormatFloat(v, 'g', -1, 64)
+	}
+	var lines []string
+	for _, m := range f.GetMetric() {
+		var b strings.Builder
+		var ls []string
+		for _, l := range m.GetLabel() {
+			ls = append(ls, l.GetName()+"="+strconv.Quote(l.GetValue()))
+		}
+		slices.Sort(ls)
+		b.WriteString(strings.Join(ls, ","))
+		switch f.GetType() {
+		case dto.MetricType_HISTOGRAM:
+			h := m.GetHistogram()
+			fmt.Fprintf(&b, " count=%s sum=%s", num(float64(h.GetSampleCount())+h.GetSampleCountFloat()), num(h.GetSampleSum()))
+			var bs []string
+			for _, bk := range h.GetBucket() {
+				bs = append(bs, num(bk.GetUpperBound())+":"+num(float64(bk.GetCumulativeCount())+bk.GetCumulativeCountFloat()))
+			}
+			slices.Sort(bs)
+			b.WriteString(" " + strings.Join(bs, " "))
+		case dto.MetricType_COUNTER:
+			b.WriteString(" " + num(m.GetCounter().GetValue()))
+		case dto.MetricType_GAUGE:
+			b.WriteString(" " + num(m.GetGauge().GetValue()))
+		case dto.MetricType_UNTYPED:
+			b.WriteString(" " + num(m.GetUntyped().GetValue()))
+		default:
+			return "type " + f.GetType().String()
+		}
+		lines = append(lines, b.String())
+	}
+	slices.Sort(lines)
+	return f.GetType().String() + "\n" + strings.Join(lines, "\n")
 }

@@ -19,8 +19,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
 )
@@ -55,7 +53,6 @@ type Scraper struct {
 // target is one endpoint and what its previous scrape left, to subtract from the next.
 type target struct {
 	Target
-	parser  expfmt.TextParser
 	body    bytes.Buffer
 	models  map[string]*state
 	lastErr string
@@ -104,7 +101,6 @@ func New(targets []Target, pub publisher, opts Options, reg prometheus.Registere
 	for _, t := range targets {
 		s.targets = append(s.targets, &target{
 			Target: t,
-			parser: expfmt.NewTextParser(model.UTF8Validation),
 			models: map[string]*state{},
 		})
 	}
@@ -191,7 +187,7 @@ func (s *Scraper) scrapeTarget(ctx context.Context, t *target, now time.Time) {
 	reason, err := s.fetch(ctx, t)
 	var fams map[string]*dto.MetricFamily
 	if err == nil {
-		fams, err = t.parser.TextToMetricFamilies(bytes.NewReader(t.body.Bytes()))
+		fams, err = families(t.body.Bytes(), names[t.Engine])
 		if err != nil {
 			reason = "malformed"
 		}
