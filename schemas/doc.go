@@ -9,7 +9,7 @@ import (
 )
 
 // JSON holds the message schemas: request_event, feedback_event, gpu_sample, engine_sample, host_sample,
-// token_rollup, gpu_rollup, engine_rollup, host_rollup,
+// token_rollup, gpu_rollup, engine_rollup, host_rollup, feedback_rollup,
 // rollup_watermark and alert, each as <name>.schema.json.
 //
 //go:embed *.schema.json

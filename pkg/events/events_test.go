@@ -272,6 +272,8 @@ func TestSubjects(t *testing.T) {
 	f(events.EngineRollupSubject("gpu-node-3.dc1"), "rollup.engine.gpu-node-3_dc1")
 	f(events.HostSampleSubject("gpu-node-3.dc1"), "host.sample.gpu-node-3_dc1")
 	f(events.HostRollupSubject("a>b"), "rollup.host.a_b")
+	f(events.FeedbackRollupSubject("prod", "customer.service"), "rollup.feedback.prod.customer_service")
+	f(events.FeedbackRollupSubject("", "chat"), "rollup.feedback._.chat")
 	f(events.AlertSubject("critical", "ttft_p95_sla"), "alerts.critical.ttft_p95_sla")
 	long := events.Token(strings.Repeat("a", 500))
 	if len(long) != events.MaxTokenLen {

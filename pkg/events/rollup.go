@@ -35,6 +35,10 @@ type TokenRollup struct {
 	Late        uint64 `json:"late"`
 	Estimated   uint64 `json:"estimated"` // events whose token counts were estimated
 	Unpriced    uint64 `json:"unpriced"`  // events of a model missing from the price table
+	// Requests by business outcome (the request event's outcome): completion rate is
+	// completed / (completed + abandoned). Requests without an outcome count in neither.
+	Completed uint64 `json:"completed"`
+	Abandoned uint64 `json:"abandoned"`
 
 	InputTokens       uint64  `json:"input_tokens"`
 	OutputTokens      uint64  `json:"output_tokens"`

@@ -7,7 +7,7 @@ const (
 	StreamEvents  = "LLM_EVENTS"     // llm.req.<env>.<scene>
 	StreamGPU     = "GPU_SAMPLES"    // gpu.sample.<host>
 	StreamEngine  = "ENGINE_SAMPLES" // engine.sample.<host>
-	StreamRollups = "ROLLUPS"        // rollup.tokens.<env>.<scene>, rollup.gpu.<host>, rollup.engine.<host>, rollup.host.<host>
+	StreamRollups = "ROLLUPS"        // rollup.tokens.<env>.<scene>, rollup.gpu.<host>, rollup.engine.<host>, rollup.host.<host>, rollup.feedback.<env>.<scene>
 	StreamAlerts  = "ALERTS"         // alerts.<severity>.<rule>
 	// StreamFeedback holds feedback events, apart from LLM_EVENTS so that the request
 	// consumers (which read all of it) never see them, and with a longer age: verdicts
@@ -20,17 +20,18 @@ const (
 	// retention is set alone.
 	StreamHost = "HOST_SAMPLES" // host.sample.<host>
 
-	SubjectRequestsAll      = "llm.req.>"
-	SubjectGPUSamplesAll    = "gpu.sample.>"
-	SubjectEngineSamplesAll = "engine.sample.>"
-	SubjectHostSamplesAll   = "host.sample.>"
-	SubjectTokenRollupAll   = "rollup.tokens.>"
-	SubjectGPURollupAll     = "rollup.gpu.>"
-	SubjectEngineRollupAll  = "rollup.engine.>"
-	SubjectHostRollupAll    = "rollup.host.>"
-	SubjectRollupsAll       = "rollup.>"
-	SubjectAlertsAll        = "alerts.>"
-	SubjectFeedbackAll      = "llm.feedback.>"
+	SubjectRequestsAll       = "llm.req.>"
+	SubjectGPUSamplesAll     = "gpu.sample.>"
+	SubjectEngineSamplesAll  = "engine.sample.>"
+	SubjectHostSamplesAll    = "host.sample.>"
+	SubjectTokenRollupAll    = "rollup.tokens.>"
+	SubjectGPURollupAll      = "rollup.gpu.>"
+	SubjectEngineRollupAll   = "rollup.engine.>"
+	SubjectHostRollupAll     = "rollup.host.>"
+	SubjectFeedbackRollupAll = "rollup.feedback.>"
+	SubjectRollupsAll        = "rollup.>"
+	SubjectAlertsAll         = "alerts.>"
+	SubjectFeedbackAll       = "llm.feedback.>"
 
 	// SubjectInvalid carries dead letters: messages no consumer could use, with the reason.
 	SubjectInvalid = "llm.invalid"

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"encoding/json"
 	"hash/maphash"
 	"math"
 	"strconv"
@@ -261,8 +262,29 @@ func (f *feedbackFlush) write(ctx context.Context, now time.Time) error {
 	return sk.WriteFeedbackRollups(sk.WithQueryID(ctx, f.ledger.FlushID+"-feedback-rollups-"+strconv.Itoa(f.attempt)), f.rollups, f.ledger, now)
 }
 
-// publish sends nothing: feedback rollups are read from ClickHouse.
-func (f *feedbackFlush) publish(*bus.Publisher) {}
+// publish sends each stored feedback rollup on rollup.feedback.<env>.<scene>, as the token
+// rollups are sent, for the alerter's satisfaction rules.
+func (f *feedbackFlush) publish(p *bus.Publisher) {
+	for i := range f.rollups {
+		data, err := json.Marshal(FeedbackRollupEvent(&f.rollups[i]))
+		if err != nil {
+			continue // a rollup of finite numbers always encodes
+		}
+		r := &f.rollups[i]
+		p.Publish(events.FeedbackRollupSubject(r.Env, r.Scene), f.ledger.FlushID+"-"+strconv.Itoa(i), data)
+	}
+}
+
+// FeedbackRollupEvent returns the published form of a feedback rollup.
+func FeedbackRollupEvent(r *window.FeedbackRollup) *events.FeedbackRollup {
+	return &events.FeedbackRollup{
+		V: events.Version, WindowStart: r.WindowStart, WindowSeconds: r.WindowSeconds, Kind: r.Kind,
+		Env: r.Env, Scene: r.Scene, Model: r.Model, Name: r.Name, Source: r.Source,
+		Count: r.Count, Positive: r.Positive, Late: r.Late, Sum: r.Sum,
+		ValueMin: r.Values.Min, ValueMax: r.Values.Max, ValueP50: r.Values.P50, ValueP90: r.Values.P90,
+		ValueMeans: r.Values.Means, ValueWeights: r.Values.Weights,
+	}
+}
 
 func (f *feedbackFlush) done(now time.Time) {
 	s := f.stage

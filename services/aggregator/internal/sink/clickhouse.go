@@ -72,7 +72,7 @@ input_tokens, output_tokens, cached_input_tokens, cost_usd, max_itl_ms,
 ttft_count, ttft_min, ttft_max, ttft_p50, ttft_p90, ttft_p95, ttft_p99, ttft_means, ttft_weights,
 tpot_count, tpot_min, tpot_max, tpot_p50, tpot_p90, tpot_p95, tpot_p99, tpot_means, tpot_weights,
 total_count, total_min, total_max, total_p50, total_p90, total_p95, total_p99, total_means, total_weights,
-consumer, seq_through, flush_id, written_at`
+consumer, seq_through, flush_id, written_at, completed, abandoned`
 
 // WriteTokenRollups inserts rows into token_rollups in one batch; bucketLo gives each
 // bucket label's lower bound.
@@ -92,7 +92,7 @@ func (c *ClickHouse) WriteTokenRollups(ctx context.Context, rows []events.TokenR
 		for _, lat := range []*events.Latency{&r.TTFT, &r.TPOT, &r.Total} {
 			args = append(args, lat.Count, lat.Min, lat.Max, lat.P50, lat.P90, lat.P95, lat.P99, lat.Means, lat.Weights)
 		}
-		args = append(args, c.consumer, l.SeqThrough, l.FlushID, now)
+		args = append(args, c.consumer, l.SeqThrough, l.FlushID, now, r.Completed, r.Abandoned)
 		if err := b.Append(args...); err != nil {
 			_ = b.Abort()
 			return fmt.Errorf("cannot add a row to the token_rollups batch: %w", err)

@@ -32,6 +32,8 @@ func (a *Aggregator) Rollups(u *TokenUnit, dst []events.TokenRollup) []events.To
 			Timeouts:          s.Timeouts,
 			Canceled:          s.Canceled,
 			RateLimited:       s.RateLimited,
+			Completed:         s.Completed,
+			Abandoned:         s.Abandoned,
 			Late:              s.Late,
 			Estimated:         s.Estimated,
 			Unpriced:          s.Unpriced,

@@ -37,6 +37,7 @@ type Key struct {
 // Stats are one key's aggregates in one window.
 type Stats struct {
 	Requests, OK, Errors, Timeouts, Canceled, RateLimited, Late, Estimated, Unpriced uint64
+	Completed, Abandoned                                                             uint64 // requests' outcome
 	InputTokens, OutputTokens, CachedInputTokens                                     uint64
 	CostUSD, MaxITLMs                                                                float64
 	TTFT, TPOT, Total                                                                *digest.Digest
@@ -363,6 +364,12 @@ func (a *Aggregator) count(s *Stats, ev *events.RequestEvent, p Priced) {
 	}
 	if ev.RateLimited() {
 		s.RateLimited++
+	}
+	switch ev.Outcome {
+	case events.OutcomeCompleted:
+		s.Completed++
+	case events.OutcomeAbandoned:
+		s.Abandoned++
 	}
 	if ev.TokensEstimated {
 		s.Estimated++
