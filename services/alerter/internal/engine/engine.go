@@ -35,10 +35,11 @@ func SeriesLayer(l events.Layer) string {
 
 // Window is one window's main rollups.
 type Window struct {
-	Start   time.Time
-	Seconds int
-	Tokens  []events.TokenRollup
-	GPUs    []events.GPURollup
+	Start    time.Time
+	Seconds  int
+	Tokens   []events.TokenRollup
+	GPUs     []events.GPURollup
+	Feedback []events.FeedbackRollup
 }
 
 // End returns when the window ends.
@@ -53,8 +54,10 @@ type Counts struct {
 	StaticFallback  uint64 // metric checks by a static rule because the dynamic one was not eligible
 	SkippedRows     uint64 // rows that were not window rollups
 	HostsWithoutGPU uint64 // instances with traffic but no GPU rollup in the window
+	Scenes          uint64 // env × scene business evaluations
 	BaselineSeries  int
 	BaselineHosts   int
+	BaselineScenes  int
 	Firing, Pending int
 }
 
@@ -63,6 +66,7 @@ type Engine struct {
 	rules  *rules.Set
 	series *baseline.Store[SeriesKey]
 	hosts  *baseline.Store[string]
+	biz    *baseline.Store[SceneKey]
 	life   *lifecycle.Tracker
 
 	// Windows starting at or before learnedThrough are in the baselines already (loaded
@@ -75,6 +79,7 @@ type Engine struct {
 
 	agg     map[SeriesKey]*seriesAgg
 	hostAgg map[string]*hostAgg
+	bizAgg  map[SceneKey]*bizAgg
 	digest  *tdigest.TDigest
 }
 
@@ -84,7 +89,11 @@ func New(rs *rules.Set, opts baseline.Options, resend time.Duration) (*Engine, e
 	if err != nil {
 		return nil, err
 	}
-	hosts, err := baseline.New[string](opts, int(rules.NumMetrics)-rules.NumSeriesMetrics)
+	hosts, err := baseline.New[string](opts, rules.NumHostMetrics)
+	if err != nil {
+		return nil, err
+	}
+	biz, err := baseline.New[SceneKey](opts, rules.NumBusinessMetrics)
 	if err != nil {
 		return nil, err
 	}
@@ -92,9 +101,11 @@ func New(rs *rules.Set, opts baseline.Options, resend time.Duration) (*Engine, e
 		rules:   rs,
 		series:  series,
 		hosts:   hosts,
+		biz:     biz,
 		life:    lifecycle.New(resend),
 		agg:     make(map[SeriesKey]*seriesAgg),
 		hostAgg: make(map[string]*hostAgg),
+		bizAgg:  make(map[SceneKey]*bizAgg),
 		digest:  tdigest.NewWithCompression(100),
 	}, nil
 }
@@ -103,7 +114,7 @@ func New(rs *rules.Set, opts baseline.Options, resend time.Duration) (*Engine, e
 // call it.
 func (e *Engine) Counts() Counts {
 	c := e.counts
-	c.BaselineSeries, c.BaselineHosts = e.series.Len(), e.hosts.Len()
+	c.BaselineSeries, c.BaselineHosts, c.BaselineScenes = e.series.Len(), e.hosts.Len(), e.biz.Len()
 	c.Firing, c.Pending = e.life.Count()
 	return c
 }
@@ -183,10 +194,12 @@ func (e *Engine) process(w Window, evaluate bool) {
 		a.reset()
 	}
 	e.processHosts(w, plan, evaluate, learn)
-	if evaluate && e.counts.Windows%256 == 0 && (e.series.Sweep(w.Start)+e.hosts.Sweep(w.Start)) > 0 {
+	e.processBusiness(plan, evaluate, learn)
+	if evaluate && e.counts.Windows%256 == 0 && (e.series.Sweep(w.Start)+e.hosts.Sweep(w.Start)+e.biz.Sweep(w.Start)) > 0 {
 		// Histories were dropped: scratch entries may point at them.
 		clear(e.agg)
 		clear(e.hostAgg)
+		clear(e.bizAgg)
 	}
 }
 
@@ -215,6 +228,7 @@ func (e *Engine) group(w Window) {
 			h.rows = append(h.rows, r)
 		}
 	}
+	e.groupBusiness(w)
 	for i := range w.GPUs {
 		g := &w.GPUs[i]
 		if g.Kind != events.KindWindow {
@@ -291,9 +305,12 @@ func (e *Engine) checkDynamic(r *rules.Rules, m rules.Metric, lk lifecycle.Key, 
 		return false
 	}
 	var st baseline.Stats
-	if m.HostMetric() {
+	switch {
+	case m.HostMetric():
 		st = e.hosts.Stats(h, plan, int(m)-rules.NumSeriesMetrics, d.Method == rules.MedianMAD)
-	} else {
+	case m.BusinessMetric():
+		st = e.biz.Stats(h, plan, int(m)-int(rules.Satisfaction), d.Method == rules.MedianMAD)
+	default:
 		st = e.series.Stats(h, plan, int(m), d.Method == rules.MedianMAD)
 	}
 	if st.N < d.MinPoints {

@@ -176,7 +176,7 @@ func New(cons jetstream.Consumer, eval Evaluator, sink Sink, cp Checkpoint, dead
 		aggregators: map[string]*aggregator{},
 		wm:          newWatermarkMetrics(),
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "alerter", Name: "rollups_received_total", Help: "Messages read from the ROLLUPS stream, by kind (tokens, gpu, watermark).",
+			Namespace: "alerter", Name: "rollups_received_total", Help: "Messages read from the ROLLUPS stream, by kind (tokens, gpu, feedback, watermark).",
 		}, []string{"kind"}),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "alerter", Name: "rollups_skipped_total",
@@ -200,6 +200,7 @@ func New(cons jetstream.Consumer, eval Evaluator, sink Sink, cp Checkpoint, dead
 	in.received.WithLabelValues("tokens")
 	in.received.WithLabelValues("gpu")
 	in.received.WithLabelValues("watermark")
+	in.received.WithLabelValues("feedback")
 	for _, r := range reasons {
 		in.skipped.WithLabelValues(r)
 	}
@@ -284,6 +285,23 @@ func (in *Intake) Add(m jetstream.Msg, now time.Time) {
 		}
 		start, seconds = r.WindowStart, r.WindowSeconds
 		addTo = func(w *engine.Window) { w.Tokens = append(w.Tokens, r) }
+	case strings.HasPrefix(subj, "rollup.feedback."):
+		in.received.WithLabelValues("feedback").Inc()
+		var r events.FeedbackRollup
+		if err := decode(m.Data(), &r); err != nil {
+			in.reject(m, reasonMalformed, err)
+			return
+		}
+		if err := checkFeedback(&r); err != nil {
+			in.reject(m, reasonInvalid, err)
+			return
+		}
+		if r.Kind == events.KindCorrection {
+			in.skip(m, reasonCorrection)
+			return
+		}
+		start, seconds = r.WindowStart, r.WindowSeconds
+		addTo = func(w *engine.Window) { w.Feedback = append(w.Feedback, r) }
 	case isWatermark(subj):
 		in.addWatermark(m, now)
 		return
@@ -540,11 +558,27 @@ func checkToken(r *events.TokenRollup) error {
 		return fmt.Errorf("%w: env, scene and model are required", errInvalidRollup)
 	case r.Errors+r.Timeouts > r.Requests:
 		return fmt.Errorf("%w: errors %d + timeouts %d exceed requests %d", errInvalidRollup, r.Errors, r.Timeouts, r.Requests)
+	case r.Completed > r.Requests || r.Abandoned > r.Requests-r.Completed:
+		return fmt.Errorf("%w: completed %d + abandoned %d exceed requests %d", errInvalidRollup, r.Completed, r.Abandoned, r.Requests)
 	}
 	switch r.Layer {
 	case "", events.LayerGateway, events.LayerEngine, events.LayerApp: // none: an older aggregator, the gateway
 	default:
 		return fmt.Errorf("%w: unknown layer %.64q", errInvalidRollup, r.Layer)
+	}
+	return checkKind(r.Kind)
+}
+
+func checkFeedback(r *events.FeedbackRollup) error {
+	switch {
+	case r.WindowStart.IsZero():
+		return fmt.Errorf("%w: window_start is missing", errInvalidRollup)
+	case r.WindowSeconds <= 0:
+		return fmt.Errorf("%w: window_seconds=%d must be positive", errInvalidRollup, r.WindowSeconds)
+	case r.Name == "":
+		return fmt.Errorf("%w: name is required", errInvalidRollup)
+	case r.Positive > r.Count:
+		return fmt.Errorf("%w: positive %d exceeds count %d", errInvalidRollup, r.Positive, r.Count)
 	}
 	return checkKind(r.Kind)
 }

@@ -17,15 +17,30 @@ const (
 	GPUEfficiency  // output tokens/s ÷ mean GPU utilisation (%)
 	TokensPerJoule // output tokens ÷ GPU energy used in the window
 
+	// Business metrics, per env × scene.
+	Satisfaction   // share of positive verdicts among the window's SatisfactionFeedback verdicts
+	CompletionRate // completed / (completed + abandoned) requests, at the gateway layer
+
 	NumMetrics
 )
 
-// NumSeriesMetrics is how many metrics belong to token series; the rest belong to hosts.
+// NumSeriesMetrics is how many metrics belong to token series; the host metrics follow,
+// then the business metrics.
 const NumSeriesMetrics = int(GPUEfficiency)
+
+// NumHostMetrics is how many metrics belong to hosts.
+const NumHostMetrics = int(Satisfaction) - NumSeriesMetrics
+
+// NumBusinessMetrics is how many metrics belong to a scene's business series.
+const NumBusinessMetrics = int(NumMetrics) - int(Satisfaction)
+
+// SatisfactionFeedback is the name of the feedback whose share positive is satisfaction.
+const SatisfactionFeedback = "thumbs"
 
 var metricNames = [NumMetrics]string{
 	"ttft_p95", "tpot_p95", "total_p99", "error_rate", "timeout_rate", "output_tps",
 	"gpu_efficiency", "tokens_per_joule",
+	"satisfaction", "completion_rate",
 }
 
 // String returns the metric's name as the rules file and alert names spell it.
@@ -37,10 +52,13 @@ func (m Metric) String() string {
 }
 
 // HostMetric reports whether m is computed per host rather than per token series.
-func (m Metric) HostMetric() bool { return m >= GPUEfficiency && m < NumMetrics }
+func (m Metric) HostMetric() bool { return m >= GPUEfficiency && m < Satisfaction }
 
-// HighIsBad reports the bad direction: latencies and rates alert when high, throughput
-// and efficiency when low.
+// BusinessMetric reports whether m is computed per env × scene from verdicts and outcomes.
+func (m Metric) BusinessMetric() bool { return m >= Satisfaction && m < NumMetrics }
+
+// HighIsBad reports the bad direction: latencies and error rates alert when high,
+// throughput, efficiency, satisfaction and completion when low.
 func (m Metric) HighIsBad() bool { return m <= TimeoutRate }
 
 // ParseMetric returns the metric named s.
@@ -72,7 +90,9 @@ type Dynamic struct {
 	MinChange float64
 	MinDelta  float64
 	// A dynamic rule may fire only with at least MinPoints baseline windows and MinRequests
-	// requests in the evaluated window; below either, the static rule applies.
+	// requests in the evaluated window; below either, the static rule applies. For the
+	// business metrics MinRequests counts verdicts (satisfaction) or outcomes (completion),
+	// and a window with fewer does not enter the baseline either.
 	MinPoints   int
 	MinRequests uint64
 }
@@ -182,6 +202,14 @@ func Defaults() Rules {
 	// Efficiency must fall clearly, not wobble with load.
 	r.Dynamic[GPUEfficiency].MinChange = 0.2
 	r.Dynamic[TokensPerJoule].MinChange = 0.2
+	// Shares of verdicts and outcomes: 10 points below the usual, with at least 20 of them
+	// in the window (and in each baseline window), so a quiet window neither fires nor
+	// teaches the baseline a share of 3 verdicts.
+	for _, m := range []Metric{Satisfaction, CompletionRate} {
+		r.Dynamic[m].MinDelta = 0.1
+		r.Dynamic[m].MinRequests = 20
+		r.Dynamic[m].MinPoints = 30
+	}
 
 	r.Static[TTFTP95] = StaticRule{Enabled: true, Warning: 2000, Critical: 5000, MinRequests: 20}
 	r.Static[TPOTP95] = StaticRule{Enabled: true, Warning: 100, Critical: 200, MinRequests: 20}
