@@ -11,6 +11,7 @@ import (
 	"github.com/tokenscope/tokenscope/pkg/chdb"
 	"github.com/tokenscope/tokenscope/pkg/testbed"
 	"github.com/tokenscope/tokenscope/schemas"
+	"github.com/tokenscope/tokenscope/services/alerter/internal/rules"
 )
 
 // TestBaselineQueriesOnCurrent runs the baseline queries on 18.16 and on ClickHouse 26.7
@@ -56,11 +57,49 @@ func TestBaselineQueriesOnCurrent(t *testing.T) {
 	if err := gb.Send(); err != nil {
 		t.Fatal(err)
 	}
+	// Business baselines: thumbs and outcomes of two scenes.
+	fb, err := db.Conn().PrepareBatch(ctx, `INSERT INTO feedback_rollups (window_start, window_seconds, kind, env, scene, model, name, source, count, positive)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ob, err := db.Conn().PrepareBatch(ctx, `INSERT INTO token_rollups (window_start, window_seconds, kind, env, scene, model, bucket, requests, completed, abandoned)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 30 {
+		w := start.Add(time.Duration(i) * time.Minute)
+		for _, scene := range []string{"chat", "support"} {
+			if err := fb.Append(w, uint32(60), "window", "prod", scene, "m", "thumbs", "user", uint64(5+i), uint64(i%7)); err != nil {
+				t.Fatal(err)
+			}
+			if err := ob.Append(w, uint32(60), "window", "prod", scene, "m", "0-499", uint64(60), uint64(10+i%9), uint64(i%13)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := fb.Send(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.Send(); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := rules.Parse([]byte("defaults:\n  dynamic:\n    satisfaction: {min_requests: 10}\nscenes:\n  chat:\n    dynamic:\n      satisfaction: {min_requests: 20}\n      completion_rate: {min_requests: 15}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The scenes' minimums, bound as parameters by the driver: spelled out here for chDB.
+	business := func(m rules.Metric, q string) string {
+		minSQL, args := minCount(rs, m)
+		for _, a := range args {
+			minSQL = strings.Replace(minSQL, "?", "'"+a.(string)+"'", 1)
+		}
+		return q + minSQL
+	}
 	cur := testbed.CurrentClickHouse(t)
 	if _, err := chdb.MigrateOn(ctx, cur, cur.DB, cur.Version, schemas.Migrations()); err != nil {
 		t.Fatal(err)
 	}
-	if err := testbed.CopyTables(ctx, db.Conn(), cfg.DB, cur, "token_rollups", "gpu_rollups"); err != nil {
+	if err := testbed.CopyTables(ctx, db.Conn(), cfg.DB, cur, "token_rollups", "gpu_rollups", "feedback_rollups"); err != nil {
 		t.Fatal(err)
 	}
 	since, until := start.Add(-time.Hour).Unix(), start.Add(time.Hour).Unix()
@@ -79,7 +118,9 @@ func TestBaselineQueriesOnCurrent(t *testing.T) {
 	for _, c := range []struct {
 		q    string
 		keys int
-	}{{fmt.Sprintf(seriesCells, 600, 600, since, until), 6}, {fmt.Sprintf(hostCells, 600, 600, since, until, since, until), 2}} {
+	}{{fmt.Sprintf(seriesCells, 600, 600, since, until), 6}, {fmt.Sprintf(hostCells, 600, 600, since, until, since, until), 2},
+		{fmt.Sprintf(satisfactionCells, 600, 600, since, until, rules.SatisfactionFeedback, business(rules.Satisfaction, "")), 3},
+		{fmt.Sprintf(completionCells, 600, 600, since, until, business(rules.CompletionRate, "")), 3}} {
 		q := c.q
 		want, err := testbed.Query(ctx, db.Conn(), q)
 		if err != nil {

@@ -105,3 +105,33 @@ func TestLoadMissingFile(t *testing.T) {
 		t.Errorf("no file: %v, %v; want the built-in rules", s, err)
 	}
 }
+
+// TestBusinessRules checks the business metrics: low is bad, per scene in the rules file,
+// with a minimum count of verdicts or outcomes, and no static rule.
+func TestBusinessRules(t *testing.T) {
+	d := Defaults()
+	for _, m := range []Metric{Satisfaction, CompletionRate} {
+		if m.HighIsBad() || m.HostMetric() || !m.BusinessMetric() {
+			t.Errorf("%s: high is bad %v, host %v, business %v", m, m.HighIsBad(), m.HostMetric(), m.BusinessMetric())
+		}
+		if dy := d.Dynamic[m]; dy.MinRequests != 20 || dy.MinDelta != 0.1 || dy.MinPoints != 30 {
+			t.Errorf("%s: dynamic %+v, want min_requests 20, min_delta 0.1, min_points 30", m, dy)
+		}
+	}
+	if TokensPerJoule.BusinessMetric() || !TokensPerJoule.HostMetric() {
+		t.Error("tokens_per_joule is a host metric")
+	}
+	s, err := Parse([]byte("defaults:\n  dynamic:\n    completion_rate: {min_requests: 50}\nscenes:\n  support:\n    dynamic:\n      satisfaction: {min_requests: 5, k: 3, severity: critical}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sat := s.For("support").Dynamic[Satisfaction]; sat.MinRequests != 5 || sat.K != 3 || sat.Severity != "critical" {
+		t.Errorf("support satisfaction %+v", sat)
+	}
+	if c := s.For("support").Dynamic[CompletionRate]; c.MinRequests != 50 {
+		t.Errorf("support completion %+v, want the file's default min_requests 50", c)
+	}
+	if _, err := Parse([]byte("defaults:\n  static:\n    satisfaction: {warning: 0.5}\n")); !errors.Is(err, ErrInvalidRules) {
+		t.Errorf("a static satisfaction rule: %v, want invalid", err)
+	}
+}
