@@ -115,7 +115,7 @@ func TestMigrateIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"001_requests.sql", "002_token_rollups.sql", "003_gpu_rollups.sql", "004_alerts.sql", "005_engine_rollups.sql", "006_host_rollups.sql", "007_layers.sql", "008_feedback.sql", "008_feedback_rollups.sql"}
+	want := []string{"001_requests.sql", "002_token_rollups.sql", "003_gpu_rollups.sql", "004_alerts.sql", "005_engine_rollups.sql", "006_host_rollups.sql", "007_layers.sql", "008_feedback.sql", "008_feedback_rollups.sql", "009_outcomes.sql"}
 	if !slices.Equal(first.Applied, want) || len(first.Existing) != 0 || len(first.Created) != 8 {
 		t.Fatalf("first run: %+v", first)
 	}
@@ -151,7 +151,7 @@ func TestMigrateReportsExisting(t *testing.T) {
 	}
 	defer db.Close()
 	for _, stmt := range []string{
-		"CREATE TABLE token_rollups_local (window_start DateTime, layer String, requests UInt64) ENGINE = MergeTree ORDER BY window_start",
+		"CREATE TABLE token_rollups_local (window_start DateTime, layer String, requests UInt64, completed UInt64, abandoned UInt64) ENGINE = MergeTree ORDER BY window_start",
 		"CREATE TABLE token_rollups AS token_rollups_local ENGINE = Distributed(" + chserver.Cluster + ", " + cfg.DB + ", token_rollups_local)",
 		"CREATE TABLE alerts (at DateTime, rule String) ENGINE = MergeTree ORDER BY at",
 	} {

@@ -66,6 +66,10 @@ func beforeLayers(t *testing.T) fs.FS {
 
 var layerColumns = []string{"requests.layer", "requests.trace_id", "requests.prefill_ms", "requests.decode_ms", "token_rollups.layer"}
 
+// upgradeColumns is what the migrations after 004 add: the layers, then the outcomes
+// (009_outcomes.sql).
+var upgradeColumns = append(slices.Clone(layerColumns), "token_rollups.completed", "token_rollups.abandoned")
+
 // checkLayersMigration upgrades a deployment made before the layers to the current
 // migrations on x: the columns are added, rows stored before read as the gateway's, and
 // running it again, or a copy of it under another name (a second service migrating at
@@ -87,12 +91,13 @@ func checkLayersMigration(t *testing.T, x chdb.Executor, db, server, settings st
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(m.Applied, "007_layers.sql") || !slices.Equal(m.Added, layerColumns) {
-		t.Fatalf("upgrade: applied %v, added %v; want 007_layers.sql adding %v", m.Applied, m.Added, layerColumns)
+	if !slices.Contains(m.Applied, "007_layers.sql") || !slices.Contains(m.Applied, "009_outcomes.sql") || !slices.Equal(m.Added, upgradeColumns) {
+		t.Fatalf("upgrade: applied %v, added %v; want 007_layers.sql and 009_outcomes.sql adding %v", m.Applied, m.Added, upgradeColumns)
 	}
 	for q, want := range map[string]string{
 		"SELECT concat(layer, '|', trace_id, '|', toString(prefill_ms), '|', toString(decode_ms)) FROM requests WHERE event_id = 'old'" + settings: "gateway||0|0",
-		"SELECT layer FROM token_rollups": "gateway",
+		"SELECT layer FROM token_rollups":                           "gateway",
+		"SELECT toString(completed + abandoned) FROM token_rollups": "0",
 		"SELECT type FROM system.columns WHERE database = currentDatabase() AND table = 'requests' AND name = 'trace_id'": "String",
 	} {
 		if got, err := x.Strings(ctx, q); err != nil || len(got) != 1 || got[0] != want {
@@ -160,14 +165,20 @@ func TestMigrateLayersDistributed(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "007_layers.sql") || !strings.Contains(err.Error(), want) {
 		t.Fatalf("got %v, want an error naming 007_layers.sql and %q", err, want)
 	}
-	if err := db.Conn().Exec(ctx, "ALTER TABLE token_rollups_local ADD COLUMN layer String DEFAULT 'gateway'"); err != nil {
-		t.Fatal(err)
+	for _, stmt := range []string{
+		"ALTER TABLE token_rollups_local ADD COLUMN layer String DEFAULT 'gateway'",
+		"ALTER TABLE token_rollups_local ADD COLUMN completed UInt64 DEFAULT 0",
+		"ALTER TABLE token_rollups_local ADD COLUMN abandoned UInt64 DEFAULT 0",
+	} {
+		if err := db.Conn().Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
 	}
 	m, err := db.Migrate(ctx, schemas.Migrations())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(m.Applied, "007_layers.sql") || !slices.Equal(m.Added, []string{"token_rollups.layer"}) {
+	if !slices.Contains(m.Applied, "007_layers.sql") || !slices.Equal(m.Added, []string{"token_rollups.layer", "token_rollups.completed", "token_rollups.abandoned"}) {
 		t.Fatalf("after the local table: applied %v, added %v", m.Applied, m.Added)
 	}
 	var n uint64
