@@ -106,7 +106,7 @@ func TestDemo(t *testing.T) {
 		t.Fatalf("the demo did not stop within 2 minutes\noutput:\n%s", out.String())
 	}
 	o := out.String()
-	order := []string{"stopped replay-support", "stopped replay-chat", "stopped emitter", "stopped fakellm", "stopped gpuwatch",
+	order := []string{"stopped replay-support", "stopped replay-chat", "stopped emitter", "stopped gpuwatch", "stopped fakellm",
 		"stopped alerter", "stopped aggregator", "stopped ClickHouse", "stopped NATS", "logs: " + filepath.Join(dir, "logs")}
 	at := 0
 	for _, s := range order {

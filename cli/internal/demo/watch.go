@@ -66,6 +66,18 @@ func (s *demo) watch(ctx context.Context) error {
 	}()
 
 	started := time.Now()
+	if s.burst != nil {
+		bctx, stopBurst := context.WithCancel(ctx)
+		burstDone := make(chan struct{})
+		go func() {
+			defer close(burstDone)
+			s.burst.run(bctx, started)
+		}()
+		defer func() {
+			stopBurst()
+			<-burstDone
+		}()
+	}
 	var recent []string
 	var last string
 	tick := time.NewTicker(s.o.Refresh)
@@ -131,7 +143,8 @@ func (s *demo) draw(ctx context.Context, db *chdb.DB, now, started time.Time, re
 	b.Write(table.Bytes())
 	b.WriteString("\nalerts (newest last):\n")
 	if len(recent) == 0 {
-		b.WriteString("  none yet: the support scene's TTFT incident starts 40 s into every 2 minutes\n")
+		in := s.incident()
+		fmt.Fprintf(&b, "  none yet: the load burst beyond the engine's batch starts %s in, for %s of every %s\n", in.At, in.For, in.Every)
 	}
 	for _, l := range recent {
 		b.WriteString("  " + l + "\n")
