@@ -70,7 +70,7 @@ func New(rs *rules.Set, opts baseline.Options, resend time.Duration) (*Engine, e
 	if err != nil {
 		return nil, err
 	}
-	hosts, err := baseline.New[string](opts, int(rules.NumMetrics)-rules.NumSeriesMetrics)
+	hosts, err := baseline.New[string](opts, rules.NumHostMetrics)
 	if err != nil {
 		return nil, err
 	}
