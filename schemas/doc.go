@@ -8,7 +8,7 @@ import (
 	"io/fs"
 )
 
-// JSON holds the message schemas: request_event, gpu_sample, engine_sample, token_rollup, gpu_rollup,
+// JSON holds the message schemas: request_event, gpu_sample, engine_sample, token_rollup, gpu_rollup, engine_rollup,
 // rollup_watermark and alert, each as <name>.schema.json.
 //
 //go:embed *.schema.json

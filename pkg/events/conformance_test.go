@@ -155,7 +155,7 @@ func TestEncodedEventsMatchSchema(t *testing.T) {
 
 // TestOtherSchemasCompile keeps the rollup and alert schemas loadable.
 func TestOtherSchemasCompile(t *testing.T) {
-	for _, name := range []string{"token_rollup.schema.json", "gpu_rollup.schema.json", "alert.schema.json", "rollup_watermark.schema.json"} {
+	for _, name := range []string{"token_rollup.schema.json", "gpu_rollup.schema.json", "engine_rollup.schema.json", "alert.schema.json", "rollup_watermark.schema.json"} {
 		compileSchema(t, name)
 	}
 }

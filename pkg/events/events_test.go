@@ -201,6 +201,7 @@ func TestSubjects(t *testing.T) {
 	f(events.GPUSampleSubject("gpu-node-3.dc1"), "gpu.sample.gpu-node-3_dc1")
 	f(events.TokenRollupSubject("prod", "chat"), "rollup.tokens.prod.chat")
 	f(events.GPURollupSubject("h"), "rollup.gpu.h")
+	f(events.EngineRollupSubject("gpu-node-3.dc1"), "rollup.engine.gpu-node-3_dc1")
 	f(events.AlertSubject("critical", "ttft_p95_sla"), "alerts.critical.ttft_p95_sla")
 	long := events.Token(strings.Repeat("a", 500))
 	if len(long) != events.MaxTokenLen {

@@ -7,7 +7,7 @@ const (
 	StreamEvents  = "LLM_EVENTS"     // llm.req.<env>.<scene>
 	StreamGPU     = "GPU_SAMPLES"    // gpu.sample.<host>
 	StreamEngine  = "ENGINE_SAMPLES" // engine.sample.<host>
-	StreamRollups = "ROLLUPS"        // rollup.tokens.<env>.<scene>, rollup.gpu.<host>
+	StreamRollups = "ROLLUPS"        // rollup.tokens.<env>.<scene>, rollup.gpu.<host>, rollup.engine.<host>
 	StreamAlerts  = "ALERTS"         // alerts.<severity>.<rule>
 
 	SubjectRequestsAll      = "llm.req.>"
@@ -15,6 +15,7 @@ const (
 	SubjectEngineSamplesAll = "engine.sample.>"
 	SubjectTokenRollupAll   = "rollup.tokens.>"
 	SubjectGPURollupAll     = "rollup.gpu.>"
+	SubjectEngineRollupAll  = "rollup.engine.>"
 	SubjectRollupsAll       = "rollup.>"
 	SubjectAlertsAll        = "alerts.>"
 
@@ -88,6 +89,11 @@ func TokenRollupSubject(env, scene string) string {
 // GPURollupSubject returns rollup.gpu.<host>.
 func GPURollupSubject(host string) string {
 	return string(appendSubject(make([]byte, 0, 48), "rollup.gpu.", host, "", false))
+}
+
+// EngineRollupSubject returns rollup.engine.<host>.
+func EngineRollupSubject(host string) string {
+	return string(appendSubject(make([]byte, 0, 48), "rollup.engine.", host, "", false))
 }
 
 // AlertSubject returns alerts.<severity>.<rule>.
