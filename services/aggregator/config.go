@@ -31,6 +31,7 @@ type AggConfig struct {
 	MaxSeries     int           `env:"MAX_SERIES" envDefault:"10000"`
 	StoreRequests bool          `env:"STORE_REQUESTS" envDefault:"true"`
 	GPU           bool          `env:"GPU" envDefault:"true"`
+	Engine        bool          `env:"ENGINE" envDefault:"true"`
 	Consumer      string        `env:"CONSUMER" envDefault:"aggregator"`
 	Filter        string        `env:"FILTER" envDefault:"llm.req.>"` // this aggregator's share of LLM_EVENTS
 	FlushInterval time.Duration `env:"FLUSH_INTERVAL" envDefault:"1s"`

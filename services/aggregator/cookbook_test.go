@@ -390,7 +390,12 @@ func TestCookbook(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Queries over tables this test does not fill are checked by their own tests.
+	elsewhere := map[string]string{"engine_efficiency.sql": "TestEngineEfficiencyQuery"}
 	for _, f := range files {
+		if _, ok := elsewhere[filepath.Base(f)]; ok {
+			continue
+		}
 		if !slices.ContainsFunc(checks, func(c struct {
 			file  string
 			check func(t *testing.T, res *testbed.Result)

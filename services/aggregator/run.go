@@ -51,7 +51,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err != nil {
 		return fmt.Errorf("cannot use JetStream: %w", err)
 	}
-	if err := bus.EnsureStreams(ctx, js, cfg.NATS.Streams, events.StreamEvents, events.StreamGPU, events.StreamRollups); err != nil {
+	if err := bus.EnsureStreams(ctx, js, cfg.NATS.Streams, events.StreamEvents, events.StreamGPU, events.StreamEngine, events.StreamRollups); err != nil {
 		return err
 	}
 
@@ -93,6 +93,13 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 			return err
 		}
 		pipes = append(pipes, gpu)
+	}
+	if cfg.Agg.Engine {
+		engine, err := pipeline.NewEngine(ctx, opts(events.StreamEngine, events.SubjectEngineSamplesAll), wcfg, deps)
+		if err != nil {
+			return err
+		}
+		pipes = append(pipes, engine)
 	}
 	// The watermark tells an alerter which windows this aggregator has published.
 	marks := pipeline.NewWatermarks(js, pub, cfg.Agg.Consumer, cfg.Agg.Window, srv.Registry(), logger)

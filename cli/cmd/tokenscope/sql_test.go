@@ -73,6 +73,31 @@ func TestReportSQL(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// One host's engine and GPU windows, for engine_efficiency.sql.
+	for _, q := range []string{
+		"INSERT INTO engine_rollups (window_start, window_seconds, kind, host, engine, name, model, samples, up_samples, generation_tokens, prompt_tokens) VALUES",
+		"INSERT INTO gpu_rollups (window_start, window_seconds, kind, host, gpu_index, gpu_uuid, samples, util_avg, energy_j) VALUES",
+	} {
+		eb, err := db.Conn().PrepareBatch(ctx, strings.TrimSuffix(q, " VALUES"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 4 {
+			at := base.Add(time.Duration(i) * 15 * time.Second)
+			if strings.Contains(q, "engine_rollups") {
+				err = eb.Append(at, uint32(15), "window", "gpu-node-1", "vllm", "vllm", "qwen2.5-72b", uint64(15), uint64(15), float64(1500+i), float64(6000))
+			} else {
+				err = eb.Append(at, uint32(15), "window", "gpu-node-1", uint16(0), "GPU-0", uint64(15), float64(50+i), float64(4000))
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := eb.Send(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	getenv := func(k string) string {
 		return map[string]string{"CLICKHOUSE_ADDR": cfg.Addr, "CLICKHOUSE_DB": cfg.DB, "CLICKHOUSE_USER": cfg.User, "CLICKHOUSE_PASSWORD": cfg.Password}[k]
 	}
@@ -143,7 +168,7 @@ func TestReportSQL(t *testing.T) {
 		if _, err := chdb.MigrateOn(ctx, cur, cur.DB, cur.Version, schemas.Migrations()); err != nil {
 			t.Fatal(err)
 		}
-		if err := testbed.CopyTables(ctx, db.Conn(), cfg.DB, cur, "token_rollups", "requests"); err != nil {
+		if err := testbed.CopyTables(ctx, db.Conn(), cfg.DB, cur, "token_rollups", "requests", "engine_rollups", "gpu_rollups"); err != nil {
 			t.Fatal(err)
 		}
 		for _, file := range files {
