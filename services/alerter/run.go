@@ -90,9 +90,14 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err != nil {
 		return err
 	}
-	eng.SetLearnedThrough(loaded.Through)
+	engineCells, engineThrough, err := history.LoadEngineBaselines(ctx, db.Conn(), eng, since, now.Add(time.Minute), cfg.BaselineStep)
+	if err != nil {
+		return err
+	}
+	eng.SetLearnedThrough(maxTime(loaded.Through, engineThrough))
 	logger.Info("state restored", "rules", rs.Source, "firing_alerts", len(restored),
-		"series_cells", loaded.SeriesCells, "host_cells", loaded.HostCells, "baseline_through", loaded.Through)
+		"series_cells", loaded.SeriesCells, "host_cells", loaded.HostCells, "engine_cells", engineCells,
+		"baseline_through", maxTime(loaded.Through, engineThrough))
 
 	// The checkpoint says which windows an earlier run delivered; the consumer starts again
 	// from its ack floor, so the windows it held unacknowledged are read again first.
@@ -179,6 +184,13 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	logger.Info("alerter stopped", srv.Totals("alerter_rollups_received_total", "alerter_windows_evaluated_total",
 		"alerter_alerts_sent_total", "alerter_windows_undelivered")...)
 	return err
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // registerEngineMetrics exposes the engine's counts as of its latest window.
