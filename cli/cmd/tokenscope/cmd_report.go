@@ -19,6 +19,7 @@ import (
 // reportArgs is what the report command was asked for.
 type reportArgs struct {
 	json    bool
+	engine  bool // the engine view instead of the per-bucket table
 	filter  report.Filter
 	main    report.Range
 	compare *report.Range // the baseline ("before") range, when comparing
@@ -42,6 +43,7 @@ func parseReportArgs(args []string, now time.Time, loc *time.Location, stderr io
 	fs.StringVar(&a.filter.Scene, "scene", "", "only this scene")
 	fs.StringVar(&a.filter.Env, "env", "", "only this env")
 	fs.BoolVar(&a.json, "json", false, "print JSON instead of a table")
+	fs.BoolVar(&a.engine, "engine", false, "the inference engines' view (per host × engine × model: queue, KV cache, prefix cache, preemptions, tokens/s, efficiency) instead of the per-bucket table; filters by --model only")
 	fs.StringVar(&a.sqlFile, "sql", "", "run this SQL file (a query of schemas/clickhouse/queries, say) instead of the table, its {name:Type} parameters bound from --param")
 	fs.Func("param", "name=value of a {name:Type} parameter of --sql, repeated; a DateTime takes the times --from takes", func(v string) error {
 		name, value, ok := strings.Cut(v, "=")
@@ -81,6 +83,9 @@ func parseReportArgs(args []string, now time.Time, loc *time.Location, stderr io
 	}
 	if len(a.params) > 0 {
 		return a, errors.New("--param goes with --sql")
+	}
+	if a.engine && (a.filter.Scene != "" || a.filter.Env != "" || *cmpFrom != "" || *cmpTo != "" || *change != "") {
+		return a, errors.New("--engine takes a range and --model: engines have no scene or env, and the engine view has no comparison")
 	}
 	at := func(name, v string, def time.Time) (time.Time, error) {
 		if v == "" {
@@ -175,6 +180,16 @@ func runReport(ctx context.Context, args []string, getenv func(string) string, s
 			return writeJSON(stdout, ans.JSON())
 		}
 		return report.WriteAnswer(stdout, ans)
+	}
+	if a.engine {
+		rep, err := report.QueryEngine(ctx, db.Conn(), a.main, a.filter)
+		if err != nil {
+			return err
+		}
+		if a.json {
+			return writeJSON(stdout, rep)
+		}
+		return report.WriteEngineTable(stdout, rep)
 	}
 	if ok, err := hasRollups(ctx, db); err != nil {
 		return err
