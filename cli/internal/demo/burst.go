@@ -20,7 +20,7 @@ import (
 const (
 	engineBatch    = 24
 	engineKVTokens = 96_000
-	burstClients   = 96
+	burstClients   = 72
 	burstWords     = 600 // words of each burst request's question, after the shared system prompt
 	burstTokens    = 64  // output tokens of each burst request
 )
@@ -40,6 +40,29 @@ func (in Incident) Validate() error {
 		return fmt.Errorf("incident at %s for %s every %s: want at ≥ 0, for > 0 and every > for", in.At, in.For, in.Every)
 	}
 	return nil
+}
+
+// ParseIncident reads at=40s,for=40s,every=2m; a part left out keeps DefaultIncident's.
+func ParseIncident(s string) (Incident, error) {
+	in := DefaultIncident
+	for _, part := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(part), "=")
+		d, err := time.ParseDuration(v)
+		if !ok || err != nil {
+			return in, fmt.Errorf("incident %q: want at=…,for=…,every=… with durations", s)
+		}
+		switch k {
+		case "at":
+			in.At = d
+		case "for":
+			in.For = d
+		case "every":
+			in.Every = d
+		default:
+			return in, fmt.Errorf("incident %q: unknown part %q (at, for, every)", s, k)
+		}
+	}
+	return in, in.Validate()
 }
 
 // active reports whether the burst runs elapsed after the start, and until when.

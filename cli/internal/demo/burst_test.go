@@ -33,3 +33,18 @@ func TestIncidentValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestParseIncident(t *testing.T) {
+	in, err := ParseIncident("at=10s, for=20s,every=1m")
+	if err != nil || in != (Incident{At: 10 * time.Second, For: 20 * time.Second, Every: time.Minute}) {
+		t.Fatalf("%+v, %v", in, err)
+	}
+	if in, err := ParseIncident("at=0s"); err != nil || in.For != DefaultIncident.For || in.At != 0 {
+		t.Fatalf("%+v, %v", in, err)
+	}
+	for _, bad := range []string{"at=soon", "when=1s", "for=2m,every=1m", ""} {
+		if _, err := ParseIncident(bad); err == nil {
+			t.Errorf("%q: want an error", bad)
+		}
+	}
+}

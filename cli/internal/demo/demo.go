@@ -213,10 +213,11 @@ func (s *demo) start(ctx context.Context) error {
 		return err
 	}
 	s.say("load: scene chat        %s at %gx through the proxy to the fake LLM", what, o.Speed)
-	// The simulated scene: events from the latency model, published directly.
+	// The simulated scene: events from the latency model, published directly. Its instance
+	// is its own: it never ran on the fake engine, whose queue must not explain its TTFT.
 	if _, err := s.run(stack.Cmd{Name: "replay-support", Path: bin("emitter"), Env: common, Args: []string{"replay", "-simulate",
 		"-shape", "conversation", "-duration", "6m", "-loop", "-speed", "3", "-model", "qwen2.5-72b", "-scene", "support",
-		"-env", "demo", "-instance", s.a.fakellm, "-seed", "7"}}); err != nil {
+		"-env", "demo", "-instance", "sim-1", "-seed", "7"}}); err != nil {
 		return err
 	}
 	s.say("load: scene support     simulated events from the latency model")

@@ -73,6 +73,11 @@ type Engine struct {
 	hostEngines map[string][]EngineKey // the window's engine keys that answered, by host
 	recent      map[EngineKey]*recentRing
 	scratch     []float64
+	// ttftBreached is set while a series is checked when one of its TTFT rules breaches;
+	// breachedHosts are the instances of such series in the window, whose engines' windows
+	// are kept out of the hint's recent reference.
+	ttftBreached  bool
+	breachedHosts map[string]bool
 }
 
 // New returns an engine with empty baselines.
@@ -102,6 +107,8 @@ func New(rs *rules.Set, opts baseline.Options, resend time.Duration) (*Engine, e
 		downAgg:     make(map[downKey]*downAgg),
 		hostEngines: make(map[string][]EngineKey),
 		recent:      make(map[EngineKey]*recentRing),
+
+		breachedHosts: make(map[string]bool),
 	}, nil
 }
 
@@ -276,6 +283,14 @@ func (e *Engine) checkSeries(key SeriesKey, a *seriesAgg, h *baseline.History, p
 	e.counts.Series++
 	r := e.rules.For(key.Scene)
 	lk := lifecycle.Key{Env: key.Env, Scene: key.Scene, Model: key.Model, Bucket: key.Bucket}
+	e.ttftBreached = false
+	defer func() {
+		if e.ttftBreached {
+			for _, inst := range a.instances {
+				e.breachedHosts[inst] = true
+			}
+		}
+	}()
 	for m := range rules.Metric(rules.NumSeriesMetrics) {
 		if !ok[m] {
 			continue
@@ -311,7 +326,9 @@ func (e *Engine) checkSeries(key SeriesKey, a *seriesAgg, h *baseline.History, p
 			case a.requests < st.MinRequests:
 				e.life.Hold(lk)
 			case primary:
-				e.life.Observe(lk, o)
+				if e.life.Observe(lk, o) && m == rules.TTFTP95 {
+					e.ttftBreached = true
+				}
 			default:
 				e.life.Update(lk, o)
 			}
@@ -366,7 +383,9 @@ func (e *Engine) checkDynamic(r *rules.Rules, m rules.Metric, lk lifecycle.Key, 
 	} else {
 		o.Threshold, o.ResolveAt = center-dist, center-resolveDist
 	}
-	e.life.Observe(lk, o)
+	if e.life.Observe(lk, o) && m == rules.TTFTP95 {
+		e.ttftBreached = true
+	}
 	return true
 }
 

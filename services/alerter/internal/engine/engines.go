@@ -134,7 +134,9 @@ func (a *engineAgg) reset() {
 }
 
 // recentRing is an engine's latest windows' queue and prefill p95 (ms), the hint's
-// reference while its seasonal baseline is too thin.
+// reference while its seasonal baseline is too thin. Windows in which a TTFT rule of a
+// series the host serves breached are left out, so an incident that lasts does not become
+// its own reference.
 type recentRing struct {
 	queue, prefill [recentLen]float64
 	n, next        int
@@ -252,7 +254,7 @@ func (e *Engine) processEngines(plan baseline.Plan, evaluate, learn bool) {
 		if learn && a.up > 0 {
 			e.engines.AddAll(a.hist, plan.Step, vals[:], ok[:])
 		}
-		if evaluate && a.recent != nil && a.queueOK && a.prefillOK {
+		if evaluate && a.recent != nil && a.queueOK && a.prefillOK && !e.breachedHosts[key.Host] {
 			a.recent.push(a.queueP95, a.prefillP95)
 			a.recent.lastWindow = int64(e.counts.Windows)
 		}
@@ -267,6 +269,7 @@ func (e *Engine) processEngines(plan baseline.Plan, evaluate, learn bool) {
 		delete(e.downAgg, dk)
 	}
 	clear(e.hostEngines)
+	clear(e.breachedHosts)
 }
 
 // checkEngineLevel observes one static engine rule: value against the level's threshold

@@ -237,3 +237,38 @@ func TestQueueDepthAgainstBaseline(t *testing.T) {
 		t.Errorf("counts %+v", c)
 	}
 }
+
+// An incident that lasts longer than the recent reference's windows does not become its
+// own reference: a series of the same host whose TTFT breaks late in it still hears that
+// queue time grew, against the engine's windows from before the incident.
+func TestTTFTHintReferenceExcludesTheIncident(t *testing.T) {
+	e := newEngine(t, rules.NewSet())
+	t0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	var late *events.Alert
+	for i := range 60 {
+		start := t0.Add(time.Duration(i) * 15 * time.Second)
+		q := 0.01
+		early, lateTTFT := events.Latency{Count: 100, P95: 400}, events.Latency{Count: 100, P95: 400}
+		if i >= 10 {
+			q, early.P95 = 4, 4500
+		}
+		if i >= 50 {
+			lateTTFT.P95 = 4500
+		}
+		a, b := row(start, "gpu1", 100, early), row(start, "gpu1", 100, lateTTFT)
+		a.WindowSeconds, b.WindowSeconds, b.Bucket = 15, 15, "500-1999"
+		w := engine.Window{Start: start, Seconds: 15, Tokens: []events.TokenRollup{a, b},
+			Engines: []events.EngineRollup{engRow(start, 15, "gpu1", 0, 0.5, 0, 40, q, 0.25)}}
+		for _, al := range e.Evaluate(w) {
+			if al.Rule == "ttft_p95_sla" && al.State == events.AlertFiring && al.Labels["bucket"] == "500-1999" && late == nil {
+				late = &al
+			}
+		}
+	}
+	if late == nil || late.EngineCause == nil {
+		t.Fatalf("late alert %+v", late)
+	}
+	if c := late.EngineCause; c.Cause != events.CauseQueueTime || c.QueueRefMs > 300 {
+		t.Errorf("cause %+v, want queue time against the pre-incident ~285 ms", c)
+	}
+}
