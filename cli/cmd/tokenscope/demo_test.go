@@ -13,7 +13,8 @@ import (
 )
 
 // TestDemo starts the whole demo stack on free ports for about half a minute: rows from
-// both loads must land in ClickHouse, the table must render them, and cancelling (Ctrl-C)
+// both loads and from the fake engine (through gpuwatch) must land in ClickHouse, the
+// table and the engine view must render them, and cancelling (Ctrl-C)
 // must stop every child in reverse order.
 func TestDemo(t *testing.T) {
 	if testing.Short() {
@@ -71,7 +72,7 @@ func TestDemo(t *testing.T) {
 	// reach requests too, and GPU rollups must come from gpuwatch.
 	deadline = time.Now().Add(60 * time.Second)
 	for {
-		var chat, support, reqs, gpu uint64
+		var chat, support, reqs, gpu, eng uint64
 		q := func(sql string, dst *uint64) {
 			if err := db.Conn().QueryRow(ctx, sql).Scan(dst); err != nil && !strings.Contains(err.Error(), "doesn't exist") {
 				fail("%s: %v", sql, err)
@@ -81,13 +82,14 @@ func TestDemo(t *testing.T) {
 		q("SELECT sum(requests) FROM token_rollups WHERE scene = 'support'", &support)
 		q("SELECT count() FROM requests WHERE scene = 'chat' AND provider = 'openai'", &reqs)
 		q("SELECT count() FROM gpu_rollups", &gpu)
+		q("SELECT count() FROM engine_rollups WHERE model = 'llama-3.1-70b' AND up_samples > 0", &eng)
 		o := out.String()
-		if chat > 0 && support > 0 && reqs > 0 && gpu > 0 && strings.Contains(o, "TTFT p50") &&
+		if chat > 0 && support > 0 && reqs > 0 && gpu > 0 && eng > 0 && strings.Contains(o, "TTFT p50") && strings.Contains(o, "queue p95") &&
 			strings.Contains(o, "llama-3.1-70b") && strings.Contains(o, "qwen2.5-72b") {
 			break
 		}
 		if time.Now().After(deadline) {
-			fail("after 60 s: chat %d, support %d requests in token_rollups, %d proxied requests, %d GPU rollups", chat, support, reqs, gpu)
+			fail("after 60 s: chat %d, support %d requests in token_rollups, %d proxied requests, %d GPU rollups, %d engine rollups", chat, support, reqs, gpu, eng)
 		}
 		select {
 		case err := <-done:
