@@ -90,9 +90,14 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err != nil {
 		return err
 	}
-	eng.SetLearnedThrough(loaded.Through)
+	engineCells, engineThrough, err := history.LoadEngineBaselines(ctx, db.Conn(), eng, since, now.Add(time.Minute), cfg.BaselineStep)
+	if err != nil {
+		return err
+	}
+	eng.SetLearnedThrough(maxTime(loaded.Through, engineThrough))
 	logger.Info("state restored", "rules", rs.Source, "firing_alerts", len(restored),
-		"series_cells", loaded.SeriesCells, "host_cells", loaded.HostCells, "baseline_through", loaded.Through)
+		"series_cells", loaded.SeriesCells, "host_cells", loaded.HostCells, "engine_cells", engineCells,
+		"baseline_through", maxTime(loaded.Through, engineThrough))
 
 	// The checkpoint says which windows an earlier run delivered; the consumer starts again
 	// from its ack floor, so the windows it held unacknowledged are read again first.
@@ -181,6 +186,13 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	return err
 }
 
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
 // registerEngineMetrics exposes the engine's counts as of its latest window.
 func registerEngineMetrics(reg prometheus.Registerer, eng *engine.Engine) {
 	counter := func(name, help string, f func(engine.Counts) uint64) prometheus.Collector {
@@ -194,11 +206,13 @@ func registerEngineMetrics(reg prometheus.Registerer, eng *engine.Engine) {
 	reg.MustRegister(
 		counter("series_evaluations_total", "Series × window evaluations.", func(c engine.Counts) uint64 { return c.Series }),
 		counter("host_evaluations_total", "Host × window efficiency evaluations.", func(c engine.Counts) uint64 { return c.Hosts }),
+		counter("engine_evaluations_total", "Inference engine × model × window evaluations.", func(c engine.Counts) uint64 { return c.Engines }),
 		counter("dynamic_checks_total", "Metric checks decided by a dynamic threshold.", func(c engine.Counts) uint64 { return c.Dynamic }),
 		counter("static_fallback_checks_total", "Metric checks decided by a static SLA rule because the dynamic one lacked baseline or traffic.", func(c engine.Counts) uint64 { return c.StaticFallback }),
 		counter("hosts_without_gpu_total", "Instances with traffic but no GPU rollup in the window (no efficiency figure).", func(c engine.Counts) uint64 { return c.HostsWithoutGPU }),
 		gauge("baseline_series", "Token series with a baseline.", func(c engine.Counts) int { return c.BaselineSeries }),
 		gauge("baseline_hosts", "Hosts with an efficiency baseline.", func(c engine.Counts) int { return c.BaselineHosts }),
+		gauge("baseline_engines", "Inference engine × model series with a baseline.", func(c engine.Counts) int { return c.BaselineEngines }),
 		gauge("alerts_firing", "Alerts firing.", func(c engine.Counts) int { return c.Firing }),
 		gauge("alerts_pending", "Alerts pending (breaching, not yet for long enough).", func(c engine.Counts) int { return c.Pending }),
 	)

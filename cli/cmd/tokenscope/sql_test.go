@@ -37,15 +37,16 @@ func TestReportSQL(t *testing.T) {
 	// Recent rows: a current server drops, as it inserts them, rows past the tables' TTL
 	// (requests: 30 days).
 	base := time.Now().UTC().Truncate(time.Minute).Add(-30 * time.Minute)
-	b, err := db.Conn().PrepareBatch(ctx, "INSERT INTO token_rollups (window_start, window_seconds, kind, env, scene, model, bucket, bucket_lo, requests, ok, errors, timeouts, input_tokens, output_tokens, cached_input_tokens, cost_usd, ttft_means, ttft_weights)")
+	// Served by gpu-node-1, whose engine rows below the engine queries join by instance.
+	b, err := db.Conn().PrepareBatch(ctx, "INSERT INTO token_rollups (window_start, window_seconds, kind, env, scene, model, instance, bucket, bucket_lo, requests, ok, errors, timeouts, input_tokens, output_tokens, cached_input_tokens, cost_usd, ttft_count, ttft_means, ttft_weights)")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := range 20 {
 		model := []string{"qwen2.5-72b", "it's"}[i%2]
 		means := []float64{100 + float64(i), 200 + float64(i), 900}
-		if err := b.Append(base.Add(time.Duration(i)*15*time.Second), uint32(15), "window", "prod", "chat", model, "0-500", uint32(0),
-			uint64(12), uint64(10), uint64(1), uint64(1), uint64(1000+i), uint64(500), uint64(100), 0.01, means, []uint64{5, 4, 1}); err != nil {
+		if err := b.Append(base.Add(time.Duration(i)*15*time.Second), uint32(15), "window", "prod", "chat", model, "gpu-node-1", "0-500", uint32(0),
+			uint64(12), uint64(10), uint64(1), uint64(1), uint64(1000+i), uint64(500), uint64(100), 0.01, uint64(10), means, []uint64{5, 4, 1}); err != nil {
 			t.Fatal(err)
 		}
 	}
