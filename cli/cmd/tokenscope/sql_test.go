@@ -176,27 +176,36 @@ func TestReportSQL(t *testing.T) {
 		t.Errorf("feedback_coverage = %v", got)
 	}
 
-	// The business view: the same queries, one range.
-	var biz bytes.Buffer
-	if err := run(ctx, []string{"report", "--business", "--from", base.Format(time.RFC3339), "--to", base.Add(time.Hour).Format(time.RFC3339), "--json"}, getenv, &biz, io.Discard); err != nil {
-		t.Fatal(err)
+	// The business view: the same queries, one range, at one layer.
+	business := func(layer ...string) map[string][]map[string]any {
+		var biz bytes.Buffer
+		a := append([]string{"report", "--business", "--from", base.Format(time.RFC3339), "--to", base.Add(time.Hour).Format(time.RFC3339), "--json"}, layer...)
+		if err := run(ctx, a, getenv, &biz, io.Discard); err != nil {
+			t.Fatal(err)
+		}
+		var view struct {
+			Sections []struct {
+				Query string           `json:"query"`
+				Rows  []map[string]any `json:"rows"`
+			} `json:"sections"`
+		}
+		if err := json.Unmarshal(biz.Bytes(), &view); err != nil {
+			t.Fatalf("%v\n%s", err, biz.String())
+		}
+		bySection := map[string][]map[string]any{}
+		for _, s := range view.Sections {
+			bySection[s.Query] = s.Rows
+		}
+		return bySection
 	}
-	var view struct {
-		Sections []struct {
-			Query string           `json:"query"`
-			Rows  []map[string]any `json:"rows"`
-		} `json:"sections"`
-	}
-	if err := json.Unmarshal(biz.Bytes(), &view); err != nil {
-		t.Fatalf("%v\n%s", err, biz.String())
-	}
-	bySection := map[string][]map[string]any{}
-	for _, s := range view.Sections {
-		bySection[s.Query] = s.Rows
-	}
-	// e0–e4 have no TTFT (0 ms): one band, 5 verdicts (f4 once), 3 up.
-	if got := bySection["satisfaction_by_ttft_band.sql"]; len(got) != 1 || got[0]["ttft_band"] != "1: <= 500 ms" || got[0]["verdicts"] != float64(5) || got[0]["satisfied"] != 0.6 {
+	bySection := business()
+	// e0–e4 have no TTFT (0 ms): one band. The gateway's are e1 (up) and e3 (down); the
+	// engine's e0, e2 (up) and e4 (down, sent twice, counted once).
+	if got := bySection["satisfaction_by_ttft_band.sql"]; len(got) != 1 || got[0]["ttft_band"] != "1: <= 500 ms" || got[0]["verdicts"] != float64(2) || got[0]["satisfied"] != 0.5 {
 		t.Errorf("business view, satisfaction by TTFT band = %v", got)
+	}
+	if got := business("--layer", "engine")["satisfaction_by_ttft_band.sql"]; len(got) != 1 || got[0]["verdicts"] != float64(3) || math.Abs(got[0]["satisfied"].(float64)-2.0/3) > 1e-9 {
+		t.Errorf("business view of the engine layer, satisfaction by TTFT band = %v", got)
 	}
 	if got := bySection["retries.sql"]; len(got) != 1 || got[0]["conversations"] != float64(2) {
 		t.Errorf("business view, retries = %v", got)
