@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -178,7 +179,8 @@ func scalar(ctx context.Context, db *chdb.DB, q string) (uint64, error) {
 type traffic struct {
 	requests []events.RequestEvent
 	samples  []events.GPUSample
-	surge    events.RequestEvent // one event of the surge series
+	engines  []events.EngineSample // each host's vLLM, every 5 s
+	surge    events.RequestEvent   // one event of the surge series
 }
 
 func makeTraffic(base time.Time, windows, surgeWindows int) traffic {
@@ -238,6 +240,22 @@ func makeTraffic(base time.Time, windows, surgeWindows int) traffic {
 					GPUUUID: fmt.Sprintf("GPU-%d-%d", h, g), GPUName: "NVIDIA H200", Source: "replay",
 					UtilGPUPct: &util, PowerW: &power, EnergyJ: &e, MemUsedBytes: &mem, MemTotalBytes: &total})
 			}
+			// The host's vLLM: a queue that grows in the surge, 25 % of prompt tokens in the
+			// prefix cache; the first host preempts a request every 10 s.
+			k := int(ts.Unix()/5) + h
+			surge := ts.Sub(base) >= time.Duration(windows)*window
+			waiting, running, kv := float64(k%3), 8.0, 0.4+float64(k%5)/10
+			queueCounts := []float64{4, 1, 0, 0, 0}
+			if surge {
+				waiting, kv, queueCounts = 30, 0.97, []float64{0, 0, 1, 4, 0}
+			}
+			sec, queries, hits, pre := 5.0, 4000.0, 1000.0, float64(k%2*(1-h))
+			prompt, gen := 4000.0, 600.0
+			tr.engines = append(tr.engines, events.EngineSample{V: 1, TS: ts, Host: host, Engine: events.EngineVLLM, Name: "vllm", Model: "llama-3-70b", Up: true,
+				DeltaSeconds: &sec, Running: &running, Waiting: &waiting, KVCacheUsage: &kv,
+				PrefixCacheQueries: &queries, PrefixCacheHits: &hits, Preemptions: &pre, PromptTokens: &prompt, GenerationTokens: &gen,
+				QueueTime:   &events.HistogramDelta{Le: []float64{0.5, 1, 2, 5}, Counts: queueCounts, Count: 5, Sum: 1},
+				PrefillTime: &events.HistogramDelta{Le: []float64{0.5, 1, 2, 5}, Counts: []float64{5, 0, 0, 0, 0}, Count: 5, Sum: 1}})
 		}
 	}
 	return tr
@@ -282,6 +300,17 @@ func publish(t *testing.T, js jetstream.JetStream, tr traffic) {
 		}
 		msg.Data = data
 		msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("%s/%s/%d", s.Host, s.GPUUUID, s.TS.UnixMilli()))
+		add(msg)
+	}
+	for i := range tr.engines {
+		s := &tr.engines[i]
+		data, err := events.MarshalEngineSample(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := nats.NewMsg(events.EngineSampleSubject(s.Host))
+		msg.Data = data
+		msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("engine/%s/%s/%s/%d", s.Host, s.Name, s.Model, s.TS.UnixMilli()))
 		add(msg)
 	}
 	wait()
@@ -366,6 +395,7 @@ func TestDashboardQueries(t *testing.T) {
 		{"SELECT sum(requests) FROM token_rollups WHERE layer = 'engine'", uint64(len(tr.requests))},
 		{"SELECT count() FROM requests", 2 * uint64(len(tr.requests))},
 		{"SELECT sum(samples) FROM gpu_rollups", uint64(len(tr.samples))},
+		{"SELECT sum(samples) FROM engine_rollups", uint64(len(tr.engines))},
 	}
 	for _, c := range counts {
 		waitFor(t, 2*time.Minute, c.q, func() (bool, string) {
@@ -460,7 +490,7 @@ func TestDashboardQueries(t *testing.T) {
 		if _, err := chdb.MigrateOn(ctx, cur, cur.DB, cur.Version, schemas.Migrations()); err != nil {
 			t.Fatal(err)
 		}
-		if err := testbed.CopyTables(ctx, db.Conn(), chCfg.DB, cur, "token_rollups", "requests", "gpu_rollups", "alerts"); err != nil {
+		if err := testbed.CopyTables(ctx, db.Conn(), chCfg.DB, cur, "token_rollups", "requests", "gpu_rollups", "alerts", "engine_rollups"); err != nil {
 			t.Fatal(err)
 		}
 		for _, c := range cases {
@@ -499,7 +529,7 @@ func TestDashboardQueries(t *testing.T) {
 
 // quantileColumns are the panels' columns of t-digest quantiles, which current servers read
 // off singleton centroids exactly where 18.16 interpolates: checkPanel checks them instead.
-var quantileColumns = []string{"ttft_p50", "ttft_p95", "ttft_p99", "tpot_p50", "tpot_p95", "tpot_p99", "ttft_ms", "tpot_ms"}
+var quantileColumns = []string{"ttft_p50", "ttft_p95", "ttft_p99", "tpot_p50", "tpot_p95", "tpot_p99", "ttft_ms", "tpot_ms", "ttft_p95_ms"}
 
 // checkPanel checks the values of panels whose answer is known exactly.
 func checkPanel(t *testing.T, title string, sel map[string][]string, rows [][]any, tr traffic) {
@@ -525,6 +555,24 @@ func checkPanel(t *testing.T, title string, sel map[string][]string, rows [][]an
 		}
 		if all && (!codes["error/500"] || !codes["error/429"] || !codes["timeout/stream_idle"]) {
 			t.Errorf("failed requests by code %v, want error/500, error/429 and timeout/stream_idle", codes)
+		}
+	}
+	if title == "Engines over the range" {
+		if len(rows) == 0 || len(rows) > 2 {
+			t.Errorf("engines over the range: %v, want one row per host", rows)
+			return
+		}
+		for _, r := range rows {
+			// 10 of every 40 prefix-cache tokens hit; the surge's queue times lie in (2, 5] s.
+			if hit, _ := r[7].(float64); math.Abs(hit-0.25) > 1e-9 {
+				t.Errorf("%v: prefix hit rate %v, want 0.25", r[0], r[7])
+			}
+			if p95, _ := r[10].(float64); p95 < 500 || p95 > 5000 {
+				t.Errorf("%v: queue p95 %v ms, want within the buckets", r[0], r[10])
+			}
+			if mx, _ := r[4].(float64); mx != 30 {
+				t.Errorf("%v: queue depth max %v, want the surge's 30", r[0], r[4])
+			}
 		}
 	}
 	if title == "TTFT and TPOT P50 / P95 / P99 per bucket (ms)" {

@@ -35,4 +35,30 @@ type Alert struct {
 	EndsAt         time.Time `json:"ends_at,omitzero"`
 	At             time.Time `json:"at"`
 	Summary        string    `json:"summary,omitempty"`
+	// EngineCause, on a TTFT alert of a series served by a host with engine data, says
+	// which of the engine's queue time and prefill time grew with it.
+	EngineCause *EngineCause `json:"engine_cause,omitempty"`
+}
+
+// The causes an EngineCause names.
+const (
+	CauseQueueTime   = "queue_time"   // requests waited longer in the engine's queue
+	CausePrefillTime = "prefill_time" // the engine took longer to compute the prompts
+	CauseNeither     = "neither"      // neither grew: the delay is outside the engine's queue and prefill
+)
+
+// EngineCause compares an inference engine's queue time and prefill time (p95, ms,
+// interpolated within the engine's histogram buckets) in an alert's window with their
+// reference: the engine's seasonal baseline where it has enough history, else the median
+// of its recent windows.
+type EngineCause struct {
+	Cause        string  `json:"cause"` // CauseQueueTime, CausePrefillTime or CauseNeither
+	Host         string  `json:"host"`
+	Engine       string  `json:"engine"` // the endpoint's name in GPUWATCH_ENGINES
+	Model        string  `json:"model,omitempty"`
+	Reference    string  `json:"reference"` // baseline or recent
+	QueueP95Ms   float64 `json:"queue_p95_ms"`
+	QueueRefMs   float64 `json:"queue_ref_ms"`
+	PrefillP95Ms float64 `json:"prefill_p95_ms"`
+	PrefillRefMs float64 `json:"prefill_ref_ms"`
 }

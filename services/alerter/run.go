@@ -90,16 +90,19 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err != nil {
 		return err
 	}
+	engineCells, engineThrough, err := history.LoadEngineBaselines(ctx, db.Conn(), eng, since, now.Add(time.Minute), cfg.BaselineStep)
+	if err != nil {
+		return err
+	}
 	sceneCells, sceneThrough, err := history.LoadBusinessBaselines(ctx, db.Conn(), eng, rs, since, now.Add(time.Minute), cfg.BaselineStep)
 	if err != nil {
 		return err
 	}
-	if sceneThrough.After(loaded.Through) {
-		loaded.Through = sceneThrough
-	}
-	eng.SetLearnedThrough(loaded.Through)
+	through := maxTime(maxTime(loaded.Through, engineThrough), sceneThrough)
+	eng.SetLearnedThrough(through)
 	logger.Info("state restored", "rules", rs.Source, "firing_alerts", len(restored),
-		"series_cells", loaded.SeriesCells, "host_cells", loaded.HostCells, "scene_cells", sceneCells, "baseline_through", loaded.Through)
+		"series_cells", loaded.SeriesCells, "host_cells", loaded.HostCells, "engine_cells", engineCells,
+		"scene_cells", sceneCells, "baseline_through", through)
 
 	// The checkpoint says which windows an earlier run delivered; the consumer starts again
 	// from its ack floor, so the windows it held unacknowledged are read again first.
@@ -188,6 +191,13 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	return err
 }
 
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
 // registerEngineMetrics exposes the engine's counts as of its latest window.
 func registerEngineMetrics(reg prometheus.Registerer, eng *engine.Engine) {
 	counter := func(name, help string, f func(engine.Counts) uint64) prometheus.Collector {
@@ -201,12 +211,14 @@ func registerEngineMetrics(reg prometheus.Registerer, eng *engine.Engine) {
 	reg.MustRegister(
 		counter("series_evaluations_total", "Series × window evaluations.", func(c engine.Counts) uint64 { return c.Series }),
 		counter("host_evaluations_total", "Host × window efficiency evaluations.", func(c engine.Counts) uint64 { return c.Hosts }),
+		counter("engine_evaluations_total", "Inference engine × model × window evaluations.", func(c engine.Counts) uint64 { return c.Engines }),
 		counter("dynamic_checks_total", "Metric checks decided by a dynamic threshold.", func(c engine.Counts) uint64 { return c.Dynamic }),
 		counter("static_fallback_checks_total", "Metric checks decided by a static SLA rule because the dynamic one lacked baseline or traffic.", func(c engine.Counts) uint64 { return c.StaticFallback }),
 		counter("scene_evaluations_total", "Env × scene × window satisfaction and completion-rate evaluations.", func(c engine.Counts) uint64 { return c.Scenes }),
 		counter("hosts_without_gpu_total", "Instances with traffic but no GPU rollup in the window (no efficiency figure).", func(c engine.Counts) uint64 { return c.HostsWithoutGPU }),
 		gauge("baseline_series", "Token series with a baseline.", func(c engine.Counts) int { return c.BaselineSeries }),
 		gauge("baseline_hosts", "Hosts with an efficiency baseline.", func(c engine.Counts) int { return c.BaselineHosts }),
+		gauge("baseline_engines", "Inference engine × model series with a baseline.", func(c engine.Counts) int { return c.BaselineEngines }),
 		gauge("baseline_scenes", "Env × scene series with a satisfaction or completion-rate baseline.", func(c engine.Counts) int { return c.BaselineScenes }),
 		gauge("alerts_firing", "Alerts firing.", func(c engine.Counts) int { return c.Firing }),
 		gauge("alerts_pending", "Alerts pending (breaching, not yet for long enough).", func(c engine.Counts) int { return c.Pending }),

@@ -44,6 +44,11 @@ func parseDemoArgs(args []string, root, traces string, isTTY bool, stderr io.Wri
 	fs.DurationVar(&o.View, "view", 5*time.Minute, "the live table covers this much of the recent past")
 	fs.DurationVar(&o.Refresh, "refresh", 3*time.Second, "how often the table is redrawn")
 	plain := fs.Bool("plain", false, "print table after table instead of redrawing the screen")
+	fs.Func("incident", "when the load burst beyond the fake engine's batch runs: at=40s,for=40s,every=2m (the default)", func(v string) error {
+		in, err := demo.ParseIncident(v)
+		o.Incident = in
+		return err
+	})
 	fs.Usage = func() {
 		fmt.Fprint(stderr, "usage: tokenscope demo [flags]\n\nRuns the whole stack on this machine (needs clickhouse-server and Go) and shows it live.\n\n")
 		fs.PrintDefaults()

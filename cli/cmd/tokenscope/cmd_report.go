@@ -20,6 +20,7 @@ import (
 type reportArgs struct {
 	json    bool
 	layers  bool // TTFT per bucket at each layer side by side
+	engine  bool // the engine view instead of the per-bucket table
 	filter  report.Filter
 	main    report.Range
 	compare *report.Range // the baseline ("before") range, when comparing
@@ -57,6 +58,7 @@ func parseReportArgs(args []string, now time.Time, loc *time.Location, stderr io
 	fs.BoolVar(&a.layers, "layers", false, "TTFT p50/p95 per bucket at each layer (app, gateway, engine) side by side")
 	fs.BoolVar(&a.json, "json", false, "print JSON instead of a table")
 	fs.BoolVar(&a.business, "business", false, "the business view of the range's requests: satisfaction and quality per scene and model, by TTFT band and by stall, completion and turns, cost per satisfied conversation, retries")
+	fs.BoolVar(&a.engine, "engine", false, "the inference engines' view (per host × engine × model: queue, KV cache, prefix cache, preemptions, tokens/s, efficiency) instead of the per-bucket table; filters by --model only")
 	fs.StringVar(&a.sqlFile, "sql", "", "run this SQL file (a query of schemas/clickhouse/queries, say) instead of the table, its {name:Type} parameters bound from --param")
 	fs.Func("param", "name=value of a {name:Type} parameter of --sql, repeated; a DateTime takes the times --from takes", func(v string) error {
 		name, value, ok := strings.Cut(v, "=")
@@ -97,6 +99,9 @@ func parseReportArgs(args []string, now time.Time, loc *time.Location, stderr io
 	if len(a.params) > 0 {
 		return a, errors.New("--param goes with --sql")
 	}
+	if a.business && a.layers || a.business && a.engine || a.layers && a.engine {
+		return a, errors.New("--business, --engine and --layers are views of their own: give one of them")
+	}
 	if a.business {
 		var other []string
 		fs.Visit(func(f *flag.Flag) {
@@ -115,6 +120,9 @@ func parseReportArgs(args []string, now time.Time, loc *time.Location, stderr io
 	}
 	if a.layers && (*change != "" || *cmpFrom != "" || *cmpTo != "") {
 		return a, errors.New("--layers reads one range: use it without --change, --compare-from and --compare-to")
+	}
+	if a.engine && (a.filter.Scene != "" || a.filter.Env != "" || a.filter.Layer != "" || *cmpFrom != "" || *cmpTo != "" || *change != "") {
+		return a, errors.New("--engine takes a range and --model: engines have no scene, env or layer, and the engine view has no comparison")
 	}
 	at := func(name, v string, def time.Time) (time.Time, error) {
 		if v == "" {
@@ -209,6 +217,16 @@ func runReport(ctx context.Context, args []string, getenv func(string) string, s
 			return writeJSON(stdout, ans.JSON())
 		}
 		return report.WriteAnswer(stdout, ans)
+	}
+	if a.engine {
+		rep, err := report.QueryEngine(ctx, db.Conn(), a.main, a.filter)
+		if err != nil {
+			return err
+		}
+		if a.json {
+			return writeJSON(stdout, rep)
+		}
+		return report.WriteEngineTable(stdout, rep)
 	}
 	if ok, err := hasRollups(ctx, db); err != nil {
 		return err

@@ -15,7 +15,8 @@ import (
 )
 
 // TestDemo starts the whole demo stack on free ports for about half a minute: rows from
-// both loads must land in ClickHouse, the table must render them, and cancelling (Ctrl-C)
+// both loads and from the fake engine (through gpuwatch) must land in ClickHouse, the
+// table and the engine view must render them, and cancelling (Ctrl-C)
 // must stop every child in reverse order.
 func TestDemo(t *testing.T) {
 	if testing.Short() {
@@ -77,7 +78,7 @@ func TestDemo(t *testing.T) {
 	// simulated users' verdicts must reach feedback.
 	deadline = time.Now().Add(60 * time.Second)
 	for {
-		var chat, support, reqs, gpu, verdicts uint64
+		var chat, support, reqs, gpu, verdicts, eng uint64
 		q := func(sql string, dst *uint64) {
 			if err := db.Conn().QueryRow(ctx, sql).Scan(dst); err != nil && !strings.Contains(err.Error(), "doesn't exist") {
 				fail("%s: %v", sql, err)
@@ -88,6 +89,7 @@ func TestDemo(t *testing.T) {
 		q("SELECT count() FROM requests WHERE scene = 'chat' AND provider = 'openai'", &reqs)
 		q("SELECT count() FROM gpu_rollups", &gpu)
 		q("SELECT count() FROM feedback WHERE scene = 'support' AND name = 'thumbs'", &verdicts)
+		q("SELECT count() FROM engine_rollups WHERE model = 'llama-3.1-70b' AND up_samples > 0", &eng)
 		o := out.String()
 		// The fake LLM's llm_request spans reach the emitter's OTLP receiver.
 		var engineSpans bool
@@ -97,13 +99,13 @@ func TestDemo(t *testing.T) {
 			engineSpans = strings.Contains(string(b), `emitter_otlp_spans_accepted_total{layer="engine"}`) &&
 				!strings.Contains(string(b), `emitter_otlp_spans_accepted_total{layer="engine"} 0`+"\n")
 		}
-		if chat > 0 && support > 0 && reqs > 0 && gpu > 0 && engineSpans && verdicts > 0 && strings.Contains(o, "TTFT p50") &&
+		if chat > 0 && support > 0 && reqs > 0 && gpu > 0 && engineSpans && verdicts > 0 && eng > 0 && strings.Contains(o, "TTFT p50") && strings.Contains(o, "queue p95") &&
 			strings.Contains(o, "llama-3.1-70b") && strings.Contains(o, "qwen2.5-72b") {
 			break
 		}
 		if time.Now().After(deadline) {
-			fail("after 60 s: chat %d, support %d requests in token_rollups, %d proxied requests, %d GPU rollups, engine spans %v, %d support verdicts",
-				chat, support, reqs, gpu, engineSpans, verdicts)
+			fail("after 60 s: chat %d, support %d requests in token_rollups, %d proxied requests, %d GPU rollups, engine spans %v, %d support verdicts, %d engine rollups",
+				chat, support, reqs, gpu, engineSpans, verdicts, eng)
 		}
 		select {
 		case err := <-done:
@@ -122,7 +124,7 @@ func TestDemo(t *testing.T) {
 		t.Fatalf("the demo did not stop within 2 minutes\noutput:\n%s", out.String())
 	}
 	o := out.String()
-	order := []string{"stopped replay-support", "stopped replay-chat", "stopped emitter", "stopped fakellm", "stopped gpuwatch",
+	order := []string{"stopped replay-support", "stopped replay-chat", "stopped emitter", "stopped gpuwatch", "stopped fakellm",
 		"stopped alerter", "stopped aggregator", "stopped ClickHouse", "stopped NATS", "logs: " + filepath.Join(dir, "logs")}
 	at := 0
 	for _, s := range order {

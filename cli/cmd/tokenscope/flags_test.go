@@ -30,6 +30,7 @@ func TestParseReportArgs(t *testing.T) {
 		wantCompare *report.Range
 		wantFilter  report.Filter
 		wantJSON    bool
+		wantEngine  bool
 		wantErr     string
 	}{
 		{name: "default is the last hour", want: rng(now.Add(-time.Hour), now)},
@@ -65,6 +66,10 @@ func TestParseReportArgs(t *testing.T) {
 		{name: "param without sql", args: []string{"--param", "a=b"}, wantErr: "--param goes with --sql"},
 		{name: "param not name=value", args: []string{"--sql", "q.sql", "--param", "ab"}, wantErr: `"ab" is not name=value`},
 		{name: "param twice", args: []string{"--sql", "q.sql", "--param", "a=1", "--param", "a=2"}, wantErr: "a given twice"},
+		{name: "engine", args: []string{"--engine", "--model", "llama", "--last", "15m"}, want: rng(now.Add(-15*time.Minute), now),
+			wantFilter: report.Filter{Model: "llama"}, wantEngine: true},
+		{name: "engine with scene", args: []string{"--engine", "--scene", "chat"}, wantErr: "--engine takes a range and --model"},
+		{name: "engine with compare", args: []string{"--engine", "--change", "now-1h"}, wantErr: "--engine takes a range and --model"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := parseReportArgs(tc.args, now, time.UTC, io.Discard)
@@ -83,6 +88,9 @@ func TestParseReportArgs(t *testing.T) {
 			if (got.compare == nil) != (tc.wantCompare == nil) ||
 				got.compare != nil && (!got.compare.From.Equal(tc.wantCompare.From) || !got.compare.To.Equal(tc.wantCompare.To)) {
 				t.Fatalf("compare %v, want %v", got.compare, tc.wantCompare)
+			}
+			if got.engine != tc.wantEngine {
+				t.Fatalf("engine %v, want %v", got.engine, tc.wantEngine)
 			}
 			if got.filter != tc.wantFilter || got.json != tc.wantJSON {
 				t.Fatalf("filter %+v json %v, want %+v %v", got.filter, got.json, tc.wantFilter, tc.wantJSON)

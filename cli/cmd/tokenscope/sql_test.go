@@ -37,15 +37,16 @@ func TestReportSQL(t *testing.T) {
 	// Recent rows: a current server drops, as it inserts them, rows past the tables' TTL
 	// (requests: 30 days).
 	base := time.Now().UTC().Truncate(time.Minute).Add(-30 * time.Minute)
-	b, err := db.Conn().PrepareBatch(ctx, "INSERT INTO token_rollups (window_start, window_seconds, kind, env, scene, model, bucket, bucket_lo, requests, ok, errors, timeouts, input_tokens, output_tokens, cached_input_tokens, cost_usd, ttft_means, ttft_weights)")
+	// Served by gpu-node-1, whose engine rows below the engine queries join by instance.
+	b, err := db.Conn().PrepareBatch(ctx, "INSERT INTO token_rollups (window_start, window_seconds, kind, env, scene, model, instance, bucket, bucket_lo, requests, ok, errors, timeouts, input_tokens, output_tokens, cached_input_tokens, cost_usd, ttft_count, ttft_means, ttft_weights)")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := range 20 {
 		model := []string{"qwen2.5-72b", "it's"}[i%2]
 		means := []float64{100 + float64(i), 200 + float64(i), 900}
-		if err := b.Append(base.Add(time.Duration(i)*15*time.Second), uint32(15), "window", "prod", "chat", model, "0-500", uint32(0),
-			uint64(12), uint64(10), uint64(1), uint64(1), uint64(1000+i), uint64(500), uint64(100), 0.01, means, []uint64{5, 4, 1}); err != nil {
+		if err := b.Append(base.Add(time.Duration(i)*15*time.Second), uint32(15), "window", "prod", "chat", model, "gpu-node-1", "0-500", uint32(0),
+			uint64(12), uint64(10), uint64(1), uint64(1), uint64(1000+i), uint64(500), uint64(100), 0.01, uint64(10), means, []uint64{5, 4, 1}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -175,27 +176,36 @@ func TestReportSQL(t *testing.T) {
 		t.Errorf("feedback_coverage = %v", got)
 	}
 
-	// The business view: the same queries, one range.
-	var biz bytes.Buffer
-	if err := run(ctx, []string{"report", "--business", "--from", base.Format(time.RFC3339), "--to", base.Add(time.Hour).Format(time.RFC3339), "--json"}, getenv, &biz, io.Discard); err != nil {
-		t.Fatal(err)
+	// The business view: the same queries, one range, at one layer.
+	business := func(layer ...string) map[string][]map[string]any {
+		var biz bytes.Buffer
+		a := append([]string{"report", "--business", "--from", base.Format(time.RFC3339), "--to", base.Add(time.Hour).Format(time.RFC3339), "--json"}, layer...)
+		if err := run(ctx, a, getenv, &biz, io.Discard); err != nil {
+			t.Fatal(err)
+		}
+		var view struct {
+			Sections []struct {
+				Query string           `json:"query"`
+				Rows  []map[string]any `json:"rows"`
+			} `json:"sections"`
+		}
+		if err := json.Unmarshal(biz.Bytes(), &view); err != nil {
+			t.Fatalf("%v\n%s", err, biz.String())
+		}
+		bySection := map[string][]map[string]any{}
+		for _, s := range view.Sections {
+			bySection[s.Query] = s.Rows
+		}
+		return bySection
 	}
-	var view struct {
-		Sections []struct {
-			Query string           `json:"query"`
-			Rows  []map[string]any `json:"rows"`
-		} `json:"sections"`
-	}
-	if err := json.Unmarshal(biz.Bytes(), &view); err != nil {
-		t.Fatalf("%v\n%s", err, biz.String())
-	}
-	bySection := map[string][]map[string]any{}
-	for _, s := range view.Sections {
-		bySection[s.Query] = s.Rows
-	}
-	// e0–e4 have no TTFT (0 ms): one band, 5 verdicts (f4 once), 3 up.
-	if got := bySection["satisfaction_by_ttft_band.sql"]; len(got) != 1 || got[0]["ttft_band"] != "1: <= 500 ms" || got[0]["verdicts"] != float64(5) || got[0]["satisfied"] != 0.6 {
+	bySection := business()
+	// e0–e4 have no TTFT (0 ms): one band. The gateway's are e1 (up) and e3 (down); the
+	// engine's e0, e2 (up) and e4 (down, sent twice, counted once).
+	if got := bySection["satisfaction_by_ttft_band.sql"]; len(got) != 1 || got[0]["ttft_band"] != "1: <= 500 ms" || got[0]["verdicts"] != float64(2) || got[0]["satisfied"] != 0.5 {
 		t.Errorf("business view, satisfaction by TTFT band = %v", got)
+	}
+	if got := business("--layer", "engine")["satisfaction_by_ttft_band.sql"]; len(got) != 1 || got[0]["verdicts"] != float64(3) || math.Abs(got[0]["satisfied"].(float64)-2.0/3) > 1e-9 {
+		t.Errorf("business view of the engine layer, satisfaction by TTFT band = %v", got)
 	}
 	if got := bySection["retries.sql"]; len(got) != 1 || got[0]["conversations"] != float64(2) {
 		t.Errorf("business view, retries = %v", got)

@@ -30,6 +30,8 @@ type Options struct {
 	View    time.Duration // the live table covers this much of the recent past
 	Refresh time.Duration // how often the table is redrawn
 	TTY     bool          // redraw in place (a terminal) rather than print table after table
+	// Incident is when a load burst overruns the fake engine's batch (zero: DefaultIncident).
+	Incident Incident
 }
 
 // Validate names the bad option.
@@ -47,6 +49,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("--view=%s must be at least --window=%s", o.View, o.Window)
 	case o.Refresh < 500*time.Millisecond:
 		return fmt.Errorf("--refresh=%s must be at least 500ms", o.Refresh)
+	case o.Incident != Incident{}:
+		return o.Incident.Validate()
 	}
 	return nil
 }
@@ -90,6 +94,17 @@ type demo struct {
 	gpu   string        // what gpuwatch runs on, for the screen
 	// stopping is closed when the demo begins to stop, so exits are expected.
 	stopping chan struct{}
+	burst    *burst // the incident's load, run by watch
+}
+
+// chatModel is the proxied scene's model, and the model_name the fake engine reports.
+const chatModel = "llama-3.1-70b"
+
+func (s *demo) incident() Incident {
+	if s.o.Incident == (Incident{}) {
+		return DefaultIncident
+	}
+	return s.o.Incident
 }
 
 func (s *demo) say(format string, args ...any) { fmt.Fprintf(s.out, format+"\n", args...) }
@@ -158,18 +173,22 @@ func (s *demo) start(ctx context.Context) error {
 	if err := ready(al, "http://"+s.a.alerter+"/readyz", "alerter"); err != nil {
 		return err
 	}
-	if err := s.startGPU(ctx, common); err != nil {
-		return err
-	}
+	// The fake LLM is a fake inference engine: a batch of engineBatch running requests, a
+	// KV cache and a prefix cache, vLLM's metrics on /metrics, which gpuwatch reads. It
+	// starts first, so gpuwatch never finds it down.
 	fake, err := s.run(stack.Cmd{Name: "fakellm", Path: bin("emitter"), Args: []string{"fakellm", "-addr", s.a.fakellm,
 		"-ttft", "120ms", "-prefill-per-1k", "150ms", "-tpot", "15ms", "-error-rate", "0.01", "-rate-limit-rate", "0.01",
-		"-stall-rate", "0.01", "-disconnect-rate", "0.005", "-otlp-endpoint", "http://" + s.a.otlpHTTP},
+		"-stall-rate", "0.01", "-disconnect-rate", "0.005", "-otlp-endpoint", "http://" + s.a.otlpHTTP,
+		"-max-batch", fmt.Sprint(engineBatch), "-kv-tokens", fmt.Sprint(engineKVTokens), "-prefix-cache", "-model-name", chatModel},
 		// Its llm_request spans become the chat scene's engine-layer events, beside the proxy's.
 		Env: []string{"OTEL_RESOURCE_ATTRIBUTES=tokenscope.scene=chat,deployment.environment.name=demo,service.instance.id=" + s.a.fakellm}})
 	if err != nil {
 		return err
 	}
-	if err := ready(fake, "http://"+s.a.fakellm+"/healthz", "fake LLM"); err != nil {
+	if err := ready(fake, "http://"+s.a.fakellm+"/healthz", "fake LLM (engine)"); err != nil {
+		return err
+	}
+	if err := s.startGPU(ctx, common); err != nil {
 		return err
 	}
 	em, err := s.run(stack.Cmd{Name: "emitter", Path: bin("emitter"), Env: append(common, "HTTP_ADDR="+s.a.emitter,
@@ -186,7 +205,7 @@ func (s *demo) start(ctx context.Context) error {
 
 	// The proxied load: real HTTP through the emitter to the fake LLM; the proxy measures
 	// and publishes, so the replay itself publishes nothing.
-	load := []string{"replay", "-url", "http://" + s.a.emitter, "-protocol", "openai", "-model", "llama-3.1-70b",
+	load := []string{"replay", "-url", "http://" + s.a.emitter, "-protocol", "openai", "-model", chatModel,
 		"-loop", "-publish=false", "-concurrency", "256", "-speed", fmt.Sprint(o.Speed)}
 	what := "generated conversation workload"
 	if o.Trace != "" {
@@ -199,15 +218,21 @@ func (s *demo) start(ctx context.Context) error {
 		return err
 	}
 	s.say("load: scene chat        %s at %gx through the proxy to the fake LLM", what, o.Speed)
-	// The simulated scene: events from the latency model, with a TTFT incident of 40 s in
-	// every 2 minutes, so alerts fire and resolve while you watch.
+	// The simulated scene: events from the latency model, published directly. Its instance
+	// is its own: it never ran on the fake engine, whose queue must not explain its TTFT.
 	if _, err := s.run(stack.Cmd{Name: "replay-support", Path: bin("emitter"), Env: common, Args: []string{"replay", "-simulate",
 		"-shape", "conversation", "-duration", "6m", "-loop", "-speed", "3", "-model", "qwen2.5-72b", "-scene", "support",
-		"-env", "demo", "-instance", s.a.fakellm, "-incident", "start=2m,for=2m,ttft=8", "-seed", "7", "-feedback", "0.3"}}); err != nil {
+		"-env", "demo", "-instance", "sim-1", "-incident", "start=2m,for=2m,ttft=8", "-seed", "7", "-feedback", "0.3"}}); err != nil {
 		return err
 	}
 	s.say("load: scene support     simulated events; TTFT ×8 for 40 s of every 2 minutes (alerts fire, then resolve);")
 	s.say("                        30 %% of answers rated by their users, worse when slow: tokenscope report --business")
+	// The incident: a burst of chat requests beyond the engine's batch, so a queue builds
+	// in the engine and TTFT grows by the time requests wait in it.
+	s.burst = newBurst("http://"+s.a.emitter, chatModel, s.incident())
+	in := s.incident()
+	s.say("incident: scene chat    %d more clients for %s of every %s, from %s in: beyond the engine's batch of %d, a queue builds (the TTFT alert names queue time)",
+		burstClients, in.For, in.Every, in.At, engineBatch)
 
 	env := strings.Join([]string{"NATS_URL=nats://" + s.a.nats, "CLICKHOUSE_ADDR=" + s.a.ch, "CLICKHOUSE_HTTP_ADDR=" + s.a.chHTTP, "CLICKHOUSE_DB=tokenscope",
 		"EMITTER_URL=http://" + s.a.emitter, "FAKELLM_URL=http://" + s.a.fakellm,
@@ -226,7 +251,8 @@ func (s *demo) startGPU(ctx context.Context, common []string) error {
 		s.say("gpuwatch                off (--gpu=off)")
 		return nil
 	}
-	env := append(common, "HTTP_ADDR="+s.a.gpuwatch, "GPUWATCH_HOST="+s.a.fakellm, "GPUWATCH_SYNTHETIC_PERIOD=5m")
+	env := append(common, "HTTP_ADDR="+s.a.gpuwatch, "GPUWATCH_HOST="+s.a.fakellm, "GPUWATCH_SYNTHETIC_PERIOD=5m",
+		"GPUWATCH_ENGINES=vllm=http://"+s.a.fakellm+"/metrics")
 	url := "http://" + s.a.gpuwatch + "/readyz"
 	if s.o.GPU != "synthetic" {
 		p, err := s.run(stack.Cmd{Name: "gpuwatch", Path: filepath.Join(s.o.BinDir, "gpuwatch"), Env: append(env, "GPUWATCH_SOURCE=nvml")})

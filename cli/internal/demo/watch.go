@@ -66,6 +66,18 @@ func (s *demo) watch(ctx context.Context) error {
 	}()
 
 	started := time.Now()
+	if s.burst != nil {
+		bctx, stopBurst := context.WithCancel(ctx)
+		burstDone := make(chan struct{})
+		go func() {
+			defer close(burstDone)
+			s.burst.run(bctx, started)
+		}()
+		defer func() {
+			stopBurst()
+			<-burstDone
+		}()
+	}
 	var recent []string
 	var last string
 	tick := time.NewTicker(s.o.Refresh)
@@ -100,6 +112,13 @@ func (s *demo) draw(ctx context.Context, db *chdb.DB, now, started time.Time, re
 	var b, table bytes.Buffer
 	qctx, cancel := context.WithTimeout(ctx, s.o.Refresh)
 	rep, err := report.Query(qctx, db.Conn(), report.Range{From: now.Add(-s.o.View), To: now}, report.Filter{})
+	var engines report.EngineReport
+	var engErr error
+	if err == nil && s.gpu != "" {
+		// The engine view of the last minute, so a queue shows while it builds.
+		span := max(time.Minute, 3*s.o.Window)
+		engines, engErr = report.QueryEngine(qctx, db.Conn(), report.Range{From: now.Add(-span), To: now}, report.Filter{})
+	}
 	cancel()
 	if s.o.TTY {
 		b.WriteString("\x1b[H\x1b[2J")
@@ -114,11 +133,21 @@ func (s *demo) draw(ctx context.Context, db *chdb.DB, now, started time.Time, re
 	case err == nil:
 		_ = report.WriteTable(&table, rep)
 	}
+	switch {
+	case engErr != nil && ctx.Err() == nil:
+		fmt.Fprintf(&table, "\ncannot read the engine view: %v\n", engErr)
+	case engErr == nil && len(engines.Rows) > 0:
+		table.WriteString("\n")
+		_ = report.WriteEngineTable(&table, engines)
+	}
 	if !s.o.TTY {
 		// The heading moves with the clock; print when the numbers change.
 		body := table.String()
 		if i := strings.IndexByte(body, '\n'); i >= 0 && len(rep.Rows) > 0 {
 			body = body[i+1:]
+		}
+		if len(engines.Rows) > 0 {
+			body = strings.Replace(body, report.EngineHeading(engines), "", 1)
 		}
 		if body == prev {
 			return prev
@@ -131,7 +160,8 @@ func (s *demo) draw(ctx context.Context, db *chdb.DB, now, started time.Time, re
 	b.Write(table.Bytes())
 	b.WriteString("\nalerts (newest last):\n")
 	if len(recent) == 0 {
-		b.WriteString("  none yet: the support scene's TTFT incident starts 40 s into every 2 minutes\n")
+		in := s.incident()
+		fmt.Fprintf(&b, "  none yet: the load burst beyond the engine's batch starts %s in, for %s of every %s\n", in.At, in.For, in.Every)
 	}
 	for _, l := range recent {
 		b.WriteString("  " + l + "\n")
@@ -160,8 +190,19 @@ func alertLine(data []byte) string {
 			}
 		}
 	}
-	return fmt.Sprintf("%s %-8s %-8s %-22s %s  value %s threshold %s",
+	line := fmt.Sprintf("%s %-8s %-8s %-22s %s  value %s threshold %s",
 		a.At.Local().Format(time.TimeOnly), strings.ToUpper(a.State), a.Severity, a.Rule, strings.Join(series, " "), value(a.Value), value(a.Threshold))
+	if c := a.EngineCause; c != nil && a.State == events.AlertFiring {
+		line += fmt.Sprintf("  ← %s (engine %s/%s: queue p95 %s ms vs %s, prefill p95 %s ms vs %s)",
+			causeWords[c.Cause], c.Host, c.Engine, value(c.QueueP95Ms), value(c.QueueRefMs), value(c.PrefillP95Ms), value(c.PrefillRefMs))
+	}
+	return line
+}
+
+var causeWords = map[string]string{
+	events.CauseQueueTime:   "queue time grew",
+	events.CausePrefillTime: "prefill time grew",
+	events.CauseNeither:     "neither queue nor prefill time grew",
 }
 
 // value prints latencies (ms) whole and rates with three significant digits.

@@ -107,7 +107,7 @@ func (e *Engine) processBusiness(plan baseline.Plan, evaluate, learn bool) {
 			e.counts.Scenes++
 			for i, m := range businessMetrics {
 				if ok[i] {
-					e.checkDynamic(r, m, lk, a.hist, plan, vals[i], counts[i])
+					e.checkDynamic(r, m, lk, a.hist, plan, vals[i], counts[i], nil)
 				}
 			}
 		}

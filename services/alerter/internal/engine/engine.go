@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -39,6 +40,7 @@ type Window struct {
 	Seconds  int
 	Tokens   []events.TokenRollup
 	GPUs     []events.GPURollup
+	Engines  []events.EngineRollup
 	Feedback []events.FeedbackRollup
 }
 
@@ -50,6 +52,7 @@ type Counts struct {
 	Windows         uint64
 	Series          uint64 // series evaluated
 	Hosts           uint64 // hosts evaluated for efficiency
+	Engines         uint64 // engine × model evaluations
 	Dynamic         uint64 // metric checks by a dynamic rule
 	StaticFallback  uint64 // metric checks by a static rule because the dynamic one was not eligible
 	SkippedRows     uint64 // rows that were not window rollups
@@ -57,17 +60,19 @@ type Counts struct {
 	Scenes          uint64 // env × scene business evaluations
 	BaselineSeries  int
 	BaselineHosts   int
+	BaselineEngines int
 	BaselineScenes  int
 	Firing, Pending int
 }
 
 // Engine evaluates windows. It is not safe for concurrent use: one goroutine feeds it.
 type Engine struct {
-	rules  *rules.Set
-	series *baseline.Store[SeriesKey]
-	hosts  *baseline.Store[string]
-	biz    *baseline.Store[SceneKey]
-	life   *lifecycle.Tracker
+	rules   *rules.Set
+	series  *baseline.Store[SeriesKey]
+	hosts   *baseline.Store[string]
+	engines *baseline.Store[EngineKey]
+	biz     *baseline.Store[SceneKey]
+	life    *lifecycle.Tracker
 
 	// Windows starting at or before learnedThrough are in the baselines already (loaded
 	// from ClickHouse): evaluating them again must not count them twice.
@@ -81,6 +86,17 @@ type Engine struct {
 	hostAgg map[string]*hostAgg
 	bizAgg  map[SceneKey]*bizAgg
 	digest  *tdigest.TDigest
+
+	engAgg      map[EngineKey]*engineAgg
+	downAgg     map[downKey]*downAgg
+	hostEngines map[string][]EngineKey // the window's engine keys that answered, by host
+	recent      map[EngineKey]*recentRing
+	scratch     []float64
+	// ttftBreached is set while a series is checked when one of its TTFT rules breaches;
+	// breachedHosts are the instances of such series in the window, whose engines' windows
+	// are kept out of the hint's recent reference.
+	ttftBreached  bool
+	breachedHosts map[string]bool
 }
 
 // New returns an engine with empty baselines.
@@ -93,20 +109,31 @@ func New(rs *rules.Set, opts baseline.Options, resend time.Duration) (*Engine, e
 	if err != nil {
 		return nil, err
 	}
+	engines, err := baseline.New[EngineKey](opts, engMetrics)
+	if err != nil {
+		return nil, err
+	}
 	biz, err := baseline.New[SceneKey](opts, rules.NumBusinessMetrics)
 	if err != nil {
 		return nil, err
 	}
 	return &Engine{
-		rules:   rs,
-		series:  series,
-		hosts:   hosts,
-		biz:     biz,
-		life:    lifecycle.New(resend),
-		agg:     make(map[SeriesKey]*seriesAgg),
-		hostAgg: make(map[string]*hostAgg),
-		bizAgg:  make(map[SceneKey]*bizAgg),
-		digest:  tdigest.NewWithCompression(100),
+		rules:       rs,
+		series:      series,
+		hosts:       hosts,
+		engines:     engines,
+		biz:         biz,
+		life:        lifecycle.New(resend),
+		agg:         make(map[SeriesKey]*seriesAgg),
+		hostAgg:     make(map[string]*hostAgg),
+		bizAgg:      make(map[SceneKey]*bizAgg),
+		digest:      tdigest.NewWithCompression(100),
+		engAgg:      make(map[EngineKey]*engineAgg),
+		downAgg:     make(map[downKey]*downAgg),
+		hostEngines: make(map[string][]EngineKey),
+		recent:      make(map[EngineKey]*recentRing),
+
+		breachedHosts: make(map[string]bool),
 	}, nil
 }
 
@@ -114,7 +141,7 @@ func New(rs *rules.Set, opts baseline.Options, resend time.Duration) (*Engine, e
 // call it.
 func (e *Engine) Counts() Counts {
 	c := e.counts
-	c.BaselineSeries, c.BaselineHosts, c.BaselineScenes = e.series.Len(), e.hosts.Len(), e.biz.Len()
+	c.BaselineSeries, c.BaselineHosts, c.BaselineEngines, c.BaselineScenes = e.series.Len(), e.hosts.Len(), e.engines.Len(), e.biz.Len()
 	c.Firing, c.Pending = e.life.Count()
 	return c
 }
@@ -136,6 +163,22 @@ func (e *Engine) MergeSeries(key SeriesKey, t time.Time, m rules.Metric, n uint6
 // MergeHost is MergeSeries for a host's efficiency metrics.
 func (e *Engine) MergeHost(host string, t time.Time, m rules.Metric, n uint64, mean, variance float64, sample []float64) {
 	e.hosts.Merge(e.hosts.Series(host), e.hosts.StepOf(t), int(m)-rules.NumSeriesMetrics, n, mean, variance, sample)
+}
+
+// EngineValue names a value of an engine's baseline for MergeEngine.
+type EngineValue int
+
+// The values of an engine's baseline.
+const (
+	EngineQueueDepth   EngineValue = EngineValue(rules.QueueDepth - rules.QueueDepth)
+	EngineQueueTimeP95 EngineValue = EngineValue(rules.QueueTimeP95 - rules.QueueDepth)
+	EnginePrefillP95   EngineValue = EngineValue(engPrefill)
+)
+
+// MergeEngine is MergeSeries for an engine's baseline values (queue depth, queue time p95
+// and prefill time p95, in ms).
+func (e *Engine) MergeEngine(key EngineKey, t time.Time, v EngineValue, n uint64, mean, variance float64, sample []float64) {
+	e.engines.Merge(e.engines.Series(key), e.engines.StepOf(t), int(v), n, mean, variance, sample)
 }
 
 // SetLearnedThrough says the baselines already hold every window starting at or before t,
@@ -174,6 +217,7 @@ func (e *Engine) process(w Window, evaluate bool) {
 		return
 	}
 	e.group(w)
+	e.groupEngines(w)
 	plan := e.series.Plan(w.Start)
 	for key, a := range e.agg {
 		if a.rows == 0 {
@@ -194,12 +238,22 @@ func (e *Engine) process(w Window, evaluate bool) {
 		a.reset()
 	}
 	e.processHosts(w, plan, evaluate, learn)
+	e.processEngines(plan, evaluate, learn)
 	e.processBusiness(plan, evaluate, learn)
-	if evaluate && e.counts.Windows%256 == 0 && (e.series.Sweep(w.Start)+e.hosts.Sweep(w.Start)+e.biz.Sweep(w.Start)) > 0 {
-		// Histories were dropped: scratch entries may point at them.
-		clear(e.agg)
-		clear(e.hostAgg)
-		clear(e.bizAgg)
+	if evaluate && e.counts.Windows%256 == 0 {
+		if e.series.Sweep(w.Start)+e.hosts.Sweep(w.Start)+e.engines.Sweep(w.Start)+e.biz.Sweep(w.Start) > 0 {
+			// Histories were dropped: scratch entries may point at them.
+			clear(e.agg)
+			clear(e.hostAgg)
+			clear(e.engAgg)
+			clear(e.bizAgg)
+		}
+		for k, r := range e.recent {
+			if int64(e.counts.Windows)-r.lastWindow > 4*recentLen {
+				delete(e.recent, k) // an engine gone for a while starts its reference afresh
+				delete(e.engAgg, k)
+			}
+		}
 	}
 }
 
@@ -218,6 +272,9 @@ func (e *Engine) group(w Window) {
 			e.agg[key] = a
 		}
 		a.add(r)
+		if r.Instance != "" && !slices.Contains(a.instances, r.Instance) {
+			a.instances = append(a.instances, r.Instance)
+		}
 		// A host's efficiency counts the gateway's view of its requests only: the same
 		// requests seen by the engine too would count twice.
 		if r.Instance != "" && key.Layer == "" {
@@ -256,11 +313,23 @@ func (e *Engine) checkSeries(key SeriesKey, a *seriesAgg, h *baseline.History, p
 	e.counts.Series++
 	r := e.rules.For(key.Scene)
 	lk := lifecycle.Key{Env: key.Env, Scene: key.Scene, Model: key.Model, Bucket: key.Bucket, Layer: key.Layer}
+	e.ttftBreached = false
+	defer func() {
+		if e.ttftBreached {
+			for _, inst := range a.instances {
+				e.breachedHosts[inst] = true
+			}
+		}
+	}()
 	for m := range rules.Metric(rules.NumSeriesMetrics) {
 		if !ok[m] {
 			continue
 		}
-		eligible := e.checkDynamic(r, m, lk, h, plan, vals[m], a.requests)
+		var cause *events.EngineCause
+		if m == rules.TTFTP95 && e.rules.Default.Engine.TTFTHint && len(a.instances) > 0 && len(e.hostEngines) > 0 {
+			cause = e.ttftCause(key.Model, a.instances, plan)
+		}
+		eligible := e.checkDynamic(r, m, lk, h, plan, vals[m], a.requests, cause)
 		st := r.Static[m]
 		if !st.Enabled {
 			continue
@@ -280,11 +349,16 @@ func (e *Engine) checkSeries(key SeriesKey, a *seriesAgg, h *baseline.History, p
 				Method:    rules.Static,
 				For:       r.For, KeepFiringFor: r.KeepFiringFor,
 			}
+			if cause != nil {
+				o.Cause, o.Note = cause, causeNote(cause)
+			}
 			switch {
 			case a.requests < st.MinRequests:
 				e.life.Hold(lk)
 			case primary:
-				e.life.Observe(lk, o)
+				if e.life.Observe(lk, o) && m == rules.TTFTP95 {
+					e.ttftBreached = true
+				}
 			default:
 				e.life.Update(lk, o)
 			}
@@ -293,8 +367,8 @@ func (e *Engine) checkSeries(key SeriesKey, a *seriesAgg, h *baseline.History, p
 }
 
 // checkDynamic observes metric m's dynamic rule when it is eligible (enough baseline and
-// traffic) and reports whether it was.
-func (e *Engine) checkDynamic(r *rules.Rules, m rules.Metric, lk lifecycle.Key, h *baseline.History, plan baseline.Plan, v float64, requests uint64) bool {
+// traffic) and reports whether it was; cause, when set, is the engine's side of a TTFT breach.
+func (e *Engine) checkDynamic(r *rules.Rules, m rules.Metric, lk lifecycle.Key, h *baseline.History, plan baseline.Plan, v float64, requests uint64, cause *events.EngineCause) bool {
 	d := &r.Dynamic[m]
 	if !d.Enabled {
 		return false
@@ -308,6 +382,8 @@ func (e *Engine) checkDynamic(r *rules.Rules, m rules.Metric, lk lifecycle.Key, 
 	switch {
 	case m.HostMetric():
 		st = e.hosts.Stats(h, plan, int(m)-rules.NumSeriesMetrics, d.Method == rules.MedianMAD)
+	case m.EngineMetric():
+		st = e.engines.Stats(h, plan, int(m-rules.QueueDepth), d.Method == rules.MedianMAD)
 	case m.BusinessMetric():
 		st = e.biz.Stats(h, plan, int(m)-int(rules.Satisfaction), d.Method == rules.MedianMAD)
 	default:
@@ -331,12 +407,17 @@ func (e *Engine) checkDynamic(r *rules.Rules, m rules.Metric, lk lifecycle.Key, 
 		Spread:    spread,
 		For:       r.For, KeepFiringFor: r.KeepFiringFor,
 	}
+	if cause != nil {
+		o.Cause, o.Note = cause, causeNote(cause)
+	}
 	if o.HighIsBad {
 		o.Threshold, o.ResolveAt = center+dist, center+resolveDist
 	} else {
 		o.Threshold, o.ResolveAt = center-dist, center-resolveDist
 	}
-	e.life.Observe(lk, o)
+	if e.life.Observe(lk, o) && m == rules.TTFTP95 {
+		e.ttftBreached = true
+	}
 	return true
 }
 
@@ -370,7 +451,7 @@ func (e *Engine) processHosts(w Window, plan baseline.Plan, evaluate, learn bool
 			lk := lifecycle.Key{Instance: name}
 			for i, m := range []rules.Metric{rules.GPUEfficiency, rules.TokensPerJoule} {
 				if ok[i] {
-					e.checkDynamic(r, m, lk, h, plan, vals[i], ha.requests)
+					e.checkDynamic(r, m, lk, h, plan, vals[i], ha.requests, nil)
 				}
 			}
 			e.checkSaturation(r, name, ha, util)

@@ -11,6 +11,7 @@ import (
 // seriesAgg sums one series' rows of a window (one per instance, or one without).
 type seriesAgg struct {
 	hist                               *baseline.History // the series' history, looked up once
+	instances                          []string          // the window's instances of the series
 	rows                               int
 	requests, errors, timeouts, output uint64
 	seconds                            int
@@ -80,6 +81,8 @@ func (a *seriesAgg) add(r *events.TokenRollup) {
 
 func (a *seriesAgg) reset() {
 	a.rows, a.requests, a.errors, a.timeouts, a.output, a.seconds = 0, 0, 0, 0, 0, 0
+	clear(a.instances)
+	a.instances = a.instances[:0]
 	a.ttft.reset()
 	a.tpot.reset()
 	a.total.reset()

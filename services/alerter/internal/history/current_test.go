@@ -57,6 +57,21 @@ func TestBaselineQueriesOnCurrent(t *testing.T) {
 	if err := gb.Send(); err != nil {
 		t.Fatal(err)
 	}
+	eb, err := db.Conn().PrepareBatch(ctx, `INSERT INTO engine_rollups (window_start, window_seconds, kind, host, engine, name, model,
+		samples, up_samples, queue_depth_avg, queue_time_le, queue_time_counts, queue_time_count, prefill_le, prefill_counts, prefill_count)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 30 {
+		le := []float64{0.5, 1, 2}
+		if err := eb.Append(start.Add(time.Duration(i)*time.Minute), uint32(60), "window", "a", "vllm", "vllm", "m", uint64(60), uint64(60),
+			float64(i%4), le, []float64{float64(i), 2, 1, 0}, float64(i+3), le, []float64{3, 0, 0, 0}, float64(3)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := eb.Send(); err != nil {
+		t.Fatal(err)
+	}
 	// Business baselines: thumbs and outcomes of two scenes.
 	fb, err := db.Conn().PrepareBatch(ctx, `INSERT INTO feedback_rollups (window_start, window_seconds, kind, env, scene, model, name, source, count, positive)`)
 	if err != nil {
@@ -99,7 +114,7 @@ func TestBaselineQueriesOnCurrent(t *testing.T) {
 	if _, err := chdb.MigrateOn(ctx, cur, cur.DB, cur.Version, schemas.Migrations()); err != nil {
 		t.Fatal(err)
 	}
-	if err := testbed.CopyTables(ctx, db.Conn(), cfg.DB, cur, "token_rollups", "gpu_rollups", "feedback_rollups"); err != nil {
+	if err := testbed.CopyTables(ctx, db.Conn(), cfg.DB, cur, "token_rollups", "gpu_rollups", "engine_rollups", "feedback_rollups"); err != nil {
 		t.Fatal(err)
 	}
 	since, until := start.Add(-time.Hour).Unix(), start.Add(time.Hour).Unix()
@@ -119,6 +134,7 @@ func TestBaselineQueriesOnCurrent(t *testing.T) {
 		q    string
 		keys int
 	}{{fmt.Sprintf(seriesCells, 600, 600, since, until), 6}, {fmt.Sprintf(hostCells, 600, 600, since, until, since, until), 2},
+		{fmt.Sprintf(engineRows, since, until), 5},
 		{fmt.Sprintf(satisfactionCells, 600, 600, since, until, rules.SatisfactionFeedback, business(rules.Satisfaction, "")), 3},
 		{fmt.Sprintf(completionCells, 600, 600, since, until, business(rules.CompletionRate, "")), 3}} {
 		q := c.q

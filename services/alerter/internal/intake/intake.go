@@ -176,7 +176,7 @@ func New(cons jetstream.Consumer, eval Evaluator, sink Sink, cp Checkpoint, dead
 		aggregators: map[string]*aggregator{},
 		wm:          newWatermarkMetrics(),
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "alerter", Name: "rollups_received_total", Help: "Messages read from the ROLLUPS stream, by kind (tokens, gpu, feedback, watermark).",
+			Namespace: "alerter", Name: "rollups_received_total", Help: "Messages read from the ROLLUPS stream, by kind (tokens, gpu, engine, feedback, watermark).",
 		}, []string{"kind"}),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "alerter", Name: "rollups_skipped_total",
@@ -200,6 +200,7 @@ func New(cons jetstream.Consumer, eval Evaluator, sink Sink, cp Checkpoint, dead
 	in.received.WithLabelValues("tokens")
 	in.received.WithLabelValues("gpu")
 	in.received.WithLabelValues("watermark")
+	in.received.WithLabelValues("engine")
 	in.received.WithLabelValues("feedback")
 	for _, r := range reasons {
 		in.skipped.WithLabelValues(r)
@@ -322,6 +323,23 @@ func (in *Intake) Add(m jetstream.Msg, now time.Time) {
 		}
 		start, seconds = r.WindowStart, r.WindowSeconds
 		addTo = func(w *engine.Window) { w.GPUs = append(w.GPUs, r) }
+	case strings.HasPrefix(subj, "rollup.engine."):
+		in.received.WithLabelValues("engine").Inc()
+		var r events.EngineRollup
+		if err := decode(m.Data(), &r); err != nil {
+			in.reject(m, reasonMalformed, err)
+			return
+		}
+		if err := checkEngine(&r); err != nil {
+			in.reject(m, reasonInvalid, err)
+			return
+		}
+		if r.Kind == events.KindCorrection {
+			in.skip(m, reasonCorrection)
+			return
+		}
+		start, seconds = r.WindowStart, r.WindowSeconds
+		addTo = func(w *engine.Window) { w.Engines = append(w.Engines, r) }
 	default:
 		in.skip(m, reasonSubject)
 		return
@@ -593,6 +611,39 @@ func checkGPU(r *events.GPURollup) error {
 		return fmt.Errorf("%w: host is required", errInvalidRollup)
 	case r.UtilAvg < 0 || r.UtilAvg > 100 || r.EnergyJ < 0:
 		return fmt.Errorf("%w: util_avg %v or energy_j %v out of range", errInvalidRollup, r.UtilAvg, r.EnergyJ)
+	}
+	return checkKind(r.Kind)
+}
+
+func checkEngine(r *events.EngineRollup) error {
+	switch {
+	case r.WindowStart.IsZero():
+		return fmt.Errorf("%w: window_start is missing", errInvalidRollup)
+	case r.WindowSeconds <= 0:
+		return fmt.Errorf("%w: window_seconds=%d must be positive", errInvalidRollup, r.WindowSeconds)
+	case r.Host == "" || r.Name == "":
+		return fmt.Errorf("%w: host and name are required", errInvalidRollup)
+	case r.UpSamples+r.DownSamples != r.Samples:
+		return fmt.Errorf("%w: up_samples %d + down_samples %d are not samples %d", errInvalidRollup, r.UpSamples, r.DownSamples, r.Samples)
+	}
+	for _, f := range []struct {
+		name   string
+		v, max float64
+	}{
+		{"queue_depth_avg", r.QueueDepthAvg, 1e9}, {"kv_cache_usage_avg", r.KVCacheUsageAvg, 1}, {"preemptions", r.Preemptions, 1e18},
+		{"queue_time_seconds.p95", r.QueueTime.P95, 1e9}, {"prefill_time_seconds.p95", r.PrefillTime.P95, 1e9},
+	} {
+		if !(f.v >= 0 && f.v <= f.max) {
+			return fmt.Errorf("%w: %s=%v out of range (0 to %g)", errInvalidRollup, f.name, f.v, f.max)
+		}
+	}
+	for _, h := range []struct {
+		name string
+		h    *events.EngineHistogram
+	}{{"queue_time_seconds", &r.QueueTime}, {"prefill_time_seconds", &r.PrefillTime}} {
+		if len(h.h.Counts) != 0 && len(h.h.Counts) != len(h.h.Le)+1 {
+			return fmt.Errorf("%w: %s has %d counts for %d bounds", errInvalidRollup, h.name, len(h.h.Counts), len(h.h.Le))
+		}
 	}
 	return checkKind(r.Kind)
 }

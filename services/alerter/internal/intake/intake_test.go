@@ -326,3 +326,47 @@ func TestRollupLayers(t *testing.T) {
 		t.Fatalf("dead letters %+v", dl.msgs)
 	}
 }
+
+// Engine rollups join their window; invalid ones are dead-lettered with their reason.
+func TestEngineRollupsJoinTheirWindow(t *testing.T) {
+	rec, dl := &recorder{}, &dead{}
+	reg := prometheus.NewRegistry()
+	in := New(nil, rec, &sink{}, &memCheckpoint{}, dl, Options{Settle: time.Second}, reg, discard)
+	w0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	eng := func(r events.EngineRollup) *msg {
+		data, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &msg{subject: "rollup.engine.gpu1", data: data}
+	}
+	good := events.EngineRollup{V: 1, WindowStart: w0, WindowSeconds: 15, Kind: events.KindWindow, Host: "gpu1", Engine: "vllm", Name: "vllm", Model: "m",
+		Samples: 15, UpSamples: 15, QueueDepthAvg: 3, KVCacheUsageAvg: 0.5}
+	bad := good
+	bad.KVCacheUsageAvg = 1.5
+	miscounted := good
+	miscounted.DownSamples = 3
+	noName := good
+	noName.Name = ""
+	msgs := []*msg{eng(good), tokenMsg(t, w0, events.KindWindow), eng(bad), eng(miscounted), eng(noName), {subject: "rollup.engine.gpu1", data: []byte("{")}}
+	for _, m := range msgs {
+		in.Add(m, w0.Add(20*time.Second))
+	}
+	if n := in.Flush(context.Background(), w0.Add(time.Minute)); n != 1 {
+		t.Fatalf("evaluated %d windows", n)
+	}
+	if w := rec.windows[0]; len(w.Engines) != 1 || len(w.Tokens) != 1 || w.Engines[0].QueueDepthAvg != 3 {
+		t.Fatalf("window %+v", w)
+	}
+	if len(dl.msgs) != 4 {
+		t.Fatalf("%d dead letters, want 4", len(dl.msgs))
+	}
+	for i, want := range []string{"invalid", "invalid", "invalid", "malformed"} {
+		if got := dl.msgs[i].Header.Get("Tokenscope-Reason"); got != want || !msgs[i+2].termd {
+			t.Errorf("dead letter %d: reason %q (%s), want %s", i, got, dl.msgs[i].Header.Get("Tokenscope-Error"), want)
+		}
+	}
+	if got := testutil.ToFloat64(in.received.WithLabelValues("engine")); got != 5 {
+		t.Errorf("received{engine} = %v, want 5", got)
+	}
+}

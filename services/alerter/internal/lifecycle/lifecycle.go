@@ -11,19 +11,21 @@ import (
 	"github.com/tokenscope/tokenscope/pkg/events"
 )
 
-// Key identifies one alert: a rule at one severity on one series or host.
+// Key identifies one alert: a rule at one severity on one series, host or inference
+// engine (Instance the host, Engine the endpoint's name on it).
 type Key struct {
 	Rule, Severity            string
 	Env, Scene, Model, Bucket string
 	Layer                     string // empty for the gateway
 	Instance                  string
+	Engine                    string
 }
 
 // Labels returns the alert's labels: alertname, severity and the series' non-empty labels
 // (no layer label is the gateway).
 func (k Key) Labels() map[string]string {
 	l := map[string]string{"alertname": k.Rule, "severity": k.Severity}
-	for name, v := range map[string]string{"env": k.Env, "scene": k.Scene, "model": k.Model, "bucket": k.Bucket, "layer": k.Layer, "instance": k.Instance} {
+	for name, v := range map[string]string{"env": k.Env, "scene": k.Scene, "model": k.Model, "bucket": k.Bucket, "layer": k.Layer, "instance": k.Instance, "engine": k.Engine} {
 		if v != "" {
 			l[name] = v
 		}
@@ -34,7 +36,7 @@ func (k Key) Labels() map[string]string {
 // KeyOf rebuilds a Key from an alert's labels.
 func KeyOf(a *events.Alert) Key {
 	l := a.Labels
-	return Key{Rule: a.Rule, Severity: a.Severity, Env: l["env"], Scene: l["scene"], Model: l["model"], Bucket: l["bucket"], Layer: l["layer"], Instance: l["instance"]}
+	return Key{Rule: a.Rule, Severity: a.Severity, Env: l["env"], Scene: l["scene"], Model: l["model"], Bucket: l["bucket"], Layer: l["layer"], Instance: l["instance"], Engine: l["engine"]}
 }
 
 // Fingerprint hashes sorted labels (FNV-1a, 64 bits, hex), as Alertmanager identifies alerts.
@@ -66,11 +68,18 @@ type Observation struct {
 	Center    float64
 	Spread    float64
 	Note      string // extra context for people, such as the SLA a saturated host breaks
+	// Inclusive makes a value at the threshold a breach (KV-cache usage ≥ 95 %).
+	Inclusive bool
+	// Cause is the engine's side of a TTFT breach, carried into the alert.
+	Cause *events.EngineCause
 	// For and KeepFiringFor of the rule that produced it.
 	For, KeepFiringFor int
 }
 
 func (o *Observation) breach(thr float64) bool {
+	if o.Inclusive && o.Value == thr {
+		return true
+	}
 	if o.HighIsBad {
 		return o.Value > thr
 	}
@@ -247,6 +256,7 @@ func (s *state) alert(st string, at time.Time) events.Alert {
 		StartsAt:       s.startsAt.UTC(),
 		At:             at.UTC(),
 		Summary:        s.summary(st),
+		EngineCause:    s.last.Cause,
 	}
 }
 
@@ -255,9 +265,14 @@ func (s *state) summary(st string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s %s: %.4g", s.key.Rule, st, o.Value)
 	if st == events.AlertFiring {
-		if o.HighIsBad {
+		switch {
+		case o.Inclusive && o.HighIsBad:
+			b.WriteString(" at or above ")
+		case o.HighIsBad:
 			b.WriteString(" above ")
-		} else {
+		case o.Inclusive:
+			b.WriteString(" at or below ")
+		default:
 			b.WriteString(" below ")
 		}
 		fmt.Fprintf(&b, "%.4g", o.Threshold)
@@ -269,7 +284,7 @@ func (s *state) summary(st string) string {
 		fmt.Fprintf(&b, " (baseline median %.4g, MAD %.4g)", o.Center, o.Spread)
 	}
 	var where []string
-	for _, v := range []string{s.key.Env, s.key.Scene, s.key.Model, s.key.Bucket, s.key.Layer, s.key.Instance} {
+	for _, v := range []string{s.key.Env, s.key.Scene, s.key.Model, s.key.Bucket, s.key.Layer, s.key.Instance, s.key.Engine} {
 		if v != "" {
 			where = append(where, v)
 		}

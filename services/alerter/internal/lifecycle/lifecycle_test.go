@@ -146,3 +146,21 @@ func TestHold(t *testing.T) {
 		t.Errorf("firing %d, want 1", f)
 	}
 }
+
+// An engine alert's key survives its labels (a restart restores it to the same key), and
+// an inclusive observation breaches at its threshold.
+func TestEngineKeyAndInclusive(t *testing.T) {
+	k := Key{Rule: "kv_cache_saturation", Severity: "warning", Model: "m", Instance: "gpu1", Engine: "vllm"}
+	a := events.Alert{Rule: k.Rule, Severity: k.Severity, Labels: k.Labels()}
+	if got := KeyOf(&a); got != k || a.Labels["engine"] != "vllm" {
+		t.Fatalf("KeyOf(%v) = %+v, want %+v", a.Labels, got, k)
+	}
+	at := Observation{Value: 0.95, Threshold: 0.95, HighIsBad: true}
+	if at.breach(at.Threshold) {
+		t.Fatal("a value at an exclusive threshold breached")
+	}
+	at.Inclusive = true
+	if !at.breach(at.Threshold) {
+		t.Fatal("a value at an inclusive threshold did not breach")
+	}
+}

@@ -159,6 +159,10 @@ func (a *Alertmanager) Body(alerts []events.Alert) ([]byte, error) {
 		if !al.WindowStart.IsZero() {
 			ann["window_start"] = al.WindowStart.UTC().Format(time.RFC3339)
 		}
+		if c := al.EngineCause; c != nil {
+			ann["engine_cause"] = c.Cause
+			ann["engine"] = c.Host + "/" + c.Engine
+		}
 		x := amAlert{Labels: al.Labels, Annotations: ann, StartsAt: al.StartsAt.UTC()}
 		if al.State == events.AlertResolved {
 			x.EndsAt = al.At.UTC()

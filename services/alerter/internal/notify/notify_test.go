@@ -195,3 +195,26 @@ func TestAlertmanager(t *testing.T) {
 		t.Errorf("failed posts %v, want 1", got)
 	}
 }
+
+// A TTFT alert's engine cause reaches Alertmanager as annotations.
+func TestAlertmanagerEngineCause(t *testing.T) {
+	am := NewAlertmanager("http://127.0.0.1:1/", time.Second, time.Hour, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	a := alert(events.AlertFiring)
+	a.EngineCause = &events.EngineCause{Cause: events.CauseQueueTime, Host: "gpu1", Engine: "vllm", Reference: "recent"}
+	body, err := am.Body([]events.Alert{a, alert(events.AlertFiring)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []struct {
+		Annotations map[string]string `json:"annotations"`
+	}
+	if err := json.Unmarshal(body, &got); err != nil {
+		t.Fatal(err)
+	}
+	if ann := got[0].Annotations; ann["engine_cause"] != "queue_time" || ann["engine"] != "gpu1/vllm" {
+		t.Errorf("annotations %v", ann)
+	}
+	if _, ok := got[1].Annotations["engine_cause"]; ok {
+		t.Errorf("an alert without a cause has one: %v", got[1].Annotations)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 )
@@ -27,6 +28,11 @@ var ErrInvalidRules = errors.New("invalid rules")
 //	  static:
 //	    ttft_p95: {warning: 2000, critical: 5000}
 //	  saturation: {util_pct: 95}
+//	  engine:
+//	    kv_cache: {usage: 0.95, for: 2m}
+//	    preemptions: {per_s: 0, for: 2m}
+//	    down: {for: 30s, severity: critical}
+//	    ttft_hint: true
 //	scenes:
 //	  customer-service:
 //	    static:
@@ -43,6 +49,24 @@ type fileSection struct {
 	Dynamic       map[string]*fileDynamic `yaml:"dynamic"`
 	Static        map[string]*fileStatic  `yaml:"static"`
 	Saturation    *fileSaturation         `yaml:"saturation"`
+	Engine        *fileEngine             `yaml:"engine"`
+}
+
+type fileEngine struct {
+	KVCache     *fileEngineLevel `yaml:"kv_cache"`
+	Preemptions *fileEngineLevel `yaml:"preemptions"`
+	Down        *fileEngineLevel `yaml:"down"`
+	TTFTHint    *bool            `yaml:"ttft_hint"`
+}
+
+// fileEngineLevel is one engine rule; its threshold is usage (kv_cache) or per_s
+// (preemptions), down has none.
+type fileEngineLevel struct {
+	Enabled  *bool          `yaml:"enabled"`
+	Usage    *float64       `yaml:"usage"`
+	PerS     *float64       `yaml:"per_s"`
+	For      *time.Duration `yaml:"for"`
+	Severity *string        `yaml:"severity"`
 }
 
 type fileDynamic struct {
@@ -154,6 +178,9 @@ func (sec *fileSection) apply(r *Rules, at string, scene bool) error {
 		if scene && m.HostMetric() {
 			return invalid(at, "dynamic."+name, "is a per-host rule: set it under defaults, not per scene")
 		}
+		if scene && m.EngineMetric() {
+			return invalid(at, "dynamic."+name, "is a per-engine rule: set it under defaults, not per scene")
+		}
 		if d := sec.Dynamic[name]; d != nil {
 			if err := d.apply(&r.Dynamic[m], at+".dynamic."+name); err != nil {
 				return err
@@ -190,6 +217,74 @@ func (sec *fileSection) apply(r *Rules, at string, scene bool) error {
 			}
 			r.Saturation.Severity = *sat.Severity
 		}
+	}
+	if eng := sec.Engine; eng != nil {
+		if scene {
+			return invalid(at, "engine", "is a per-engine rule: set it under defaults, not per scene")
+		}
+		if err := eng.apply(&r.Engine, at+".engine"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (f *fileEngine) apply(r *EngineRules, at string) error {
+	for _, l := range []struct {
+		name      string
+		file      *fileEngineLevel
+		rule      *EngineLevel
+		threshold string // the field that sets the threshold, "" for none
+	}{
+		{"kv_cache", f.KVCache, &r.KVCache, "usage"},
+		{"preemptions", f.Preemptions, &r.Preemptions, "per_s"},
+		{"down", f.Down, &r.Down, ""},
+	} {
+		if l.file != nil {
+			if err := l.file.apply(l.rule, at+"."+l.name, l.threshold); err != nil {
+				return err
+			}
+		}
+	}
+	if f.TTFTHint != nil {
+		r.TTFTHint = *f.TTFTHint
+	}
+	return nil
+}
+
+func (f *fileEngineLevel) apply(r *EngineLevel, at, threshold string) error {
+	if f.Enabled != nil {
+		r.Enabled = *f.Enabled
+	}
+	if f.Usage != nil {
+		if threshold != "usage" {
+			return invalid(at, "usage", "only kv_cache takes usage")
+		}
+		if !(*f.Usage > 0 && *f.Usage <= 1) {
+			return invalid(at, "usage", "must be a fraction above 0 and at most 1 (got %v)", *f.Usage)
+		}
+		r.Threshold = *f.Usage
+	}
+	if f.PerS != nil {
+		if threshold != "per_s" {
+			return invalid(at, "per_s", "only preemptions takes per_s")
+		}
+		if !(*f.PerS >= 0) || math.IsInf(*f.PerS, 0) {
+			return invalid(at, "per_s", "must be a finite value of at least 0 (got %v)", *f.PerS)
+		}
+		r.Threshold = *f.PerS
+	}
+	if f.For != nil {
+		if *f.For < 0 || *f.For > 24*time.Hour {
+			return invalid(at, "for", "must be from 0 to 24h (got %s)", *f.For)
+		}
+		r.For = *f.For
+	}
+	if f.Severity != nil {
+		if err := checkSeverity(*f.Severity); err != nil {
+			return invalid(at, "severity", "%v", err)
+		}
+		r.Severity = *f.Severity
 	}
 	return nil
 }

@@ -1,8 +1,12 @@
 package rules
 
+import "time"
+
 // Metric is one figure the alerter watches. The first NumSeriesMetrics are computed per
-// env × scene × model × input bucket from token rollups; the rest per host, joining token
-// rollups by instance with GPU rollups by host.
+// env × scene × model × input bucket from token rollups; the next NumHostMetrics per host,
+// joining token rollups by instance with GPU rollups by host; the next NumEngineMetrics per
+// inference engine × model, from engine rollups; the last NumBusinessMetrics per env ×
+// scene, from feedback rollups and token rollups' outcomes.
 type Metric int
 
 // The watched metrics.
@@ -17,6 +21,9 @@ const (
 	GPUEfficiency  // output tokens/s ÷ mean GPU utilisation (%)
 	TokensPerJoule // output tokens ÷ GPU energy used in the window
 
+	QueueDepth   // requests waiting in the engine's queue, mean over the window
+	QueueTimeP95 // ms requests waited in the engine's queue, p95 (bucket-interpolated)
+
 	// Business metrics, per env × scene.
 	Satisfaction   // share of positive verdicts among the window's SatisfactionFeedback verdicts
 	CompletionRate // completed / (completed + abandoned) requests, at the gateway layer
@@ -24,15 +31,14 @@ const (
 	NumMetrics
 )
 
-// NumSeriesMetrics is how many metrics belong to token series; the host metrics follow,
-// then the business metrics.
-const NumSeriesMetrics = int(GPUEfficiency)
-
-// NumHostMetrics is how many metrics belong to hosts.
-const NumHostMetrics = int(Satisfaction) - NumSeriesMetrics
-
-// NumBusinessMetrics is how many metrics belong to a scene's business series.
-const NumBusinessMetrics = int(NumMetrics) - int(Satisfaction)
+// How many metrics belong to token series, to hosts, to engines and to scenes' business
+// series, in that order.
+const (
+	NumSeriesMetrics   = int(GPUEfficiency)
+	NumHostMetrics     = int(QueueDepth) - NumSeriesMetrics
+	NumEngineMetrics   = int(Satisfaction) - int(QueueDepth)
+	NumBusinessMetrics = int(NumMetrics) - int(Satisfaction)
+)
 
 // SatisfactionFeedback is the name of the feedback whose share positive is satisfaction.
 const SatisfactionFeedback = "thumbs"
@@ -40,6 +46,7 @@ const SatisfactionFeedback = "thumbs"
 var metricNames = [NumMetrics]string{
 	"ttft_p95", "tpot_p95", "total_p99", "error_rate", "timeout_rate", "output_tps",
 	"gpu_efficiency", "tokens_per_joule",
+	"queue_depth", "queue_time_p95",
 	"satisfaction", "completion_rate",
 }
 
@@ -52,14 +59,17 @@ func (m Metric) String() string {
 }
 
 // HostMetric reports whether m is computed per host rather than per token series.
-func (m Metric) HostMetric() bool { return m >= GPUEfficiency && m < Satisfaction }
+func (m Metric) HostMetric() bool { return m >= GPUEfficiency && m < QueueDepth }
+
+// EngineMetric reports whether m is computed per inference engine × model.
+func (m Metric) EngineMetric() bool { return m >= QueueDepth && m < Satisfaction }
 
 // BusinessMetric reports whether m is computed per env × scene from verdicts and outcomes.
 func (m Metric) BusinessMetric() bool { return m >= Satisfaction && m < NumMetrics }
 
-// HighIsBad reports the bad direction: latencies and error rates alert when high,
+// HighIsBad reports the bad direction: latencies, rates and queues alert when high;
 // throughput, efficiency, satisfaction and completion when low.
-func (m Metric) HighIsBad() bool { return m <= TimeoutRate }
+func (m Metric) HighIsBad() bool { return m <= TimeoutRate || m.EngineMetric() }
 
 // ParseMetric returns the metric named s.
 func ParseMetric(s string) (Metric, bool) {
@@ -137,7 +147,47 @@ type Saturation struct {
 	Severity string
 }
 
-// Rules is the full rule set for one scene (or, for host rules, for every host).
+// EngineLevel is a static rule on inference engines' rollups: it fires once the condition
+// has held in every window for For (rounded up to whole windows), at Severity.
+type EngineLevel struct {
+	Enabled   bool
+	Threshold float64
+	For       time.Duration
+	Severity  string
+}
+
+// Windows returns how many consecutive windows of the given length make For.
+func (l EngineLevel) Windows(windowSeconds int) int {
+	if windowSeconds <= 0 {
+		return 1
+	}
+	w := time.Duration(windowSeconds) * time.Second
+	return max(int((l.For+w-1)/w), 1)
+}
+
+// EngineRules are the rules on inference engines beside their dynamic ones (queue depth and
+// queue time against their baselines).
+type EngineRules struct {
+	// KVCache fires while the engine's KV-cache usage (mean over the window, 0–1) is at
+	// least Threshold.
+	KVCache EngineLevel
+	// Preemptions fires while the engine preempts more than Threshold requests per second.
+	Preemptions EngineLevel
+	// Down fires while no scrape of the engine succeeded in the window.
+	Down EngineLevel
+	// TTFTHint makes a TTFT alert on a series served by a host with engine data say which
+	// of the engine's queue time and prefill time grew with it.
+	TTFTHint bool
+}
+
+// The engine rules' names.
+const (
+	KVCacheName     = "kv_cache_saturation"
+	PreemptionsName = "engine_preemptions"
+	DownName        = "engine_down"
+)
+
+// Rules is the full rule set for one scene (or, for host and engine rules, for every host).
 type Rules struct {
 	// For is how many consecutive breaching windows turn pending into firing.
 	For int
@@ -151,6 +201,7 @@ type Rules struct {
 	Dynamic    [NumMetrics]Dynamic
 	Static     [NumMetrics]StaticRule
 	Saturation Saturation
+	Engine     EngineRules
 }
 
 var dynamicNames, staticNames [NumMetrics]string
@@ -216,6 +267,18 @@ func Defaults() Rules {
 	r.Static[ErrorRate] = StaticRule{Enabled: true, Warning: 0.05, Critical: 0.2, MinRequests: 100}
 	r.Static[TimeoutRate] = StaticRule{Enabled: true, Warning: 0.02, Critical: 0.1, MinRequests: 100}
 	r.Saturation = Saturation{Enabled: true, UtilPct: 95, Severity: "warning"}
+
+	// Engines: a queue is often empty, so its baseline's spread is near zero; it must grow
+	// by half and by two requests (or 250 ms) before it is an incident. A queue-time p95 of
+	// fewer than 20 requests is noise; queue depth is a gauge and needs none.
+	r.Dynamic[QueueDepth].MinChange, r.Dynamic[QueueDepth].MinDelta, r.Dynamic[QueueDepth].MinRequests = 0.5, 2, 0
+	r.Dynamic[QueueTimeP95].MinChange, r.Dynamic[QueueTimeP95].MinDelta = 0.5, 250
+	r.Engine = EngineRules{
+		KVCache:     EngineLevel{Enabled: true, Threshold: 0.95, For: 2 * time.Minute, Severity: "warning"},
+		Preemptions: EngineLevel{Enabled: true, Threshold: 0, For: 2 * time.Minute, Severity: "warning"},
+		Down:        EngineLevel{Enabled: true, For: 30 * time.Second, Severity: "critical"},
+		TTFTHint:    true,
+	}
 	return r
 }
 

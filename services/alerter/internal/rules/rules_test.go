@@ -6,7 +6,22 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
+
+func TestEngineLevelWindows(t *testing.T) {
+	f := func(d time.Duration, window, want int) {
+		t.Helper()
+		if got := (EngineLevel{For: d}).Windows(window); got != want {
+			t.Errorf("for %s in %d s windows = %d, want %d", d, window, got, want)
+		}
+	}
+	f(2*time.Minute, 15, 8)
+	f(2*time.Minute, 7, 18)
+	f(0, 15, 1)
+	f(30*time.Second, 60, 1)
+	f(time.Minute, 0, 1)
+}
 
 func TestDefaults(t *testing.T) {
 	d := Defaults()
@@ -27,6 +42,14 @@ func TestDefaults(t *testing.T) {
 	}
 	if !d.Static[TimeoutRate].Enabled || !d.Static[ErrorRate].Enabled {
 		t.Error("error and timeout rate SLAs must be on, separately")
+	}
+	e := d.Engine
+	if !e.KVCache.Enabled || e.KVCache.Threshold != 0.95 || e.KVCache.For != 2*time.Minute || !e.Preemptions.Enabled ||
+		!e.Down.Enabled || e.Down.Severity != "critical" || !e.TTFTHint {
+		t.Errorf("engine rules %+v, want KV ≥ 95 %% for 2m, preemptions, down critical, the TTFT hint", e)
+	}
+	if !d.Dynamic[QueueDepth].Enabled || !d.Dynamic[QueueTimeP95].Enabled || !QueueTimeP95.HighIsBad() || !QueueDepth.EngineMetric() || QueueDepth.HostMetric() {
+		t.Error("queue depth and queue time must be dynamic engine rules, high is bad")
 	}
 	if d.Saturation.UtilPct != 95 {
 		t.Errorf("saturation at %v %%, want 95", d.Saturation.UtilPct)
@@ -49,6 +72,11 @@ func TestLoadFile(t *testing.T) {
 	}
 	if s.Default.Saturation.UtilPct != 97 || s.Default.Saturation.Severity != "critical" {
 		t.Errorf("saturation %+v", s.Default.Saturation)
+	}
+	if e := s.Default.Engine; e.KVCache.Threshold != 0.9 || e.KVCache.For != time.Minute || e.KVCache.Severity != "warning" ||
+		e.Preemptions.Threshold != 0.5 || e.Preemptions.For != 2*time.Minute || e.Preemptions.Severity != "critical" ||
+		e.Down.Enabled || !e.TTFTHint {
+		t.Errorf("engine rules %+v", e)
 	}
 	cs := s.For("customer-service")
 	if cs.Static[TTFTP95].Warning != 1000 || cs.Static[TTFTP95].Critical != 3000 {
@@ -82,6 +110,14 @@ func TestParseErrors(t *testing.T) {
 		{"unknown field", "defaults:\n  dynamic:\n    ttft_p95: {kk: 2}\n", "field kk not found"},
 		{"not yaml", "defaults: [", "invalid rules"},
 		{"util above 100", "defaults:\n  saturation: {util_pct: 120}\n", "defaults.saturation.util_pct"},
+		{"engine metric per scene", "scenes:\n  chat:\n    dynamic:\n      queue_depth: {k: 3}\n", "scenes.chat.dynamic.queue_depth: is a per-engine rule"},
+		{"engine rules per scene", "scenes:\n  chat:\n    engine:\n      ttft_hint: false\n", "scenes.chat.engine: is a per-engine rule"},
+		{"kv usage above 1", "defaults:\n  engine:\n    kv_cache: {usage: 95}\n", "defaults.engine.kv_cache.usage: must be a fraction"},
+		{"per_s on kv", "defaults:\n  engine:\n    kv_cache: {per_s: 1}\n", "defaults.engine.kv_cache.per_s: only preemptions"},
+		{"negative per_s", "defaults:\n  engine:\n    preemptions: {per_s: -1}\n", "defaults.engine.preemptions.per_s"},
+		{"bad for", "defaults:\n  engine:\n    down: {for: soon}\n", "invalid rules"},
+		{"negative for", "defaults:\n  engine:\n    down: {for: -1m}\n", "defaults.engine.down.for"},
+		{"engine severity", "defaults:\n  engine:\n    down: {severity: page}\n", "defaults.engine.down.severity"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse([]byte(tc.yaml))
