@@ -33,6 +33,9 @@ type FeedbackRollup struct {
 	ValueWeights []uint64  `json:"value_weights"`
 }
 
+// SubjectFeedbackRollupAll matches every feedback rollup's subject.
+const SubjectFeedbackRollupAll = "rollup.feedback.>"
+
 // FeedbackRollupSubject returns rollup.feedback.<env>.<scene>; an empty label is "_".
 func FeedbackRollupSubject(env, scene string) string {
 	return string(appendSubject(make([]byte, 0, 48), "rollup.feedback.", env, scene, true))

@@ -20,18 +20,17 @@ const (
 	// retention is set alone.
 	StreamHost = "HOST_SAMPLES" // host.sample.<host>
 
-	SubjectRequestsAll       = "llm.req.>"
-	SubjectGPUSamplesAll     = "gpu.sample.>"
-	SubjectEngineSamplesAll  = "engine.sample.>"
-	SubjectHostSamplesAll    = "host.sample.>"
-	SubjectTokenRollupAll    = "rollup.tokens.>"
-	SubjectGPURollupAll      = "rollup.gpu.>"
-	SubjectEngineRollupAll   = "rollup.engine.>"
-	SubjectHostRollupAll     = "rollup.host.>"
-	SubjectFeedbackRollupAll = "rollup.feedback.>"
-	SubjectRollupsAll        = "rollup.>"
-	SubjectAlertsAll         = "alerts.>"
-	SubjectFeedbackAll       = "llm.feedback.>"
+	SubjectRequestsAll      = "llm.req.>"
+	SubjectGPUSamplesAll    = "gpu.sample.>"
+	SubjectEngineSamplesAll = "engine.sample.>"
+	SubjectHostSamplesAll   = "host.sample.>"
+	SubjectTokenRollupAll   = "rollup.tokens.>"
+	SubjectGPURollupAll     = "rollup.gpu.>"
+	SubjectEngineRollupAll  = "rollup.engine.>"
+	SubjectHostRollupAll    = "rollup.host.>"
+	SubjectRollupsAll       = "rollup.>"
+	SubjectAlertsAll        = "alerts.>"
+	SubjectFeedbackAll      = "llm.feedback.>"
 
 	// SubjectInvalid carries dead letters: messages no consumer could use, with the reason.
 	SubjectInvalid = "llm.invalid"
