@@ -2,8 +2,8 @@ package events_test
 
 import (
 	"encoding/json"
-	"math"
 	"errors"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
