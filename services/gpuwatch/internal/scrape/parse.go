@@ -1,6 +1,7 @@
 package scrape
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"strconv"
@@ -21,9 +22,10 @@ func families(body []byte, byName map[string]mapping) (map[string]*dto.MetricFam
 	p := textparse.NewPromParser(body, labels.NewSymbolTable(), false)
 	types := map[string]dto.MetricType{}
 	fams := map[string]*dto.MetricFamily{}
-	hists := map[string]*dto.Metric{} // family and labels but le → the histogram being assembled
+	hists := map[string]*histogram{} // family and labels but le → the histogram being assembled
 	var lset labels.Labels
 	var key []byte
+	var slab []bucket
 	for {
 		entry, err := p.Next()
 		if errors.Is(err, io.EOF) {
@@ -43,7 +45,10 @@ func families(body []byte, byName map[string]mapping) (map[string]*dto.MetricFam
 		default:
 			continue
 		}
-		_, _, v := p.Series()
+		series, _, v := p.Series()
+		if !wanted(series, byName, types) {
+			continue // building the labels of a series is most of its cost: only for those read
+		}
 		p.Labels(&lset)
 		name := lset.Get(model.MetricNameLabel)
 		if _, ok := byName[name]; ok {
@@ -54,16 +59,19 @@ func families(body []byte, byName map[string]mapping) (map[string]*dto.MetricFam
 			if typ == dto.MetricType_HISTOGRAM {
 				continue // a histogram's samples are its _bucket, _count and _sum series
 			}
-			m := &dto.Metric{Label: labelPairs(lset, "")}
+			if typ != dto.MetricType_COUNTER && typ != dto.MetricType_GAUGE && typ != dto.MetricType_UNTYPED {
+				continue // a summary, or a type no field reads
+			}
+			sv := &scalar{v: v}
+			m := &sv.m
+			m.Label = labelPairs(lset, "")
 			switch typ {
 			case dto.MetricType_COUNTER:
-				m.Counter = &dto.Counter{Value: &v}
+				sv.c.Value, m.Counter = &sv.v, &sv.c
 			case dto.MetricType_GAUGE:
-				m.Gauge = &dto.Gauge{Value: &v}
-			case dto.MetricType_UNTYPED:
-				m.Untyped = &dto.Untyped{Value: &v}
+				sv.g.Value, m.Gauge = &sv.v, &sv.g
 			default:
-				continue // a summary, or a type no field reads
+				sv.u.Value, m.Untyped = &sv.v, &sv.u
 			}
 			f := family(fams, name, typ)
 			f.Metric = append(f.Metric, m)
@@ -79,29 +87,79 @@ func families(body []byte, byName map[string]mapping) (map[string]*dto.MetricFam
 				key = append(append(append(append(key, 0), l.Name...), 0), l.Value...)
 			}
 		})
-		m := hists[string(key)] // no allocation for the lookup
-		if m == nil {
-			m = &dto.Metric{Label: labelPairs(lset, model.BucketLabel), Histogram: &dto.Histogram{}}
-			hists[string(key)] = m
+		hv := hists[string(key)] // no allocation for the lookup
+		if hv == nil {
+			hv = &histogram{}
+			hv.h.Bucket = make([]*dto.Bucket, 0, 16)
+			m := &hv.m
+			m.Label, m.Histogram = labelPairs(lset, model.BucketLabel), &hv.h
+			hists[string(key)] = hv
 			f := family(fams, base, dto.MetricType_HISTOGRAM)
 			f.Metric = append(f.Metric, m)
 		}
-		h := m.Histogram
+		h := &hv.h
 		switch part {
 		case "_count":
-			h.SampleCountFloat = &v
+			hv.count = v
+			h.SampleCountFloat = &hv.count
 		case "_sum":
-			h.SampleSum = &v
+			hv.sum = v
+			h.SampleSum = &hv.sum
 		case "_bucket":
 			le, err := strconv.ParseFloat(lset.Get(model.BucketLabel), 64)
 			if err != nil {
 				return nil, errors.New("histogram bucket " + strconv.Quote(name) + " without a numeric le")
 			}
-			bb := &bucket{le: le, n: v}
+			if len(slab) == cap(slab) {
+				slab = make([]bucket, 0, 64) // the buckets of several histograms in one allocation
+			}
+			slab = append(slab, bucket{le: le, n: v})
+			bb := &slab[len(slab)-1]
 			bb.b.UpperBound, bb.b.CumulativeCountFloat = &bb.le, &bb.n
 			h.Bucket = append(h.Bucket, &bb.b)
 		}
 	}
+}
+
+// wanted reports whether series (as textparse gives it: the name, then the labels) is of
+// a family in byName or a histogram series of one, from its name alone. A name in quotes
+// (the UTF-8 form, inside the braces) is left to the labels to tell.
+func wanted(series []byte, byName map[string]mapping, types map[string]dto.MetricType) bool {
+	name := series
+	if i := bytes.IndexByte(series, '{'); i >= 0 {
+		name = series[:i]
+	}
+	name = bytes.TrimRight(name, " \t")
+	if len(name) == 0 || bytes.IndexByte(name, '"') >= 0 {
+		return true
+	}
+	if _, ok := byName[string(name)]; ok { // no allocation for the lookup
+		return true
+	}
+	for _, suffix := range [...]string{"_bucket", "_count", "_sum"} {
+		if base, ok := bytes.CutSuffix(name, []byte(suffix)); ok {
+			return types[string(base)] == dto.MetricType_HISTOGRAM
+		}
+	}
+	return false
+}
+
+// scalar holds a gauge's, counter's or untyped series' dto.Metric and the values it points
+// to, in one allocation.
+type scalar struct {
+	m dto.Metric
+	c dto.Counter
+	g dto.Gauge
+	u dto.Untyped
+	v float64
+}
+
+// histogram holds a histogram's dto.Metric and the count and sum it points to, in one
+// allocation.
+type histogram struct {
+	m          dto.Metric
+	h          dto.Histogram
+	count, sum float64
 }
 
 // bucket holds a dto.Bucket and the values it points to, in one allocation.
@@ -131,17 +189,21 @@ func histogramPart(name string) (base, part string) {
 
 // labelPairs returns the series' labels but its name and skip.
 func labelPairs(lset labels.Labels, skip string) []*dto.LabelPair {
-	pairs := make([]dto.LabelPair, 0, lset.Len())
+	type pair struct {
+		p           dto.LabelPair
+		name, value string
+	}
+	pairs := make([]pair, 0, lset.Len()) // the pairs and the strings they point to, in one allocation
 	lset.Range(func(l labels.Label) {
 		if l.Name != model.MetricNameLabel && l.Name != skip {
-			pairs = append(pairs, dto.LabelPair{})
+			pairs = append(pairs, pair{name: l.Name, value: l.Value})
 			p := &pairs[len(pairs)-1]
-			p.Name, p.Value = new(l.Name), new(l.Value)
+			p.p.Name, p.p.Value = &p.name, &p.value
 		}
 	})
 	out := make([]*dto.LabelPair, len(pairs))
 	for i := range pairs {
-		out[i] = &pairs[i]
+		out[i] = &pairs[i].p
 	}
 	return out
 }
