@@ -3,6 +3,7 @@ package scrape
 import (
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"fmt"
 	"io"
@@ -106,10 +107,26 @@ func TestBenchServers(t *testing.T) {
 		t.Skip("started by BenchmarkScrapeVLLM300 only")
 	}
 	bodies, _ := vllmBodies()
+	zipped := make([][]byte, len(bodies))
+	for i, body := range bodies {
+		var z bytes.Buffer
+		zw := gzip.NewWriter(&z)
+		_, _ = io.WriteString(zw, body)
+		_ = zw.Close()
+		zipped[i] = z.Bytes()
+	}
 	var n atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		i := (n.Add(1) - 1) % int64(len(bodies))
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-		_, _ = io.WriteString(w, bodies[(n.Add(1)-1)%int64(len(bodies))])
+		// As Python's prometheus_client (vLLM's and SGLang's exporter) does, gzip when the
+		// client accepts it (compressed beforehand: the engine's cost is not measured here).
+		if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			w.Header().Set("Content-Encoding", "gzip")
+			_, _ = w.Write(zipped[i])
+			return
+		}
+		_, _ = io.WriteString(w, bodies[i])
 	}))
 	defer srv.Close()
 	natsURL := "-"
