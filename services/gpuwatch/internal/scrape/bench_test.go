@@ -32,8 +32,9 @@ import (
 )
 
 // vllmExposition writes a vLLM v1 exposition of one model on three engine cores with the
-// bucket layouts vLLM uses, and an unmapped latency histogram beside the mapped ones, as a
-// real server has. It returns the text and its number of series (sample lines).
+// bucket layouts vLLM uses, and the _created series beside each counter, which gpuwatch
+// does not read, as a real server has. It returns the text and its number of series
+// (sample lines).
 func vllmExposition(cores int, step int) (string, int) {
 	var b strings.Builder
 	series := 0
