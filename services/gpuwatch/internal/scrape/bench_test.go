@@ -231,8 +231,9 @@ func BenchmarkScrapeVLLM300(b *testing.B) {
 	}
 	b.Run("parse", func(b *testing.B) {
 		body := []byte(bodies[0])
+		c := newSeriesCache()
 		cpuPer(b, func() {
-			if _, err := families(body, names["vllm"]); err != nil {
+			if _, err := families(body, names["vllm"], c); err != nil {
 				b.Fatal(err)
 			}
 		})

@@ -18,17 +18,21 @@ import (
 // shape expfmt gives: one dto family per name, histograms assembled from their _bucket,
 // _count and _sum series. Every other series is parsed and let go without being kept, which
 // is where the time goes in an engine's exposition: expfmt builds every family it meets.
-func families(body []byte, byName map[string]mapping) (map[string]*dto.MetricFamily, error) {
+// What the labels of each series kept say is remembered in c for the next scrape of the
+// same endpoint.
+func families(body []byte, byName map[string]mapping, c *seriesCache) (map[string]*dto.MetricFamily, error) {
 	p := textparse.NewPromParser(body, labels.NewSymbolTable(), false)
 	types := map[string]dto.MetricType{}
 	fams := map[string]*dto.MetricFamily{}
 	hists := map[string]*histogram{} // family and labels but le → the histogram being assembled
 	var lset labels.Labels
-	var key []byte
 	var slab []bucket
+	var mtype model.MetricType // of the last TYPE line, as textparse reads the labels under it
+	c.gen++
 	for {
 		entry, err := p.Next()
 		if errors.Is(err, io.EOF) {
+			c.sweep()
 			return fams, nil
 		}
 		if err != nil {
@@ -37,6 +41,7 @@ func families(body []byte, byName map[string]mapping) (map[string]*dto.MetricFam
 		switch entry {
 		case textparse.EntryType:
 			name, typ := p.Type()
+			mtype = typ
 			if _, ok := byName[string(name)]; ok {
 				types[string(name)] = dtoType(typ)
 			}
@@ -49,10 +54,15 @@ func families(body []byte, byName map[string]mapping) (map[string]*dto.MetricFam
 		if !wanted(series, byName, types) {
 			continue // building the labels of a series is most of its cost: only for those read
 		}
-		p.Labels(&lset)
-		name := lset.Get(model.MetricNameLabel)
-		if _, ok := byName[name]; ok {
-			typ, typed := types[name]
+		e := c.entries[string(series)] // no allocation for the lookup
+		if e == nil || e.mtype != mtype {
+			p.Labels(&lset)
+			e = newSeriesEntry(lset, mtype)
+			c.entries[string(series)] = e
+		}
+		e.gen = c.gen
+		if _, ok := byName[e.name]; ok {
+			typ, typed := types[e.name]
 			if !typed {
 				typ = dto.MetricType_UNTYPED
 			}
@@ -64,7 +74,7 @@ func families(body []byte, byName map[string]mapping) (map[string]*dto.MetricFam
 			}
 			sv := &scalar{v: v}
 			m := &sv.m
-			m.Label = labelPairs(lset, "")
+			m.Label = e.pairs
 			switch typ {
 			case dto.MetricType_COUNTER:
 				sv.c.Value, m.Counter = &sv.v, &sv.c
@@ -73,32 +83,25 @@ func families(body []byte, byName map[string]mapping) (map[string]*dto.MetricFam
 			default:
 				sv.u.Value, m.Untyped = &sv.v, &sv.u
 			}
-			f := family(fams, name, typ)
+			f := family(fams, e.name, typ)
 			f.Metric = append(f.Metric, m)
 			continue
 		}
-		base, part := histogramPart(name)
-		if part == "" || types[base] != dto.MetricType_HISTOGRAM {
+		if e.part == "" || types[e.base] != dto.MetricType_HISTOGRAM {
 			continue
 		}
-		key = append(key[:0], base...)
-		lset.Range(func(l labels.Label) {
-			if l.Name != model.BucketLabel && l.Name != model.MetricNameLabel {
-				key = append(append(append(append(key, 0), l.Name...), 0), l.Value...)
-			}
-		})
-		hv := hists[string(key)] // no allocation for the lookup
+		hv := hists[e.key]
 		if hv == nil {
 			hv = &histogram{}
 			hv.h.Bucket = make([]*dto.Bucket, 0, 16)
 			m := &hv.m
-			m.Label, m.Histogram = labelPairs(lset, model.BucketLabel), &hv.h
-			hists[string(key)] = hv
-			f := family(fams, base, dto.MetricType_HISTOGRAM)
+			m.Label, m.Histogram = e.histPairs, &hv.h
+			hists[e.key] = hv
+			f := family(fams, e.base, dto.MetricType_HISTOGRAM)
 			f.Metric = append(f.Metric, m)
 		}
 		h := &hv.h
-		switch part {
+		switch e.part {
 		case "_count":
 			hv.count = v
 			h.SampleCountFloat = &hv.count
@@ -106,19 +109,71 @@ func families(body []byte, byName map[string]mapping) (map[string]*dto.MetricFam
 			hv.sum = v
 			h.SampleSum = &hv.sum
 		case "_bucket":
-			le, err := strconv.ParseFloat(lset.Get(model.BucketLabel), 64)
-			if err != nil {
-				return nil, errors.New("histogram bucket " + strconv.Quote(name) + " without a numeric le")
+			if !e.leOK {
+				return nil, errors.New("histogram bucket " + strconv.Quote(e.name) + " without a numeric le")
 			}
 			if len(slab) == cap(slab) {
 				slab = make([]bucket, 0, 64) // the buckets of several histograms in one allocation
 			}
-			slab = append(slab, bucket{le: le, n: v})
+			slab = append(slab, bucket{le: e.le, n: v})
 			bb := &slab[len(slab)-1]
 			bb.b.UpperBound, bb.b.CumulativeCountFloat = &bb.le, &bb.n
 			h.Bucket = append(h.Bucket, &bb.b)
 		}
 	}
+}
+
+// seriesCache keeps what the labels of each series say, keyed by the series' text as
+// exposed (its name and labels), from one scrape of an endpoint to the next: an engine
+// exposes the same series at every scrape with new values, and building the labels is most
+// of a series' cost (Prometheus's scrape loop keeps the same cache). It holds the series of
+// the last scrape only, so it is bounded by the largest exposition read.
+type seriesCache struct {
+	entries map[string]*seriesEntry
+	gen     uint64
+}
+
+func newSeriesCache() *seriesCache { return &seriesCache{entries: map[string]*seriesEntry{}} }
+
+// sweep forgets the series the last scrape did not have.
+func (c *seriesCache) sweep() {
+	for k, e := range c.entries {
+		if e.gen != c.gen {
+			delete(c.entries, k)
+		}
+	}
+}
+
+// seriesEntry is what one series' labels say. dto values in it are shared by the families
+// of every scrape that has the series, and never written after it is made.
+type seriesEntry struct {
+	mtype      model.MetricType // textparse writes le by the type it reads the series under
+	gen        uint64
+	name       string
+	pairs      []*dto.LabelPair // the labels but the name
+	base, part string           // a histogram series' family and suffix, or "" and ""
+	key        string           // family and labels but le: which histogram the series is of
+	histPairs  []*dto.LabelPair // the labels but the name and le
+	le         float64
+	leOK       bool
+}
+
+func newSeriesEntry(lset labels.Labels, mtype model.MetricType) *seriesEntry {
+	e := &seriesEntry{mtype: mtype, name: lset.Get(model.MetricNameLabel), pairs: labelPairs(lset, "")}
+	e.base, e.part = histogramPart(e.name)
+	if e.part == "" {
+		return e
+	}
+	key := []byte(e.base)
+	lset.Range(func(l labels.Label) {
+		if l.Name != model.BucketLabel && l.Name != model.MetricNameLabel {
+			key = append(append(append(append(key, 0), l.Name...), 0), l.Value...)
+		}
+	})
+	e.key, e.histPairs = string(key), labelPairs(lset, model.BucketLabel)
+	le, err := strconv.ParseFloat(lset.Get(model.BucketLabel), 64)
+	e.le, e.leOK = le, err == nil
+	return e
 }
 
 // wanted reports whether series (as textparse gives it: the name, then the labels) is of

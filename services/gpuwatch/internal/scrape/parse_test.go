@@ -39,7 +39,7 @@ func TestFamiliesQuotedName(t *testing.T) {
 		"vllm:num_requests_running{engine=\"1\",model_name=\"m\"} 4\n" +
 		"# TYPE vllm:e2e_request_latency_seconds histogram\n" +
 		"vllm:e2e_request_latency_seconds_bucket{le=\"+Inf\",model_name=\"m\"} 9\n"
-	fams, err := families([]byte(body), names["vllm"])
+	fams, err := families([]byte(body), names["vllm"], newSeriesCache())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,4 +49,56 @@ func TestFamiliesQuotedName(t *testing.T) {
 	if got := len(fams["vllm:num_requests_running"].GetMetric()); got != 2 {
 		t.Fatalf("%d series of vllm:num_requests_running, want 2", got)
 	}
+}
+
+// The series cache holds the series of the last scrape only, and what it says is what the
+// labels say: the same families come back from a warm cache as from a cold one.
+func TestSeriesCache(t *testing.T) {
+	c := newSeriesCache()
+	read := func(body string) map[string]*dto.MetricFamily {
+		t.Helper()
+		fams, err := families([]byte(body), names["vllm"], c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fams
+	}
+	a := "# TYPE vllm:num_requests_running gauge\n" +
+		"vllm:num_requests_running{engine=\"0\",model_name=\"a\"} 1\n" +
+		"vllm:num_requests_running{engine=\"1\",model_name=\"a\"} 2\n" +
+		"# TYPE vllm:e2e_request_latency_seconds gauge\n" +
+		"vllm:e2e_request_latency_seconds{model_name=\"a\"} 9\n"
+	read(a)
+	if len(c.entries) != 2 {
+		t.Fatalf("%d series cached, want the 2 read", len(c.entries))
+	}
+	b := "# TYPE vllm:num_requests_running gauge\n" +
+		"vllm:num_requests_running{engine=\"0\",model_name=\"b\"} 3\n"
+	fams := read(b)
+	if len(c.entries) != 1 {
+		t.Fatalf("%d series cached after a scrape of 1, want 1", len(c.entries))
+	}
+	if got := canonical(fams["vllm:num_requests_running"]); got != canonical(mustFamilies(t, b)["vllm:num_requests_running"]) {
+		t.Fatalf("cached read differs: %s", got)
+	}
+	// textparse writes le by the type of the TYPE line above the series: read under
+	// another type, the same series is read anew.
+	h := "# TYPE vllm:request_queue_time_seconds histogram\n" +
+		"vllm:num_requests_running{le=\"1\",model_name=\"a\"} 1\n"
+	read(h)
+	g := "# TYPE vllm:num_requests_running gauge\n" +
+		"vllm:num_requests_running{le=\"1\",model_name=\"a\"} 1\n"
+	got, want := canonical(read(g)["vllm:num_requests_running"]), canonical(mustFamilies(t, g)["vllm:num_requests_running"])
+	if got != want || got == "" {
+		t.Fatalf("after a type change:\n%s\nwant\n%s", got, want)
+	}
+}
+
+func mustFamilies(t *testing.T, body string) map[string]*dto.MetricFamily {
+	t.Helper()
+	fams, err := families([]byte(body), names["vllm"], newSeriesCache())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fams
 }

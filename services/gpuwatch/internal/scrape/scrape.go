@@ -54,6 +54,7 @@ type Scraper struct {
 type target struct {
 	Target
 	body    bytes.Buffer
+	cache   *seriesCache
 	models  map[string]*state
 	lastErr string
 	out     []events.EngineSample
@@ -102,6 +103,7 @@ func New(targets []Target, pub publisher, opts Options, reg prometheus.Registere
 		s.targets = append(s.targets, &target{
 			Target: t,
 			models: map[string]*state{},
+			cache:  newSeriesCache(),
 		})
 	}
 	return s
@@ -187,7 +189,7 @@ func (s *Scraper) scrapeTarget(ctx context.Context, t *target, now time.Time) {
 	reason, err := s.fetch(ctx, t)
 	var fams map[string]*dto.MetricFamily
 	if err == nil {
-		fams, err = families(t.body.Bytes(), names[t.Engine])
+		fams, err = families(t.body.Bytes(), names[t.Engine], t.cache)
 		if err != nil {
 			reason = "malformed"
 		}
