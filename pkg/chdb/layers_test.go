@@ -66,9 +66,11 @@ func beforeLayers(t *testing.T) fs.FS {
 
 var layerColumns = []string{"requests.layer", "requests.trace_id", "requests.prefill_ms", "requests.decode_ms", "token_rollups.layer"}
 
-// upgradeColumns is what the migrations after 004 add: the layers, then the outcomes
-// (009_outcomes.sql).
-var upgradeColumns = append(slices.Clone(layerColumns), "token_rollups.completed", "token_rollups.abandoned")
+// scoreColumns are what 010_scores.sql adds.
+var scoreColumns = []string{"requests.score_names", "requests.score_values"}
+
+// outcomeColumns are what 009_outcomes.sql adds.
+var outcomeColumns = []string{"token_rollups.completed", "token_rollups.abandoned"}
 
 // checkLayersMigration upgrades a deployment made before the layers to the current
 // migrations on x: the columns are added, rows stored before read as the gateway's, and
@@ -91,18 +93,33 @@ func checkLayersMigration(t *testing.T, x chdb.Executor, db, server, settings st
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(m.Applied, "007_layers.sql") || !slices.Contains(m.Applied, "009_outcomes.sql") || !slices.Equal(m.Added, upgradeColumns) {
-		t.Fatalf("upgrade: applied %v, added %v; want 007_layers.sql and 009_outcomes.sql adding %v", m.Applied, m.Added, upgradeColumns)
+	if wantAdded := slices.Concat(layerColumns, outcomeColumns, scoreColumns); !slices.Contains(m.Applied, "007_layers.sql") || !slices.Contains(m.Applied, "009_outcomes.sql") || !slices.Contains(m.Applied, "010_scores.sql") || !slices.Equal(m.Added, wantAdded) {
+		t.Fatalf("upgrade: applied %v, added %v; want 007_layers.sql, 009_outcomes.sql and 010_scores.sql adding %v", m.Applied, m.Added, wantAdded)
 	}
 	for q, want := range map[string]string{
 		"SELECT concat(layer, '|', trace_id, '|', toString(prefill_ms), '|', toString(decode_ms)) FROM requests WHERE event_id = 'old'" + settings: "gateway||0|0",
 		"SELECT layer FROM token_rollups":                           "gateway",
 		"SELECT toString(completed + abandoned) FROM token_rollups": "0",
 		"SELECT type FROM system.columns WHERE database = currentDatabase() AND table = 'requests' AND name = 'trace_id'": "String",
+		"SELECT toString(length(score_names) + length(score_values)) FROM requests WHERE event_id = 'old'" + settings:     "0",
+		"SELECT toString(count()) FROM verdicts": "0",
 	} {
 		if got, err := x.Strings(ctx, q); err != nil || len(got) != 1 || got[0] != want {
 			t.Errorf("%s: %q, %v; want %q", q, got, err, want)
 		}
+	}
+	// A request's inline scores read through verdicts as feedback of source app on it.
+	for _, q := range []string{
+		"INSERT INTO requests (ts, event_id, env, scene, model, status, conversation_id, score_names, score_values) SELECT toDateTime('2026-11-30 10:00:01'), 'r1', 'prod', 'chat', 'm', 'ok', 'c1', ['quality', 'thumbs'], [0.5, 1]",
+		"INSERT INTO feedback (ts, event_id, request_id, name, value, source) SELECT toDateTime('2026-11-30 11:00:00'), 'f1', 'r1', 'thumbs', 0, 'user'",
+	} {
+		if err := x.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	got, err := x.Strings(ctx, "SELECT concat(event_id, '|', request_id, '|', conversation_id, '|', name, '|', toString(value), '|', source, '|', scene, '|', toString(toDateTime(ts))) FROM verdicts ORDER BY event_id")
+	if want := []string{"f1|r1||thumbs|0|user||2026-11-30 11:00:00", "r1/quality|r1|c1|quality|0.5|app|chat|2026-11-30 10:00:01", "r1/thumbs|r1|c1|thumbs|1|app|chat|2026-11-30 10:00:01"}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("verdicts: %q, %v; want %q", got, err, want)
 	}
 	if again, err := chdb.MigrateOn(ctx, x, db, server, schemas.Migrations()); err != nil || len(again.Applied)+len(again.Added) != 0 {
 		t.Fatalf("second run: %+v, %v", again, err)
@@ -178,7 +195,7 @@ func TestMigrateLayersDistributed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(m.Applied, "007_layers.sql") || !slices.Equal(m.Added, []string{"token_rollups.layer", "token_rollups.completed", "token_rollups.abandoned"}) {
+	if !slices.Contains(m.Applied, "007_layers.sql") || !slices.Equal(m.Added, slices.Concat([]string{"token_rollups.layer"}, outcomeColumns, scoreColumns)) {
 		t.Fatalf("after the local table: applied %v, added %v", m.Applied, m.Added)
 	}
 	var n uint64

@@ -46,6 +46,25 @@ func BenchmarkDecoderInterned(b *testing.B) {
 	}
 }
 
+// BenchmarkDecoderScores is BenchmarkDecoderInterned on the event with three inline scores:
+// the slice that holds them is its one allocation.
+func BenchmarkDecoderScores(b *testing.B) {
+	ev := sampleEvent()
+	ev.Scores = []events.Score{{Name: "quality", Value: 0.82}, {Name: "task_completed", Value: 1}, {Name: "rating", Value: 4}}
+	data := events.AppendRequest(nil, &ev)
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	dec := events.NewDecoder(1024)
+	for b.Loop() {
+		if err := dec.Decode(data, &ev); err != nil {
+			b.Fatal(err)
+		}
+		if err := ev.ValidateAt(testNow); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 type plainEvent events.RequestEvent // no custom (Un)MarshalJSON: reflection codecs
 
 func BenchmarkDecodeEncodingJSON(b *testing.B) {

@@ -262,10 +262,83 @@ func (d *decodeState) requestField(ev *RequestEvent, key string, seen *uint8) er
 		var n int64
 		n, err = d.integer(key)
 		ev.Turn = int(n)
+	case "scores":
+		ev.Scores, err = d.scores(key)
 	default:
 		err = d.skip(0)
 	}
 	return err
+}
+
+// scores reads the scores object: name to number or true/false, at most MaxScores names,
+// the last of a repeated name winning. They are gathered on the stack and copied into one
+// slice, so an event without scores costs nothing and one with scores one allocation.
+func (d *decodeState) scores(field string) ([]Score, error) {
+	if !d.take('{') {
+		if err := d.skip(0); err != nil {
+			return nil, err
+		}
+		return nil, fieldErr(field, ErrWrongType, "want an object of name to number")
+	}
+	var buf [MaxScores]Score
+	n := 0
+	d.ws()
+	if !d.take('}') {
+		for {
+			d.ws()
+			name, err := d.str()
+			if err != nil {
+				return nil, err
+			}
+			d.ws()
+			if !d.take(':') {
+				return nil, d.syntax("expected ':' after object key")
+			}
+			d.ws()
+			var v float64
+			switch {
+			case d.literal("true"):
+				v = 1
+			case d.literal("false"):
+				v = 0
+			case d.i < len(d.s) && (d.s[d.i] == '-' || ('0' <= d.s[d.i] && d.s[d.i] <= '9')):
+				if v, err = d.float(field); err != nil {
+					return nil, err
+				}
+			default:
+				if err := d.skip(0); err != nil {
+					return nil, err
+				}
+				return nil, fieldErr(field, ErrWrongType, quoteBounded(name)+": want a number or true/false")
+			}
+			if dec := d.dec; dec != nil {
+				name = dec.intern(name)
+			}
+			i := 0
+			for i < n && buf[i].Name != name {
+				i++
+			}
+			if i == n {
+				if n == MaxScores {
+					return nil, fieldErr(field, ErrOutOfRange, "more than "+strconv.Itoa(MaxScores)+" scores")
+				}
+				n++
+			}
+			buf[i] = Score{Name: name, Value: v}
+			d.ws()
+			if d.take(',') {
+				continue
+			}
+			if d.take('}') {
+				break
+			}
+			return nil, d.syntax("expected ',' or '}' in object")
+		}
+	}
+	if n == 0 {
+		return nil, nil
+	}
+	return append([]Score(nil), buf[:n]...), nil
 }
 
 func toStatus(s string) Status {

@@ -87,6 +87,18 @@ func AppendRequest(dst []byte, ev *RequestEvent) []byte {
 		dst = appendIntField(dst, "turn", int64(ev.Turn))
 	}
 	dst = appendOptStr(dst, "outcome", string(ev.Outcome))
+	if len(ev.Scores) > 0 {
+		dst = append(dst, `,"scores":{`...)
+		for i, sc := range ev.Scores {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = AppendString(dst, sc.Name)
+			dst = append(dst, ':')
+			dst = AppendFloat(dst, sc.Value)
+		}
+		dst = append(dst, '}')
+	}
 	return append(dst, '}')
 }
 

@@ -39,6 +39,25 @@ func ExampleRequestEvent_ValidateAt() {
 	// true true ttft_above_total
 }
 
+// A request event may carry the app's own verdicts inline: each counts as a feedback verdict
+// of source app on this request.
+func ExampleScore() {
+	data := []byte(`{"v":1,"event_id":"e3","ts":"2026-11-30T10:00:00.000Z","model":"m","scene":"chat",
+		"env":"prod","input_tokens":10,"output_tokens":5,"ttft_ms":100,"total_ms":300,"status":"ok",
+		"scores":{"quality":0.82,"task_completed":true}}`)
+	var ev events.RequestEvent
+	if err := events.UnmarshalRequest(data, &ev); err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(ev.Scores)
+	ev.Scores = append(ev.Scores, events.Score{Name: "not a name", Value: 1})
+	fmt.Println(ev.ValidateAt(time.Date(2026, 11, 30, 10, 1, 0, 0, time.UTC)))
+	// Output:
+	// [{quality 0.82} {task_completed 1}]
+	// invalid event: scores: value out of range ("not a name" is not letters, digits, '_', '-' or '.')
+}
+
 func ExampleRequestSubject() {
 	// Labels can never change a subject's shape.
 	fmt.Println(events.RequestSubject("prod", "search.v2 > beta"))

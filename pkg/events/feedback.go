@@ -218,14 +218,11 @@ func (e *FeedbackEvent) ValidateAt(now time.Time) error {
 	if e.RequestID == "" && e.ConversationID == "" {
 		return fieldErr("request_id", ErrMissingField, "a feedback event rates a request_id, a conversation_id or both")
 	}
-	if err := checkFeedbackName(e.Name); err != nil {
+	if err := checkFeedbackName("name", e.Name); err != nil {
 		return err
 	}
-	switch v := e.Value; {
-	case math.IsNaN(v) || math.IsInf(v, 0):
-		return fieldErr("value", ErrOutOfRange, "not a finite number")
-	case math.Abs(v) > MaxFeedbackValue:
-		return fieldErr("value", ErrOutOfRange, formatMs(v)+" is beyond ±1e9")
+	if err := checkFeedbackValue("value", e.Value); err != nil {
+		return err
 	}
 	switch e.Source {
 	case SourceUser, SourceEvaluator, SourceHeuristic:
@@ -249,20 +246,31 @@ func (e *FeedbackEvent) ValidateAt(now time.Time) error {
 }
 
 // checkFeedbackName keeps names few and printable: they become columns of a rollup key and
-// metric labels, so they are short identifiers, never text.
-func checkFeedbackName(name string) error {
+// metric labels, so they are short identifiers, never text. field is the field the error
+// names: name of a feedback event, scores of a request event.
+func checkFeedbackName(field, name string) error {
 	if name == "" {
-		return fieldErr("name", ErrMissingField, "")
+		return fieldErr(field, ErrMissingField, "a name is empty")
 	}
 	if len(name) > MaxFeedbackNameLen {
-		return fieldErr("name", ErrTooLong, "over "+strconv.Itoa(MaxFeedbackNameLen)+" bytes")
+		return fieldErr(field, ErrTooLong, quoteBounded(name)+" is over "+strconv.Itoa(MaxFeedbackNameLen)+" bytes")
 	}
 	for i := 0; i < len(name); i++ {
 		switch c := name[i]; {
 		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '_', c == '-', c == '.':
 		default:
-			return fieldErr("name", ErrOutOfRange, quoteBounded(name)+" is not letters, digits, '_', '-' or '.'")
+			return fieldErr(field, ErrOutOfRange, quoteBounded(name)+" is not letters, digits, '_', '-' or '.'")
 		}
+	}
+	return nil
+}
+
+func checkFeedbackValue(field string, v float64) error {
+	switch {
+	case math.IsNaN(v) || math.IsInf(v, 0):
+		return fieldErr(field, ErrOutOfRange, "not a finite number")
+	case math.Abs(v) > MaxFeedbackValue:
+		return fieldErr(field, ErrOutOfRange, formatMs(v)+" is beyond ±1e9")
 	}
 	return nil
 }

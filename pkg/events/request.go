@@ -86,6 +86,22 @@ type RequestEvent struct {
 	ConversationID string  `json:"conversation_id,omitempty"`
 	Turn           int     `json:"turn,omitempty"`
 	Outcome        Outcome `json:"outcome,omitempty"`
+
+	// Scores are verdicts the app knows when it sends the event (a quality score, a task
+	// marked completed), named as feedback names are; the JSON is an object of name to
+	// number or true/false. Stored on the request's own row, each counts in the business
+	// queries as a feedback verdict of source app on this request.
+	Scores []Score `json:"scores,omitempty"`
+}
+
+// MaxScores bounds the scores one request event carries.
+const MaxScores = 16
+
+// Score is one inline verdict of a request event: a feedback name and its value (a JSON
+// boolean is 1 or 0).
+type Score struct {
+	Name  string
+	Value float64
 }
 
 // TPOT is the time per output token after the first, as vLLM's benchmark and genai-perf

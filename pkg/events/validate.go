@@ -119,6 +119,22 @@ func (e *RequestEvent) ValidateAt(now time.Time) error {
 	if e.Turn > MaxTurn {
 		return fieldErr("turn", ErrOutOfRange, strconv.Itoa(e.Turn))
 	}
+	if len(e.Scores) > MaxScores {
+		return fieldErr("scores", ErrOutOfRange, "more than "+strconv.Itoa(MaxScores)+" scores")
+	}
+	for i, sc := range e.Scores {
+		if err := checkFeedbackName("scores", sc.Name); err != nil {
+			return err
+		}
+		if v := sc.Value; math.IsNaN(v) || math.IsInf(v, 0) || math.Abs(v) > MaxFeedbackValue {
+			return checkFeedbackValue("scores."+sc.Name, v) // the field named only on the error path
+		}
+		for _, prev := range e.Scores[:i] {
+			if prev.Name == sc.Name {
+				return fieldErr("scores."+sc.Name, ErrOutOfRange, "named twice")
+			}
+		}
+	}
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"testing"
 	"time"
@@ -89,14 +90,17 @@ func businessTrace(rows []traceRow, base time.Time) []events.RequestEvent {
 	return out
 }
 
-// TestFeedbackThroughAggregator sends requests built from the real conversation trace, then
-// minutes later their users' thumbs (worse the slower the first token and the longer the
+// TestFeedbackThroughAggregator sends requests built from the real conversation trace, some
+// carrying their own verdicts inline (scores: the app's thumbs and quality), the last third
+// after an aggregator restart, and beside them one whose scores are invalid; then minutes
+// later their users' thumbs (worse the slower the first token and the longer the
 // stalls), evaluators' quality scores and conversation ratings, verdicts on request ids
 // nobody sent, verdicts sent twice (by the same message id, which JetStream drops, and by
 // another, which the aggregator must drop, also across its restart), and invalid ones. The
-// feedback and feedback_rollups tables hold each valid verdict once, and every business query
-// of the cookbook gives, on 18.16 and on the current engine, the figures computed exactly
-// from the same events.
+// feedback and feedback_rollups tables hold each valid verdict once, the requests table each
+// request and its scores once, and every business query of the cookbook gives, on 18.16 and
+// on the current engine, the figures computed exactly from the same events, an inline score
+// counting as a verdict of source app on its request.
 func TestFeedbackThroughAggregator(t *testing.T) {
 	rows := readTrace(t, 2400)
 	b := newBed(t)
@@ -109,11 +113,36 @@ func TestFeedbackThroughAggregator(t *testing.T) {
 	span := rows[len(rows)-1].offset
 	base := time.Now().UTC().Add(-span - 2*time.Hour).Truncate(time.Minute)
 	evs := businessTrace(rows, base)
-	b.publish(t, evs)
+	// The app scores the requests its users do not rate (the odd ones): thumbs, worse the
+	// slower the first token, and on some a quality score.
+	r := rand.New(rand.NewPCG(3, 4))
+	inline := 0
+	for i := range evs {
+		e := &evs[i]
+		if e.Status != events.StatusOK || i%2 == 0 {
+			continue
+		}
+		thumbs := 0.0
+		if r.Float64() < []float64{0.9, 0.7, 0.45, 0.2}[int(ttftBand(e.TTFTMs)[0]-'1')] {
+			thumbs = 1
+		}
+		e.Scores = []events.Score{{Name: "thumbs", Value: thumbs}}
+		if i%10 == 1 {
+			e.Scores = append(e.Scores, events.Score{Name: "quality", Value: math.Round(1000*(0.9-0.1*float64(ttftBand(e.TTFTMs)[0]-'1'))) / 1000})
+		}
+		inline += len(e.Scores)
+	}
+	restartAt := 2 * len(evs) / 3
+	b.publish(t, evs[:restartAt])
+	bad := events.AppendRequest(nil, &evs[1])
+	b.publishRaw(t, events.RequestSubject("prod", "chat"), append(bad[:len(bad)-1], `,"scores":{"no spaces":1}}`...))
+	b.waitRows(t, time.Minute, uint64(restartAt), "SELECT count() FROM requests")
+	stop()
+	stop = startAggregator(t, vars)
+	b.publish(t, evs[restartAt:])
 	b.waitRows(t, time.Minute, uint64(len(evs)), "SELECT count() FROM requests")
 
 	// Verdicts, given minutes after each request.
-	r := rand.New(rand.NewPCG(3, 4))
 	var fbs []events.FeedbackEvent
 	byReq := map[string]*events.RequestEvent{}
 	for i := range evs {
@@ -173,6 +202,16 @@ func TestFeedbackThroughAggregator(t *testing.T) {
 	b.waitRows(t, time.Minute, uint64(half), "SELECT count() FROM feedback")
 
 	// A restart in between: the ids already counted are read back from ClickHouse.
+	time.Sleep(time.Second) // the invalid request, had it been taken, would be stored by now
+	if n := b.scalar(t, "SELECT count() FROM requests"); n != uint64(len(evs)) {
+		t.Fatalf("requests holds %d rows, want %d", n, len(evs))
+	}
+	if n := b.scalar(t, "SELECT sum(length(score_names)) FROM requests"); n != uint64(inline) {
+		t.Fatalf("requests hold %d inline scores, want %d", n, inline)
+	}
+	if n := b.scalar(t, "SELECT sum(length(score_values)) FROM requests"); n != uint64(inline) {
+		t.Fatalf("requests hold %d inline score values, want %d", n, inline)
+	}
 	stop()
 	startAggregator(t, vars)
 	for i := range fbs[half:] {
@@ -224,7 +263,14 @@ func TestFeedbackThroughAggregator(t *testing.T) {
 	qual := map[sm]*quality{}
 	convThumbs := map[string][]float64{}
 	unknown, convOnly := 0, 0
-	for _, f := range fbs {
+	verdicts := slices.Clone(fbs) // what the queries count: feedback, and each inline score
+	for _, e := range evs {
+		for _, sc := range e.Scores {
+			verdicts = append(verdicts, events.FeedbackEvent{V: 1, EventID: e.EventID + "/" + sc.Name, TS: e.TS, RequestID: e.EventID,
+				ConversationID: e.ConversationID, Name: sc.Name, Value: sc.Value, Source: "app"})
+		}
+	}
+	for _, f := range verdicts {
 		if f.RequestID == "" {
 			convOnly++
 			continue
@@ -330,8 +376,8 @@ func TestFeedbackThroughAggregator(t *testing.T) {
 		}},
 		{"feedback_coverage.sql", map[string]string{"from": dt(base), "to": dt(time.Now().Add(time.Hour))}, func(t *testing.T, res *testbed.Result) {
 			row := res.Rows[0]
-			if num(t, row[0]) != float64(len(fbs)) || num(t, row[1]) != 0 || num(t, row[2]) != 50 || num(t, row[3]) != float64(convOnly) {
-				t.Fatalf("got %v, want %d verdicts, 0 duplicate rows, 50 unknown, %d on conversations", row, len(fbs), convOnly)
+			if num(t, row[0]) != float64(len(verdicts)) || num(t, row[1]) != 0 || num(t, row[2]) != 50 || num(t, row[3]) != float64(convOnly) || num(t, row[4]) != float64(inline) {
+				t.Fatalf("got %v, want %d verdicts, 0 duplicate rows, 50 unknown, %d on conversations, %d inline", row, len(verdicts), convOnly, inline)
 			}
 		}},
 		{"cost_per_satisfied_conversation.sql", map[string]string{"from": dt(base), "to": dt(base.Add(span + time.Hour)), "name": "thumbs", "satisfied_at": "0.5", "layer": "gateway"},

@@ -53,7 +53,7 @@ func TestReportSQL(t *testing.T) {
 	if err := b.Send(); err != nil {
 		t.Fatal(err)
 	}
-	rb, err := db.Conn().PrepareBatch(ctx, "INSERT INTO requests (ts, event_id, env, scene, model, status, error_code, conversation_id, turn, outcome, cost_usd, input_tokens, output_tokens, layer, trace_id, bucket, total_ms, queue_ms, prefill_ms, decode_ms)")
+	rb, err := db.Conn().PrepareBatch(ctx, "INSERT INTO requests (ts, event_id, env, scene, model, status, error_code, conversation_id, turn, outcome, cost_usd, input_tokens, output_tokens, layer, trace_id, bucket, total_ms, queue_ms, prefill_ms, decode_ms, score_names, score_values)")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,9 +66,14 @@ func TestReportSQL(t *testing.T) {
 		if i == 2 {
 			outcome = "completed"
 		}
+		// e5, a gateway request, carries its own verdicts: thumbs up and a quality score.
+		names, values := []string{}, []float64{}
+		if i == 5 {
+			names, values = []string{"thumbs", "quality"}, []float64{1, 0.9}
+		}
 		if err := rb.Append(base.Add(time.Duration(i)*time.Second), "e"+strconv.Itoa(i), "prod", "chat", "qwen2.5-72b", status, code,
 			"c"+strconv.Itoa(i/3), uint32(i%3+1), outcome, 0.5, uint32(100), uint32(10),
-			[]string{"engine", "gateway"}[i%2], fmt.Sprintf("%032x", i/2+1), "0-500", float64(90+i%2*10), float64((1-i%2)*5), float64((1-i%2)*20), float64((1-i%2)*60)); err != nil {
+			[]string{"engine", "gateway"}[i%2], fmt.Sprintf("%032x", i/2+1), "0-500", float64(90+i%2*10), float64((1-i%2)*5), float64((1-i%2)*20), float64((1-i%2)*60), names, values); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -171,8 +176,9 @@ func TestReportSQL(t *testing.T) {
 		t.Errorf("error_codes = %v", got)
 	}
 
-	if got := answers["feedback_coverage.sql"]; len(got) != 1 || got[0]["verdicts"] != float64(7) || got[0]["duplicate_rows"] != float64(1) ||
-		got[0]["unknown_request"] != float64(1) || got[0]["conversation_only"] != float64(1) {
+	// Seven verdicts sent as feedback and e5's two inline scores.
+	if got := answers["feedback_coverage.sql"]; len(got) != 1 || got[0]["verdicts"] != float64(9) || got[0]["duplicate_rows"] != float64(1) ||
+		got[0]["unknown_request"] != float64(1) || got[0]["conversation_only"] != float64(1) || got[0]["inline_scores"] != float64(2) {
 		t.Errorf("feedback_coverage = %v", got)
 	}
 
@@ -199,13 +205,17 @@ func TestReportSQL(t *testing.T) {
 		return bySection
 	}
 	bySection := business()
-	// e0–e4 have no TTFT (0 ms): one band. The gateway's are e1 (up) and e3 (down); the
-	// engine's e0, e2 (up) and e4 (down, sent twice, counted once).
-	if got := bySection["satisfaction_by_ttft_band.sql"]; len(got) != 1 || got[0]["ttft_band"] != "1: <= 500 ms" || got[0]["verdicts"] != float64(2) || got[0]["satisfied"] != 0.5 {
+	// e0–e5 have no TTFT (0 ms): one band. The gateway's are e1 (up), e3 (down) and e5 (up,
+	// inline); the engine's e0, e2 (up) and e4 (down, sent twice, counted once).
+	if got := bySection["satisfaction_by_ttft_band.sql"]; len(got) != 1 || got[0]["ttft_band"] != "1: <= 500 ms" || got[0]["verdicts"] != float64(3) || math.Abs(got[0]["satisfied"].(float64)-2.0/3) > 1e-9 {
 		t.Errorf("business view, satisfaction by TTFT band = %v", got)
 	}
 	if got := business("--layer", "engine")["satisfaction_by_ttft_band.sql"]; len(got) != 1 || got[0]["verdicts"] != float64(3) || math.Abs(got[0]["satisfied"].(float64)-2.0/3) > 1e-9 {
 		t.Errorf("business view of the engine layer, satisfaction by TTFT band = %v", got)
+	}
+	// e5's inline quality score is the gateway's only one.
+	if got := bySection["quality_by_scene_model.sql"]; len(got) != 1 || got[0]["quality_scores"] != float64(1) || got[0]["quality_avg"] != 0.9 || got[0]["thumbs"] != float64(3) {
+		t.Errorf("business view, quality by scene and model = %v", got)
 	}
 	if got := bySection["retries.sql"]; len(got) != 1 || got[0]["conversations"] != float64(2) {
 		t.Errorf("business view, retries = %v", got)

@@ -34,8 +34,9 @@ var businessSections = []struct{ title, file string }{
 	{"Feedback received, and how much of it found its request", "feedback_coverage.sql"},
 }
 
-// Business is the business view of one range: each section's answer, from the requests and
-// feedback tables, verdicts tied to their requests by request_id.
+// Business is the business view of one range: each section's answer, from the requests
+// table and the verdicts view (feedback and the requests' inline scores), verdicts tied to
+// their requests by request_id.
 type Business struct {
 	Range    Range             `json:"range"`
 	Layer    string            `json:"layer"`

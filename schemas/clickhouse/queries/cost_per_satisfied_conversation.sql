@@ -1,8 +1,8 @@
 -- Cost per conversation and per satisfied conversation, per scene: what a happy user
 -- costs. A conversation is satisfied when its verdicts named name (thumbs, rating, …) on
 -- any of its requests or on the conversation itself average at least satisfied_at;
--- conversations without such a verdict are counted apart (unrated). Verdicts are
--- deduplicated by event_id. Parameters: layer (String: the layer of the requests read, gateway, engine or app), from, to (DateTime, of the requests), name
+-- conversations without such a verdict are counted apart (unrated). Verdicts (the verdicts
+-- view: feedback and the requests' inline scores) are deduplicated by event_id. Parameters: layer (String: the layer of the requests read, gateway, engine or app), from, to (DateTime, of the requests), name
 -- (String), satisfied_at (Float64).
 SELECT
     scene,
@@ -31,7 +31,7 @@ FROM
             FROM
             (
                 SELECT event_id, any(request_id) AS request_id, any(conversation_id) AS fb_conversation, any(value) AS value
-                FROM feedback
+                FROM verdicts
                 WHERE name = {name:String} AND ts >= {from:DateTime}
                 GROUP BY event_id
             ) AS f

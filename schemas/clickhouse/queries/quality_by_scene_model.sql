@@ -1,6 +1,7 @@
 -- Satisfaction and quality per scene and model of the rated requests: the share of thumbs
 -- up, the mean rating, the mean evaluator quality score, and how many verdicts of each.
--- Verdicts are joined to their requests (feedback.request_id = requests.event_id) and
+-- Verdicts (the verdicts view: feedback and the requests' inline scores) are joined to their
+-- requests (verdicts.request_id = requests.event_id) and
 -- deduplicated by event_id; those whose request is unknown are left out (see
 -- feedback_coverage.sql). Parameters: layer (String: the layer of the requests read, gateway, engine or app), from, to (DateTime, of the rated requests).
 SELECT
@@ -15,7 +16,7 @@ SELECT
 FROM
 (
     SELECT request_id, any(name) AS name, any(value) AS value
-    FROM feedback
+    FROM verdicts
     WHERE request_id != '' AND ts >= {from:DateTime}
     GROUP BY event_id, request_id
 ) AS f

@@ -1,7 +1,9 @@
 -- User satisfaction by the TTFT band of the request each verdict rates (<= 500 ms, <= 2 s,
--- <= 5 s, > 5 s: the design's thresholds). A verdict is joined to its request at query
--- time (feedback.request_id = requests.event_id; ANY LEFT JOIN keeps every verdict of a
--- request on every engine), so one given hours later still counts
+-- <= 5 s, > 5 s: the design's thresholds). Verdicts are read from the verdicts view: the
+-- feedback table and the requests' own inline scores (each one verdict of source app on its
+-- request). A verdict is joined to its request at query time (verdicts.request_id =
+-- requests.event_id; ANY LEFT JOIN keeps every verdict of a request on every engine), so
+-- one given hours later still counts
 -- for the request's band; verdicts whose request is unknown are left out here (see
 -- feedback_coverage.sql), and a verdict sent twice counts once (one row per event_id).
 -- satisfied is the share of verdicts with value >= satisfied_at (1 for thumbs, 4 for a
@@ -15,7 +17,7 @@ SELECT
 FROM
 (
     SELECT request_id, any(value) AS value
-    FROM feedback
+    FROM verdicts
     WHERE name = {name:String} AND request_id != '' AND ts >= {from:DateTime}
     GROUP BY event_id, request_id
 ) AS f

@@ -22,7 +22,7 @@ import (
 	"github.com/tokenscope/tokenscope/pkg/events"
 )
 
-// Raw request events are the aggregator's largest write by far: one row of 28 columns per
+// Raw request events are the aggregator's largest write by far: one row of 34 columns per
 // event. They go through ClickHouse's HTTP interface as RowBinary, encoded straight from
 // the decoded event into one reused buffer: no column copies, no per-batch allocations,
 // and nothing that points into message payloads. Through the native driver the same rows
@@ -39,7 +39,8 @@ var requestColumns = []struct{ name, typ string }{
 	{"max_itl_ms", "Float64"}, {"queue_ms", "Float64"}, {"prefill_ms", "Float64"}, {"decode_ms", "Float64"},
 	{"status", "String"}, {"error_code", "String"},
 	{"http_status", "UInt16"}, {"stream", "UInt8"}, {"conversation_id", "String"}, {"turn", "UInt32"},
-	{"outcome", "String"}, {"cost_usd", "Float64"}, {"consumer", "String"}, {"stream_seq", "UInt64"},
+	{"outcome", "String"}, {"score_names", "Array(String)"}, {"score_values", "Array(Float64)"},
+	{"cost_usd", "Float64"}, {"consumer", "String"}, {"stream_seq", "UInt64"},
 }
 
 // RequestWriter inserts buffered request events into the requests table.
@@ -82,7 +83,8 @@ func NewRequestWriter(ctx context.Context, conn driver.Conn, cfg chdb.Config, co
 		switch {
 		case !ok:
 			return nil, fmt.Errorf("table requests has no column %s; run the migrations (schemas/clickhouse)", name)
-		case typ == want, want == "String" && typ == "LowCardinality(String)":
+		case typ == want, want == "String" && typ == "LowCardinality(String)",
+			want == "Array(String)" && typ == "Array(LowCardinality(String))":
 		case name == "ts" && strings.HasPrefix(typ, "DateTime64(3"):
 			w.tsMillis = true
 		default:
@@ -197,6 +199,9 @@ func (r *Requests) Add(ev *events.RequestEvent, bucket string, cost float64, seq
 	need := rowFixed + len(r.consumer) + len(ev.EventID) + len(ev.Env) + len(ev.Scene) + len(ev.Model) +
 		len(ev.Instance) + len(ev.Tenant) + len(ev.Provider) + len(layer) + len(ev.TraceID) + len(bucket) + len(ev.Status) + len(ev.ErrorCode) +
 		len(ev.ConversationID) + len(ev.Outcome)
+	for _, sc := range ev.Scores {
+		need += binary.MaxVarintLen64 + len(sc.Name) + 8
+	}
 	if cap(r.cur)-len(r.cur) < need {
 		r.grow(need)
 	}
@@ -238,6 +243,14 @@ func (r *Requests) Add(ev *events.RequestEvent, bucket string, cost float64, seq
 	b = appendString(b, ev.ConversationID)
 	b = binary.LittleEndian.AppendUint32(b, uint32(ev.Turn))
 	b = appendString(b, string(ev.Outcome))
+	b = binary.AppendUvarint(b, uint64(len(ev.Scores)))
+	for _, sc := range ev.Scores {
+		b = appendString(b, sc.Name)
+	}
+	b = binary.AppendUvarint(b, uint64(len(ev.Scores)))
+	for _, sc := range ev.Scores {
+		b = appendFloat(b, sc.Value)
+	}
 	b = appendFloat(b, cost)
 	b = append(b, r.consumer...)
 	b = binary.LittleEndian.AppendUint64(b, seq)
@@ -337,6 +350,16 @@ func (r *Requests) rowLen(b []byte) int {
 			i += 4
 		case "UInt64", "Float64":
 			i += 8
+		case "Array(String)":
+			n, k := binary.Uvarint(b[i:])
+			i += k
+			for range n {
+				m, k := binary.Uvarint(b[i:])
+				i += k + int(m)
+			}
+		case "Array(Float64)":
+			n, k := binary.Uvarint(b[i:])
+			i += k + 8*int(n)
 		case "Nullable(Float64)":
 			if b[i] == 0 {
 				i += 8

@@ -3,6 +3,7 @@ package sink
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"math"
 	"os"
@@ -260,6 +261,9 @@ func TestRequestsDrop(t *testing.T) {
 				if seq%7 == 0 {
 					ev.EventID, ev.OutputTokens = strings.Repeat("é", 150), 0 // a length past one byte; no TPOT
 				}
+				if seq%5 == 0 {
+					ev.Scores = []events.Score{{Name: "quality", Value: 0.5}, {Name: "task_completed", Value: 1}}[:seq%2+1]
+				}
 				all.Add(&ev, "500-2000", 0.001, seq)
 				if seq%3 == 0 || seq == 1 || seq == 20_000 {
 					stored = append(stored, seq)
@@ -326,6 +330,45 @@ func TestRequestsLayerColumns(t *testing.T) {
 		"engine|4bf92f3577b34da6a3ce929d0e0e4736|12.5|180.25|4800",
 		"app||3|0|0",
 	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+}
+
+// TestRequestsScoreColumns stores each event's inline scores as two arrays of one length,
+// the columns after them intact, and none for an event without scores.
+func TestRequestsScoreColumns(t *testing.T) {
+	db, w := openWriter(t, "agg-a")
+	ctx := context.Background()
+	r := w.NewBuffer()
+	plain := sampleEvent()
+	r.Add(&plain, "500-2000", 0.5, 1)
+	scored := sampleEvent()
+	scored.Scores = []events.Score{{Name: "quality", Value: 0.82}, {Name: "task_completed", Value: 1}, {Name: "thumbs", Value: -1}}
+	r.Add(&scored, "500-2000", 0.25, 2)
+	if err := w.Write(ctx, r, "scores-1"); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := db.Conn().Query(ctx, "SELECT score_names, score_values, cost_usd, consumer, stream_seq FROM requests ORDER BY stream_seq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var got []string
+	for rows.Next() {
+		var (
+			names    []string
+			values   []float64
+			cost     float64
+			consumer string
+			seq      uint64
+		)
+		if err := rows.Scan(&names, &values, &cost, &consumer, &seq); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, fmt.Sprintln(names, values, cost, consumer, seq))
+	}
+	want := []string{"[] [] 0.5 agg-a 1\n", "[quality task_completed thumbs] [0.82 1 -1] 0.25 agg-a 2\n"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("got %q, want %q", got, want)
 	}

@@ -277,3 +277,22 @@ func BenchmarkIngestNDJSONScenes(b *testing.B) {
 type discard struct{}
 
 func (discard) Publish(string, string, []byte) bool { return true }
+
+// TestIngestScores: a request event's inline scores are published in the canonical form (a
+// boolean as 1 or 0), and one with a bad score is rejected with its reason beside it.
+func TestIngestScores(t *testing.T) {
+	withScores := func(id, scores string) string {
+		e := event(id)
+		return e[:len(e)-1] + `,"scores":` + scores + "}"
+	}
+	body := withScores("a", `{ "quality": 0.80, "task_completed": true }`) + "\n" + withScores("b", `{"not a name":1}`)
+	pub := &memPub{}
+	code, a := post(newHandler(pub), body)
+	if code != 202 || a.Accepted != 1 || a.Rejected != 1 || len(a.Errors) != 1 || a.Errors[0].Index != 1 ||
+		!strings.Contains(a.Errors[0].Error, "scores") {
+		t.Fatalf("%d %+v", code, a)
+	}
+	if want := withScores("a", `{"quality":0.8,"task_completed":1}`); len(pub.data) != 1 || string(pub.data[0]) != want {
+		t.Fatalf("published %q, want %s", pub.data, want)
+	}
+}

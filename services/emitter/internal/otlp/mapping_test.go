@@ -3,6 +3,7 @@ package otlp
 import (
 	"errors"
 	"math"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -86,7 +87,7 @@ func TestMapEngineSpan(t *testing.T) {
 		Model: "meta-llama/Llama-3.1-8B-Instruct", Scene: "support-bot", Env: "prod", Instance: "gpu-node-3",
 		InputTokens: 812, OutputTokens: 120, TTFTMs: 200, TotalMs: 2400, QueueMs: 50, PrefillMs: 150, DecodeMs: 2200,
 		Status: events.StatusOK, Layer: events.LayerEngine, TraceID: "4bf92f3577b34da6a3ce929d0e0e4736"}
-	if ev != want {
+	if !reflect.DeepEqual(ev, want) {
 		t.Fatalf("mapped\n%+v\nwant\n%+v", ev, want)
 	}
 }
@@ -106,7 +107,7 @@ func TestMapAppSpan(t *testing.T) {
 		Model: "gpt-4o-2024-08-06", Scene: "support-bot", Env: "prod", Instance: "gpu-node-3", Provider: "openai",
 		InputTokens: 300, OutputTokens: 40, CachedInputTokens: 256, TTFTMs: 1800, TotalMs: 1800,
 		Status: events.StatusOK, Layer: events.LayerApp, TraceID: "4bf92f3577b34da6a3ce929d0e0e4736"}
-	if ev != want {
+	if !reflect.DeepEqual(ev, want) {
 		t.Fatalf("mapped\n%+v\nwant\n%+v", ev, want)
 	}
 }

@@ -1,12 +1,25 @@
 package scrape
 
 import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
 	"context"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -19,8 +32,9 @@ import (
 )
 
 // vllmExposition writes a vLLM v1 exposition of one model on three engine cores with the
-// bucket layouts vLLM uses, and an unmapped latency histogram beside the mapped ones, as a
-// real server has. It returns the text and its number of series (sample lines).
+// bucket layouts vLLM uses, and the _created series beside each counter, which gpuwatch
+// does not read, as a real server has. It returns the text and its number of series
+// (sample lines).
 func vllmExposition(cores int, step int) (string, int) {
 	var b strings.Builder
 	series := 0
@@ -80,34 +94,126 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// BenchmarkScrapeVLLM300 scrapes, parses and publishes a vLLM exposition of about 300
-// series from an HTTP endpoint on loopback, counters moving at each scrape. "nop" stops at
-// the publisher's queue; "nats" publishes through bus.Publisher to an in-process JetStream
-// and waits until every sample is acknowledged. cpu-ns/scrape is the whole process's CPU
-// (the HTTP server writing the exposition and, for "nats", the NATS server included).
-func BenchmarkScrapeVLLM300(b *testing.B) {
+// childEnv makes the test binary, started again, run TestBenchServers: the engine and the
+// nats-server the benchmark talks to, in a process of their own, so that the benchmark's
+// process CPU is gpuwatch's side alone.
+const childEnv = "TOKENSCOPE_SCRAPE_BENCH_SERVERS"
+
+// TestBenchServers is not a test: started by benchServers in a child process, it serves the
+// benchmark's expositions (the next of them at each request, counters moving) and, when
+// asked, a JetStream nats-server, prints their URLs and runs until its stdin closes.
+func TestBenchServers(t *testing.T) {
+	mode := os.Getenv(childEnv)
+	if mode == "" {
+		t.Skip("started by BenchmarkScrapeVLLM300 only")
+	}
+	bodies, _ := vllmBodies()
+	zipped := make([][]byte, len(bodies))
+	for i, body := range bodies {
+		var z bytes.Buffer
+		zw := gzip.NewWriter(&z)
+		_, _ = io.WriteString(zw, body)
+		_ = zw.Close()
+		zipped[i] = z.Bytes()
+	}
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		i := (n.Add(1) - 1) % int64(len(bodies))
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		// As Python's prometheus_client (vLLM's and SGLang's exporter) does, gzip when the
+		// client accepts it (compressed beforehand: the engine's cost is not measured here).
+		if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			w.Header().Set("Content-Encoding", "gzip")
+			_, _ = w.Write(zipped[i])
+			return
+		}
+		_, _ = io.WriteString(w, bodies[i])
+	}))
+	defer srv.Close()
+	natsURL := "-"
+	if mode == "nats" {
+		natsURL = testbed.NATS(t).ClientURL()
+	}
+	fmt.Printf("servers %s %s\n", srv.URL, natsURL)
+	_, _ = io.Copy(io.Discard, os.Stdin)
+}
+
+// servers is the child process of TestBenchServers.
+type servers struct {
+	cmd         *exec.Cmd
+	engine, nat string
+}
+
+func benchServers(b *testing.B, mode string) *servers {
+	b.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestBenchServers$", "-test.count=1")
+	cmd.Env = append(os.Environ(), childEnv+"="+mode)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatalf("cannot start the servers' process: %v", err)
+	}
+	b.Cleanup(func() { _ = stdin.Close(); _ = cmd.Wait() })
+	var s servers
+	s.cmd = cmd
+	if _, err := fmt.Fscanf(bufio.NewReader(stdout), "servers %s %s\n", &s.engine, &s.nat); err != nil {
+		b.Fatalf("cannot read the servers' URLs: %v", err)
+	}
+	return &s
+}
+
+// cpu is the child's CPU so far, from /proc; 0 where there is none.
+func (s *servers) cpu() time.Duration {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+2:]))
+	ut, _ := strconv.ParseInt(f[11], 10, 64) // utime and stime, fields 14 and 15
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * time.Second / 100 // USER_HZ
+}
+
+func vllmBodies() ([]string, int) {
 	bodies := make([]string, 16)
 	var series int
 	for i := range bodies {
 		bodies[i], series = vllmExposition(3, i)
 	}
-	run := func(b *testing.B, pub publisher, wait func()) {
-		eng := newEngine(b, bodies[0])
-		s, _ := newScraper(b, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 16)
+	return bodies, series
+}
+
+// BenchmarkScrapeVLLM300 scrapes, parses and publishes a vLLM exposition of about 300
+// series from an HTTP endpoint on loopback, counters moving at each scrape. "nop" stops at
+// the publisher's queue; "nats" publishes through bus.Publisher to JetStream and waits until
+// every sample is acknowledged. The engine and the nats-server run in a child process:
+// cpu-ns/scrape is this process's CPU, gpuwatch's side alone (HTTP client, parse, samples,
+// encoding, publishing client); servers-cpu-ns/scrape is the child's, at /proc's 10 ms
+// resolution, for reference.
+func BenchmarkScrapeVLLM300(b *testing.B) {
+	bodies, series := vllmBodies()
+	run := func(b *testing.B, srv *servers, pub publisher, wait func()) {
+		s, _ := newScraper(b, []Target{{Engine: "vllm", Name: "vllm", URL: srv.engine}}, pub, 16)
 		s.opts.Timeout = 5 * time.Second
 		now := t0
 		s.Tick(context.Background(), now)
 		b.ReportAllocs()
 		b.ResetTimer()
-		cpu0, n := cpuTime(), 0
+		cpu0, child0, n := cpuTime(), srv.cpu(), 0
 		for b.Loop() {
 			n++
-			eng.set(bodies[n%len(bodies)])
 			now = now.Add(time.Second)
 			s.Tick(context.Background(), now)
 		}
 		wait()
 		b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(n), "cpu-ns/scrape")
+		b.ReportMetric(float64((srv.cpu()-child0).Nanoseconds())/float64(n), "servers-cpu-ns/scrape")
 		b.ReportMetric(float64(series), "series")
 		b.ReportMetric(float64(len(bodies[0])), "bytes")
 	}
@@ -125,8 +231,9 @@ func BenchmarkScrapeVLLM300(b *testing.B) {
 	}
 	b.Run("parse", func(b *testing.B) {
 		body := []byte(bodies[0])
+		c := newSeriesCache()
 		cpuPer(b, func() {
-			if _, err := families(body, names["vllm"]); err != nil {
+			if _, err := families(body, names["vllm"], c); err != nil {
 				b.Fatal(err)
 			}
 		})
@@ -154,9 +261,18 @@ func BenchmarkScrapeVLLM300(b *testing.B) {
 			}
 		})
 	})
-	b.Run("nop", func(b *testing.B) { run(b, nopPublisher{}, func() {}) })
+	b.Run("nop", func(b *testing.B) { run(b, benchServers(b, "http"), nopPublisher{}, func() {}) })
 	b.Run("nats", func(b *testing.B) {
-		_, js := testbed.JetStream(b)
+		srv := benchServers(b, "nats")
+		nc, err := nats.Connect(srv.nat)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer nc.Close()
+		js, err := jetstream.New(nc)
+		if err != nil {
+			b.Fatal(err)
+		}
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		if err := bus.EnsureStreams(ctx, js, bus.StreamLimits{MaxBytes: -1, DuplicateWindow: time.Minute, Replicas: 1}, events.StreamEngine); err != nil {
@@ -165,7 +281,7 @@ func BenchmarkScrapeVLLM300(b *testing.B) {
 		pub := bus.NewPublisher(js, bus.PublisherOptions{Buffer: 1 << 20, FlushTimeout: 10 * time.Second}, nil, discard())
 		done := make(chan error, 1)
 		go func() { done <- pub.Run(ctx) }()
-		run(b, pub, func() {
+		run(b, srv, pub, func() {
 			for pub.Buffered() > 0 {
 				time.Sleep(100 * time.Microsecond)
 			}

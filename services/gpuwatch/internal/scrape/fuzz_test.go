@@ -38,7 +38,7 @@ func FuzzExposition(f *testing.F) {
 			tg := s.targets[0]
 			for i, body := range [][]byte{a, b} {
 				now := t0.Add(time.Duration(i) * time.Second)
-				fams, err := families(body, names[kind])
+				fams, err := families(body, names[kind], tg.cache)
 				if err != nil {
 					continue
 				}
@@ -89,14 +89,18 @@ func FuzzFamilies(f *testing.F) {
 			return
 		}
 		for _, kind := range []string{events.EngineVLLM, events.EngineSGLang, events.EngineTGI} {
-			got, err := families(body, names[kind])
-			if err != nil {
-				return // textparse is stricter in places (e.g. a TYPE line after its samples)
-			}
-			for name := range names[kind] {
-				g, w := canonical(got[name]), canonical(want[name])
-				if g != w {
-					t.Fatalf("%s %s: textparse\n%s\nexpfmt\n%s", kind, name, g, w)
+			// twice: labels built, then read from the series cache
+			c := newSeriesCache()
+			for _, pass := range []string{"cold", "cached"} {
+				got, err := families(body, names[kind], c)
+				if err != nil {
+					return // textparse is stricter in places (e.g. a TYPE line after its samples)
+				}
+				for name := range names[kind] {
+					g, w := canonical(got[name]), canonical(want[name])
+					if g != w {
+						t.Fatalf("%s %s (%s): textparse\n%s\nexpfmt\n%s", kind, name, pass, g, w)
+					}
 				}
 			}
 		}

@@ -1,6 +1,7 @@
 package scrape
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"strconv"
@@ -17,16 +18,21 @@ import (
 // shape expfmt gives: one dto family per name, histograms assembled from their _bucket,
 // _count and _sum series. Every other series is parsed and let go without being kept, which
 // is where the time goes in an engine's exposition: expfmt builds every family it meets.
-func families(body []byte, byName map[string]mapping) (map[string]*dto.MetricFamily, error) {
+// What the labels of each series kept say is remembered in c for the next scrape of the
+// same endpoint.
+func families(body []byte, byName map[string]mapping, c *seriesCache) (map[string]*dto.MetricFamily, error) {
 	p := textparse.NewPromParser(body, labels.NewSymbolTable(), false)
 	types := map[string]dto.MetricType{}
 	fams := map[string]*dto.MetricFamily{}
-	hists := map[string]*dto.Metric{} // family and labels but le → the histogram being assembled
+	hists := map[string]*histogram{} // family and labels but le → the histogram being assembled
 	var lset labels.Labels
-	var key []byte
+	var slab []bucket
+	var mtype model.MetricType // of the last TYPE line, as textparse reads the labels under it
+	c.gen++
 	for {
 		entry, err := p.Next()
 		if errors.Is(err, io.EOF) {
+			c.sweep()
 			return fams, nil
 		}
 		if err != nil {
@@ -35,6 +41,7 @@ func families(body []byte, byName map[string]mapping) (map[string]*dto.MetricFam
 		switch entry {
 		case textparse.EntryType:
 			name, typ := p.Type()
+			mtype = typ
 			if _, ok := byName[string(name)]; ok {
 				types[string(name)] = dtoType(typ)
 			}
@@ -43,65 +50,171 @@ func families(body []byte, byName map[string]mapping) (map[string]*dto.MetricFam
 		default:
 			continue
 		}
-		_, _, v := p.Series()
-		p.Labels(&lset)
-		name := lset.Get(model.MetricNameLabel)
-		if _, ok := byName[name]; ok {
-			typ, typed := types[name]
+		series, _, v := p.Series()
+		if !wanted(series, byName, types) {
+			continue // building the labels of a series is most of its cost: only for those read
+		}
+		e := c.entries[string(series)] // no allocation for the lookup
+		if e == nil || e.mtype != mtype {
+			p.Labels(&lset)
+			e = newSeriesEntry(lset, mtype)
+			c.entries[string(series)] = e
+		}
+		e.gen = c.gen
+		if _, ok := byName[e.name]; ok {
+			typ, typed := types[e.name]
 			if !typed {
 				typ = dto.MetricType_UNTYPED
 			}
 			if typ == dto.MetricType_HISTOGRAM {
 				continue // a histogram's samples are its _bucket, _count and _sum series
 			}
-			m := &dto.Metric{Label: labelPairs(lset, "")}
-			switch typ {
-			case dto.MetricType_COUNTER:
-				m.Counter = &dto.Counter{Value: &v}
-			case dto.MetricType_GAUGE:
-				m.Gauge = &dto.Gauge{Value: &v}
-			case dto.MetricType_UNTYPED:
-				m.Untyped = &dto.Untyped{Value: &v}
-			default:
+			if typ != dto.MetricType_COUNTER && typ != dto.MetricType_GAUGE && typ != dto.MetricType_UNTYPED {
 				continue // a summary, or a type no field reads
 			}
-			f := family(fams, name, typ)
-			f.Metric = append(f.Metric, m)
-			continue
-		}
-		base, part := histogramPart(name)
-		if part == "" || types[base] != dto.MetricType_HISTOGRAM {
-			continue
-		}
-		key = append(key[:0], base...)
-		lset.Range(func(l labels.Label) {
-			if l.Name != model.BucketLabel && l.Name != model.MetricNameLabel {
-				key = append(append(append(append(key, 0), l.Name...), 0), l.Value...)
+			sv := &scalar{v: v}
+			m := &sv.m
+			m.Label = e.pairs
+			switch typ {
+			case dto.MetricType_COUNTER:
+				sv.c.Value, m.Counter = &sv.v, &sv.c
+			case dto.MetricType_GAUGE:
+				sv.g.Value, m.Gauge = &sv.v, &sv.g
+			default:
+				sv.u.Value, m.Untyped = &sv.v, &sv.u
 			}
-		})
-		m := hists[string(key)] // no allocation for the lookup
-		if m == nil {
-			m = &dto.Metric{Label: labelPairs(lset, model.BucketLabel), Histogram: &dto.Histogram{}}
-			hists[string(key)] = m
-			f := family(fams, base, dto.MetricType_HISTOGRAM)
+			f := family(fams, e.name, typ)
+			f.Metric = append(f.Metric, m)
+			continue
+		}
+		if e.part == "" || types[e.base] != dto.MetricType_HISTOGRAM {
+			continue
+		}
+		hv := hists[e.key]
+		if hv == nil {
+			hv = &histogram{}
+			hv.h.Bucket = make([]*dto.Bucket, 0, 16)
+			m := &hv.m
+			m.Label, m.Histogram = e.histPairs, &hv.h
+			hists[e.key] = hv
+			f := family(fams, e.base, dto.MetricType_HISTOGRAM)
 			f.Metric = append(f.Metric, m)
 		}
-		h := m.Histogram
-		switch part {
+		h := &hv.h
+		switch e.part {
 		case "_count":
-			h.SampleCountFloat = &v
+			hv.count = v
+			h.SampleCountFloat = &hv.count
 		case "_sum":
-			h.SampleSum = &v
+			hv.sum = v
+			h.SampleSum = &hv.sum
 		case "_bucket":
-			le, err := strconv.ParseFloat(lset.Get(model.BucketLabel), 64)
-			if err != nil {
-				return nil, errors.New("histogram bucket " + strconv.Quote(name) + " without a numeric le")
+			if !e.leOK {
+				return nil, errors.New("histogram bucket " + strconv.Quote(e.name) + " without a numeric le")
 			}
-			bb := &bucket{le: le, n: v}
+			if len(slab) == cap(slab) {
+				slab = make([]bucket, 0, 64) // the buckets of several histograms in one allocation
+			}
+			slab = append(slab, bucket{le: e.le, n: v})
+			bb := &slab[len(slab)-1]
 			bb.b.UpperBound, bb.b.CumulativeCountFloat = &bb.le, &bb.n
 			h.Bucket = append(h.Bucket, &bb.b)
 		}
 	}
+}
+
+// seriesCache keeps what the labels of each series say, keyed by the series' text as
+// exposed (its name and labels), from one scrape of an endpoint to the next: an engine
+// exposes the same series at every scrape with new values, and building the labels is most
+// of a series' cost (Prometheus's scrape loop keeps the same cache). It holds the series of
+// the last scrape only, so it is bounded by the largest exposition read.
+type seriesCache struct {
+	entries map[string]*seriesEntry
+	gen     uint64
+}
+
+func newSeriesCache() *seriesCache { return &seriesCache{entries: map[string]*seriesEntry{}} }
+
+// sweep forgets the series the last scrape did not have.
+func (c *seriesCache) sweep() {
+	for k, e := range c.entries {
+		if e.gen != c.gen {
+			delete(c.entries, k)
+		}
+	}
+}
+
+// seriesEntry is what one series' labels say. dto values in it are shared by the families
+// of every scrape that has the series, and never written after it is made.
+type seriesEntry struct {
+	mtype      model.MetricType // textparse writes le by the type it reads the series under
+	gen        uint64
+	name       string
+	pairs      []*dto.LabelPair // the labels but the name
+	base, part string           // a histogram series' family and suffix, or "" and ""
+	key        string           // family and labels but le: which histogram the series is of
+	histPairs  []*dto.LabelPair // the labels but the name and le
+	le         float64
+	leOK       bool
+}
+
+func newSeriesEntry(lset labels.Labels, mtype model.MetricType) *seriesEntry {
+	e := &seriesEntry{mtype: mtype, name: lset.Get(model.MetricNameLabel), pairs: labelPairs(lset, "")}
+	e.base, e.part = histogramPart(e.name)
+	if e.part == "" {
+		return e
+	}
+	key := []byte(e.base)
+	lset.Range(func(l labels.Label) {
+		if l.Name != model.BucketLabel && l.Name != model.MetricNameLabel {
+			key = append(append(append(append(key, 0), l.Name...), 0), l.Value...)
+		}
+	})
+	e.key, e.histPairs = string(key), labelPairs(lset, model.BucketLabel)
+	le, err := strconv.ParseFloat(lset.Get(model.BucketLabel), 64)
+	e.le, e.leOK = le, err == nil
+	return e
+}
+
+// wanted reports whether series (as textparse gives it: the name, then the labels) is of
+// a family in byName or a histogram series of one, from its name alone. A name in quotes
+// (the UTF-8 form, inside the braces) is left to the labels to tell.
+func wanted(series []byte, byName map[string]mapping, types map[string]dto.MetricType) bool {
+	name := series
+	if i := bytes.IndexByte(series, '{'); i >= 0 {
+		name = series[:i]
+	}
+	name = bytes.TrimRight(name, " \t")
+	if len(name) == 0 || bytes.IndexByte(name, '"') >= 0 {
+		return true
+	}
+	if _, ok := byName[string(name)]; ok { // no allocation for the lookup
+		return true
+	}
+	for _, suffix := range [...]string{"_bucket", "_count", "_sum"} {
+		if base, ok := bytes.CutSuffix(name, []byte(suffix)); ok {
+			return types[string(base)] == dto.MetricType_HISTOGRAM
+		}
+	}
+	return false
+}
+
+// scalar holds a gauge's, counter's or untyped series' dto.Metric and the values it points
+// to, in one allocation.
+type scalar struct {
+	m dto.Metric
+	c dto.Counter
+	g dto.Gauge
+	u dto.Untyped
+	v float64
+}
+
+// histogram holds a histogram's dto.Metric and the count and sum it points to, in one
+// allocation.
+type histogram struct {
+	m          dto.Metric
+	h          dto.Histogram
+	count, sum float64
 }
 
 // bucket holds a dto.Bucket and the values it points to, in one allocation.
@@ -131,17 +244,21 @@ func histogramPart(name string) (base, part string) {
 
 // labelPairs returns the series' labels but its name and skip.
 func labelPairs(lset labels.Labels, skip string) []*dto.LabelPair {
-	pairs := make([]dto.LabelPair, 0, lset.Len())
+	type pair struct {
+		p           dto.LabelPair
+		name, value string
+	}
+	pairs := make([]pair, 0, lset.Len()) // the pairs and the strings they point to, in one allocation
 	lset.Range(func(l labels.Label) {
 		if l.Name != model.MetricNameLabel && l.Name != skip {
-			pairs = append(pairs, dto.LabelPair{})
+			pairs = append(pairs, pair{name: l.Name, value: l.Value})
 			p := &pairs[len(pairs)-1]
-			p.Name, p.Value = new(l.Name), new(l.Value)
+			p.p.Name, p.p.Value = &p.name, &p.value
 		}
 	})
 	out := make([]*dto.LabelPair, len(pairs))
 	for i := range pairs {
-		out[i] = &pairs[i]
+		out[i] = &pairs[i].p
 	}
 	return out
 }

@@ -54,6 +54,7 @@ type Scraper struct {
 type target struct {
 	Target
 	body    bytes.Buffer
+	cache   *seriesCache
 	models  map[string]*state
 	lastErr string
 	out     []events.EngineSample
@@ -102,6 +103,7 @@ func New(targets []Target, pub publisher, opts Options, reg prometheus.Registere
 		s.targets = append(s.targets, &target{
 			Target: t,
 			models: map[string]*state{},
+			cache:  newSeriesCache(),
 		})
 	}
 	return s
@@ -187,7 +189,7 @@ func (s *Scraper) scrapeTarget(ctx context.Context, t *target, now time.Time) {
 	reason, err := s.fetch(ctx, t)
 	var fams map[string]*dto.MetricFamily
 	if err == nil {
-		fams, err = families(t.body.Bytes(), names[t.Engine])
+		fams, err = families(t.body.Bytes(), names[t.Engine], t.cache)
 		if err != nil {
 			reason = "malformed"
 		}
@@ -366,9 +368,8 @@ func (s *Scraper) addHist(t *target, st *state, f field, h *dto.Histogram) {
 		s.m.dropped.WithLabelValues(t.Name, "histogram_malformed").Inc()
 		return
 	}
-	ch := &cumHist{count: float64(h.GetSampleCount()) + h.GetSampleCountFloat(), sum: h.GetSampleSum()}
-	bs := slices.Clone(h.GetBucket())
-	slices.SortFunc(bs, func(a, b *dto.Bucket) int {
+	bs := h.GetBucket()
+	byBound := func(a, b *dto.Bucket) int {
 		switch {
 		case a.GetUpperBound() < b.GetUpperBound():
 			return -1
@@ -376,7 +377,14 @@ func (s *Scraper) addHist(t *target, st *state, f field, h *dto.Histogram) {
 			return 1
 		}
 		return 0
-	})
+	}
+	if !slices.IsSortedFunc(bs, byBound) { // engines write them in order
+		bs = slices.Clone(bs)
+		slices.SortFunc(bs, byBound)
+	}
+	bounds := make([]float64, 2*len(bs)) // le and cum in one allocation
+	ch := &cumHist{count: float64(h.GetSampleCount()) + h.GetSampleCountFloat(), sum: h.GetSampleSum(),
+		le: bounds[:0:len(bs)], cum: bounds[len(bs):len(bs)]}
 	for _, b := range bs {
 		ub := b.GetUpperBound()
 		if math.IsInf(ub, +1) {
