@@ -27,6 +27,7 @@ import (
 //	emitter-loops<n>     with EMITTER_RELAY_LOOPS=n
 //	emitter-linger<d>    with EMITTER_PUBLISH_LINGER=d (0, 1ms, 5ms, 20ms)
 //	emitter-procs<n>     with GOMAXPROCS=n
+//	emitter-gogc<n>      with GOGC=n
 //	emitter…@<binary>    any of these run from another test binary of this package (go test
 //	                     -c), such as one built before a change, for a side-by-side A/B run
 //	nginx-w<n>           nginx with worker_processes n, proxy_buffering off, a kept-alive
@@ -215,8 +216,10 @@ func startPeers(b *testing.B, names []string, natsURL, upstream string, env ...s
 				penv = append(penv, "GOMAXPROCS="+strings.TrimPrefix(rest, "-procs"))
 			case strings.HasPrefix(rest, "-linger"):
 				penv = append(penv, "EMITTER_PUBLISH_LINGER="+strings.TrimPrefix(rest, "-linger"))
+			case strings.HasPrefix(rest, "-gogc"):
+				penv = append(penv, "GOGC="+strings.TrimPrefix(rest, "-gogc"))
 			default:
-				b.Fatalf("BENCH_PEERS: %q: want emitter, emitter-loops<n>, emitter-linger<duration> or emitter-procs<n>", name)
+				b.Fatalf("BENCH_PEERS: %q: want emitter, emitter-loops<n>, emitter-linger<duration>, emitter-procs<n> or emitter-gogc<n>", name)
 			}
 			c, pprof := startChildFrom(b, bin, "serve", natsURL, "http://"+upstream, penv...)
 			peers = append(peers, &peer{name: name, addr: strings.TrimPrefix(c.base, "http://"), emitter: true, pprof: pprof,
@@ -296,7 +299,7 @@ func startNginx(b *testing.B, name string, workers int, upstream string) *peer {
 	if err := cmd.Start(); err != nil {
 		b.Fatalf("cannot start nginx: %v", err)
 	}
-	b.Cleanup(func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() })
+	b.Cleanup(func() { stopGracefully(cmd) })
 	waitListening(b, addr)
 	master := cmd.Process.Pid
 	var procs []int
@@ -317,7 +320,7 @@ const caddyConf = `{
 	admin off
 	auto_https off
 	log {
-		output discard
+		level ERROR
 	}
 }
 http://%[1]s {
@@ -349,10 +352,25 @@ func startCaddy(b *testing.B, upstream string) *peer {
 	if err := cmd.Start(); err != nil {
 		b.Fatalf("cannot start caddy: %v", err)
 	}
-	b.Cleanup(func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() })
+	b.Cleanup(func() { stopGracefully(cmd) })
 	waitListening(b, addr)
 	pid := cmd.Process.Pid
 	return &peer{name: "caddy", addr: addr, pids: func() []int { return []int{pid} }}
+}
+
+// stopGracefully interrupts cmd and kills it if it has not exited within five seconds: on
+// an interrupt Caddy stops listening and waits for every open request, and a held stream
+// whose client has left stays open upstream.
+func stopGracefully(cmd *exec.Cmd) {
+	_ = cmd.Process.Signal(os.Interrupt)
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	select {
+	case <-exited:
+	case <-time.After(5 * time.Second):
+		_ = cmd.Process.Kill()
+		<-exited
+	}
 }
 
 // childrenOf lists the processes whose parent is pid, from /proc.
@@ -632,7 +650,8 @@ func peerTable(names []string, got map[string][]peerFigures, which string) strin
 // BENCH_PEERS, whose upstream sends its next token only after an hour, and reports the
 // resident set per held stream: the difference from a baseline taken after 50 streams opened
 // and closed, divided by the streams, once they are all open (and, for the emitter, have left
-// net/http), and for the emitter also once it collected its garbage (settled-rss-KB/stream).
+// net/http), with BENCH_OPEN_HOLD=d also after d more with nothing forced (held-rss-KB/stream),
+// and for the emitter once it collected its garbage (settled-rss-KB/stream).
 // The peers run in fresh processes, one after the other. Run it with -benchtime=1x.
 func BenchmarkPeerStreams(b *testing.B) {
 	names := benchPeers(b)
@@ -667,6 +686,16 @@ func BenchmarkPeerStreams(b *testing.B) {
 			for b.Loop() {
 			}
 			b.ReportMetric((p.rss(b)-before)/float64(streams)/1024, "rss-KB/stream")
+			if v := os.Getenv("BENCH_OPEN_HOLD"); v != "" {
+				// Hold the streams longer with nothing forced: the Go runtime's own collection
+				// and scavenger run as they do in a service.
+				d, err := time.ParseDuration(v)
+				if err != nil {
+					b.Fatalf("BENCH_OPEN_HOLD=%q: %v", v, err)
+				}
+				time.Sleep(d)
+				b.ReportMetric((p.rss(b)-before)/float64(streams)/1024, "held-rss-KB/stream")
+			}
 			if p.emitter {
 				settle(b, p.pprof)
 				b.ReportMetric((p.rss(b)-before)/float64(streams)/1024, "settled-rss-KB/stream")
