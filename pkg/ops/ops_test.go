@@ -146,3 +146,48 @@ func TestWrapListenerAndOnShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A kept-alive connection left idle is closed once the idle timeout passes; one in use is not.
+func TestIdleConnectionsAreClosed(t *testing.T) {
+	s := ops.NewServer("127.0.0.1:0", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s.SetIdleTimeout(300 * time.Millisecond)
+	if err := s.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx, time.Second) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	c, err := net.Dial("tcp", s.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	req := []byte("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+	buf := make([]byte, 4096)
+	// Three requests 100 ms apart: each restarts the idle clock.
+	for i := range 3 {
+		if _, err := c.Write(req); err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if n, err := c.Read(buf); err != nil || !strings.HasPrefix(string(buf[:n]), "HTTP/1.1 200") {
+			t.Fatalf("request %d: %q %v", i, buf[:n], err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Then nothing: the server hangs up (EOF) well before the client's own bound.
+	start := time.Now()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, err := c.Read(buf); !errors.Is(err, io.EOF) {
+		t.Fatalf("idle connection: read %q, %v; want the server to close it", buf[:n], err)
+	}
+	if waited := time.Since(start); waited > 5*time.Second {
+		t.Fatalf("closed after %v", waited)
+	}
+}

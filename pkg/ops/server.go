@@ -30,6 +30,7 @@ type Server struct {
 	mu     sync.Mutex
 	checks []namedCheck
 
+	idle       time.Duration
 	ln         net.Listener
 	wrap       func(net.Listener) net.Listener
 	connCtx    func(context.Context, net.Conn) context.Context
@@ -41,12 +42,18 @@ type namedCheck struct {
 	check Check
 }
 
+// DefaultIdleTimeout is how long a kept-alive connection may wait for its next request
+// before the server closes it: longer than the idle timeouts of the common HTTP clients'
+// pools (Go's 90 s, Node's and Python's a few seconds), so that the client, not the server,
+// closes an idle connection and never sends a request on one being closed.
+const DefaultIdleTimeout = 2 * time.Minute
+
 // NewServer returns a server for addr with a fresh registry holding the Go and process
 // collectors.
 func NewServer(addr string, logger *slog.Logger) *Server {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	s := &Server{addr: addr, mux: http.NewServeMux(), registry: reg, logger: logger}
+	s := &Server{addr: addr, mux: http.NewServeMux(), registry: reg, logger: logger, idle: DefaultIdleTimeout}
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("ok\n"))
@@ -100,6 +107,11 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 // that takes connections over from the HTTP server and gives them back (the emitter's proxy).
 func (s *Server) WrapListener(wrap func(net.Listener) net.Listener) { s.wrap = wrap }
 
+// SetIdleTimeout sets how long a kept-alive connection may wait for its next request
+// (DefaultIdleTimeout unless set); d must be positive. Without one, every connection a client
+// leaves open would hold a goroutine and its buffers for ever.
+func (s *Server) SetIdleTimeout(d time.Duration) { s.idle = d }
+
 // ConnContext sets the HTTP server's http.Server.ConnContext: for a handler that needs the
 // client's connection (the emitter's proxy writes streams to its socket).
 func (s *Server) ConnContext(f func(ctx context.Context, c net.Conn) context.Context) { s.connCtx = f }
@@ -138,7 +150,7 @@ func (s *Server) Run(ctx context.Context, grace time.Duration) error {
 			return err
 		}
 	}
-	srv := &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second, ConnContext: s.connCtx}
+	srv := &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: s.idle, ConnContext: s.connCtx}
 	ln := s.ln
 	if s.wrap != nil {
 		ln = s.wrap(ln)

@@ -24,6 +24,7 @@ type Config struct {
 	Upstreams         string        `env:"EMITTER_UPSTREAMS"` // model-prefix routes: claude-=https://api.anthropic.com,gpt-=https://api.openai.com
 	UpstreamTimeout   time.Duration `env:"EMITTER_UPSTREAM_TIMEOUT" envDefault:"600s"`
 	StreamIdleTimeout time.Duration `env:"EMITTER_STREAM_IDLE_TIMEOUT" envDefault:"60s"`
+	ClientIdleTimeout time.Duration `env:"EMITTER_CLIENT_IDLE_TIMEOUT" envDefault:"2m"`
 	DefaultScene      string        `env:"EMITTER_DEFAULT_SCENE" envDefault:"default"`
 	DefaultEnv        string        `env:"EMITTER_DEFAULT_ENV" envDefault:"dev"`
 	MaxParseBytes     int64         `env:"EMITTER_MAX_PARSE_BYTES" envDefault:"33554432"`
@@ -72,6 +73,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("EMITTER_UPSTREAM_TIMEOUT=%s must be positive", c.UpstreamTimeout)
 	case c.StreamIdleTimeout <= 0:
 		return fmt.Errorf("EMITTER_STREAM_IDLE_TIMEOUT=%s must be positive", c.StreamIdleTimeout)
+	case c.ClientIdleTimeout <= 0:
+		return fmt.Errorf("EMITTER_CLIENT_IDLE_TIMEOUT=%s must be positive", c.ClientIdleTimeout)
 	case c.DefaultScene == "":
 		return errors.New("EMITTER_DEFAULT_SCENE is empty")
 	case c.DefaultEnv == "":
@@ -135,5 +138,5 @@ func (c Config) proxyConfig() proxy.Config {
 	routes, _ := proxy.ParseRoutes(c.Upstreams)
 	return proxy.Config{Upstream: up, Routes: routes, UpstreamTimeout: c.UpstreamTimeout, IdleTimeout: c.StreamIdleTimeout,
 		DefaultScene: c.DefaultScene, DefaultEnv: c.DefaultEnv, MaxParseBytes: c.MaxParseBytes, MaxLabels: c.MaxLabels,
-		MaxEventBytes: c.MaxSSEEventBytes, Loops: c.RelayLoops}
+		MaxEventBytes: c.MaxSSEEventBytes, Loops: c.RelayLoops, ClientIdleTimeout: c.ClientIdleTimeout}
 }

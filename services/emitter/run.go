@@ -96,6 +96,7 @@ func serve(ctx context.Context, environ map[string]string, stderr io.Writer) err
 	}
 	logger := newLogger(stderr, cfg.LogLevel)
 	srv := ops.NewServer(cfg.HTTPAddr, logger)
+	srv.SetIdleTimeout(cfg.ClientIdleTimeout)
 	if err := srv.Listen(); err != nil {
 		return err
 	}

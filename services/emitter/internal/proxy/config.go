@@ -25,7 +25,14 @@ type Config struct {
 	MaxLabels       int   // distinct model values in metric labels before folding into "other"
 	MaxEventBytes   int   // the longest SSE event the meter reads; a longer one passes through unread
 	Loops           int   // relay loops (Linux); 0: GOMAXPROCS
+	// ClientIdleTimeout closes a kept-alive client connection given back after a detached
+	// stream once it waited that long for its next request; 0: DefaultClientIdleTimeout.
+	// The HTTP server's own http.Server.IdleTimeout should be the same.
+	ClientIdleTimeout time.Duration
 }
+
+// DefaultClientIdleTimeout is Config.ClientIdleTimeout's default.
+const DefaultClientIdleTimeout = 2 * time.Minute
 
 // ParseRoutes parses "prefix=url,prefix=url" (EMITTER_UPSTREAMS), such as
 // "claude-=https://api.anthropic.com,gpt-=https://api.openai.com".

@@ -3,6 +3,7 @@ package proxy
 import (
 	"net"
 	"sync"
+	"time"
 )
 
 // listener is the HTTP server's listener as the proxy sees it: Accept returns the new
@@ -10,18 +11,25 @@ import (
 // ended cleanly, so that a client's kept-alive connection serves its next request as before.
 // A connection given back waits for that request in the watcher, holding nothing of
 // net/http's, and goes to the server once the client sends it (or hangs up): net/http's
-// header timeout then starts as it does for a kept-alive connection.
+// header timeout then starts as it does for a kept-alive connection. One that waits longer
+// than idle is closed, as net/http closes its own idle ones (http.Server.IdleTimeout).
 type listener struct {
 	net.Listener
 	w        *watcher
+	idle     time.Duration
 	accepted chan accepted
 	back     chan net.Conn
 	done     chan struct{}
 	once     sync.Once
 
 	mu     sync.Mutex
-	parked map[uint64]net.Conn // given back, the client's next request not yet there
+	parked map[uint64]parkedConn // given back, the client's next request not yet there
 	closed bool
+}
+
+type parkedConn struct {
+	c     net.Conn
+	timer *time.Timer // closes it once idle has passed
 }
 
 type accepted struct {
@@ -29,9 +37,9 @@ type accepted struct {
 	err error
 }
 
-func newListener(ln net.Listener, w *watcher) *listener {
-	l := &listener{Listener: ln, w: w, accepted: make(chan accepted), back: make(chan net.Conn),
-		done: make(chan struct{}), parked: map[uint64]net.Conn{}}
+func newListener(ln net.Listener, w *watcher, idle time.Duration) *listener {
+	l := &listener{Listener: ln, w: w, idle: idle, accepted: make(chan accepted), back: make(chan net.Conn),
+		done: make(chan struct{}), parked: map[uint64]parkedConn{}}
 	go l.acceptLoop()
 	return l
 }
@@ -73,9 +81,10 @@ func (l *listener) Close() error {
 		parked := l.parked
 		l.parked, l.closed = nil, true
 		l.mu.Unlock()
-		for id, c := range parked {
+		for id, p := range parked {
+			p.timer.Stop()
 			l.w.remove(id)
-			_ = c.Close()
+			_ = p.c.Close()
 		}
 	})
 	return err
@@ -105,25 +114,40 @@ func (l *listener) giveBack(c net.Conn, id uint64, pending []byte) bool {
 	// Under l.mu: the event may fire at once, and wake must find the connection parked.
 	id, ok := l.w.rearm(id, readOrHangUp, l.wake)
 	if ok {
-		l.parked[id] = c
+		l.parked[id] = parkedConn{c: c, timer: time.AfterFunc(l.idle, func() { l.expire(id) })}
 	}
 	return ok
+}
+
+// expire closes a parked connection whose client sent nothing for the idle timeout, unless
+// its event came first (wake has it then).
+func (l *listener) expire(id uint64) {
+	l.mu.Lock()
+	p, ok := l.parked[id]
+	if !ok || !l.w.remove(id) {
+		l.mu.Unlock()
+		return
+	}
+	delete(l.parked, id)
+	l.mu.Unlock()
+	_ = p.c.Close()
 }
 
 // wake sends a parked connection, whose client sent its next request or hung up, to the
 // server. It runs on the watcher's goroutine, which must not wait for Accept.
 func (l *listener) wake(id uint64) {
 	l.mu.Lock()
-	c, ok := l.parked[id]
+	p, ok := l.parked[id]
 	delete(l.parked, id)
 	l.mu.Unlock()
 	if !ok {
 		return
 	}
+	p.timer.Stop()
 	select {
-	case l.back <- c: // Accept was waiting, as it mostly is
+	case l.back <- p.c: // Accept was waiting, as it mostly is
 	default:
-		go l.handBack(c)
+		go l.handBack(p.c)
 	}
 }
 

@@ -87,6 +87,9 @@ func New(cfg Config, emit Emitter, reg prometheus.Registerer, logger *slog.Logge
 	if cfg.MaxEventBytes <= 0 {
 		cfg.MaxEventBytes = meter.DefaultMaxEvent
 	}
+	if cfg.ClientIdleTimeout <= 0 {
+		cfg.ClientIdleTimeout = DefaultClientIdleTimeout
+	}
 	t := &http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
 		DialContext:           (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
@@ -143,7 +146,7 @@ func (p *Proxy) Listener(ln net.Listener) net.Listener {
 		p.logger.Info("streams stay with net/http", "err", err)
 		return ln
 	}
-	p.watch, p.ln = w, newListener(ln, w)
+	p.watch, p.ln = w, newListener(ln, w, p.cfg.ClientIdleTimeout)
 	if ls, err := newLoops(p.cfg.Loops, p.logger); err != nil {
 		p.logger.Info("streams are relayed on goroutines", "err", err)
 	} else {
