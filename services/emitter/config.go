@@ -28,6 +28,7 @@ type Config struct {
 	DefaultScene      string        `env:"EMITTER_DEFAULT_SCENE" envDefault:"default"`
 	DefaultEnv        string        `env:"EMITTER_DEFAULT_ENV" envDefault:"dev"`
 	MaxParseBytes     int64         `env:"EMITTER_MAX_PARSE_BYTES" envDefault:"33554432"`
+	MaxParseMemory    int64         `env:"EMITTER_MAX_PARSE_MEMORY" envDefault:"536870912"`
 	MaxLabels         int           `env:"EMITTER_MAX_LABELS" envDefault:"200"`
 	MaxSubjects       int           `env:"EMITTER_MAX_SUBJECTS" envDefault:"1000"`
 	SubjectIdle       time.Duration `env:"EMITTER_SUBJECT_IDLE" envDefault:"1h"`
@@ -81,6 +82,8 @@ func (c Config) Validate() error {
 		return errors.New("EMITTER_DEFAULT_ENV is empty")
 	case c.MaxParseBytes < 1024:
 		return fmt.Errorf("EMITTER_MAX_PARSE_BYTES=%d must be at least 1024", c.MaxParseBytes)
+	case c.MaxParseMemory < c.MaxParseBytes:
+		return fmt.Errorf("EMITTER_MAX_PARSE_MEMORY=%d must be at least EMITTER_MAX_PARSE_BYTES=%d", c.MaxParseMemory, c.MaxParseBytes)
 	case c.MaxLabels < 1:
 		return fmt.Errorf("EMITTER_MAX_LABELS=%d must be at least 1", c.MaxLabels)
 	case c.MaxSubjects < 1:
@@ -137,6 +140,6 @@ func (c Config) proxyConfig() proxy.Config {
 	up, _ := proxy.ParseUpstream(c.UpstreamURL)
 	routes, _ := proxy.ParseRoutes(c.Upstreams)
 	return proxy.Config{Upstream: up, Routes: routes, UpstreamTimeout: c.UpstreamTimeout, IdleTimeout: c.StreamIdleTimeout,
-		DefaultScene: c.DefaultScene, DefaultEnv: c.DefaultEnv, MaxParseBytes: c.MaxParseBytes, MaxLabels: c.MaxLabels,
+		DefaultScene: c.DefaultScene, DefaultEnv: c.DefaultEnv, MaxParseBytes: c.MaxParseBytes, MaxParseMemory: c.MaxParseMemory, MaxLabels: c.MaxLabels,
 		MaxEventBytes: c.MaxSSEEventBytes, Loops: c.RelayLoops, ClientIdleTimeout: c.ClientIdleTimeout}
 }

@@ -22,14 +22,20 @@ type Config struct {
 	DefaultScene    string
 	DefaultEnv      string
 	MaxParseBytes   int64 // request bodies larger than this pass through unread
-	MaxLabels       int   // distinct model values in metric labels before folding into "other"
-	MaxEventBytes   int   // the longest SSE event the meter reads; a longer one passes through unread
-	Loops           int   // relay loops (Linux); 0: GOMAXPROCS
+	// MaxParseMemory bounds the memory all request bodies being read and sent upstream hold
+	// together; a body that would take more passes through unread. 0: DefaultMaxParseMemory.
+	MaxParseMemory int64
+	MaxLabels      int // distinct model values in metric labels before folding into "other"
+	MaxEventBytes  int // the longest SSE event the meter reads; a longer one passes through unread
+	Loops          int // relay loops (Linux); 0: GOMAXPROCS
 	// ClientIdleTimeout closes a kept-alive client connection given back after a detached
 	// stream once it waited that long for its next request; 0: DefaultClientIdleTimeout.
 	// The HTTP server's own http.Server.IdleTimeout should be the same.
 	ClientIdleTimeout time.Duration
 }
+
+// DefaultMaxParseMemory is Config.MaxParseMemory's default.
+const DefaultMaxParseMemory = 512 << 20
 
 // DefaultClientIdleTimeout is Config.ClientIdleTimeout's default.
 const DefaultClientIdleTimeout = 2 * time.Minute

@@ -50,7 +50,7 @@ type detached struct {
 
 // canDetach reports whether the stream of r may be detached.
 func (p *Proxy) canDetach(r *http.Request, x *exchange) bool {
-	return p.ln != nil && x.stream && x.rest == nil && r.ProtoMajor == 1 && r.ProtoMinor >= 1 && r.TLS == nil
+	return p.ln != nil && x.stream && !x.unread && r.ProtoMajor == 1 && r.ProtoMinor >= 1 && r.TLS == nil
 }
 
 // detach takes the client's connection over from net/http, which has written the response

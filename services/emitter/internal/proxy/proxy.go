@@ -65,6 +65,7 @@ type Proxy struct {
 	bufs      sync.Pool
 	meters    sync.Pool
 	gzips     sync.Pool
+	bodies    atomic.Int64 // bytes held for request bodies (readBody), at most cfg.MaxParseMemory
 
 	// Set by Listener, before serving: streams are detached from net/http (detach.go).
 	detachAfter  time.Duration
@@ -83,6 +84,9 @@ func New(cfg Config, emit Emitter, reg prometheus.Registerer, logger *slog.Logge
 	}
 	if cfg.MaxParseBytes <= 0 {
 		cfg.MaxParseBytes = 32 << 20
+	}
+	if cfg.MaxParseMemory <= 0 {
+		cfg.MaxParseMemory = DefaultMaxParseMemory
 	}
 	if cfg.MaxEventBytes <= 0 {
 		cfg.MaxEventBytes = meter.DefaultMaxEvent
@@ -192,28 +196,77 @@ func (p *Proxy) handler(proto meter.Protocol) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { p.serve(w, r, proto) })
 }
 
-// readBody reads the body up to the parse limit. Past it, the body is forwarded as a stream
-// and not parsed.
-func (p *Proxy) readBody(r *http.Request) (head []byte, rest io.Reader, err error) {
+// readBody reads the body up to the parse limit, in memory reserved from the budget that all
+// bodies share until their upstream answers (release). Past the limit, or when the budget
+// has no room for the body, the body is forwarded as a stream and not parsed. held is what
+// the caller must release, even for a body forwarded unparsed.
+func (p *Proxy) readBody(r *http.Request) (head []byte, rest io.Reader, held int64, err error) {
 	if r.Body == nil || r.Body == http.NoBody {
-		return nil, nil, nil
+		return nil, nil, 0, nil
 	}
 	if r.ContentLength > p.cfg.MaxParseBytes {
-		return nil, r.Body, nil
+		p.m.unparsed.WithLabelValues(unparsedTooLarge).Inc()
+		return nil, r.Body, 0, nil
 	}
+	// A claimed length is trusted up to 1 MiB: past it the buffer grows as the bytes come.
 	size := r.ContentLength
 	if size < 0 || size > 1<<20 {
 		size = 64 << 10
 	}
-	buf := bytes.NewBuffer(make([]byte, 0, size+1))
-	_, err = io.Copy(buf, io.LimitReader(r.Body, p.cfg.MaxParseBytes+1))
-	if err != nil {
-		return nil, nil, err
+	if !p.reserve(size + 1) {
+		p.m.unparsed.WithLabelValues(unparsedMemory).Inc()
+		return nil, r.Body, 0, nil
 	}
-	if int64(buf.Len()) > p.cfg.MaxParseBytes {
-		return nil, io.MultiReader(bytes.NewReader(buf.Bytes()), r.Body), nil
+	held = size + 1
+	buf := make([]byte, 0, held)
+	for {
+		if len(buf) == cap(buf) {
+			if int64(len(buf)) > p.cfg.MaxParseBytes {
+				p.m.unparsed.WithLabelValues(unparsedTooLarge).Inc()
+				return nil, io.MultiReader(bytes.NewReader(buf), r.Body), held, nil
+			}
+			grow := min(2*int64(cap(buf)), p.cfg.MaxParseBytes+1) - int64(cap(buf))
+			if !p.reserve(grow) {
+				p.m.unparsed.WithLabelValues(unparsedMemory).Inc()
+				return nil, io.MultiReader(bytes.NewReader(buf), r.Body), held, nil
+			}
+			held += grow
+			buf = append(make([]byte, 0, int64(cap(buf))+grow), buf...)
+		}
+		n, rerr := r.Body.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			p.release(held)
+			return nil, nil, 0, rerr
+		}
 	}
-	return buf.Bytes(), nil, nil
+	if int64(len(buf)) > p.cfg.MaxParseBytes {
+		p.m.unparsed.WithLabelValues(unparsedTooLarge).Inc()
+		return nil, bytes.NewReader(buf), held, nil
+	}
+	return buf, nil, held, nil
+}
+
+// reserve takes n bytes from the request bodies' budget; it reports false, taking nothing,
+// when they do not fit.
+func (p *Proxy) reserve(n int64) bool {
+	if p.bodies.Add(n) > p.cfg.MaxParseMemory {
+		p.bodies.Add(-n)
+		return false
+	}
+	p.m.bodyBytes.Add(float64(n))
+	return true
+}
+
+// release gives n bytes back to the request bodies' budget.
+func (p *Proxy) release(n int64) {
+	if n > 0 {
+		p.bodies.Add(-n)
+		p.m.bodyBytes.Sub(float64(n))
+	}
 }
 
 // exchange is one request on its way through.
@@ -226,6 +279,8 @@ type exchange struct {
 	model  string
 	body   []byte
 	rest   io.Reader
+	unread bool  // the body goes upstream unparsed, from rest
+	held   int64 // of the request bodies' budget, until the upstream answers
 	input  int64 // estimate from the body's size, used when no usage comes back
 }
 
@@ -236,14 +291,14 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, proto meter.Protoc
 	}
 	x := exchange{start: time.Now(), proto: proto, model: unknownModel, path: path}
 	p.m.inflight.Inc() // until the flight closes
-	head, rest, err := p.readBody(r)
+	head, rest, held, err := p.readBody(r)
 	if err != nil {
 		// The client's body broke off: nothing went upstream, nothing to measure.
 		p.m.inflight.Dec()
 		http.Error(w, "cannot read the request body", http.StatusBadRequest)
 		return
 	}
-	x.body, x.rest = head, rest
+	x.body, x.rest, x.unread, x.held = head, rest, rest != nil, held
 	if head != nil && isIdentity(r.Header.Get("Content-Encoding")) {
 		if info, ok := readRequest(head); ok {
 			if info.Model != "" {
@@ -393,7 +448,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	p.labels(&c.ev, r.Header)
 
 	// A body in memory to a plain-HTTP upstream goes through the proxy's own client.
-	direct := x.rest == nil && p.dialable[base]
+	direct := !x.unread && p.dialable[base]
 	var body io.Reader = x.rest
 	length := int64(-1)
 	if x.body != nil && !direct {
@@ -421,10 +476,13 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	var err error
 	if direct {
 		resp, err = p.h1.roundTrip(out, x.body)
-		x.body = nil // the upstream has it: an open stream need not keep it
 	} else {
 		resp, err = p.transport.RoundTrip(out)
 	}
+	// The upstream has the body: an open stream need not keep it.
+	x.body, x.rest = nil, nil
+	p.release(x.held)
+	x.held = 0
 	if err == nil && !c.dog.answer(time.Now()) {
 		// The timeout fired as the headers arrived: it wins, the late response is dropped.
 		resp.Body.Close()

@@ -1,0 +1,133 @@
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/fakellm"
+)
+
+// TestBodiesShareAMemoryBudget: request bodies held in memory until their upstream answers
+// share EMITTER_MAX_PARSE_MEMORY. A body that does not fit beside those held is forwarded
+// unread, byte for byte, and counted; once the upstream has answered the memory is back.
+func TestBodiesShareAMemoryBudget(t *testing.T) {
+	bothClients(t, func(t *testing.T, transport bool) {
+		fake := fakellm.New(fakellm.Options{Tokens: 2})
+		hold := make(chan struct{})
+		holding := make(chan struct{}, 1)
+		got := make(chan []byte, 4)
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			body, _ := io.ReadAll(r.Body)
+			got <- body
+			if r.Header.Get("X-Test-Hold") != "" {
+				holding <- struct{}{}
+				<-hold
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			fake.ServeHTTP(w, r)
+		}))
+		defer up.Close()
+		p, cap, _ := newTestProxy(t, up.URL+"/v1", func(c *Config) { c.MaxParseBytes = 32 << 10; c.MaxParseMemory = 40 << 10 })
+		r := &rig{proxy: serveProxy(t, p, nil, nil), p: p, cap: cap}
+		if transport {
+			r.viaTransport()
+		}
+		body := `{"model":"gpt-4o","max_tokens":2,"messages":[{"role":"user","content":"` + strings.Repeat("w", 30<<10) + `"}]}`
+
+		first := make(chan reply, 1)
+		go func() { first <- call(t, r.proxy.URL, chatPath, body, map[string]string{"X-Test-Hold": "1"}) }()
+		<-holding // the first body is held: the upstream has not answered
+		<-got
+		if held := testutil.ToFloat64(p.m.bodyBytes); held < 30<<10 {
+			t.Fatalf("request_body_bytes = %v while a 30 KiB body waits for its upstream", held)
+		}
+
+		// No room beside it: forwarded unread, whole.
+		if via := call(t, r.proxy.URL, chatPath, body, nil); via.status != 200 {
+			t.Fatalf("second: %d %v", via.status, via.err)
+		}
+		if sent := <-got; string(sent) != body {
+			t.Fatalf("the upstream got %d bytes, want the client's %d", len(sent), len(body))
+		}
+		if ev := cap.next(t); ev.Model != unknownModel || ev.Status != events.StatusOK {
+			t.Fatalf("second event %+v", ev)
+		}
+		if n := testutil.ToFloat64(p.m.unparsed.WithLabelValues(unparsedMemory)); n != 1 {
+			t.Fatalf("unparsed{memory} = %v, want 1", n)
+		}
+
+		close(hold)
+		if via := <-first; via.status != 200 {
+			t.Fatalf("first: %d %v", via.status, via.err)
+		}
+		if ev := cap.next(t); ev.Model != "gpt-4o" {
+			t.Fatalf("first event %+v", ev)
+		}
+		if held := testutil.ToFloat64(p.m.bodyBytes); held != 0 || p.bodies.Load() != 0 {
+			t.Fatalf("request_body_bytes = %v (%d) once every upstream answered", held, p.bodies.Load())
+		}
+		// The memory is back: the next body is read.
+		if via := call(t, r.proxy.URL, chatPath, body, nil); via.status != 200 {
+			t.Fatalf("third: %d %v", via.status, via.err)
+		}
+		<-got
+		if ev := cap.next(t); ev.Model != "gpt-4o" {
+			t.Fatalf("third event %+v", ev)
+		}
+		if n := testutil.ToFloat64(p.m.unparsed.WithLabelValues(unparsedMemory)); n != 1 {
+			t.Fatalf("unparsed{memory} = %v, want still 1", n)
+		}
+	})
+}
+
+// TestBodyBudgetReleasedOnEveryPath: a body whose client breaks off, one over the parse limit
+// and one whose upstream cannot be reached all give their memory back.
+func TestBodyBudgetReleasedOnEveryPath(t *testing.T) {
+	r := newRig(t, fakellm.Options{Tokens: 2}, func(c *Config) { c.MaxParseBytes = 4 << 10 })
+	// Over the parse limit, with and without a length.
+	big := `{"model":"gpt-4o","max_tokens":2,"messages":[{"role":"user","content":"` + strings.Repeat("w", 8<<10) + `"}]}`
+	if via := call(t, r.proxy.URL, chatPath, big, nil); via.status != 200 {
+		t.Fatalf("big: %d", via.status)
+	}
+	r.cap.next(t)
+	req, _ := http.NewRequest(http.MethodPost, r.proxy.URL+chatPath, io.MultiReader(strings.NewReader(big)))
+	req.ContentLength = -1
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	r.cap.next(t)
+	if n := testutil.ToFloat64(r.p.m.unparsed.WithLabelValues(unparsedTooLarge)); n != 2 {
+		t.Fatalf("unparsed{too_large} = %v, want 2", n)
+	}
+	// A client that breaks off in its body.
+	conn, err := net.Dial("tcp", r.proxy.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"model\":", chatPath)
+	time.Sleep(50 * time.Millisecond)
+	conn.Close()
+	waitFor(t, "the broken body's memory back", func() bool { return r.p.bodies.Load() == 0 })
+	// An upstream that is gone.
+	r.fake.Close()
+	if via := call(t, r.proxy.URL, chatPath, chatBody(false, ""), nil); via.status != http.StatusBadGateway {
+		t.Fatalf("upstream gone: %d", via.status)
+	}
+	r.cap.next(t)
+	if r.p.bodies.Load() != 0 || testutil.ToFloat64(r.p.m.bodyBytes) != 0 {
+		t.Fatalf("%d bytes still held", r.p.bodies.Load())
+	}
+}
