@@ -16,6 +16,7 @@ import (
 type streamMsg struct {
 	seq     uint64
 	subject string
+	id      string // Nats-Msg-Id
 	data    []byte
 }
 
@@ -40,7 +41,7 @@ func (b *bed) rollupsStream(t *testing.T) []streamMsg {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out = append(out, streamMsg{seq: seq, subject: m.Subject, data: m.Data})
+		out = append(out, streamMsg{seq: seq, subject: m.Subject, id: m.Header.Get(jetstream.MsgIDHeader), data: m.Data})
 	}
 	return out
 }

@@ -31,7 +31,7 @@ type Options struct {
 	Clock        func() time.Time
 }
 
-// stage is what differs between the token and GPU pipelines.
+// stage is what differs between the pipelines: tokens, feedback, and the samples' (samples.go).
 type stage interface {
 	// handle decodes, validates and routes one message at stream position seq.
 	handle(data []byte, seq uint64, now time.Time) (result, error)

@@ -94,10 +94,6 @@ func (s *tokenStage) closedThrough(now time.Time) time.Time {
 	return windowsClosedThrough(s.agg.Watermark(now), s.cfg.Window, s.cfg.Lateness)
 }
 
-func (s *gpuStage) closedThrough(now time.Time) time.Time {
-	return windowsClosedThrough(s.agg.Watermark(now), s.cfg.Window, s.cfg.Lateness)
-}
-
 // windowsClosedThrough is the end of the latest window a watermark wm has closed: a window
 // closes once wm reaches its end + lateness (window.Advance). Zero when wm is unset.
 func windowsClosedThrough(wm time.Time, window, lateness time.Duration) time.Time {
