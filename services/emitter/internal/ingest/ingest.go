@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -162,19 +163,36 @@ type result struct {
 	dropped int
 }
 
-// readBody reads the whole body into one allocation when its length is declared. The
-// buffer is never reused: the published events alias it until NATS has them.
+// readBody reads the whole body. The buffer grows with what has arrived, from one chunk
+// up to the declared length, never to the declared length at once: a client declaring a
+// large body and sending little holds little. A body of at most one chunk is still one
+// allocation. The buffer is never reused: the published events alias it until NATS has
+// them.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
 	body := http.MaxBytesReader(w, r.Body, limit)
-	if r.ContentLength <= 0 {
+	n := r.ContentLength // the server reads no further than it
+	if n <= 0 {
 		return io.ReadAll(body)
 	}
-	buf := make([]byte, r.ContentLength) // the server reads no further than Content-Length
-	if _, err := io.ReadFull(body, buf); err != nil {
-		return nil, err
+	buf := make([]byte, 0, min(n, readChunk))
+	for int64(len(buf)) < n {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, int(min(n, 2*int64(cap(buf))))-len(buf))
+		}
+		m, err := body.Read(buf[len(buf):min(int64(cap(buf)), n)])
+		buf = buf[:len(buf)+m]
+		if err == io.EOF && int64(len(buf)) < n {
+			return nil, io.ErrUnexpectedEOF
+		}
+		if err != nil && err != io.EOF {
+			return nil, err
+		}
 	}
 	return buf, nil
 }
+
+// readChunk is the buffer a body starts in; it doubles as the body arrives.
+const readChunk = 64 << 10
 
 // ingest decodes the body (one event, an array, or NDJSON), validates each event and
 // publishes the valid ones.

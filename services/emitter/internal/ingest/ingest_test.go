@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -228,6 +231,65 @@ func TestIngestLimitsAndToken(t *testing.T) {
 		if got := post(strings.NewReader(event("a")), -1, auth); got != 401 {
 			t.Fatalf("authorization %q: %d, want 401", auth, got)
 		}
+	}
+}
+
+// TestIngestDeclaredLengthNotAllocated opens connections that each declare a body of the
+// largest size and send one byte of it: the buffers held grow with what has arrived, not
+// with what was declared, so idle clients cannot make the emitter hold MaxBytes each. Bodies
+// longer than the first chunk, or shorter than declared, are still read right.
+func TestIngestDeclaredLengthNotAllocated(t *testing.T) {
+	const maxBytes, conns = 16 << 20, 16
+	h := New(Options{MaxBytes: maxBytes}, &memPub{}, func() time.Time { return now }, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	var entered sync.WaitGroup
+	entered.Add(conns)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Idle") != "" {
+			entered.Done()
+		}
+		h.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range conns {
+		c, err := net.Dial("tcp", srv.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "POST /v1/events HTTP/1.1\r\nHost: x\r\nX-Idle: 1\r\nContent-Length: %d\r\n\r\n{", maxBytes)
+	}
+	entered.Wait()
+	time.Sleep(200 * time.Millisecond) // the handlers are in readBody, waiting for the rest
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if grew := int64(after.HeapAlloc) - int64(before.HeapAlloc); grew > conns<<20 {
+		t.Fatalf("%d connections that sent 1 byte each hold %d MiB", conns, grew>>20)
+	}
+
+	// A body of many chunks arrives whole; one shorter than declared is a read error.
+	var sb strings.Builder
+	for i := 0; sb.Len() < 5*readChunk/2; i++ {
+		sb.WriteString(event(fmt.Sprint("e", i)) + "\n")
+	}
+	resp, err := http.Post(srv.URL, "application/x-ndjson", strings.NewReader(sb.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var a Answer
+	_ = json.NewDecoder(resp.Body).Decode(&a)
+	resp.Body.Close()
+	if want := strings.Count(sb.String(), "\n"); resp.StatusCode != 202 || a.Accepted != want || a.Rejected != 0 {
+		t.Fatalf("a body of %d bytes: %d %d accepted (want %d), %d rejected", sb.Len(), resp.StatusCode, a.Accepted, want, a.Rejected)
+	}
+	req := httptest.NewRequest(http.MethodPost, "/v1/events", strings.NewReader(event("a")))
+	req.ContentLength = int64(len(event("a")) + 10)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != 400 || !strings.Contains(rec.Body.String(), "cannot read the body") {
+		t.Fatalf("a body shorter than declared: %d %s", rec.Code, rec.Body)
 	}
 }
 
