@@ -111,6 +111,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.reply(w, http.StatusUnauthorized, &Answer{Error: "missing or wrong bearer token"})
 		return
 	}
+	// A compressed body would read as events that are all malformed, and a 400 would tell
+	// the client not to send them again: say what is wrong instead.
+	if enc := strings.TrimSpace(r.Header.Get("Content-Encoding")); enc != "" && !strings.EqualFold(enc, "identity") {
+		h.reply(w, http.StatusUnsupportedMediaType, &Answer{Error: fmt.Sprintf("content encoding %s is not supported: send the body uncompressed",
+			strconv.QuoteToASCII(cutString(enc, 64)))})
+		return
+	}
 	if r.ContentLength > h.opts.MaxBytes {
 		h.reply(w, http.StatusRequestEntityTooLarge, &Answer{Error: fmt.Sprintf("body of %d bytes is over the %d byte limit", r.ContentLength, h.opts.MaxBytes)})
 		return
@@ -141,6 +148,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		status = http.StatusBadRequest
 	}
 	h.reply(w, status, &ans.Answer)
+}
+
+// cutString bounds a client's value quoted in an answer.
+func cutString(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
 }
 
 // authorized reports whether r carries the token as its bearer credentials. The scheme is

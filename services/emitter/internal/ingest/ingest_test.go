@@ -1,6 +1,8 @@
 package ingest
 
 import (
+	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -290,6 +292,39 @@ func TestIngestDeclaredLengthNotAllocated(t *testing.T) {
 	h.ServeHTTP(rec, req)
 	if rec.Code != 400 || !strings.Contains(rec.Body.String(), "cannot read the body") {
 		t.Fatalf("a body shorter than declared: %d %s", rec.Code, rec.Body)
+	}
+}
+
+// TestIngestCompressedBody: a compressed body is refused as such (415, naming the encoding),
+// not read as events that are all malformed; identity is the body as it is.
+func TestIngestCompressedBody(t *testing.T) {
+	for _, tc := range []struct {
+		enc    string
+		status int
+	}{{"gzip", 415}, {" GZIP ", 415}, {"br", 415}, {"gzip, identity", 415}, {"identity", 202}, {"", 202}} {
+		pub := &memPub{}
+		body := []byte(event("a"))
+		if tc.status == 415 { // what a client compressing its bodies sends
+			var zb bytes.Buffer
+			zw := gzip.NewWriter(&zb)
+			_, _ = zw.Write(body)
+			_ = zw.Close()
+			body = zb.Bytes()
+		}
+		req := httptest.NewRequest(http.MethodPost, "/v1/events", bytes.NewReader(body))
+		if tc.enc != "" {
+			req.Header.Set("Content-Encoding", tc.enc)
+		}
+		rec := httptest.NewRecorder()
+		newHandler(pub).ServeHTTP(rec, req)
+		var a Answer
+		_ = json.Unmarshal(rec.Body.Bytes(), &a)
+		if rec.Code != tc.status {
+			t.Fatalf("Content-Encoding %q: %d %+v, want %d", tc.enc, rec.Code, a, tc.status)
+		}
+		if tc.status == 415 && (!strings.Contains(a.Error, "content encoding") || len(pub.msgs) != 0) {
+			t.Fatalf("Content-Encoding %q: %+v, %d published", tc.enc, a, len(pub.msgs))
+		}
 	}
 }
 
