@@ -328,6 +328,26 @@ func TestIngestCompressedBody(t *testing.T) {
 	}
 }
 
+// TestIngestEventIDHeaderSafe: an event_id a Nats-Msg-Id header cannot carry as it is (a
+// control character, a space at either end) is refused, naming event_id, and would
+// otherwise be published under the id of another event; the events beside it are published.
+func TestIngestEventIDHeaderSafe(t *testing.T) {
+	pub := &memPub{}
+	body := event("a") + "\n" + event(" a") + "\n" + strings.Replace(event("x"), `"x"`, `"b\r\nc"`, 1) + "\n" + event("order 17")
+	code, a := post(newHandler(pub), body)
+	if code != 202 || a.Accepted != 2 || a.Rejected != 2 {
+		t.Fatalf("%d %+v, want 2 accepted and 2 rejected", code, a)
+	}
+	for i, e := range a.Errors {
+		if e.Index != i+1 || !strings.Contains(e.Error, "event_id") {
+			t.Fatalf("error %d: %+v, want index %d naming event_id", i, e, i+1)
+		}
+	}
+	if len(pub.msgs) != 2 || pub.msgs[0] != "llm.req.prod.chat a" || pub.msgs[1] != "llm.req.prod.chat order 17" {
+		t.Fatalf("published %q", pub.msgs)
+	}
+}
+
 func BenchmarkIngestNDJSON(b *testing.B) {
 	var sb strings.Builder
 	for i := range 1000 {
