@@ -203,7 +203,7 @@ func (e *FeedbackEvent) ValidateAt(now time.Time) error {
 		}
 		return fieldErr("v", ErrUnsupportedVersion, strconv.Itoa(e.V))
 	}
-	if err := checkID("event_id", e.EventID, true); err != nil {
+	if err := checkEventID(e.EventID); err != nil {
 		return err
 	}
 	if err := checkTime("ts", e.TS, now); err != nil {

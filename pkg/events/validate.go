@@ -36,7 +36,7 @@ func (e *RequestEvent) ValidateAt(now time.Time) error {
 		}
 		return fieldErr("v", ErrUnsupportedVersion, strconv.Itoa(e.V))
 	}
-	if err := checkID("event_id", e.EventID, true); err != nil {
+	if err := checkEventID(e.EventID); err != nil {
 		return err
 	}
 	if err := checkTime("ts", e.TS, now); err != nil {
@@ -172,6 +172,25 @@ func checkID(name, v string, required bool) error {
 		return fieldErr(name, ErrTooLong, "over "+strconv.Itoa(MaxIDLen)+" bytes")
 	case !utf8.ValidString(v):
 		return fieldErr(name, ErrNotUTF8, "")
+	}
+	return nil
+}
+
+// checkEventID checks an event_id, which is also the message's Nats-Msg-Id header: a header
+// value cannot hold a control character, and loses a space at either end, so such an id
+// would stand for another one (" a" for "a") and JetStream would drop one of the two events
+// as the other's duplicate.
+func checkEventID(v string) error {
+	if err := checkID("event_id", v, true); err != nil {
+		return err
+	}
+	if v[0] == ' ' || v[len(v)-1] == ' ' {
+		return fieldErr("event_id", ErrOutOfRange, "a space at either end: the id is also the Nats-Msg-Id header, which drops it")
+	}
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c < 0x20 || c == 0x7f {
+			return fieldErr("event_id", ErrOutOfRange, "a control character: the id is also the Nats-Msg-Id header, which cannot hold it")
+		}
 	}
 	return nil
 }

@@ -121,6 +121,21 @@ func Parse(data []byte) (*Set, error) {
 	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("%w: %s", ErrInvalidRules, strings.TrimPrefix(err.Error(), "yaml: "))
 	}
+	// The rules are one document: another after a "---" would be read by no one. Empty
+	// ones (a "---" at the end) hold nothing to lose.
+	for {
+		var next yaml.Node
+		err := dec.Decode(&next)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s", ErrInvalidRules, strings.TrimPrefix(err.Error(), "yaml: "))
+		}
+		if len(next.Content) > 0 && next.Content[0].Tag != "!!null" {
+			return nil, fmt.Errorf("%w: a second YAML document at line %d: the rules are one document, without \"---\" between sections", ErrInvalidRules, next.Line)
+		}
+	}
 	s := NewSet()
 	if f.Defaults != nil {
 		if err := f.Defaults.apply(&s.Default, "defaults", false); err != nil {

@@ -109,6 +109,8 @@ func TestParseErrors(t *testing.T) {
 		{"for zero", "defaults:\n  for: 0\n", "defaults.for"},
 		{"unknown field", "defaults:\n  dynamic:\n    ttft_p95: {kk: 2}\n", "field kk not found"},
 		{"not yaml", "defaults: [", "invalid rules"},
+		{"second document", "defaults:\n  for: 2\n---\nscenes:\n  chat:\n    static:\n      ttft_p95: {warning: 1000}\n", "a second YAML document at line 3"},
+		{"bad second document", "defaults:\n  for: 2\n---\nscenes: [\n", "invalid rules"},
 		{"util above 100", "defaults:\n  saturation: {util_pct: 120}\n", "defaults.saturation.util_pct"},
 		{"engine metric per scene", "scenes:\n  chat:\n    dynamic:\n      queue_depth: {k: 3}\n", "scenes.chat.dynamic.queue_depth: is a per-engine rule"},
 		{"engine rules per scene", "scenes:\n  chat:\n    engine:\n      ttft_hint: false\n", "scenes.chat.engine: is a per-engine rule"},
@@ -128,6 +130,20 @@ func TestParseErrors(t *testing.T) {
 				t.Errorf("err = %q, want it to name %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestParseDocuments: a "---" at the start or end is harmless, and a second document with
+// rules in it is an error rather than rules silently not applied.
+func TestParseDocuments(t *testing.T) {
+	for _, y := range []string{"---\ndefaults:\n  for: 3\n", "defaults:\n  for: 3\n---\n", "defaults:\n  for: 3\n---\n# nothing\n---\n", "defaults:\n  for: 3\n...\n"} {
+		s, err := Parse([]byte(y))
+		if err != nil || s.Default.For != 3 {
+			t.Errorf("%q: %v, want for 3", y, err)
+		}
+	}
+	if _, err := Parse([]byte("defaults:\n  for: 3\n---\n---\ndefaults:\n  for: 5\n")); !errors.Is(err, ErrInvalidRules) {
+		t.Errorf("a second document with rules: %v, want ErrInvalidRules", err)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -110,6 +111,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.reply(w, http.StatusUnauthorized, &Answer{Error: "missing or wrong bearer token"})
 		return
 	}
+	// A compressed body would read as events that are all malformed, and a 400 would tell
+	// the client not to send them again: say what is wrong instead.
+	if enc := strings.TrimSpace(r.Header.Get("Content-Encoding")); enc != "" && !strings.EqualFold(enc, "identity") {
+		h.reply(w, http.StatusUnsupportedMediaType, &Answer{Error: fmt.Sprintf("content encoding %s is not supported: send the body uncompressed",
+			strconv.QuoteToASCII(cutString(enc, 64)))})
+		return
+	}
 	if r.ContentLength > h.opts.MaxBytes {
 		h.reply(w, http.StatusRequestEntityTooLarge, &Answer{Error: fmt.Sprintf("body of %d bytes is over the %d byte limit", r.ContentLength, h.opts.MaxBytes)})
 		return
@@ -142,6 +150,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.reply(w, status, &ans.Answer)
 }
 
+// cutString bounds a client's value quoted in an answer.
+func cutString(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}
+
 // authorized reports whether r carries the token as its bearer credentials. The scheme is
 // case-insensitive and may be followed by more than one space (RFC 9110, 11.1 and 11.4).
 func (h *Handler) authorized(r *http.Request) bool {
@@ -162,19 +178,36 @@ type result struct {
 	dropped int
 }
 
-// readBody reads the whole body into one allocation when its length is declared. The
-// buffer is never reused: the published events alias it until NATS has them.
+// readBody reads the whole body. The buffer grows with what has arrived, from one chunk
+// up to the declared length, never to the declared length at once: a client declaring a
+// large body and sending little holds little. A body of at most one chunk is still one
+// allocation. The buffer is never reused: the published events alias it until NATS has
+// them.
 func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
 	body := http.MaxBytesReader(w, r.Body, limit)
-	if r.ContentLength <= 0 {
+	n := r.ContentLength // the server reads no further than it
+	if n <= 0 {
 		return io.ReadAll(body)
 	}
-	buf := make([]byte, r.ContentLength) // the server reads no further than Content-Length
-	if _, err := io.ReadFull(body, buf); err != nil {
-		return nil, err
+	buf := make([]byte, 0, min(n, readChunk))
+	for int64(len(buf)) < n {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, int(min(n, 2*int64(cap(buf))))-len(buf))
+		}
+		m, err := body.Read(buf[len(buf):min(int64(cap(buf)), n)])
+		buf = buf[:len(buf)+m]
+		if err == io.EOF && int64(len(buf)) < n {
+			return nil, io.ErrUnexpectedEOF
+		}
+		if err != nil && err != io.EOF {
+			return nil, err
+		}
 	}
 	return buf, nil
 }
+
+// readChunk is the buffer a body starts in; it doubles as the body arrives.
+const readChunk = 64 << 10
 
 // ingest decodes the body (one event, an array, or NDJSON), validates each event and
 // publishes the valid ones.

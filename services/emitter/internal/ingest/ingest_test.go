@@ -1,13 +1,18 @@
 package ingest
 
 import (
+	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -228,6 +233,118 @@ func TestIngestLimitsAndToken(t *testing.T) {
 		if got := post(strings.NewReader(event("a")), -1, auth); got != 401 {
 			t.Fatalf("authorization %q: %d, want 401", auth, got)
 		}
+	}
+}
+
+// TestIngestDeclaredLengthNotAllocated opens connections that each declare a body of the
+// largest size and send one byte of it: the buffers held grow with what has arrived, not
+// with what was declared, so idle clients cannot make the emitter hold MaxBytes each. Bodies
+// longer than the first chunk, or shorter than declared, are still read right.
+func TestIngestDeclaredLengthNotAllocated(t *testing.T) {
+	const maxBytes, conns = 16 << 20, 16
+	h := New(Options{MaxBytes: maxBytes}, &memPub{}, func() time.Time { return now }, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	var entered sync.WaitGroup
+	entered.Add(conns)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Idle") != "" {
+			entered.Done()
+		}
+		h.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range conns {
+		c, err := net.Dial("tcp", srv.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "POST /v1/events HTTP/1.1\r\nHost: x\r\nX-Idle: 1\r\nContent-Length: %d\r\n\r\n{", maxBytes)
+	}
+	entered.Wait()
+	time.Sleep(200 * time.Millisecond) // the handlers are in readBody, waiting for the rest
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if grew := int64(after.HeapAlloc) - int64(before.HeapAlloc); grew > conns<<20 {
+		t.Fatalf("%d connections that sent 1 byte each hold %d MiB", conns, grew>>20)
+	}
+
+	// A body of many chunks arrives whole; one shorter than declared is a read error.
+	var sb strings.Builder
+	for i := 0; sb.Len() < 5*readChunk/2; i++ {
+		sb.WriteString(event(fmt.Sprint("e", i)) + "\n")
+	}
+	resp, err := http.Post(srv.URL, "application/x-ndjson", strings.NewReader(sb.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var a Answer
+	_ = json.NewDecoder(resp.Body).Decode(&a)
+	resp.Body.Close()
+	if want := strings.Count(sb.String(), "\n"); resp.StatusCode != 202 || a.Accepted != want || a.Rejected != 0 {
+		t.Fatalf("a body of %d bytes: %d %d accepted (want %d), %d rejected", sb.Len(), resp.StatusCode, a.Accepted, want, a.Rejected)
+	}
+	req := httptest.NewRequest(http.MethodPost, "/v1/events", strings.NewReader(event("a")))
+	req.ContentLength = int64(len(event("a")) + 10)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != 400 || !strings.Contains(rec.Body.String(), "cannot read the body") {
+		t.Fatalf("a body shorter than declared: %d %s", rec.Code, rec.Body)
+	}
+}
+
+// TestIngestCompressedBody: a compressed body is refused as such (415, naming the encoding),
+// not read as events that are all malformed; identity is the body as it is.
+func TestIngestCompressedBody(t *testing.T) {
+	for _, tc := range []struct {
+		enc    string
+		status int
+	}{{"gzip", 415}, {" GZIP ", 415}, {"br", 415}, {"gzip, identity", 415}, {"identity", 202}, {"", 202}} {
+		pub := &memPub{}
+		body := []byte(event("a"))
+		if tc.status == 415 { // what a client compressing its bodies sends
+			var zb bytes.Buffer
+			zw := gzip.NewWriter(&zb)
+			_, _ = zw.Write(body)
+			_ = zw.Close()
+			body = zb.Bytes()
+		}
+		req := httptest.NewRequest(http.MethodPost, "/v1/events", bytes.NewReader(body))
+		if tc.enc != "" {
+			req.Header.Set("Content-Encoding", tc.enc)
+		}
+		rec := httptest.NewRecorder()
+		newHandler(pub).ServeHTTP(rec, req)
+		var a Answer
+		_ = json.Unmarshal(rec.Body.Bytes(), &a)
+		if rec.Code != tc.status {
+			t.Fatalf("Content-Encoding %q: %d %+v, want %d", tc.enc, rec.Code, a, tc.status)
+		}
+		if tc.status == 415 && (!strings.Contains(a.Error, "content encoding") || len(pub.msgs) != 0) {
+			t.Fatalf("Content-Encoding %q: %+v, %d published", tc.enc, a, len(pub.msgs))
+		}
+	}
+}
+
+// TestIngestEventIDHeaderSafe: an event_id a Nats-Msg-Id header cannot carry as it is (a
+// control character, a space at either end) is refused, naming event_id, and would
+// otherwise be published under the id of another event; the events beside it are published.
+func TestIngestEventIDHeaderSafe(t *testing.T) {
+	pub := &memPub{}
+	body := event("a") + "\n" + event(" a") + "\n" + strings.Replace(event("x"), `"x"`, `"b\r\nc"`, 1) + "\n" + event("order 17")
+	code, a := post(newHandler(pub), body)
+	if code != 202 || a.Accepted != 2 || a.Rejected != 2 {
+		t.Fatalf("%d %+v, want 2 accepted and 2 rejected", code, a)
+	}
+	for i, e := range a.Errors {
+		if e.Index != i+1 || !strings.Contains(e.Error, "event_id") {
+			t.Fatalf("error %d: %+v, want index %d naming event_id", i, e, i+1)
+		}
+	}
+	if len(pub.msgs) != 2 || pub.msgs[0] != "llm.req.prod.chat a" || pub.msgs[1] != "llm.req.prod.chat order 17" {
+		t.Fatalf("published %q", pub.msgs)
 	}
 }
 

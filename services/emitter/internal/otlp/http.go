@@ -1,12 +1,14 @@
 package otlp
 
 import (
+	"bytes"
 	"compress/gzip"
 	"errors"
 	"fmt"
 	"io"
 	"mime"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -54,16 +56,25 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			fmt.Sprintf("body of %d bytes is over the %d byte limit", req.ContentLength, r.opts.MaxBytes))
 		return
 	}
-	select {
-	case r.slots <- struct{}{}:
-		defer func() { <-r.slots }()
-	case <-req.Context().Done():
-		return
-	}
-	body, pooled, err := r.readBody(w, req, enc == "gzip")
-	if pooled {
+	// The body is read before the request waits for its turn, as it arrives, so a client
+	// sending slowly holds what it has sent and delays no other; the slots bound what
+	// multiplies memory: decompressing and decoding.
+	raw, err := r.readBody(w, req)
+	if raw != nil {
 		// Nothing of the request outlives consume: the events are encoded apart.
-		defer putBody(body)
+		defer putBody(raw)
+	}
+	if err == nil {
+		select {
+		case r.slots <- struct{}{}:
+			defer func() { <-r.slots }()
+		case <-req.Context().Done():
+			return
+		}
+	}
+	body := raw
+	if err == nil && enc == "gzip" {
+		body, err = r.gunzip(raw)
 	}
 	if err != nil {
 		if errors.Is(err, errTooLarge) {
@@ -115,47 +126,62 @@ var bodies sync.Pool
 
 const maxPooled = 4 << 20
 
-func getBody(n int64) []byte {
-	if p, ok := bodies.Get().(*[]byte); ok && int64(cap(*p)) >= n {
-		return (*p)[:n]
-	}
-	return make([]byte, n)
-}
-
 func putBody(b []byte) {
 	if cap(b) <= maxPooled {
 		bodies.Put(&b)
 	}
 }
 
-// readBody reads the body, decompressing it when gzipped, up to MaxBytes either way;
-// pooled says the buffer may go back to the pool with putBody.
-func (r *Receiver) readBody(w http.ResponseWriter, req *http.Request, gzipped bool) (buf []byte, pooled bool, err error) {
-	limit := r.opts.MaxBytes
-	var body io.Reader = http.MaxBytesReader(w, req.Body, limit)
-	if !gzipped && req.ContentLength > 0 {
-		// One buffer; the server reads no further than Content-Length.
-		buf := getBody(req.ContentLength)
-		if _, err := io.ReadFull(body, buf); err != nil {
-			putBody(buf)
-			return nil, false, tooLarge(err)
-		}
-		return buf, true, nil
+// readBody reads the body as sent, still compressed when it is, up to MaxBytes. The buffer
+// of a body of declared length comes from the pool when one there is large enough, and
+// otherwise grows with what arrives, from one chunk up to the declared length, never to it
+// at once; it may go back to the pool with putBody.
+func (r *Receiver) readBody(w http.ResponseWriter, req *http.Request) ([]byte, error) {
+	body := http.MaxBytesReader(w, req.Body, r.opts.MaxBytes)
+	n := req.ContentLength // the server reads no further than it
+	if n <= 0 {
+		return r.readAll(body)
 	}
-	buf, err = r.readAll(body, gzipped)
-	return buf, false, err
+	var buf []byte
+	if p, ok := bodies.Get().(*[]byte); ok && int64(cap(*p)) >= n {
+		buf = (*p)[:0]
+	} else {
+		buf = make([]byte, 0, min(n, readChunk))
+	}
+	for int64(len(buf)) < n {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, int(min(n, 2*int64(cap(buf))))-len(buf))
+		}
+		m, err := body.Read(buf[len(buf):min(int64(cap(buf)), n)])
+		buf = buf[:len(buf)+m]
+		if err == io.EOF && int64(len(buf)) < n {
+			err = io.ErrUnexpectedEOF
+		}
+		if err != nil && err != io.EOF {
+			putBody(buf)
+			return nil, tooLarge(err)
+		}
+	}
+	return buf, nil
 }
 
-func (r *Receiver) readAll(body io.Reader, gzipped bool) ([]byte, error) {
-	limit := r.opts.MaxBytes
-	if gzipped {
-		zr, err := gzip.NewReader(body)
-		if err != nil {
-			return nil, tooLarge(fmt.Errorf("cannot read gzip: %w", err))
-		}
-		defer zr.Close()
-		body = zr
+// readChunk is the buffer a body of declared length starts in when the pool has none
+// large enough; it doubles as the body arrives.
+const readChunk = 64 << 10
+
+// gunzip decompresses a gzip body, up to MaxBytes.
+func (r *Receiver) gunzip(raw []byte) ([]byte, error) {
+	zr, err := gzip.NewReader(bytes.NewReader(raw))
+	if err != nil {
+		return nil, fmt.Errorf("cannot read gzip: %w", err)
 	}
+	defer zr.Close()
+	return r.readAll(zr)
+}
+
+// readAll reads body up to MaxBytes.
+func (r *Receiver) readAll(body io.Reader) ([]byte, error) {
+	limit := r.opts.MaxBytes
 	// One byte more than the limit tells a body at the limit from one over it.
 	buf, err := io.ReadAll(io.LimitReader(body, limit+1))
 	if err != nil {

@@ -3,12 +3,16 @@ package otlp
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -328,4 +332,51 @@ func TestHTTPJSONErrorsAreJSON(t *testing.T) {
 		t.Fatalf("%q: %v", w.Body.String(), err)
 	}
 	_, _ = io.Copy(io.Discard, w.Body)
+}
+
+// TestHTTPSlowClientsDelayNoOther opens more connections than there are slots, each
+// declaring the largest body and sending one byte of it: a request sent meanwhile is
+// answered and its spans published, and the idle ones hold what they sent, not what they
+// declared.
+func TestHTTPSlowClientsDelayNoOther(t *testing.T) {
+	const maxBytes = 16 << 20
+	pub := &pubRecorder{}
+	r := newTestReceiver(pub, "", maxBytes)
+	srv, err := r.Listen("127.0.0.1:0", Off)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx, time.Second) }()
+	defer func() { cancel(); <-done }()
+
+	idle := 2*cap(r.slots) + 2
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range idle {
+		c, err := net.Dial("tcp", srv.HTTPAddr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprintf(c, "POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n\x0a", contentProto, maxBytes)
+	}
+	time.Sleep(200 * time.Millisecond) // their handlers are reading the bodies
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if grew := int64(after.HeapAlloc) - int64(before.HeapAlloc); grew > int64(idle)<<20 {
+		t.Fatalf("%d connections that sent 1 byte each hold %d MiB", idle, grew>>20)
+	}
+
+	cl := &http.Client{Timeout: 5 * time.Second}
+	resp, err := cl.Post("http://"+srv.HTTPAddr()+"/v1/traces", contentProto, bytes.NewReader(protoOf(t, batchOf(4, nil))))
+	if err != nil {
+		t.Fatalf("a request beside %d slow ones: %v", idle, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || len(pub.events(t)) != 4 {
+		t.Fatalf("a request beside %d slow ones: %d, %d events published", idle, resp.StatusCode, len(pub.events(t)))
+	}
 }
