@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/tokenscope/tokenscope/pkg/ops"
 )
 
 // Off is the address that turns a receiver off.
@@ -18,12 +21,16 @@ const Off = "off"
 type Server struct {
 	r              *Receiver
 	httpLn, grpcLn net.Listener // nil when off
+	// idle closes a connection with no request for that long (HTTP: kept alive between
+	// requests; gRPC: no RPC open, told with GOAWAY), so connections left open cannot
+	// pile up.
+	idle time.Duration
 }
 
 // Listen binds the two addresses now, so a start-up error is reported before anything
 // runs; either may be Off. The errors name the variables a person sets.
 func (r *Receiver) Listen(httpAddr, grpcAddr string) (*Server, error) {
-	s := &Server{r: r}
+	s := &Server{r: r, idle: ops.DefaultIdleTimeout}
 	if httpAddr != Off {
 		ln, err := net.Listen("tcp", httpAddr)
 		if err != nil {
@@ -65,12 +72,13 @@ func (s *Server) Run(ctx context.Context, grace time.Duration) error {
 	if s.httpLn != nil {
 		mux := http.NewServeMux()
 		mux.Handle("POST /v1/traces", s.r)
-		hs = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		hs = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: s.idle}
 		go func() { errc <- fmt.Errorf("OTLP/HTTP server on %s stopped: %w", s.HTTPAddr(), hs.Serve(s.httpLn)) }()
 	}
 	var gs *grpc.Server
 	if s.grpcLn != nil {
-		gs = grpc.NewServer(grpc.MaxRecvMsgSize(int(min(s.r.opts.MaxBytes, 1<<31-1))))
+		gs = grpc.NewServer(grpc.MaxRecvMsgSize(int(min(s.r.opts.MaxBytes, 1<<31-1))),
+			grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: s.idle}))
 		s.r.RegisterGRPC(gs)
 		go func() { errc <- fmt.Errorf("OTLP/gRPC server on %s stopped: %w", s.GRPCAddr(), gs.Serve(s.grpcLn)) }()
 	}
