@@ -10,6 +10,7 @@ import (
 	_ "google.golang.org/grpc/encoding/gzip" // OTLP exporters may compress with gzip
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 )
 
 // traceService is OTLP/gRPC's opentelemetry.proto.collector.trace.v1.TraceService.
@@ -22,6 +23,20 @@ type traceService struct {
 // receives (grpc.MaxRecvMsgSize, which bounds them decompressed too).
 func (r *Receiver) RegisterGRPC(s *grpc.Server) {
 	ptraceotlp.RegisterGRPCServer(s, &traceService{r: r})
+}
+
+// tapAuth refuses an RPC without the token before grpc-go reads its message (a
+// grpc.InTapHandle): a client without it cannot make the server read, decompress and hold
+// a message of up to EMITTER_OTLP_MAX_BYTES.
+func (r *Receiver) tapAuth(ctx context.Context, info *tap.Info) (context.Context, error) {
+	if r.opts.Token == "" {
+		return ctx, nil
+	}
+	if auth := info.Header.Get("authorization"); len(auth) != 1 || !r.authorized(auth[0]) {
+		r.m.requests.WithLabelValues("grpc", codes.Unauthenticated.String()).Inc()
+		return ctx, status.Error(codes.Unauthenticated, "missing or wrong bearer token")
+	}
+	return ctx, nil
 }
 
 // Export takes one ExportTraceServiceRequest. The token, when set, comes as

@@ -80,6 +80,8 @@ func TestGRPC(t *testing.T) {
 		{"wrong token", metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer x"), protoOf(t, batchOf(1, nil)), codes.Unauthenticated},
 		{"malformed protobuf", authed, []byte{0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f, 0x01}, codes.Internal},
 		{"too large", authed, make([]byte, 2<<20), codes.ResourceExhausted},
+		// Refused before its message is read: otherwise the size would be checked first.
+		{"too large without the token", context.Background(), make([]byte, 2<<20), codes.Unauthenticated},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := len(pub.msgs)

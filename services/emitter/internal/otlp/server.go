@@ -78,7 +78,8 @@ func (s *Server) Run(ctx context.Context, grace time.Duration) error {
 	var gs *grpc.Server
 	if s.grpcLn != nil {
 		gs = grpc.NewServer(grpc.MaxRecvMsgSize(int(min(s.r.opts.MaxBytes, 1<<31-1))),
-			grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: s.idle}))
+			grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: s.idle}),
+			grpc.InTapHandle(s.r.tapAuth))
 		s.r.RegisterGRPC(gs)
 		go func() { errc <- fmt.Errorf("OTLP/gRPC server on %s stopped: %w", s.GRPCAddr(), gs.Serve(s.grpcLn)) }()
 	}
