@@ -39,8 +39,8 @@ type GPUSample struct {
 	EnergyJ       *float64 `json:"energy_j,omitempty"` // monotonic counter since the driver loaded
 	// EnergyUsedJ is the energy used since the publisher's previous sample of this GPU that
 	// carried energy_j (the counter's delta); absent on the first such sample of a GPU,
-	// after a counter reset and without energy_j. It makes the sample self-contained: a consumer sums it without keeping the
-	// previous reading.
+	// after a counter reset and without energy_j. It makes the sample self-contained: a
+	// consumer sums it without keeping the previous reading.
 	EnergyUsedJ     *float64 `json:"energy_used_j,omitempty"`
 	TempC           *float64 `json:"temp_c,omitempty"`
 	SMClockMHz      *float64 `json:"sm_clock_mhz,omitempty"`
