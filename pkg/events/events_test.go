@@ -378,6 +378,25 @@ func TestGPUSampleValidate(t *testing.T) {
 			t.Fatalf("%s: %v, want %v", doc, err, want)
 		}
 	}
+	for name, tc := range map[string]struct {
+		v    float64
+		want error
+	}{
+		"NaN":      {math.NaN(), events.ErrOutOfRange},
+		"+Inf":     {math.Inf(1), events.ErrOutOfRange},
+		"negative": {-1, events.ErrNegative},
+		"too big":  {events.MaxEnergyUsedJ * 2, events.ErrOutOfRange},
+		"zero":     {0, nil},
+		"bound":    {events.MaxEnergyUsedJ, nil},
+	} {
+		used := tc.v
+		s := events.GPUSample{V: 1, TS: testNow, Host: "h", GPUUUID: "u", EnergyUsedJ: &used}
+		if err := s.ValidateAt(testNow); !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
+			t.Fatalf("energy_used_j %s: %v, want %v", name, err, tc.want)
+		} else if err != nil && !strings.Contains(err.Error(), "energy_used_j") {
+			t.Fatalf("energy_used_j %s: %v does not name the field", name, err)
+		}
+	}
 	out, _ := json.Marshal(events.GPUSample{V: 1, TS: testNow, Host: "h", GPUUUID: "u"})
 	if strings.Contains(string(out), "power_w") {
 		t.Fatalf("an unsupported reading must be absent, got %s", out)

@@ -16,6 +16,9 @@ const (
 	SourceSynthetic = "synthetic"
 )
 
+// MaxEnergyUsedJ bounds a GPU sample's energy_used_j: 100 kW for a day.
+const MaxEnergyUsedJ = 100_000 * 86_400
+
 // GPUSample is one reading of one GPU. A reading the GPU does not support, or that failed,
 // is nil and absent from the JSON — never zero.
 type GPUSample struct {
@@ -27,13 +30,18 @@ type GPUSample struct {
 	GPUName  string    `json:"gpu_name,omitempty"`
 	Source   string    `json:"source,omitempty"` // nvml, replay or synthetic
 
-	UtilGPUPct      *float64 `json:"util_gpu_pct,omitempty"`
-	UtilMemPct      *float64 `json:"util_mem_pct,omitempty"`
-	MemUsedBytes    *uint64  `json:"mem_used_bytes,omitempty"`
-	MemTotalBytes   *uint64  `json:"mem_total_bytes,omitempty"`
-	PowerW          *float64 `json:"power_w,omitempty"`
-	PowerLimitW     *float64 `json:"power_limit_w,omitempty"`
-	EnergyJ         *float64 `json:"energy_j,omitempty"` // monotonic counter since the driver loaded
+	UtilGPUPct    *float64 `json:"util_gpu_pct,omitempty"`
+	UtilMemPct    *float64 `json:"util_mem_pct,omitempty"`
+	MemUsedBytes  *uint64  `json:"mem_used_bytes,omitempty"`
+	MemTotalBytes *uint64  `json:"mem_total_bytes,omitempty"`
+	PowerW        *float64 `json:"power_w,omitempty"`
+	PowerLimitW   *float64 `json:"power_limit_w,omitempty"`
+	EnergyJ       *float64 `json:"energy_j,omitempty"` // monotonic counter since the driver loaded
+	// EnergyUsedJ is the energy used since the publisher's previous sample of this GPU that
+	// carried energy_j (the counter's delta); absent on the first such sample of a GPU,
+	// after a counter reset and without energy_j. It makes the sample self-contained: a
+	// consumer sums it without keeping the previous reading.
+	EnergyUsedJ     *float64 `json:"energy_used_j,omitempty"`
 	TempC           *float64 `json:"temp_c,omitempty"`
 	SMClockMHz      *float64 `json:"sm_clock_mhz,omitempty"`
 	MemClockMHz     *float64 `json:"mem_clock_mhz,omitempty"`
@@ -81,6 +89,7 @@ func (s *GPUSample) ValidateAt(now time.Time) error {
 		{"power_w", s.PowerW, 100_000},
 		{"power_limit_w", s.PowerLimitW, 100_000},
 		{"energy_j", s.EnergyJ, math.MaxFloat64},
+		{"energy_used_j", s.EnergyUsedJ, MaxEnergyUsedJ},
 		{"temp_c", s.TempC, 1000},
 		{"sm_clock_mhz", s.SMClockMHz, 100_000},
 		{"mem_clock_mhz", s.MemClockMHz, 100_000},

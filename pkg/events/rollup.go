@@ -84,7 +84,7 @@ type GPURollup struct {
 	MemTotal   uint64  `json:"mem_total"`
 	PowerAvgW  float64 `json:"power_avg_w"`
 	PowerMaxW  float64 `json:"power_max_w"`
-	EnergyJ    float64 `json:"energy_j"` // used in the window, from the energy counter's delta
+	EnergyJ    float64 `json:"energy_j"` // used in the window: the samples' energy_used_j, else the counter's delta
 	TempMaxC   float64 `json:"temp_max_c"`
 	SMClockAvg float64 `json:"sm_clock_avg_mhz"`
 	Throttled  uint64  `json:"throttled_samples"` // samples with any throttle reason but idle

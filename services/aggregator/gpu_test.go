@@ -21,14 +21,27 @@ import (
 // gpuSamples makes n samples a second apart per host and GPU from base: utilisation is a
 // whole percentage, every fifth sample is throttled (and every seventh only idle, which is
 // no throttle).
+// gpuSamples returns n seconds of samples of gpus GPUs per host, as gpuwatch sends them: each
+// but a GPU's first carries energy_used_j, the delta of its energy counter.
 func gpuSamples(hosts []string, gpus int, base time.Time, n int) []events.GPUSample {
 	var out []events.GPUSample
+	counters := map[string]float64{}
 	for i := range n {
 		for h, host := range hosts {
 			for g := range gpus {
 				util, used, total := float64((i*7+h*3+g)%101), uint64(1<<30+i*1024+g), uint64(80<<30)
+				uuid := fmt.Sprintf("GPU-%s-%d", host, g)
 				s := events.GPUSample{V: 1, TS: base.Add(time.Duration(i) * time.Second), Host: host, GPUIndex: g,
-					GPUUUID: fmt.Sprintf("GPU-%s-%d", host, g), GPUName: "H200", UtilGPUPct: &util, MemUsedBytes: &used, MemTotalBytes: &total}
+					GPUUUID: uuid, GPUName: "H200", UtilGPUPct: &util, MemUsedBytes: &used, MemTotalBytes: &total}
+				energy := counters[uuid] + 100 + float64((i*5+h+g)%50) + 0.25
+				if i == 0 {
+					energy = 1e6 * float64(h+1)
+				} else {
+					d := energy - counters[uuid]
+					s.EnergyUsedJ = &d
+				}
+				counters[uuid] = energy
+				s.EnergyJ = &energy
 				switch {
 				case i%5 == 0:
 					r := uint64(0x4)
@@ -71,6 +84,7 @@ type gpuTotals struct {
 	util               float64 // sum of the samples' utilisation
 	utilMax            float64
 	memUsedMax         uint64
+	energy             float64 // joules used
 }
 
 func wantGPU(samples []events.GPUSample) gpuTotals {
@@ -80,6 +94,9 @@ func wantGPU(samples []events.GPUSample) gpuTotals {
 		w.util += *s.UtilGPUPct
 		w.utilMax = max(w.utilMax, *s.UtilGPUPct)
 		w.memUsedMax = max(w.memUsedMax, *s.MemUsedBytes)
+		if s.EnergyUsedJ != nil {
+			w.energy += *s.EnergyUsedJ
+		}
 		if s.ThrottleReasons != nil && *s.ThrottleReasons&^1 != 0 {
 			w.throttled++
 		}
@@ -90,8 +107,8 @@ func wantGPU(samples []events.GPUSample) gpuTotals {
 func (b *bed) gpuTotals(t testing.TB) gpuTotals {
 	t.Helper()
 	var g gpuTotals
-	q := `SELECT sum(samples), sum(throttled_samples), sum(util_avg * samples), max(util_max), max(mem_used_max) FROM gpu_rollups`
-	if err := b.db.Conn().QueryRow(context.Background(), q).Scan(&g.samples, &g.throttled, &g.util, &g.utilMax, &g.memUsedMax); err != nil {
+	q := `SELECT sum(samples), sum(throttled_samples), sum(util_avg * samples), max(util_max), max(mem_used_max), sum(energy_j) FROM gpu_rollups`
+	if err := b.db.Conn().QueryRow(context.Background(), q).Scan(&g.samples, &g.throttled, &g.util, &g.utilMax, &g.memUsedMax, &g.energy); err != nil {
 		t.Fatal(err)
 	}
 	return g
@@ -100,7 +117,7 @@ func (b *bed) gpuTotals(t testing.TB) gpuTotals {
 func checkGPUTotals(t testing.TB, got, want gpuTotals) {
 	t.Helper()
 	if got.samples != want.samples || got.throttled != want.throttled || math.Abs(got.util-want.util) > 1e-6*max(1, want.util) ||
-		got.utilMax != want.utilMax || got.memUsedMax != want.memUsedMax {
+		got.utilMax != want.utilMax || got.memUsedMax != want.memUsedMax || math.Abs(got.energy-want.energy) > 1e-9*max(1, want.energy) {
 		t.Fatalf("gpu_rollups add up to %+v, want %+v", got, want)
 	}
 }
@@ -206,7 +223,7 @@ func TestGPURollups(t *testing.T) {
 
 // TestGPUCrashExactlyOnce SIGKILLs the aggregator process at random points while GPU
 // samples arrive, restarting it each time: the gpu_rollups add up to the samples exactly,
-// every one counted once, with plain sum().
+// every one counted once, with plain sum(), energy included.
 func TestGPUCrashExactlyOnce(t *testing.T) {
 	if testing.Short() {
 		t.Skip("kills the aggregator repeatedly")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -162,10 +163,20 @@ func TestRunSyntheticEndToEnd(t *testing.T) {
 
 	samples, ids := fetchAll(t, js)
 	seen := map[string]bool{}
+	counter := map[string]float64{} // per GPU: the previous sample's energy_j
 	for i, s := range samples {
 		if s.Host != "gpu-node.3" || s.Source != events.SourceSynthetic || s.UtilGPUPct == nil || s.EnergyJ == nil {
 			t.Fatalf("sample %d: %+v", i, s)
 		}
+		// energy_used_j is the counter's delta since the GPU's previous sample; none on its first.
+		prev, ok := counter[s.GPUUUID]
+		switch {
+		case !ok && s.EnergyUsedJ != nil:
+			t.Fatalf("sample %d, the first of %s, has energy_used_j %v", i, s.GPUUUID, *s.EnergyUsedJ)
+		case ok && (s.EnergyUsedJ == nil || math.Abs(*s.EnergyUsedJ-(*s.EnergyJ-prev)) > 1e-6):
+			t.Fatalf("sample %d of %s: energy_used_j %v, want %v", i, s.GPUUUID, s.EnergyUsedJ, *s.EnergyJ-prev)
+		}
+		counter[s.GPUUUID] = *s.EnergyJ
 		if want := fmt.Sprintf("gpu-node.3/%s/%s", s.GPUUUID, events.FormatTS(s.TS)); ids[i] != want {
 			t.Fatalf("Nats-Msg-Id %q, want %q", ids[i], want)
 		}

@@ -94,6 +94,8 @@ func evaluate(msgs []message, source string, loadFrom time.Time, settle time.Dur
 
 		ok, detail := energyCheck(ms)
 		out = append(out, result{p + "energy increases with power", ok, detail})
+		ok, detail = energyUsedCheck(ms)
+		out = append(out, result{p + "energy_used_j is the counter's delta", ok, detail})
 
 		var absentWrong []string
 		for _, reading := range unsupported[g] {
@@ -144,6 +146,36 @@ func energyCheck(ms []message) (bool, string) {
 	rel := math.Abs(delta-integral) / integral
 	return delta > 0 && rel <= energyTol, fmt.Sprintf("counter +%.1f J over %s; ∫ power dt %.1f J (off by %.0f %%, want ≤ %.0f %%)",
 		delta, last.TS.Sub(first.TS), integral, 100*rel, 100*energyTol)
+}
+
+// energyUsedCheck asserts each sample's energy_used_j is its energy counter's delta since the
+// GPU's previous sample with the counter, and that the first such sample has none.
+func energyUsedCheck(ms []message) (bool, string) {
+	var prev *events.GPUSample
+	n := 0
+	for i := range ms {
+		s := &ms[i].sample
+		if s.EnergyJ == nil {
+			continue
+		}
+		switch {
+		case prev == nil && s.EnergyUsedJ != nil:
+			return false, fmt.Sprintf("the first sample with the counter has energy_used_j %.3f J", *s.EnergyUsedJ)
+		case prev == nil:
+		case s.EnergyUsedJ == nil:
+			if *s.EnergyJ >= *prev.EnergyJ {
+				return false, fmt.Sprintf("no energy_used_j at %s though the counter rose", s.TS.Format(time.RFC3339Nano))
+			}
+		default:
+			want := *s.EnergyJ - *prev.EnergyJ
+			if math.Abs(*s.EnergyUsedJ-want) > 1e-9*max(1, *s.EnergyJ) {
+				return false, fmt.Sprintf("energy_used_j %.6f J at %s, want the counter's delta %.6f J", *s.EnergyUsedJ, s.TS.Format(time.RFC3339Nano), want)
+			}
+			n++
+		}
+		prev = s
+	}
+	return n > 0, fmt.Sprintf("%d samples carry the counter's delta", n)
 }
 
 func mean(ss []events.GPUSample, get func(events.GPUSample) *float64) (avg, maxV float64) {

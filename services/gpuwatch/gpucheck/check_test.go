@@ -24,6 +24,9 @@ func run(change func(i int, s *events.GPUSample)) []message {
 		}
 		s := events.GPUSample{V: 1, TS: t0.Add(time.Duration(i) * time.Second), Host: "h", GPUUUID: "GPU-1", Source: events.SourceNVML,
 			UtilGPUPct: &util, PowerW: &power, EnergyJ: ptrF(energy)}
+		if i > 0 {
+			s.EnergyUsedJ = ptrF(energy - *out[i-1].sample.EnergyJ)
+		}
 		if change != nil {
 			change(i, &s)
 		}
@@ -48,6 +51,9 @@ func appendJSON(s *events.GPUSample) []byte {
 	if s.EnergyJ != nil {
 		b.WriteString(`,"energy_j":1`)
 	}
+	if s.EnergyUsedJ != nil {
+		b.WriteString(`,"energy_used_j":1`)
+	}
 	if s.ECCUncorrected != nil {
 		b.WriteString(`,"ecc_uncorrected":0`)
 	}
@@ -71,6 +77,17 @@ func TestEvaluate(t *testing.T) {
 				s.EnergyJ = ptrF(0)
 			}
 		}), wantFail: "energy increases"},
+		{name: "energy_used_j wrong", msgs: run(func(i int, s *events.GPUSample) {
+			if i == 12 {
+				*s.EnergyUsedJ += 1
+			}
+		}), wantFail: "energy_used_j is the counter's delta"},
+		{name: "energy_used_j missing", msgs: run(func(_ int, s *events.GPUSample) { s.EnergyUsedJ = nil }), wantFail: "energy_used_j is the counter's delta"},
+		{name: "energy_used_j on the first", msgs: run(func(i int, s *events.GPUSample) {
+			if i == 0 {
+				s.EnergyUsedJ = ptrF(3)
+			}
+		}), wantFail: "energy_used_j is the counter's delta"},
 		{name: "energy stuck", msgs: run(func(_ int, s *events.GPUSample) { s.EnergyJ = ptrF(5) }), wantFail: "energy increases"},
 		{name: "unsupported reading present", msgs: run(func(_ int, s *events.GPUSample) { s.ECCUncorrected = &zero }),
 			unsupported: map[int][]string{0: {"ecc_uncorrected"}}, wantFail: "unsupported readings absent"},

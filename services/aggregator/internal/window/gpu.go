@@ -42,10 +42,12 @@ type lastReading struct {
 	hasE   bool
 }
 
-// GPUAggregator keeps GPU-sample windows. Energy used in a window comes from the deltas of
-// the GPU's energy counter between consecutive samples, each delta going to the window of the
-// later sample, so no energy falls between windows; a GPU without the counter gets power
-// integrated over the sample interval instead. It is not safe for concurrent use.
+// GPUAggregator keeps GPU-sample windows. Energy used in a window is the sum of its samples'
+// energy_used_j (each the energy used since the GPU's previous sample, so no energy falls
+// between windows and no state spans samples: a restart loses nothing). A sample without it
+// gets the delta of the GPU's energy counter since the GPU's previous sample, and a GPU
+// without the counter gets power integrated over the sample interval instead. It is not
+// safe for concurrent use.
 type GPUAggregator struct {
 	windows[GPUKey, GPUStats]
 	cfg  Config
@@ -73,11 +75,14 @@ const maxIntegrationGap = int64(time.Minute)
 // Add routes one valid sample at stream position seq; see Aggregator.Add.
 func (a *GPUAggregator) Add(s *events.GPUSample, seq uint64, now time.Time) Result {
 	ts := s.TS.UnixNano()
+	k := GPUKey{Host: s.Host, GPUIndex: s.GPUIndex, GPUUUID: s.GPUUUID}
 	u, res := a.route(ts, ts, seq, now.UnixNano())
+	// A skipped sample was counted in a window stored before a restart, its delta with it:
+	// it only primes the previous reading, so the next sample's delta is whole.
+	prev, seen := a.remember(k, s, ts)
 	if res == Skipped {
 		return res
 	}
-	k := GPUKey{Host: s.Host, GPUIndex: s.GPUIndex, GPUUUID: s.GPUUUID}
 	st := a.stats(u, k, func(k GPUKey) GPUKey {
 		return GPUKey{Host: strings.Clone(k.Host), GPUIndex: k.GPUIndex, GPUUUID: strings.Clone(k.GPUUUID)}
 	})
@@ -114,28 +119,36 @@ func (a *GPUAggregator) Add(s *events.GPUSample, seq uint64, now time.Time) Resu
 	if v := s.ThrottleReasons; v != nil && *v&^idleReason != 0 {
 		st.Throttled++
 	}
-	prev, seen := a.last[k]
-	if seen && ts > prev.ts {
-		switch {
-		case s.EnergyJ != nil && prev.hasE:
-			if d := *s.EnergyJ - prev.energy; d >= 0 { // a negative delta is a counter reset
-				st.EnergyJ += d
-			}
-		case s.EnergyJ == nil && s.PowerW != nil && ts-prev.ts <= maxIntegrationGap:
-			st.EnergyJ += *s.PowerW * float64(ts-prev.ts) / 1e9
+	switch {
+	case s.EnergyUsedJ != nil:
+		st.EnergyJ += *s.EnergyUsedJ
+	case !seen || ts <= prev.ts:
+	case s.EnergyJ != nil && prev.hasE:
+		if d := *s.EnergyJ - prev.energy; d >= 0 { // a negative delta is a counter reset
+			st.EnergyJ += d
 		}
-	}
-	if !seen || ts > prev.ts {
-		r := lastReading{ts: ts}
-		if s.EnergyJ != nil {
-			r.energy, r.hasE = *s.EnergyJ, true
-		}
-		if !seen {
-			k = GPUKey{Host: strings.Clone(k.Host), GPUIndex: k.GPUIndex, GPUUUID: strings.Clone(k.GPUUUID)}
-		}
-		a.last[k] = r
+	case s.EnergyJ == nil && s.PowerW != nil && ts-prev.ts <= maxIntegrationGap:
+		st.EnergyJ += *s.PowerW * float64(ts-prev.ts) / 1e9
 	}
 	return res
+}
+
+// remember keeps s as its GPU's last reading when it is the latest, and returns the reading
+// before it.
+func (a *GPUAggregator) remember(k GPUKey, s *events.GPUSample, ts int64) (prev lastReading, seen bool) {
+	prev, seen = a.last[k]
+	if seen && ts <= prev.ts {
+		return prev, seen
+	}
+	r := lastReading{ts: ts}
+	if s.EnergyJ != nil {
+		r.energy, r.hasE = *s.EnergyJ, true
+	}
+	if !seen {
+		k = GPUKey{Host: strings.Clone(k.Host), GPUIndex: k.GPUIndex, GPUUUID: strings.Clone(k.GPUUUID)}
+	}
+	a.last[k] = r
+	return prev, seen
 }
 
 // Rollups turns a unit into one rollup per GPU.

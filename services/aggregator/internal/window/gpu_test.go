@@ -50,6 +50,60 @@ func TestGPUWindows(t *testing.T) {
 	}
 }
 
+// TestGPUEnergyAfterRestart: an aggregator restarted with the first window stored replays
+// the stream from its floor; the first open window's energy is exact. With energy_used_j a
+// sample needs no predecessor; with the counter alone the replay's stored-window sample,
+// skipped, gives the first replayed sample of the open window its predecessor.
+func TestGPUEnergyAfterRestart(t *testing.T) {
+	sample := func(i int, used bool) *events.GPUSample { // one a second, 150 J apart
+		s := &events.GPUSample{V: 1, TS: t0.Add(time.Duration(i) * time.Second), Host: "h", GPUUUID: "GPU-1", PowerW: f64(150), EnergyJ: f64(1000 + 150*float64(i))}
+		if used && i > 0 {
+			s.EnergyUsedJ = f64(150)
+		}
+		return s
+	}
+	for _, tc := range []struct {
+		name string
+		used bool
+		from int // the first second the replay holds (its stream position is second + 1)
+	}{
+		{"energy_used_j, replay from the open window", true, 15},
+		{"energy_used_j, replay from the stored window", true, 10},
+		{"counter only, replay from the stored window's last sample", false, 14},
+		{"counter only, replay from the stored window", false, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := window.NewGPU(cfg(t), map[time.Time]uint64{t0: 15}) // seconds 0–14 stored
+			for i := tc.from; i < 30; i++ {
+				res := a.Add(sample(i, tc.used), uint64(i+1), t0.Add(time.Minute))
+				if (i < 15) != (res == window.Skipped) {
+					t.Fatalf("second %d: result %v", i, res)
+				}
+			}
+			units := a.Advance(t0.Add(time.Hour))
+			if len(units) != 1 {
+				t.Fatalf("%d units, want the open window's only", len(units))
+			}
+			rows := a.Rollups(units[0], nil)
+			if len(rows) != 1 || rows[0].Samples != 15 || rows[0].EnergyJ != 15*150 {
+				t.Fatalf("rows %+v, want 15 samples and 15 × 150 J", rows)
+			}
+		})
+	}
+	// energy_used_j is summed as sent, ahead of the counter: a sample after the publisher's
+	// own restart has none and gets the counter's delta.
+	a := window.NewGPU(cfg(t), nil)
+	a.Add(sample(0, true), 1, t0.Add(time.Minute))
+	s := sample(1, true)
+	s.EnergyUsedJ = f64(140) // the publisher's delta spans what it saw, not what this aggregator did
+	a.Add(s, 2, t0.Add(time.Minute))
+	a.Add(sample(2, false), 3, t0.Add(time.Minute))
+	rows := a.Rollups(a.Advance(t0.Add(time.Hour))[0], nil)
+	if rows[0].EnergyJ != 140+150 {
+		t.Fatalf("energy %v, want 140 + 150", rows[0].EnergyJ)
+	}
+}
+
 func TestGPUPowerIntegrationWithoutCounter(t *testing.T) {
 	a := window.NewGPU(cfg(t), nil)
 	for i := range 5 {

@@ -37,7 +37,7 @@ var fields = [numFields]Field{
 	fieldMemory:     {"memory", []string{"mem_used_bytes", "mem_total_bytes"}},
 	fieldPower:      {"power_w", []string{"power_w"}},
 	fieldPowerLimit: {"power_limit_w", []string{"power_limit_w"}},
-	fieldEnergy:     {"energy_j", []string{"energy_j"}},
+	fieldEnergy:     {"energy_j", []string{"energy_j", "energy_used_j"}}, // the sampler's delta of it
 	fieldTemp:       {"temp_c", []string{"temp_c"}},
 	fieldSMClock:    {"sm_clock_mhz", []string{"sm_clock_mhz"}},
 	fieldMemClock:   {"mem_clock_mhz", []string{"mem_clock_mhz"}},

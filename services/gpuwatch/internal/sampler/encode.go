@@ -34,6 +34,7 @@ func appendSample(dst []byte, s *events.GPUSample) []byte {
 	dst = appendF(dst, "power_w", s.PowerW)
 	dst = appendF(dst, "power_limit_w", s.PowerLimitW)
 	dst = appendF(dst, "energy_j", s.EnergyJ)
+	dst = appendF(dst, "energy_used_j", s.EnergyUsedJ)
 	dst = appendF(dst, "temp_c", s.TempC)
 	dst = appendF(dst, "sm_clock_mhz", s.SMClockMHz)
 	dst = appendF(dst, "mem_clock_mhz", s.MemClockMHz)

@@ -57,9 +57,10 @@ type Sampler struct {
 	valid    []events.GPUSample
 	data     []byte
 	id       []byte
-	lastTick atomic.Int64 // unix nanoseconds of the last finished tick
-	lastErr  string       // reason of the last invalid sample, to log only changes
-	hostErr  string       // likewise for host samples
+	energy   map[string]energyReading // per GPU UUID: its last published energy counter
+	lastTick atomic.Int64             // unix nanoseconds of the last finished tick
+	lastErr  string                   // reason of the last invalid sample, to log only changes
+	hostErr  string                   // likewise for host samples
 }
 
 // New returns a Sampler of src that publishes through pub and shows samples through exp.
@@ -70,8 +71,18 @@ func New(src source, pub publisher, exp exporter, opts Options, reg prometheus.R
 		hostSubject: events.HostSampleSubject(opts.Host),
 		m:           newMetrics(reg),
 		logger:      logger,
+		energy:      map[string]energyReading{},
 	}
 }
+
+// energyReading is a GPU's energy counter in its last published sample.
+type energyReading struct {
+	ts     int64 // unix nanoseconds
+	energy float64
+}
+
+// energyHorizon is how long a GPU's last counter reading is kept without a new sample.
+const energyHorizon = int64(time.Hour)
 
 // Run ticks until ctx ends. Ticks fall on wall-clock multiples of the interval; a tick
 // that overruns the next one skips it (and counts it) instead of piling up.
@@ -105,9 +116,11 @@ func (s *Sampler) Tick(ctx context.Context, now time.Time) {
 	now = now.UTC()
 	s.buf = s.src.Sample(ctx, now, s.buf[:0])
 	s.valid = s.valid[:0]
+	s.forgetEnergy(now)
 	for i := range s.buf {
 		smp := &s.buf[i]
 		smp.V, smp.TS, smp.Host = events.Version, now, s.opts.Host
+		smp.EnergyUsedJ = nil // the sampler's to set, from the counter's delta
 		if err := smp.ValidateAt(now); err != nil {
 			reason := events.Reason(err)
 			s.m.invalid.WithLabelValues(reason).Inc()
@@ -117,11 +130,13 @@ func (s *Sampler) Tick(ctx context.Context, now time.Time) {
 			}
 			continue
 		}
+		s.setEnergyUsed(smp)
 		s.data = appendSample(s.data[:0], smp)
 		s.id = appendMsgID(s.id[:0], smp)
 		// Publish keeps data: it must be a copy, the buffer is reused.
 		if s.pub.Publish(s.subject, string(s.id), append([]byte(nil), s.data...)) {
 			s.m.samples.Inc()
+			s.recordEnergy(smp)
 		}
 		s.valid = append(s.valid, *smp)
 	}
@@ -133,6 +148,41 @@ func (s *Sampler) Tick(ctx context.Context, now time.Time) {
 	s.m.ticks.Inc()
 	s.m.duration.Observe(time.Since(began).Seconds())
 	s.lastTick.Store(time.Now().UnixNano())
+}
+
+// setEnergyUsed sets the energy the GPU used since its last published sample that carried the
+// energy counter: the counter's delta, absent on the GPU's first such sample, after a counter
+// reset, on a sample without the counter, and when the delta is beyond the contract's bound.
+// A sample that could not be queued is not a previous sample: the next one's delta spans it,
+// so its energy is not lost.
+func (s *Sampler) setEnergyUsed(smp *events.GPUSample) {
+	prev, ok := s.energy[smp.GPUUUID]
+	if !ok || smp.EnergyJ == nil || smp.TS.UnixNano() <= prev.ts {
+		return
+	}
+	if d := *smp.EnergyJ - prev.energy; d >= 0 && d <= events.MaxEnergyUsedJ {
+		smp.EnergyUsedJ = &d
+	}
+}
+
+// recordEnergy keeps the published sample's counter as its GPU's previous reading; a sample
+// without the counter (a failed read) keeps the one before, so the next delta spans it.
+func (s *Sampler) recordEnergy(smp *events.GPUSample) {
+	if smp.EnergyJ == nil {
+		return
+	}
+	s.energy[smp.GPUUUID] = energyReading{ts: smp.TS.UnixNano(), energy: *smp.EnergyJ}
+}
+
+// forgetEnergy drops the readings of GPUs unpublished for energyHorizon, so GPUs that come and
+// go do not grow the map and a GPU back after that long starts afresh.
+func (s *Sampler) forgetEnergy(now time.Time) {
+	horizon := now.UnixNano() - energyHorizon
+	for k, r := range s.energy {
+		if r.ts < horizon {
+			delete(s.energy, k)
+		}
+	}
 }
 
 // publishHost reads the host at now and queues its sample.

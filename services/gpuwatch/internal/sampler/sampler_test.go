@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -115,6 +116,67 @@ func TestTick(t *testing.T) {
 	}
 }
 
+// flakyPublisher refuses the messages whose index (from 0) is in refuse.
+type flakyPublisher struct {
+	fakePublisher
+	n      int
+	refuse map[int]bool
+}
+
+func (p *flakyPublisher) Publish(subject, msgID string, data []byte) bool {
+	p.n++
+	if p.refuse[p.n-1] {
+		return false
+	}
+	return p.fakePublisher.Publish(subject, msgID, data)
+}
+
+// TestTickEnergyUsed: each published sample carries the energy its GPU used since the GPU's
+// previous published sample with the counter, from the counter's delta; the first carries
+// none, nor does one after a counter reset; a sample that was not queued, or that lacks the
+// counter, is spanned by the next delta; a source's own value never reaches the wire.
+func TestTickEnergyUsed(t *testing.T) {
+	counters := []*float64{ptr(1000.0), ptr(1700.5), ptr(2400.0), nil, ptr(3800.0), ptr(4500.0), ptr(10.0), ptr(710.0)}
+	// want: the energy_used_j of each published tick's sample (tick 2 is refused by the bus).
+	want := map[int]*float64{0: nil, 1: ptr(700.5), 3: nil, 4: ptr(3800.0 - 1700.5), 5: ptr(700.0), 6: nil, 7: ptr(700.0)}
+	src := &fakeSource{}
+	pub := &flakyPublisher{refuse: map[int]bool{2: true}}
+	s := New(src, pub, &fakeExporter{}, Options{Host: "h", Interval: time.Second}, prometheus.NewRegistry(), discard())
+	for i, c := range counters {
+		smp := events.GPUSample{GPUIndex: 0, GPUUUID: "GPU-0", PowerW: ptr(700.0), EnergyJ: c, EnergyUsedJ: ptr(1e6)}
+		src.samples = []events.GPUSample{smp}
+		s.Tick(context.Background(), t0.Add(time.Duration(i)*time.Second))
+	}
+	if len(pub.msgs) != len(want) {
+		t.Fatalf("published %d, want %d", len(pub.msgs), len(want))
+	}
+	for _, m := range pub.msgs {
+		var got events.GPUSample
+		if err := events.UnmarshalGPUSample([]byte(m.data), &got); err != nil {
+			t.Fatal(err)
+		}
+		if err := got.ValidateAt(t0.Add(time.Minute)); err != nil {
+			t.Fatalf("%s: %v", m.data, err)
+		}
+		i := int(got.TS.Sub(t0) / time.Second)
+		w, ok := want[i]
+		switch {
+		case !ok:
+			t.Fatalf("tick %d published, but its sample was refused", i)
+		case w == nil && got.EnergyUsedJ != nil:
+			t.Errorf("tick %d: energy_used_j %v, want none", i, *got.EnergyUsedJ)
+		case w != nil && (got.EnergyUsedJ == nil || *got.EnergyUsedJ != *w):
+			t.Errorf("tick %d: energy_used_j %v, want %v (%s)", i, got.EnergyUsedJ, *w, m.data)
+		}
+	}
+	// A GPU silent past the horizon starts afresh: its old reading is gone.
+	src.samples = []events.GPUSample{{GPUIndex: 0, GPUUUID: "GPU-0", EnergyJ: ptr(5000.0)}}
+	s.Tick(context.Background(), t0.Add(2*time.Hour))
+	if len(s.energy) != 1 || !strings.Contains(pub.msgs[len(pub.msgs)-1].data, `"energy_j":5000`) || strings.Contains(pub.msgs[len(pub.msgs)-1].data, "energy_used_j") {
+		t.Fatalf("after two silent hours: %d readings, last message %s", len(s.energy), pub.msgs[len(pub.msgs)-1].data)
+	}
+}
+
 // TestEncode checks the hand-written encoder against encoding/json, the Go decoder and the
 // JSON Schema other languages read.
 func TestEncode(t *testing.T) {
@@ -142,6 +204,7 @@ func TestEncode(t *testing.T) {
 		"sparse": {GPUIndex: 0, GPUUUID: "GPU-0"},
 		"quoted": quoted,
 		"tiny":   {GPUIndex: 1023, GPUUUID: "GPU-1", PCIeTxBps: ptr(1e-7), EnergyJ: ptr(1e300)},
+		"used":   {GPUIndex: 2, GPUUUID: "GPU-2", EnergyJ: ptr(123457478.7), EnergyUsedJ: ptr(689.2)},
 	} {
 		t.Run(name, func(t *testing.T) {
 			s.V, s.TS, s.Host = events.Version, t0.Add(123*time.Millisecond), "h"
