@@ -322,11 +322,11 @@ func TestEngineFails(t *testing.T) {
 	good := newEngine(t, fixture(t, "tgi.prom"))
 	gone := newEngine(t, fixture(t, "vllm.prom"))
 	slow := newEngine(t, fixture(t, "vllm.prom"))
-	slow.delay.Store(int64(2 * time.Second))
+	slow.delay.Store(int64(10 * time.Second))
 	status := newEngine(t, "")
 	status.code.Store(503)
 	bad := newEngine(t, fixture(t, "malformed.prom"))
-	huge := newEngine(t, strings.Repeat("# padding\n", 200_000))
+	huge := newEngine(t, strings.Repeat("# padding\n", 7_000)) // just over the 64 KiB below
 	targets := []Target{
 		{Engine: "tgi", Name: "good", URL: good.URL},
 		{Engine: "vllm", Name: "gone", URL: gone.URL},
@@ -336,13 +336,15 @@ func TestEngineFails(t *testing.T) {
 		{Engine: "vllm", Name: "huge", URL: huge.URL},
 	}
 	pub := &fakePublisher{}
-	s, _ := newScraper(t, targets, pub, 16)
+	// A timeout a loaded machine's scrapes stay well within, far under the slow engine's delay.
+	s := New(targets, pub, Options{Host: "gpu-node-3", Interval: time.Second, Timeout: 2 * time.Second,
+		MaxBytes: 64 << 10, MaxModels: 16}, prometheus.NewRegistry(), discard())
 	s.Tick(context.Background(), t0)
 	gone.Close() // the engine stops between two ticks
 	began := time.Now()
 	s.Tick(context.Background(), t0.Add(time.Second))
-	if d := time.Since(began); d > time.Second {
-		t.Errorf("a tick with a hanging engine took %s; the timeout is 300ms", d)
+	if d := time.Since(began); d > 6*time.Second {
+		t.Errorf("a tick with a hanging engine took %s; the timeout is 2s", d)
 	}
 	got := pub.take(t)[len(targets):]
 	wantErr := map[string]string{"good": "", "gone": "connect", "slow": "timeout", "status": "http_status", "bad": "malformed", "huge": "too_large"}
