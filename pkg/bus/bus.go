@@ -193,17 +193,71 @@ func StreamConfigs(l StreamLimits) []jetstream.StreamConfig {
 }
 
 // EnsureStreams creates the named streams, or updates them to the configuration when they
-// exist, so any start order of the services works. With no names it ensures all four.
+// exist, so any start order of the services works. With no names it ensures all of them.
+// On a NATS cluster that is still forming it retries (see retryForming).
 func EnsureStreams(ctx context.Context, js jetstream.JetStream, l StreamLimits, names ...string) error {
 	for _, cfg := range StreamConfigs(l) {
 		if len(names) > 0 && !contains(names, cfg.Name) {
 			continue
 		}
-		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
+		err := retryForming(ctx, func(ctx context.Context) error {
+			_, err := js.CreateOrUpdateStream(ctx, cfg)
+			return err
+		})
+		if err != nil {
 			return fmt.Errorf("cannot create or update stream %s: %w", cfg.Name, err)
 		}
 	}
 	return nil
+}
+
+// FormingPatience is how long the Ensure functions retry while a NATS cluster forms: a
+// service started with its cluster waits for it rather than exit, and one pointed at a
+// cluster that cannot place the streams (fewer servers than NATS_STREAM_REPLICAS) still
+// gets its error.
+const FormingPatience = time.Minute
+
+// formingAttempt bounds one request to a forming cluster, which may leave it unanswered.
+const formingAttempt = 10 * time.Second
+
+// retryForming calls do until it succeeds, fails with an error a forming cluster does not
+// give, ctx ends, or FormingPatience has passed; it returns do's last error. Each call gets
+// formingAttempt at most.
+func retryForming(ctx context.Context, do func(context.Context) error) error {
+	deadline := time.Now().Add(FormingPatience)
+	wait := 50 * time.Millisecond
+	for {
+		actx, cancel := context.WithTimeout(ctx, formingAttempt)
+		err := do(actx)
+		cancel()
+		if err == nil || !forming(err) || ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+// The JetStream API errors of a cluster whose meta leader is being elected, or does not yet
+// know enough of its peers to place a stream's replicas.
+const (
+	jsClusterNoPeers  jetstream.ErrorCode = 10005 // no suitable peers for placement
+	jsClusterNotAvail jetstream.ErrorCode = 10008 // JetStream system temporarily unavailable
+)
+
+// forming reports whether err is what a NATS cluster that is still forming answers: worth
+// retrying in a moment.
+func forming(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return apiErr.ErrorCode == jsClusterNoPeers || apiErr.ErrorCode == jsClusterNotAvail
+	}
+	// No meta leader yet to answer in time.
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)
 }
 
 func contains(list []string, s string) bool {
@@ -250,14 +304,21 @@ func EnsureConsumer(ctx context.Context, js jetstream.JetStream, c ConsumerConfi
 }
 
 // EnsureKeyValue creates or updates a file-backed key-value bucket keeping only each key's
-// latest value, as the services keep their checkpoints, and returns it.
+// latest value, as the services keep their checkpoints, and returns it; it retries on a
+// forming cluster as EnsureStreams does.
 func EnsureKeyValue(ctx context.Context, js jetstream.JetStream, bucket, description string, replicas int) (jetstream.KeyValue, error) {
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	cfg := jetstream.KeyValueConfig{
 		Bucket:      bucket,
 		Description: description,
 		History:     1,
 		Storage:     jetstream.FileStorage,
 		Replicas:    max(replicas, 1),
+	}
+	var kv jetstream.KeyValue
+	err := retryForming(ctx, func(ctx context.Context) error {
+		var err error
+		kv, err = js.CreateOrUpdateKeyValue(ctx, cfg)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("cannot create or update key-value bucket %s: %w", bucket, err)

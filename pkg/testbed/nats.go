@@ -65,9 +65,23 @@ func JetStream(t testing.TB) (*nats.Conn, jetstream.JetStream) {
 }
 
 // NATSCluster starts n in-process nats-servers with JetStream, routed into one cluster on
-// loopback, each storing in a temporary folder, and waits until JetStream has a meta leader.
-// They are stopped when the test ends (a test may shut one down earlier).
+// loopback, each storing in a temporary folder, and waits until the cluster is ready
+// (WaitNATSCluster). They are stopped when the test ends (a test may shut one down earlier).
 func NATSCluster(t testing.TB, n int) []*server.Server {
+	t.Helper()
+	opts := NATSClusterOptions(t, n)
+	servers := make([]*server.Server, n)
+	for i, o := range opts {
+		servers[i] = StartNATSServer(t, o)
+	}
+	WaitNATSCluster(t, servers)
+	return servers
+}
+
+// NATSClusterOptions returns the options of n nats-servers with JetStream (n1, n2, …) routed
+// into one cluster on loopback, each storing in a temporary folder, for a test that starts
+// them itself with StartNATSServer: some later than others, to test a cluster forming.
+func NATSClusterOptions(t testing.TB, n int) []*server.Options {
 	t.Helper()
 	ports := make([]int, n)
 	for i := range ports {
@@ -81,9 +95,9 @@ func NATSCluster(t testing.TB, n int) []*server.Server {
 	for i, p := range ports {
 		routes[i] = &url.URL{Scheme: "nats-route", Host: fmt.Sprintf("127.0.0.1:%d", p)}
 	}
-	servers := make([]*server.Server, n)
-	for i := range servers {
-		opts := &server.Options{
+	opts := make([]*server.Options, n)
+	for i := range opts {
+		opts[i] = &server.Options{
 			ServerName: fmt.Sprintf("n%d", i+1),
 			Host:       "127.0.0.1",
 			Port:       -1,
@@ -95,36 +109,79 @@ func NATSCluster(t testing.TB, n int) []*server.Server {
 			Cluster:    server.ClusterOpts{Name: "tokenscope", Host: "127.0.0.1", Port: ports[i]},
 			Routes:     routes,
 		}
-		s, err := server.NewServer(opts)
-		if err != nil {
-			t.Fatalf("cannot create nats-server n%d: %v", i+1, err)
-		}
-		go s.Start()
-		servers[i] = s
-		t.Cleanup(func() {
-			s.Shutdown()
-			s.WaitForShutdown()
-		})
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for _, s := range servers {
-		if !s.ReadyForConnections(15 * time.Second) {
-			t.Fatalf("nats-server %s did not become ready in 15s", s.Name())
-		}
+	return opts
+}
+
+// StartNATSServer starts a nats-server with opts and returns it once it takes connections;
+// it is stopped when the test ends.
+func StartNATSServer(t testing.TB, opts *server.Options) *server.Server {
+	t.Helper()
+	s, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatalf("cannot create nats-server %s: %v", opts.ServerName, err)
 	}
-	for {
-		leaders := 0
+	go s.Start()
+	t.Cleanup(func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+	})
+	if !s.ReadyForConnections(time.Minute) {
+		t.Fatalf("nats-server %s did not become ready in a minute", opts.ServerName)
+	}
+	return s
+}
+
+// clusterWait bounds the waits for a cluster: generous, so that a loaded machine stays under it.
+const clusterWait = 2 * time.Minute
+
+// WaitNATSCluster waits until the running servers have one JetStream meta leader that counts
+// each of them as a peer it has heard from, and each is current with the meta leader: until
+// then, placing a replicated stream may fail ("no suitable peers for placement").
+func WaitNATSCluster(t testing.TB, servers []*server.Server) {
+	t.Helper()
+	waitCluster(t, "the NATS cluster has no JetStream meta leader current with all its peers", func() bool {
+		var leader *server.Server
+		running := 0
 		for _, s := range servers {
+			if !s.Running() {
+				continue
+			}
+			running++
 			if s.JetStreamIsLeader() {
-				leaders++
+				if leader != nil {
+					return false
+				}
+				leader = s
+			}
+			if !s.JetStreamIsCurrent() {
+				return false
 			}
 		}
-		if leaders == 1 {
-			return servers
+		return leader != nil && len(leader.JetStreamClusterPeers()) == running
+	})
+}
+
+// WaitStreamCurrent waits until each running server holding a replica of the account's stream
+// is current with its leader, and as many as want of them do.
+func WaitStreamCurrent(t testing.TB, servers []*server.Server, account, stream string, want int) {
+	t.Helper()
+	waitCluster(t, fmt.Sprintf("stream %s has no %d current replicas", stream, want), func() bool {
+		current := 0
+		for _, s := range servers {
+			if s.Running() && s.JetStreamIsStreamAssigned(account, stream) && s.JetStreamIsStreamCurrent(account, stream) {
+				current++
+			}
 		}
+		return current >= want
+	})
+}
+
+func waitCluster(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(clusterWait); !cond(); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the %d-node NATS cluster has no JetStream meta leader after 30s", n)
+			t.Fatalf("%s after %s", what, clusterWait)
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -143,7 +143,7 @@ func connectJS(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
 
 func waitMsgs(t testing.TB, js jetstream.JetStream, want uint64) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(3 * time.Minute) // a bound for a loaded machine: 100,000 events take it a minute
 	for {
 		s, err := js.Stream(context.Background(), events.StreamEvents)
 		if err != nil {

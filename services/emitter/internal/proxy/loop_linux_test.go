@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"sync"
@@ -76,13 +77,18 @@ func TestLoopShortStreams(t *testing.T) {
 // the loop hands the rest of the chunk to a goroutine, holds the upstream meanwhile, and the
 // client gets every byte once it reads, the idle timeout not counting the wait.
 func TestLoopSlowClient(t *testing.T) {
-	r := newRig(t, fakellm.Options{}, func(c *Config) { c.IdleTimeout = 2 * time.Second })
-	hdr := map[string]string{"X-Fakellm-Tokens": "40000"} // ~7 MB: more than the sockets hold
-	direct := call(t, r.fake.URL, chatPath, chatBody(true, ""), hdr)
-	if direct.status != 200 || len(direct.body) < 5<<20 {
+	const idle = 3 * time.Second // well over what a loaded machine may hold up a goroutine
+	fake := httptest.NewServer(fakellm.New(fakellm.Options{}))
+	t.Cleanup(fake.Close)
+	p, cap, _ := newTestProxy(t, fake.URL+"/v1", func(c *Config) { c.IdleTimeout = idle })
+	// The proxy's socket to the client buffers little, so the client's fills soon.
+	srv := serveProxy(t, p, func(ln net.Listener) net.Listener { return acceptedConns{ln, 64 << 10, nil} }, nil)
+	hdr := map[string]string{"X-Fakellm-Tokens": "10000"} // ~1.7 MB: more than the sockets hold
+	direct := call(t, fake.URL, chatPath, chatBody(true, ""), hdr)
+	if direct.status != 200 || len(direct.body) < 1<<20 {
 		t.Fatalf("direct: %d %v, %d bytes", direct.status, direct.err, len(direct.body))
 	}
-	conn, err := net.Dial("tcp", r.proxy.Listener.Addr().String())
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,13 +96,13 @@ func TestLoopSlowClient(t *testing.T) {
 	// Small, but not under the loopback MSS (64 KB), or the window never reopens past it.
 	_ = conn.(*net.TCPConn).SetReadBuffer(256 << 10)
 	body := chatBody(true, "")
-	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Fakellm-Tokens: 40000\r\nContent-Length: %d\r\n\r\n%s", chatPath, len(body), body)
-	// Longer than the idle timeout: the proxy waits for the client, not for the upstream.
-	time.Sleep(3 * time.Second)
-	if testutil.ToFloat64(r.p.m.clientWaits) == 0 {
-		t.Fatal("the client's socket never filled: the test proves nothing")
-	}
-	_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Fakellm-Tokens: 10000\r\nContent-Length: %d\r\n\r\n%s", chatPath, len(body), body)
+	// Once the client's socket is full, the loop hands the chunk to a goroutine, which waits
+	// for the client longer than the idle timeout: the proxy waits for the client, not for the
+	// upstream.
+	waitFor(t, "the client's socket fills", func() bool { return testutil.ToFloat64(p.m.clientWaits) > 0 })
+	time.Sleep(idle + time.Second)
+	_ = conn.SetReadDeadline(time.Now().Add(time.Minute)) // a bound for a loaded machine
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -105,7 +111,7 @@ func TestLoopSlowClient(t *testing.T) {
 	if err != nil || string(got) != string(direct.body) {
 		t.Fatalf("%v: %d bytes, want the %d the upstream sent", err, len(got), len(direct.body))
 	}
-	if ev := r.cap.next(t); ev.Status != events.StatusOK || ev.OutputTokens != 40000 {
+	if ev := cap.next(t); ev.Status != events.StatusOK || ev.OutputTokens != 10000 {
 		t.Fatalf("event %+v", ev)
 	}
 }
@@ -270,12 +276,13 @@ func TestLoopUpstreamEndsWithItsLastBytes(t *testing.T) {
 				time.Sleep(100 * time.Millisecond) // the head first: the loop takes the stream
 				corkAndClose(c, tc.body)
 			})
-			p, cap, _ := newTestProxy(t, up, func(c *Config) { c.IdleTimeout = 5 * time.Second })
+			// The idle timeout is well past the bound on the stream's end.
+			p, cap, _ := newTestProxy(t, up, func(c *Config) { c.IdleTimeout = 10 * time.Second })
 			srv := serveProxy(t, p, nil, nil)
 			start := time.Now()
 			call(t, srv.URL, chatPath, chatBody(true, ""), nil)
 			ev := cap.next(t)
-			if took := time.Since(start); took > 2*time.Second || ev.Status != tc.status || ev.ErrorCode != tc.code {
+			if took := time.Since(start); took > 5*time.Second || ev.Status != tc.status || ev.ErrorCode != tc.code {
 				t.Fatalf("after %s: event %s %q, want %s %q", took, ev.Status, ev.ErrorCode, tc.status, tc.code)
 			}
 			if p.loops.started() != 1 {
@@ -309,7 +316,8 @@ func TestLoopSlowLastChunk(t *testing.T) {
 		time.Sleep(20 * time.Second) // kept alive: nothing more comes
 		_ = c.Close()
 	})
-	p, cap, _ := newTestProxy(t, up, func(c *Config) { c.IdleTimeout = 5 * time.Second })
+	// The idle timeout, and the upstream's silence, are well past the bound on the stream's end.
+	p, cap, _ := newTestProxy(t, up, func(c *Config) { c.IdleTimeout = 10 * time.Second })
 	srv := serveProxy(t, p, func(ln net.Listener) net.Listener { return smallSendBuffer{ln} }, nil)
 	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
 	if err != nil {
@@ -319,10 +327,8 @@ func TestLoopSlowLastChunk(t *testing.T) {
 	_ = conn.(*net.TCPConn).SetReadBuffer(16 << 10)
 	rb := chatBody(true, `,"stream_options":{"include_usage":true}`)
 	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", chatPath, len(rb), rb)
-	time.Sleep(500 * time.Millisecond) // the loop's write of the piece goes partial
-	if testutil.ToFloat64(p.m.clientWaits) == 0 {
-		t.Fatal("the client's socket took the piece whole: the test proves nothing")
-	}
+	// The loop's write of the piece goes partial.
+	waitFor(t, "the client's socket fills", func() bool { return testutil.ToFloat64(p.m.clientWaits) > 0 })
 	start := time.Now()
 	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
@@ -333,7 +339,7 @@ func TestLoopSlowLastChunk(t *testing.T) {
 	if err != nil || string(got) != ev {
 		t.Fatalf("%v: %d bytes, want the upstream's %d", err, len(got), len(ev))
 	}
-	if e := cap.next(t); time.Since(start) > 2*time.Second || e.Status != events.StatusOK {
+	if e := cap.next(t); time.Since(start) > 5*time.Second || e.Status != events.StatusOK {
 		t.Fatalf("after %s: event %s %q", time.Since(start), e.Status, e.ErrorCode)
 	}
 }

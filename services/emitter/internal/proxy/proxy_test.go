@@ -5,6 +5,7 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/json"
+	"fmt"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/nodetest"
 	"io"
 	"log/slog"
@@ -54,8 +55,8 @@ func (c *capture) next(t testing.TB) events.RequestEvent {
 	t.Helper()
 	select {
 	case <-c.ch:
-	case <-time.After(10 * time.Second):
-		t.Fatal("no event in 10s")
+	case <-time.After(30 * time.Second): // a bound for a loaded machine; events come at once
+		t.Fatal("no event in 30s")
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -593,8 +594,8 @@ func testTimeoutAsTheHeadersArrive(t *testing.T, transport bool) {
 	t.Logf("%d answered, %d timed out", answered, timedOut)
 }
 
-// TestSlowClientIsNotAnIdleUpstream has the client stop reading for longer than the idle
-// timeout while the upstream has long finished sending: the stream is not the upstream's
+// TestSlowClientIsNotAnIdleUpstream has the client stop reading, its socket full, for longer
+// than the idle timeout while the upstream has more to send: the stream is not the upstream's
 // stall, and ends ok.
 func TestSlowClientIsNotAnIdleUpstream(t *testing.T) {
 	bothClients(t, testSlowClientIsNotAnIdleUpstream)
@@ -602,21 +603,27 @@ func TestSlowClientIsNotAnIdleUpstream(t *testing.T) {
 
 func testSlowClientIsNotAnIdleUpstream(t *testing.T, transport bool) {
 	chunk := "data: {\"choices\":[{\"delta\":{\"content\":\"" + strings.Repeat("x", 4000) + "\"}}]}\n\n"
-	const chunks = 4000 // 16 MB: more than the sockets buffer, so the proxy's writes block
+	const chunks = 1000 // 4 MB: more than the sockets to the client buffer, so the proxy's writes block
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		for range chunks {
 			_, _ = io.WriteString(w, chunk)
 		}
-		_, _ = io.WriteString(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":4000}}\n\ndata: [DONE]\n\n")
+		_, _ = fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":%d}}\n\ndata: [DONE]\n\n", chunks)
 	}))
 	defer up.Close()
-	u, _ := ParseUpstream(up.URL)
-	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream = u; c.IdleTimeout = 150 * time.Millisecond })
+	// The idle timeout is well over what a loaded machine may hold up a goroutine: the
+	// upstream here never falls silent, only the client stops reading.
+	const idle = 3 * time.Second
+	p, cap, _ := newTestProxy(t, up.URL, func(c *Config) { c.IdleTimeout = idle })
 	if transport {
-		r.viaTransport()
+		for u := range p.dialable {
+			p.dialable[u] = false
+		}
 	}
-	resp, err := http.Post(r.proxy.URL+chatPath, "application/json", strings.NewReader(chatBody(true, `,"stream_options":{"include_usage":true}`)))
+	toClient := make(chan *net.TCPConn, 1)
+	srv := serveProxy(t, p, func(ln net.Listener) net.Listener { return acceptedConns{ln, 64 << 10, toClient} }, nil)
+	resp, err := http.Post(srv.URL+chatPath, "application/json", strings.NewReader(chatBody(true, `,"stream_options":{"include_usage":true}`)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -624,14 +631,41 @@ func testSlowClientIsNotAnIdleUpstream(t *testing.T, transport bool) {
 	if _, err := resp.Body.Read(make([]byte, 1024)); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(500 * time.Millisecond)
+	// The client reads no more: once the proxy's socket to it is full, the proxy's writes
+	// wait, and the client keeps them waiting past the idle timeout.
+	proxySide := <-toClient
+	waitFor(t, "the proxy's socket to the client fills", func() bool { return sendBufferFull(t, proxySide) })
+	time.Sleep(idle + time.Second)
+	if !sendBufferFull(t, proxySide) {
+		t.Fatal("the proxy's socket to the client took more bytes while the client read none")
+	}
 	n, err := io.Copy(io.Discard, resp.Body)
 	if err != nil || n < chunks*int64(len(chunk))-1024 {
 		t.Fatalf("read %d bytes after the pause: %v", n, err)
 	}
-	if ev := r.cap.next(t); ev.Status != events.StatusOK || ev.OutputTokens != 4000 {
+	if ev := cap.next(t); ev.Status != events.StatusOK || ev.OutputTokens != chunks {
 		t.Fatalf("event %s %q, %d tokens", ev.Status, ev.ErrorCode, ev.OutputTokens)
 	}
+}
+
+// acceptedConns sets the send buffer of each connection it accepts, so that it fills soon,
+// and hands it to conns too, if there is room.
+type acceptedConns struct {
+	net.Listener
+	sendBuffer int
+	conns      chan<- *net.TCPConn
+}
+
+func (l acceptedConns) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tc, ok := c.(*net.TCPConn); ok && err == nil {
+		_ = tc.SetWriteBuffer(l.sendBuffer)
+		select {
+		case l.conns <- tc:
+		default:
+		}
+	}
+	return c, err
 }
 
 func gunzipAll(t testing.TB, b []byte) []byte {

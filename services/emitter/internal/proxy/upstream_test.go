@@ -18,23 +18,25 @@ import (
 )
 
 // countConns starts srv counting the connections it accepts.
-func countConns(srv *httptest.Server) *atomic.Int64 {
-	var n atomic.Int64
+func countConns(srv *httptest.Server) (opened, closed *atomic.Int64) {
+	opened, closed = new(atomic.Int64), new(atomic.Int64)
 	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			n.Add(1)
+		switch s {
+		case http.StateNew:
+			opened.Add(1)
+		case http.StateClosed:
+			closed.Add(1)
 		}
 	}
 	srv.Start()
-	return &n
+	return opened, closed
 }
 
 // TestUpstreamKeepAlive: sequential requests share one upstream connection; one the
 // upstream closed while idle is noticed and replaced, and the request still succeeds.
 func TestUpstreamKeepAlive(t *testing.T) {
 	fake := httptest.NewUnstartedServer(fakellm.New(fakellm.Options{Tokens: 3}))
-	fake.Config.IdleTimeout = 100 * time.Millisecond
-	conns := countConns(fake)
+	conns, closed := countConns(fake)
 	defer fake.Close()
 	u, _ := ParseUpstream(fake.URL)
 	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream = u })
@@ -52,7 +54,8 @@ func TestUpstreamKeepAlive(t *testing.T) {
 	if n := conns.Load(); n != 1 {
 		t.Fatalf("20 sequential requests opened %d upstream connections", n)
 	}
-	time.Sleep(300 * time.Millisecond) // the upstream closes the idle connection
+	fake.CloseClientConnections() // the upstream closes the idle connection, as on its idle timeout
+	waitFor(t, "the upstream closes the idle connection", func() bool { return closed.Load() == 1 })
 	if via := call(t, r.proxy.URL, chatPath, chatBody(true, ""), nil); via.status != 200 || via.err != nil {
 		t.Fatalf("after the upstream closed the idle connection: %d %v", via.status, via.err)
 	}
@@ -137,7 +140,7 @@ func TestUpstreamFraming(t *testing.T) {
 		w.Header().Set("Connection", "close")
 		_, _ = io.WriteString(w, `{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":1,"completion_tokens":1}}`)
 	}))
-	conns := countConns(up)
+	conns, _ := countConns(up)
 	defer up.Close()
 	u, _ := ParseUpstream(up.URL)
 	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream = u })
