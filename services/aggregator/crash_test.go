@@ -48,6 +48,31 @@ func startProcess(t *testing.T, bin string, vars envVars) *exec.Cmd {
 	return cmd
 }
 
+// killWhilePublishing runs the aggregator binary and SIGKILLs it after a random uptime of
+// minUp to minUp+spread (from seed), starting it again each time, until published is closed
+// and it has been killed at least minKills times; the last process runs on. It returns the
+// kills.
+func killWhilePublishing(t *testing.T, bin string, vars envVars, published <-chan struct{}, minKills int, minUp, spread time.Duration, seed uint64) int {
+	t.Helper()
+	r := rand.New(rand.NewPCG(seed, seed+1))
+	for kills := 0; ; kills++ {
+		cmd := startProcess(t, bin, vars)
+		time.Sleep(minUp + time.Duration(r.Int64N(int64(spread))))
+		select {
+		case <-published:
+			if kills >= minKills {
+				t.Logf("killed the aggregator %d times", kills)
+				return kills
+			}
+		default:
+		}
+		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		_, _ = cmd.Process.Wait()
+	}
+}
+
 // TestCrashExactlyOnce SIGKILLs the aggregator process at random points, at least five
 // times, while 100,000 events built from the real trace are published, restarting it each
 // time. The totals in ClickHouse must equal the events published exactly — rollups and raw
@@ -80,26 +105,7 @@ func TestCrashExactlyOnce(t *testing.T) {
 			time.Sleep(150 * time.Millisecond) // about 8 s in all, so the kills land mid-run
 		}
 	}()
-	r := rand.New(rand.NewPCG(42, 43))
-	kills := 0
-	for {
-		cmd := startProcess(t, bin, vars)
-		time.Sleep(time.Duration(500+r.IntN(1500)) * time.Millisecond)
-		select {
-		case <-published:
-			if kills >= 5 {
-				goto finish
-			}
-		default:
-		}
-		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		_, _ = cmd.Process.Wait()
-		kills++
-	}
-finish:
-	t.Logf("killed the aggregator %d times", kills)
+	killWhilePublishing(t, bin, vars, published, 5, 500*time.Millisecond, 1500*time.Millisecond, 42)
 	b.waitRows(t, 2*time.Minute, n, "SELECT sum(requests) FROM token_rollups")
 	b.waitRows(t, time.Minute, n, "SELECT count() FROM requests")
 	if u := b.scalar(t, "SELECT uniqExact(event_id) FROM requests"); u != n {

@@ -3,10 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"math/rand/v2"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -190,26 +188,7 @@ func TestEngineCrashExactlyOnce(t *testing.T) {
 			time.Sleep(150 * time.Millisecond) // about 6 s in all, so the kills land mid-run
 		}
 	}()
-	r := rand.New(rand.NewPCG(7, 8))
-	kills := 0
-	for {
-		cmd := startProcess(t, bin, vars)
-		time.Sleep(time.Duration(500+r.IntN(1200)) * time.Millisecond)
-		select {
-		case <-publishedAll:
-			if kills >= 5 {
-				goto finish
-			}
-		default:
-		}
-		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		_, _ = cmd.Process.Wait()
-		kills++
-	}
-finish:
-	t.Logf("killed the aggregator %d times", kills)
+	killWhilePublishing(t, bin, vars, publishedAll, 5, 500*time.Millisecond, 1200*time.Millisecond, 7)
 	b.waitRows(t, 2*time.Minute, n, "SELECT sum(samples) FROM engine_rollups")
 	var wantGen float64
 	wantBuckets := make([]float64, len(engineLe)+1)

@@ -5,9 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -198,26 +196,7 @@ func TestHostCrashExactlyOnce(t *testing.T) {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}()
-	r := rand.New(rand.NewPCG(7, 8))
-	kills := 0
-	for {
-		cmd := startProcess(t, bin, vars)
-		time.Sleep(time.Duration(400+r.IntN(800)) * time.Millisecond)
-		select {
-		case <-published:
-			if kills >= 3 {
-				goto finish
-			}
-		default:
-		}
-		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		_, _ = cmd.Process.Wait()
-		kills++
-	}
-finish:
-	t.Logf("killed the aggregator %d times", kills)
+	killWhilePublishing(t, bin, vars, published, 3, 400*time.Millisecond, 800*time.Millisecond, 7)
 	b.waitRows(t, time.Minute, uint64(len(samples)), "SELECT sum(samples) FROM host_rollups")
 	time.Sleep(time.Second)
 	checkHostTotals(t, b.hostTotals(t), wantHost(samples))
