@@ -51,18 +51,39 @@ func (b *bed) rollupsStream(t *testing.T) []streamMsg {
 // watermark covers comes after it on the ROLLUPS stream (events published as they happen:
 // an event reaching the stream after the watermark passed its window is late by definition).
 func TestWatermarkFollowsPublishedRollups(t *testing.T) {
-	b := newBed(t)
-	startAggregator(t, b.env(envVars{"AGG_CONSUMER": "agg-a", "AGG_GPU": "false", "AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "100ms"}))
-	// Events as they happen, for six windows of 2 s.
-	var last time.Time
-	for end := time.Now().Add(12 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+	watermarkFollows(t, "rollup.tokens.", func(b *bed, now time.Time) {
 		var evs []events.RequestEvent
 		for range 5 {
-			evs = append(evs, events.RequestEvent{V: 1, EventID: events.NewEventID(), TS: time.Now().UTC().Add(-200 * time.Millisecond),
+			evs = append(evs, events.RequestEvent{V: 1, EventID: events.NewEventID(), TS: now,
 				Model: "m", Scene: "chat", Env: "prod", InputTokens: 10, OutputTokens: 5, TTFTMs: 20, TotalMs: 100, Status: events.StatusOK})
 		}
 		b.publish(t, evs)
-		last = evs[0].TS.Truncate(2 * time.Second).Add(2 * time.Second) // end of the last window
+	})
+}
+
+// TestWatermarkFollowsEngineRollups: engine rollups, which engine alerts and the TTFT alert's
+// engine cause read, are covered by the watermark as the token rollups are.
+func TestWatermarkFollowsEngineRollups(t *testing.T) {
+	watermarkFollows(t, "rollup.engine.", func(b *bed, now time.Time) {
+		ss := engineSamples(now, 2, 2)
+		for i := range ss {
+			ss[i].TS = now
+		}
+		b.publishEngine(t, ss)
+	})
+}
+
+// watermarkFollows publishes, with publish, messages as they happen for six windows of 2 s,
+// and checks that every window rollup on a subject starting with prefix is on ROLLUPS after a
+// watermark that covers its window, and that the watermark moves with them.
+func watermarkFollows(t *testing.T, prefix string, publish func(b *bed, now time.Time)) {
+	b := newBed(t)
+	startAggregator(t, b.env(envVars{"AGG_CONSUMER": "agg-a", "AGG_GPU": "false", "AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "100ms"}))
+	var last time.Time
+	for end := time.Now().Add(12 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		now := time.Now().UTC().Add(-200 * time.Millisecond)
+		publish(b, now)
+		last = now.Truncate(2 * time.Second).Add(2 * time.Second) // end of the last window
 	}
 	var msgs []streamMsg
 	deadline := time.Now().Add(time.Minute)
@@ -92,8 +113,12 @@ func TestWatermarkFollowsPublishedRollups(t *testing.T) {
 			}
 			covered = w.Through
 			marks = append(marks, w)
-		case strings.HasPrefix(m.subject, "rollup.tokens."):
-			var r events.TokenRollup
+		case strings.HasPrefix(m.subject, prefix):
+			var r struct {
+				WindowStart   time.Time `json:"window_start"`
+				WindowSeconds int       `json:"window_seconds"`
+				Kind          string    `json:"kind"`
+			}
 			if err := json.Unmarshal(m.data, &r); err != nil {
 				t.Fatal(err)
 			}

@@ -46,6 +46,7 @@ func NewEngine(ctx context.Context, o Options, cfg window.Config, d Deps) (*Pipe
 		subject:   func(r *events.EngineRollup) string { return events.EngineRollupSubject(r.Host) },
 		windowOf:  func(r *events.EngineRollup) (time.Time, string) { return r.WindowStart, r.Kind },
 		keyWeight: engineKeyWeight,
+		watermark: true, // engine alerts and the TTFT alert's engine cause read these rollups
 	})
 }
 
