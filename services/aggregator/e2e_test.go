@@ -161,14 +161,27 @@ func (b *bed) env(extra envVars) envVars {
 
 func (b *bed) publish(t testing.TB, evs []events.RequestEvent) {
 	t.Helper()
-	ctx := context.Background()
+	publishAll(t, b.js, evs, func(e *events.RequestEvent) (string, string, []byte, error) {
+		return events.RequestSubject(e.Env, e.Scene), e.EventID, events.AppendRequest(nil, e), nil
+	})
+}
+
+// publishAll publishes each of msgs on JetStream as message says (subject, message id, if not
+// empty, and data), a thousand acknowledgements awaited at a time, and waits for them all.
+func publishAll[M any](t testing.TB, js jetstream.JetStream, msgs []M, message func(*M) (subject, id string, data []byte, err error)) {
+	t.Helper()
 	var futures []jetstream.PubAckFuture
-	for i := range evs {
-		e := &evs[i]
-		msg := nats.NewMsg(events.RequestSubject(e.Env, e.Scene))
-		msg.Data = events.AppendRequest(nil, e)
-		msg.Header.Set(jetstream.MsgIDHeader, e.EventID)
-		f, err := b.js.PublishMsgAsync(msg)
+	for i := range msgs {
+		subject, id, data, err := message(&msgs[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := nats.NewMsg(subject)
+		msg.Data = data
+		if id != "" {
+			msg.Header.Set(jetstream.MsgIDHeader, id)
+		}
+		f, err := js.PublishMsgAsync(msg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -179,7 +192,6 @@ func (b *bed) publish(t testing.TB, evs []events.RequestEvent) {
 		}
 	}
 	waitAcks(t, futures)
-	_ = ctx
 }
 
 func (b *bed) publishRaw(t testing.TB, subject string, data []byte) {

@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/tokenscope/tokenscope/pkg/events"
 	"github.com/tokenscope/tokenscope/schemas"
 	"github.com/tokenscope/tokenscope/services/aggregator/internal/sink"
@@ -17,23 +15,10 @@ import (
 
 func (b *bed) publishEngine(t testing.TB, ss []events.EngineSample) {
 	t.Helper()
-	var futures []jetstream.PubAckFuture
-	for i := range ss {
-		data, err := events.MarshalEngineSample(&ss[i])
-		if err != nil {
-			t.Fatal(err)
-		}
-		f, err := b.js.PublishAsync(events.EngineSampleSubject(ss[i].Host), data)
-		if err != nil {
-			t.Fatal(err)
-		}
-		futures = append(futures, f)
-		if len(futures) == 1000 {
-			waitAcks(t, futures)
-			futures = futures[:0]
-		}
-	}
-	waitAcks(t, futures)
+	publishAll(t, b.js, ss, func(s *events.EngineSample) (string, string, []byte, error) {
+		data, err := events.MarshalEngineSample(s)
+		return events.EngineSampleSubject(s.Host), "", data, err
+	})
 }
 
 func fp(v float64) *float64 { return &v }

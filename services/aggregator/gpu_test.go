@@ -10,9 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/tokenscope/tokenscope/pkg/events"
 )
 
@@ -57,23 +54,10 @@ func gpuSamples(hosts []string, gpus int, base time.Time, n int) []events.GPUSam
 
 func (b *bed) publishGPU(t testing.TB, samples []events.GPUSample) {
 	t.Helper()
-	var futures []jetstream.PubAckFuture
-	for i := range samples {
-		s := &samples[i]
+	publishAll(t, b.js, samples, func(s *events.GPUSample) (string, string, []byte, error) {
 		data, err := json.Marshal(s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		msg := nats.NewMsg(events.GPUSampleSubject(s.Host))
-		msg.Data = data
-		msg.Header.Set(jetstream.MsgIDHeader, s.GPUUUID+"/"+events.FormatTS(s.TS))
-		f, err := b.js.PublishMsgAsync(msg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		futures = append(futures, f)
-	}
-	waitAcks(t, futures)
+		return events.GPUSampleSubject(s.Host), s.GPUUUID + "/" + events.FormatTS(s.TS), data, err
+	})
 }
 
 // gpuTotals are what the rollups of samples must add up to.

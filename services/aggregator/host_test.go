@@ -9,9 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/tokenscope/tokenscope/pkg/events"
 )
 
@@ -36,23 +33,10 @@ func hostSamples(hosts []string, base time.Time, n int) []events.HostSample {
 
 func (b *bed) publishHost(t testing.TB, samples []events.HostSample) {
 	t.Helper()
-	var futures []jetstream.PubAckFuture
-	for i := range samples {
-		s := &samples[i]
+	publishAll(t, b.js, samples, func(s *events.HostSample) (string, string, []byte, error) {
 		data, err := events.MarshalHostSample(s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		msg := nats.NewMsg(events.HostSampleSubject(s.Host))
-		msg.Data = data
-		msg.Header.Set(jetstream.MsgIDHeader, s.Host+"/host/"+events.FormatTS(s.TS))
-		f, err := b.js.PublishMsgAsync(msg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		futures = append(futures, f)
-	}
-	waitAcks(t, futures)
+		return events.HostSampleSubject(s.Host), s.Host + "/host/" + events.FormatTS(s.TS), data, err
+	})
 }
 
 // hostTotals are what the rollups of samples must add up to.
