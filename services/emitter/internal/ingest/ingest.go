@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -263,13 +264,13 @@ type batch struct {
 	res result
 
 	canon []byte // the event encoded by events.AppendRequest
-	arena []byte // payloads of events whose bytes were not already canonical
+	arena []byte // the published events' ids and payloads
 
 	env, scene, subject string // the last subject, reused while the labels repeat
 	fbSubject           string // subject under llm.feedback. for the same labels
 }
 
-// arenaChunk is the size of the blocks non-canonical payloads are copied into.
+// arenaChunk is the size of the blocks published ids and payloads are copied into.
 const arenaChunk = 64 << 10
 
 func (b *batch) item(i int, raw []byte) {
@@ -298,7 +299,8 @@ func (b *batch) request(raw []byte) (subject, msgID string, payload []byte, err 
 		return "", "", nil, err
 	}
 	b.canon = events.AppendRequest(b.canon[:0], &b.ev)
-	return b.subjectOf(b.ev.Env, b.ev.Scene), b.ev.EventID, b.payload(raw), nil
+	id, payload := b.payload(b.ev.EventID)
+	return b.subjectOf(b.ev.Env, b.ev.Scene), id, payload, nil
 }
 
 // feedback decodes and validates one feedback event; its subject is the request subject's
@@ -316,24 +318,22 @@ func (b *batch) feedback(raw []byte) (subject, msgID string, payload []byte, err
 	if fresh || b.fbSubject == "" {
 		b.fbSubject = "llm.feedback." + strings.TrimPrefix(subj, "llm.req.")
 	}
-	return b.fbSubject, b.fb.EventID, b.payload(raw), nil
+	id, payload := b.payload(b.fb.EventID)
+	return b.fbSubject, id, payload, nil
 }
 
-// payload returns the bytes to publish: raw itself when it is byte for byte the canonical
-// encoding in b.canon (what pkg/events writes, so a producer using it), so nothing is
-// copied, or the canonical encoding, so the stream holds one form whatever the client sent
-// (no unknown fields, no spacing, UTC timestamps). Either aliases memory nothing writes to
-// again.
-func (b *batch) payload(raw []byte) []byte {
-	if bytes.Equal(b.canon, raw) {
-		return raw[:len(raw):len(raw)]
-	}
-	if cap(b.arena)-len(b.arena) < len(b.canon) {
-		b.arena = make([]byte, 0, max(arenaChunk, len(b.canon)))
+// payload returns the bytes to publish: the canonical encoding in b.canon, so the stream
+// holds one form whatever the client sent (no unknown fields, no spacing, UTC timestamps),
+// copied with the event's id into the batch's arena. Neither aliases the body: what the
+// publisher holds while NATS is away is the events, never the bodies they came in, however
+// much else a body held. Both alias memory nothing writes to again.
+func (b *batch) payload(id string) (string, []byte) {
+	if n := len(id) + len(b.canon); cap(b.arena)-len(b.arena) < n {
+		b.arena = make([]byte, 0, max(arenaChunk, n))
 	}
 	start := len(b.arena)
-	b.arena = append(b.arena, b.canon...)
-	return b.arena[start:len(b.arena):len(b.arena)]
+	b.arena = append(append(b.arena, id...), b.canon...)
+	return unsafe.String(&b.arena[start], len(id)), b.arena[start+len(id) : len(b.arena) : len(b.arena)]
 }
 
 // subjectOf returns the subject to publish ev on. While the labels repeat the last subject

@@ -50,8 +50,8 @@ func post(h http.Handler, body string) (int, Answer) {
 	return rec.Code, a
 }
 
-// TestIngestPayload checks what is published: the client's bytes when they are already the
-// canonical encoding, else the canonical encoding, never a form only this client uses.
+// TestIngestPayload checks what is published is the canonical encoding, whatever form the
+// client sent, never a form only this client uses.
 func TestIngestPayload(t *testing.T) {
 	canonical := event("a")
 	tests := []struct{ name, body string }{
@@ -411,5 +411,50 @@ func TestIngestScores(t *testing.T) {
 	}
 	if want := withScores("a", `{"quality":0.8,"task_completed":1}`); len(pub.data) != 1 || string(pub.data[0]) != want {
 		t.Fatalf("published %q, want %s", pub.data, want)
+	}
+}
+
+// heldPub keeps what it is handed as it was handed, as the publisher's buffer does while
+// NATS is away.
+type heldPub struct {
+	ids  []string
+	data [][]byte
+}
+
+func (p *heldPub) Publish(_, id string, data []byte) bool {
+	p.ids, p.data = append(p.ids, id), append(p.data, data)
+	return true
+}
+
+// TestIngestHoldsNoBody: what is published while NATS is away holds the events, not the
+// bodies they came in. A body of one small event and megabytes beside it (padding, or
+// events that were rejected) is freed once its answer is sent, whatever the event's form.
+func TestIngestHoldsNoBody(t *testing.T) {
+	const bodies, pad = 8, 4 << 20
+	h := New(Options{MaxBytes: 16 << 20}, &heldPub{}, func() time.Time { return now }, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	pub := h.pub.(*heldPub)
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i := range bodies {
+		ev := event(fmt.Sprintf("held-%d", i))
+		body := ev + strings.Repeat(" ", pad) // one event and trailing spaces
+		if i%2 == 1 {
+			body = ev + "\n" + strings.Repeat("x", pad) // a canonical event and a bad line
+		}
+		if code, a := post(h, body); code != http.StatusAccepted || a.Accepted != 1 {
+			t.Fatalf("body %d: %d %+v", i, code, a)
+		}
+	}
+	var after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if grown := int64(after.HeapAlloc) - int64(before.HeapAlloc); grown > pad {
+		t.Fatalf("the heap holds %d bytes more for %d published events: the bodies they came in are still held", grown, len(pub.ids))
+	}
+	for i, id := range pub.ids {
+		if want := fmt.Sprintf("held-%d", i); id != want || !strings.Contains(string(pub.data[i]), want) {
+			t.Fatalf("message %d: id %q, data %s", i, id, pub.data[i])
+		}
 	}
 }
