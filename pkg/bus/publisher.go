@@ -19,6 +19,7 @@ import (
 // PublisherOptions tune a Publisher; zero values take the defaults.
 type PublisherOptions struct {
 	Buffer       int           // messages held, queued or unacknowledged, while NATS is slow or away (default 100,000)
+	BufferBytes  int64         // bytes those messages hold, subjects and ids included (default 128 MiB)
 	Batch        int           // messages published and not yet acknowledged at any time (default 4,096)
 	AckTimeout   time.Duration // how long to wait for JetStream's ack before publishing again (default 5s)
 	FlushTimeout time.Duration // how long Run keeps publishing after its context ends (default 5s)
@@ -54,15 +55,17 @@ type Publisher struct {
 	wake   chan struct{} // one token: the queue went from empty to not empty
 
 	mu      sync.Mutex
-	queue   fifo // published, not yet taken by Run
-	held    int  // queued, or taken by Run and not yet acknowledged or dropped
-	stopped bool // Run returned: Publish drops
+	queue   fifo  // published, not yet taken by Run
+	held    int   // queued, or taken by Run and not yet acknowledged or dropped
+	bytes   int64 // what the held messages hold (outMsg.size)
+	stopped bool  // Run returned: Publish drops
 
 	published prometheus.Counter
 	duplicate prometheus.Counter
 	dropped   prometheus.Counter
 	retried   prometheus.Counter
 	buffered  prometheus.GaugeFunc
+	bufBytes  prometheus.GaugeFunc
 }
 
 type outMsg struct {
@@ -70,10 +73,16 @@ type outMsg struct {
 	data        []byte
 }
 
+// size is what m counts against PublisherOptions.BufferBytes.
+func (m *outMsg) size() int64 { return int64(len(m.subject) + len(m.id) + len(m.data)) }
+
 // NewPublisher returns a Publisher on js's connection whose metrics are registered on reg.
 func NewPublisher(js Client, opts PublisherOptions, reg prometheus.Registerer, logger *slog.Logger) *Publisher {
 	if opts.Buffer <= 0 {
 		opts.Buffer = 100_000
+	}
+	if opts.BufferBytes <= 0 {
+		opts.BufferBytes = 128 << 20
 	}
 	if opts.Batch <= 0 {
 		opts.Batch = 4096
@@ -90,28 +99,33 @@ func NewPublisher(js Client, opts PublisherOptions, reg prometheus.Registerer, l
 	}
 	p.published = counter("published_total", "Messages JetStream acknowledged.")
 	p.duplicate = counter("published_duplicate_total", "Messages JetStream dropped as duplicates of an earlier Nats-Msg-Id (including a retry whose first attempt had landed unacknowledged).")
-	p.dropped = counter("publish_dropped_total", "Messages dropped because the publish buffer was full (NATS away too long), the service stopped before NATS took them, or NATS refuses them for good (over its payload limit).")
+	p.dropped = counter("publish_dropped_total", "Messages dropped because the publish buffer was full (NATS away too long: its messages or its bytes), the service stopped before NATS took them, or NATS refuses them for good (over its payload limit).")
 	p.retried = counter("publish_retried_total", "Publish attempts that failed or were not acknowledged in time, and were retried.")
 	p.buffered = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: opts.Namespace, Name: "publish_buffered_messages", Help: "Messages waiting to be published or acknowledged."},
 		func() float64 { return float64(p.Buffered()) })
+	p.bufBytes = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: opts.Namespace, Name: "publish_buffered_bytes", Help: "Bytes the messages waiting to be published or acknowledged hold."},
+		func() float64 { return float64(p.BufferedBytes()) })
 	if reg != nil {
-		reg.MustRegister(p.published, p.duplicate, p.dropped, p.retried, p.buffered)
+		reg.MustRegister(p.published, p.duplicate, p.dropped, p.retried, p.buffered, p.bufBytes)
 	}
 	return p
 }
 
 // Publish queues data for subject with msgID as its Nats-Msg-Id. It never blocks: it
-// returns false, and counts a drop, when the buffer is full or Run has returned. data must
-// not change afterwards.
+// returns false, and counts a drop, when the buffer is full (of messages or of bytes) or Run
+// has returned. data must not change afterwards, and the buffer holds no more than what it
+// counts only when subject, msgID and data share their memory with nothing larger.
 func (p *Publisher) Publish(subject, msgID string, data []byte) bool {
+	m := outMsg{subject: subject, id: msgID, data: data}
 	p.mu.Lock()
-	if p.stopped || p.held >= p.opts.Buffer {
+	if p.stopped || p.held >= p.opts.Buffer || p.bytes+m.size() > p.opts.BufferBytes {
 		p.mu.Unlock()
 		p.dropped.Inc()
 		return false
 	}
-	p.queue.push(outMsg{subject: subject, id: msgID, data: data})
+	p.queue.push(m)
 	p.held++
+	p.bytes += m.size()
 	first := p.queue.len() == 1
 	p.mu.Unlock()
 	if first {
@@ -128,6 +142,13 @@ func (p *Publisher) Buffered() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.held
+}
+
+// BufferedBytes returns what the messages waiting to be published or acknowledged hold.
+func (p *Publisher) BufferedBytes() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.bytes
 }
 
 // Run publishes until ctx ends, then keeps publishing what is held for up to FlushTimeout
@@ -199,6 +220,7 @@ func (p *Publisher) stop(abandoned int) int {
 	p.stopped = true
 	lost := p.queue.len() + abandoned
 	p.held -= lost
+	p.bytes = 0 // nothing is held any more, and nothing will be
 	p.queue.reset()
 	p.mu.Unlock()
 	p.dropped.Add(float64(lost))
@@ -219,7 +241,8 @@ type sender struct {
 	head     int
 	next     uint64 // token of the next publish; each attempt gets a new one
 
-	settled  int // acknowledged or dropped since the last settle
+	settled  int   // acknowledged or dropped since the last settle
+	freed    int64 // their bytes
 	backoff  time.Duration
 	until    time.Time // no publishing before it
 	failing  bool      // logged that publishing fails
@@ -289,6 +312,7 @@ func (s *sender) publish(m outMsg, now time.Time) {
 		// No retry can succeed: drop it, counted and said.
 		s.p.dropped.Inc()
 		s.settled++
+		s.freed += m.size()
 		s.p.logger.Warn("dropped a message NATS can never take", "subject", m.subject, "err", err)
 	default:
 		s.fail(m, now)
@@ -322,6 +346,7 @@ func (s *sender) ack(m *nats.Msg) {
 		s.p.published.Inc()
 	}
 	s.settled++
+	s.freed += f.m.size()
 	if s.failing && s.retry.len() == 0 {
 		s.p.logger.Info("publishing to NATS again")
 		s.failing, s.backoff = false, 0
@@ -433,8 +458,9 @@ func (s *sender) settle() {
 	}
 	s.p.mu.Lock()
 	s.p.held -= s.settled
+	s.p.bytes -= s.freed
 	s.p.mu.Unlock()
-	s.settled = 0
+	s.settled, s.freed = 0, 0
 }
 
 // abandon forgets everything Run holds and returns how many messages that was.

@@ -96,6 +96,9 @@ func metric(reg *prometheus.Registry, name string) float64 {
 	mfs, _ := reg.Gather()
 	for _, mf := range mfs {
 		if mf.GetName() == name {
+			if m := mf.GetMetric()[0]; m.GetGauge() != nil {
+				return m.GetGauge().GetValue()
+			}
 			return mf.GetMetric()[0].GetCounter().GetValue()
 		}
 	}
@@ -228,4 +231,43 @@ func startPublisher(t *testing.T, url string, opts bus.PublisherOptions, natsOpt
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx) }()
 	return p, js, reg, func() error { cancel(); return <-done }
+}
+
+// TestPublisherBufferBytes: while NATS is away the buffer takes messages until their bytes
+// reach BufferBytes, however few they are, and drops and counts the rest; once NATS takes
+// what was held its bytes are free again.
+func TestPublisherBufferBytes(t *testing.T) {
+	dir := t.TempDir()
+	srv := testbed.StartNATS(t, filepath.Join(dir, "js"), -1)
+	port := srv.Addr().(*net.TCPAddr).Port
+	p, js, reg, stop := startPublisher(t, srv.ClientURL(), bus.PublisherOptions{Buffer: 1000, BufferBytes: 10_000, Batch: 4, AckTimeout: 200 * time.Millisecond},
+		nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	defer func() { _ = stop() }()
+	if err := bus.EnsureStreams(t.Context(), js, bus.StreamLimits{MaxBytes: 64 << 20, DuplicateWindow: time.Minute, Replicas: 1}, events.StreamEvents); err != nil {
+		t.Fatal(err)
+	}
+	srv.Shutdown()
+	srv.WaitForShutdown()
+
+	data := make([]byte, 3000)
+	took := 0
+	for i := range 5 {
+		if p.Publish("llm.req.prod.chat", fmt.Sprint("id-", i), data) {
+			took++
+		}
+	}
+	// Each message holds 3,000 bytes of data, 17 of subject and 4 of id: three fit in 10,000.
+	if took != 3 || p.BufferedBytes() != 3*3021 || metric(reg, "t_publish_dropped_total") != 2 {
+		t.Fatalf("took %d, holding %d bytes, dropped %v", took, p.BufferedBytes(), metric(reg, "t_publish_dropped_total"))
+	}
+	if metric(reg, "t_publish_buffered_bytes") != 3*3021 {
+		t.Fatalf("publish_buffered_bytes %v", metric(reg, "t_publish_buffered_bytes"))
+	}
+
+	testbed.StartNATS(t, filepath.Join(dir, "js"), port)
+	waitFor(t, func() bool { return metric(reg, "t_published_total") == 3 })
+	waitFor(t, func() bool { return p.BufferedBytes() == 0 && p.Buffered() == 0 })
+	if !p.Publish("llm.req.prod.chat", "id-after", data) {
+		t.Fatal("the buffer's bytes were not freed once NATS took the messages")
+	}
 }
