@@ -639,7 +639,7 @@ func processRSS(pid int) (float64, bool) {
 // moves much less than events/s when other processes load the machine.
 // Run it with -benchtime=200x.
 func BenchmarkIngestNATS(b *testing.B) {
-	base, js, stop := serveRig(b, "EMITTER_PUBLISH_BUFFER=1000000")
+	base, js, stop := serveRig(b, "EMITTER_PUBLISH_BUFFER=1000000", "EMITTER_PUBLISH_BUFFER_BYTES=1073741824")
 	defer stop()
 	const batch = 1000
 	ts := time.Now().UTC().Format(events.TimeLayout)

@@ -47,6 +47,7 @@ type Config struct {
 	OTLPTenantKeys   []string `env:"EMITTER_OTLP_TENANT_KEYS" envSeparator:"," envDefault:"tokenscope.tenant"`
 
 	PublishBuffer int           `env:"EMITTER_PUBLISH_BUFFER" envDefault:"100000"`
+	PublishBytes  int64         `env:"EMITTER_PUBLISH_BUFFER_BYTES" envDefault:"134217728"`
 	PublishLinger time.Duration `env:"EMITTER_PUBLISH_LINGER" envDefault:"20ms"`
 	ShutdownGrace time.Duration `env:"EMITTER_SHUTDOWN_GRACE" envDefault:"30s"`
 }
@@ -106,6 +107,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("EMITTER_OTLP_MAX_BYTES=%d must be between 1024 and 1073741824", c.OTLPMaxBytes)
 	case c.PublishBuffer < 1:
 		return fmt.Errorf("EMITTER_PUBLISH_BUFFER=%d must be at least 1", c.PublishBuffer)
+	case c.PublishBytes < 1<<20:
+		return fmt.Errorf("EMITTER_PUBLISH_BUFFER_BYTES=%d must be at least 1048576", c.PublishBytes)
 	case c.PublishLinger < 0 || c.PublishLinger > time.Second:
 		return fmt.Errorf("EMITTER_PUBLISH_LINGER=%s must be between 0 and 1s", c.PublishLinger)
 	case c.ShutdownGrace <= 0:
@@ -133,7 +136,7 @@ func (c Config) otlpOptions(subjects *subject.Limit) otlp.Options {
 }
 
 func (c Config) publisherOptions() bus.PublisherOptions {
-	return bus.PublisherOptions{Buffer: c.PublishBuffer, Linger: c.PublishLinger}
+	return bus.PublisherOptions{Buffer: c.PublishBuffer, BufferBytes: c.PublishBytes, Linger: c.PublishLinger}
 }
 
 func (c Config) proxyConfig() proxy.Config {

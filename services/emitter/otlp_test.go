@@ -275,7 +275,7 @@ func TestOTLPNodeExporter(t *testing.T) {
 // Run it with -benchtime=200x.
 func BenchmarkOTLPIngestNATS(b *testing.B) {
 	httpAddr := freeAddr(b)
-	_, js, stop := serveRig(b, "EMITTER_PUBLISH_BUFFER=1000000", "EMITTER_OTLP_HTTP_ADDR="+httpAddr)
+	_, js, stop := serveRig(b, "EMITTER_PUBLISH_BUFFER=1000000", "EMITTER_PUBLISH_BUFFER_BYTES=1073741824", "EMITTER_OTLP_HTTP_ADDR="+httpAddr)
 	defer stop()
 	const batch = 1000
 	bodies := make([][]byte, b.N)

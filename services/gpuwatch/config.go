@@ -39,6 +39,8 @@ type Config struct {
 	// PublishBuffer is how many samples are held while NATS is away; older ones are kept
 	// and new ones dropped (and counted) once it is full.
 	PublishBuffer int `env:"GPUWATCH_PUBLISH_BUFFER" envDefault:"100000"`
+	// PublishBytes bounds the bytes those samples hold together.
+	PublishBytes int64 `env:"GPUWATCH_PUBLISH_BUFFER_BYTES" envDefault:"268435456"`
 	// Engines are the inference engines' Prometheus endpoints scraped on each tick:
 	// kind=URL or kind:name=URL, comma-separated, kind being vllm, sglang or tgi.
 	Engines string `env:"GPUWATCH_ENGINES"`
@@ -105,6 +107,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("GPUWATCH_RECHECK=%s must be positive", c.Recheck)
 	case c.PublishBuffer < 1:
 		return fmt.Errorf("GPUWATCH_PUBLISH_BUFFER=%d must be at least 1", c.PublishBuffer)
+	case c.PublishBytes < 1<<20:
+		return fmt.Errorf("GPUWATCH_PUBLISH_BUFFER_BYTES=%d must be at least 1048576", c.PublishBytes)
 	case c.HTTPAddr == "":
 		return errors.New("HTTP_ADDR is empty")
 	case c.EngineTimeout < 0 || c.EngineTimeout >= c.Interval:

@@ -98,7 +98,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return err
 	}
 
-	pub := bus.NewPublisher(js, bus.PublisherOptions{Buffer: cfg.PublishBuffer, Namespace: "gpuwatch", FlushTimeout: shutdownTimeout},
+	pub := bus.NewPublisher(js, bus.PublisherOptions{Buffer: cfg.PublishBuffer, BufferBytes: cfg.PublishBytes, Namespace: "gpuwatch", FlushTimeout: shutdownTimeout},
 		reg, logger.With("component", "publisher"))
 	exp := exporter.New()
 	reg.MustRegister(exp)

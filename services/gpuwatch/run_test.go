@@ -277,6 +277,7 @@ func TestRunStartErrors(t *testing.T) {
 		{"replay file missing", map[string]string{"GPUWATCH_SOURCE": "replay", "GPUWATCH_REPLAY_FILE": "/nonexistent.jsonl"},
 			"GPUWATCH_REPLAY_FILE=/nonexistent.jsonl cannot be read"},
 		{"PCIe too often", map[string]string{"GPUWATCH_PCIE_INTERVAL": "10ms"}, "GPUWATCH_PCIE_INTERVAL=10ms"},
+		{"tiny publish bytes", map[string]string{"GPUWATCH_PUBLISH_BUFFER_BYTES": "1000"}, "GPUWATCH_PUBLISH_BUFFER_BYTES=1000"},
 		{"bad log level", map[string]string{"GPUWATCH_LOG_LEVEL": "loud"}, "GPUWATCH_LOG_LEVEL"},
 		{"bad engine", map[string]string{"GPUWATCH_SOURCE": "synthetic", "GPUWATCH_ENGINES": "ollama=http://127.0.0.1:1/metrics"}, "GPUWATCH_ENGINES"},
 		{"engine timeout above interval", map[string]string{"GPUWATCH_SOURCE": "synthetic", "GPUWATCH_ENGINE_TIMEOUT": "2s"},
