@@ -74,6 +74,7 @@ func TestReadTraceErrors(t *testing.T) {
 		{"empty", "TIMESTAMP,ContextTokens,GeneratedTokens\n", "no requests"},
 		{"timestamp", "TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,1,2\n", "line 2"},
 		{"negative", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,-1,2\n", "line 2"},
+		{"huge", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,1000000000000,2\n", "from 0 to 100000000"},
 		{"columns", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,1\n", "line 2"},
 	}
 	for _, tt := range tests {

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
 )
 
 // Record is one request of a workload.
@@ -55,8 +57,8 @@ func ReadTrace(r io.Reader) ([]Record, error) {
 		}
 		in, err1 := strconv.ParseInt(strings.TrimSpace(rec[1]), 10, 64)
 		outTok, err2 := strconv.ParseInt(strings.TrimSpace(rec[2]), 10, 64)
-		if err1 != nil || err2 != nil || in < 0 || outTok < 0 {
-			return nil, fmt.Errorf("trace line %d: %w: token counts %q,%q must be non-negative integers", line, ErrBadTrace, rec[1], rec[2])
+		if err1 != nil || err2 != nil || in < 0 || outTok < 0 || in > events.MaxTokens || outTok > events.MaxTokens {
+			return nil, fmt.Errorf("trace line %d: %w: token counts %q,%q must be integers from 0 to %d", line, ErrBadTrace, rec[1], rec[2], events.MaxTokens)
 		}
 		if len(times) == 0 || ts.Before(first) {
 			first = ts
