@@ -63,8 +63,8 @@ func TestBodiesShareAMemoryBudget(t *testing.T) {
 		if ev := cap.next(t); ev.Model != unknownModel || ev.Status != events.StatusOK {
 			t.Fatalf("second event %+v", ev)
 		}
-		if n := testutil.ToFloat64(p.m.unparsed.WithLabelValues(unparsedMemory)); n != 1 {
-			t.Fatalf("unparsed{memory} = %v, want 1", n)
+		if n, refused := testutil.ToFloat64(p.m.unparsed.WithLabelValues(unparsedMemory)), testutil.ToFloat64(p.refused); n != 1 || refused != 1 {
+			t.Fatalf("unparsed{memory} = %v, request_bodies_refused{route=\"proxy\"} = %v, want 1", n, refused)
 		}
 
 		close(hold)
