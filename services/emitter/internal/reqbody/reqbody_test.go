@@ -70,3 +70,18 @@ func TestBudget(t *testing.T) {
 		t.Fatalf("%d held once released", b.Held())
 	}
 }
+
+// BenchmarkRead reads a 100 KiB body of declared length, growing from one chunk to it.
+func BenchmarkRead(b *testing.B) {
+	body := bytes.Repeat([]byte("b"), 100<<10)
+	budget := NewBudget(DefaultLimit, nil)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		buf, held, err := Read(bytes.NewReader(body), int64(len(body)), 1<<20, budget)
+		if err != nil || len(buf) != len(body) {
+			b.Fatal(err)
+		}
+		budget.Release(held)
+	}
+}
