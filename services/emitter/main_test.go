@@ -224,7 +224,9 @@ func TestServeProxyAndIngestIntoJetStream(t *testing.T) {
 	// The metrics show the proxy's and the publisher's counters. The second batch's
 	// duplicate acks may still be on their way once the stream holds six messages.
 	wants := []string{"emitter_proxy_inflight_streams 0", `emitter_proxy_rate_limited_total{provider="openai"} 0`,
-		"emitter_published_duplicate_total 5", "emitter_ingest_events_accepted_total 10"}
+		"emitter_published_duplicate_total 5", "emitter_ingest_events_accepted_total 10",
+		// Every body is answered: the budget they share holds nothing.
+		"emitter_request_body_bytes_held 0", `emitter_request_bodies_refused_total{route="otlp_grpc"} 0`}
 	var missing []string
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		mresp, err := http.Get(base + "/metrics")
