@@ -11,6 +11,7 @@ import (
 	"github.com/tokenscope/tokenscope/pkg/envconf"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/otlp"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/proxy"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/reqbody"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/subject"
 )
 
@@ -97,6 +98,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("EMITTER_MAX_SSE_EVENT_BYTES=%d must be at least 1024", c.MaxSSEEventBytes)
 	case c.IngestMaxBytes < 1024:
 		return fmt.Errorf("EMITTER_INGEST_MAX_BYTES=%d must be at least 1024", c.IngestMaxBytes)
+	case c.MaxParseMemory < c.IngestMaxBytes:
+		return fmt.Errorf("EMITTER_MAX_PARSE_MEMORY=%d must be at least EMITTER_INGEST_MAX_BYTES=%d", c.MaxParseMemory, c.IngestMaxBytes)
 	case c.OTLPHTTPAddr == "":
 		return errors.New("EMITTER_OTLP_HTTP_ADDR is empty (off turns the receiver off)")
 	case c.OTLPGRPCAddr == "":
@@ -105,6 +108,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("EMITTER_OTLP_HTTP_ADDR and EMITTER_OTLP_GRPC_ADDR are both %s", c.OTLPHTTPAddr)
 	case c.OTLPMaxBytes < 1024 || c.OTLPMaxBytes > 1<<30:
 		return fmt.Errorf("EMITTER_OTLP_MAX_BYTES=%d must be between 1024 and 1073741824", c.OTLPMaxBytes)
+	case (c.OTLPHTTPAddr != otlp.Off || c.OTLPGRPCAddr != otlp.Off) && c.MaxParseMemory < c.OTLPMaxBytes:
+		return fmt.Errorf("EMITTER_MAX_PARSE_MEMORY=%d must be at least EMITTER_OTLP_MAX_BYTES=%d", c.MaxParseMemory, c.OTLPMaxBytes)
 	case c.PublishBuffer < 1:
 		return fmt.Errorf("EMITTER_PUBLISH_BUFFER=%d must be at least 1", c.PublishBuffer)
 	case c.PublishBytes < 1<<20:
@@ -118,7 +123,7 @@ func (c Config) Validate() error {
 }
 
 // otlpOptions are the OTLP receivers' options; the ingest token applies to them too.
-func (c Config) otlpOptions(subjects *subject.Limit) otlp.Options {
+func (c Config) otlpOptions(subjects *subject.Limit, budget *reqbody.Budget) otlp.Options {
 	keys := func(ks []string) []string {
 		out := make([]string, 0, len(ks))
 		for _, k := range ks {
@@ -131,7 +136,7 @@ func (c Config) otlpOptions(subjects *subject.Limit) otlp.Options {
 	return otlp.Options{
 		Labels: otlp.Labels{Env: keys(c.OTLPEnvKeys), Scene: keys(c.OTLPSceneKeys), Instance: keys(c.OTLPInstanceKeys),
 			Tenant: keys(c.OTLPTenantKeys), DefaultEnv: c.DefaultEnv, DefaultScene: c.DefaultScene},
-		MaxBytes: c.OTLPMaxBytes, Token: c.IngestToken, Subjects: subjects,
+		MaxBytes: c.OTLPMaxBytes, Token: c.IngestToken, Subjects: subjects, Budget: budget,
 	}
 }
 
@@ -139,10 +144,10 @@ func (c Config) publisherOptions() bus.PublisherOptions {
 	return bus.PublisherOptions{Buffer: c.PublishBuffer, BufferBytes: c.PublishBytes, Linger: c.PublishLinger}
 }
 
-func (c Config) proxyConfig() proxy.Config {
+func (c Config) proxyConfig(budget *reqbody.Budget) proxy.Config {
 	up, _ := proxy.ParseUpstream(c.UpstreamURL)
 	routes, _ := proxy.ParseRoutes(c.Upstreams)
 	return proxy.Config{Upstream: up, Routes: routes, UpstreamTimeout: c.UpstreamTimeout, IdleTimeout: c.StreamIdleTimeout,
-		DefaultScene: c.DefaultScene, DefaultEnv: c.DefaultEnv, MaxParseBytes: c.MaxParseBytes, MaxParseMemory: c.MaxParseMemory, MaxLabels: c.MaxLabels,
+		DefaultScene: c.DefaultScene, DefaultEnv: c.DefaultEnv, MaxParseBytes: c.MaxParseBytes, Budget: budget, MaxLabels: c.MaxLabels,
 		MaxEventBytes: c.MaxSSEEventBytes, Loops: c.RelayLoops, ClientIdleTimeout: c.ClientIdleTimeout}
 }

@@ -44,6 +44,8 @@ func TestConfig(t *testing.T) {
 		{"zero client idle", "EMITTER_CLIENT_IDLE_TIMEOUT", "0s", "EMITTER_CLIENT_IDLE_TIMEOUT"},
 		{"parse memory under one body", "EMITTER_MAX_PARSE_MEMORY", "4096", "EMITTER_MAX_PARSE_MEMORY"},
 		{"tiny ingest", "EMITTER_INGEST_MAX_BYTES", "10", "EMITTER_INGEST_MAX_BYTES"},
+		{"ingest body over parse memory", "EMITTER_INGEST_MAX_BYTES", "1073741824", "EMITTER_MAX_PARSE_MEMORY=536870912 must be at least EMITTER_INGEST_MAX_BYTES"},
+		{"OTLP request over parse memory", "EMITTER_OTLP_MAX_BYTES", "1073741824", "EMITTER_MAX_PARSE_MEMORY=536870912 must be at least EMITTER_OTLP_MAX_BYTES"},
 		{"tiny SSE event limit", "EMITTER_MAX_SSE_EVENT_BYTES", "100", "EMITTER_MAX_SSE_EVENT_BYTES"},
 		{"no buffer", "EMITTER_PUBLISH_BUFFER", "0", "EMITTER_PUBLISH_BUFFER"},
 		{"tiny buffer bytes", "EMITTER_PUBLISH_BUFFER_BYTES", "1000", "EMITTER_PUBLISH_BUFFER_BYTES"},
@@ -223,7 +225,9 @@ func TestServeProxyAndIngestIntoJetStream(t *testing.T) {
 	// The metrics show the proxy's and the publisher's counters. The second batch's
 	// duplicate acks may still be on their way once the stream holds six messages.
 	wants := []string{"emitter_proxy_inflight_streams 0", `emitter_proxy_rate_limited_total{provider="openai"} 0`,
-		"emitter_published_duplicate_total 5", "emitter_ingest_events_accepted_total 10"}
+		"emitter_published_duplicate_total 5", "emitter_ingest_events_accepted_total 10",
+		// Every body is answered: the budget they share holds nothing.
+		"emitter_request_body_bytes_held 0", `emitter_request_bodies_refused_total{route="otlp_grpc"} 0`}
 	var missing []string
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		mresp, err := http.Get(base + "/metrics")

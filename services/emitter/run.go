@@ -20,6 +20,7 @@ import (
 	"github.com/tokenscope/tokenscope/services/emitter/internal/ingest"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/otlp"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/proxy"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/reqbody"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/subject"
 )
 
@@ -108,7 +109,10 @@ func serve(ctx context.Context, environ map[string]string, stderr io.Writer) err
 	// The proxy's events and the ingest's share one bound on the subjects they make.
 	subjects := subject.New(cfg.MaxSubjects, cfg.SubjectIdle, srv.Registry())
 	em := emit.New(pub, subjects, srv.Registry())
-	px := proxy.New(cfg.proxyConfig(), em, srv.Registry(), logger)
+	// Every request body held, the proxy's, the ingest's and the OTLP receivers', shares one
+	// budget of memory.
+	budget := reqbody.NewBudget(cfg.MaxParseMemory, srv.Registry())
+	px := proxy.New(cfg.proxyConfig(budget), em, srv.Registry(), logger)
 	defer px.Close()
 	px.Register(srv)
 	// Streams detached from net/http come back to it through the listener, and are waited
@@ -116,12 +120,12 @@ func serve(ctx context.Context, environ map[string]string, stderr io.Writer) err
 	srv.WrapListener(px.Listener)
 	srv.ConnContext(px.ConnContext)
 	srv.OnShutdown(px.Drain)
-	srv.Handle("POST /v1/events", ingest.New(ingest.Options{MaxBytes: cfg.IngestMaxBytes, Token: cfg.IngestToken, Subjects: subjects},
+	srv.Handle("POST /v1/events", ingest.New(ingest.Options{MaxBytes: cfg.IngestMaxBytes, Token: cfg.IngestToken, Subjects: subjects, Budget: budget},
 		pub, time.Now, srv.Registry(), logger))
-	srv.Handle("POST /v1/feedback", ingest.NewFeedback(ingest.Options{MaxBytes: cfg.IngestMaxBytes, Token: cfg.IngestToken, Subjects: subjects},
+	srv.Handle("POST /v1/feedback", ingest.NewFeedback(ingest.Options{MaxBytes: cfg.IngestMaxBytes, Token: cfg.IngestToken, Subjects: subjects, Budget: budget},
 		pub, time.Now, srv.Registry(), logger))
 
-	otlpSrv, err := otlp.New(cfg.otlpOptions(subjects), pub, time.Now, srv.Registry(), logger).
+	otlpSrv, err := otlp.New(cfg.otlpOptions(subjects, budget), pub, time.Now, srv.Registry(), logger).
 		Listen(cfg.OTLPHTTPAddr, cfg.OTLPGRPCAddr)
 	if err != nil {
 		return err

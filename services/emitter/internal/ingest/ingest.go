@@ -6,10 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -18,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/reqbody"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/subject"
 )
 
@@ -39,6 +38,9 @@ type Options struct {
 	MaxBytes int64          // largest body accepted; larger ones get 413
 	Token    string         // bearer token required when not empty
 	Subjects *subject.Limit // bounds the subjects published on; nil: one per env and scene
+	// Budget is the memory the bodies being handled take, shared with the process's other
+	// request bodies; a body that does not fit gets 503. nil: one of its own.
+	Budget *reqbody.Budget
 }
 
 // Handler serves POST /v1/events (request events) or POST /v1/feedback (feedback events):
@@ -53,6 +55,7 @@ type Handler struct {
 	batches  *prometheus.CounterVec
 	accepted prometheus.Counter
 	rejected *prometheus.CounterVec
+	refused  prometheus.Counter // bodies the budget had no room for
 }
 
 // New returns the handler of POST /v1/events, publishing request events through pub. now
@@ -72,7 +75,10 @@ func build(opts Options, pub Publisher, now func() time.Time, reg prometheus.Reg
 	if opts.MaxBytes <= 0 {
 		opts.MaxBytes = 16 << 20
 	}
-	h := &Handler{opts: opts, pub: pub, now: now, logger: logger.With("component", subsystem), decode: decode,
+	if opts.Budget == nil {
+		opts.Budget = reqbody.NewBudget(reqbody.DefaultLimit, nil)
+	}
+	h := &Handler{refused: opts.Budget.Refusals(subsystem), opts: opts, pub: pub, now: now, logger: logger.With("component", subsystem), decode: decode,
 		batches: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "emitter", Subsystem: subsystem, Name: "requests_total",
 			Help: route + " requests by HTTP status code."}, []string{"code"}),
 		accepted: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "emitter", Subsystem: subsystem, Name: "events_accepted_total",
@@ -119,17 +125,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			strconv.QuoteToASCII(cutString(enc, 64)))})
 		return
 	}
-	if r.ContentLength > h.opts.MaxBytes {
-		h.reply(w, http.StatusRequestEntityTooLarge, &Answer{Error: fmt.Sprintf("body of %d bytes is over the %d byte limit", r.ContentLength, h.opts.MaxBytes)})
+	body, held, err := reqbody.Read(r.Body, r.ContentLength, h.opts.MaxBytes, h.opts.Budget)
+	defer h.opts.Budget.Release(held)
+	switch {
+	case errors.Is(err, reqbody.ErrTooLarge):
+		h.reply(w, http.StatusRequestEntityTooLarge, &Answer{Error: fmt.Sprintf("body is over the %d byte limit", h.opts.MaxBytes)})
 		return
-	}
-	body, err := readBody(w, r, h.opts.MaxBytes)
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			h.reply(w, http.StatusRequestEntityTooLarge, &Answer{Error: fmt.Sprintf("body is over the %d byte limit", h.opts.MaxBytes)})
-			return
-		}
+	case errors.Is(err, reqbody.ErrBudgetFull):
+		h.refused.Inc()
+		w.Header().Set("Retry-After", "1")
+		h.reply(w, http.StatusServiceUnavailable, &Answer{Error: "the emitter is holding its limit of request bodies: send the request again"})
+		return
+	case err != nil:
 		h.reply(w, http.StatusBadRequest, &Answer{Error: "cannot read the body: " + err.Error()})
 		return
 	}
@@ -178,37 +185,6 @@ type result struct {
 	Answer
 	dropped int
 }
-
-// readBody reads the whole body. The buffer grows with what has arrived, from one chunk
-// up to the declared length, never to the declared length at once: a client declaring a
-// large body and sending little holds little. A body of at most one chunk is still one
-// allocation. The buffer is never reused: the published events alias it until NATS has
-// them.
-func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
-	body := http.MaxBytesReader(w, r.Body, limit)
-	n := r.ContentLength // the server reads no further than it
-	if n <= 0 {
-		return io.ReadAll(body)
-	}
-	buf := make([]byte, 0, min(n, readChunk))
-	for int64(len(buf)) < n {
-		if len(buf) == cap(buf) {
-			buf = slices.Grow(buf, int(min(n, 2*int64(cap(buf))))-len(buf))
-		}
-		m, err := body.Read(buf[len(buf):min(int64(cap(buf)), n)])
-		buf = buf[:len(buf)+m]
-		if err == io.EOF && int64(len(buf)) < n {
-			return nil, io.ErrUnexpectedEOF
-		}
-		if err != nil && err != io.EOF {
-			return nil, err
-		}
-	}
-	return buf, nil
-}
-
-// readChunk is the buffer a body starts in; it doubles as the body arrives.
-const readChunk = 64 << 10
 
 // ingest decodes the body (one event, an array, or NDJSON), validates each event and
 // publishes the valid ones.

@@ -25,19 +25,32 @@ func (r *Receiver) RegisterGRPC(s *grpc.Server) {
 	ptraceotlp.RegisterGRPCServer(s, &traceService{r: r})
 }
 
-// tapAuth refuses an RPC without the token before grpc-go reads its message (a
-// grpc.InTapHandle): a client without it cannot make the server read, decompress and hold
-// a message of up to EMITTER_OTLP_MAX_BYTES.
-func (r *Receiver) tapAuth(ctx context.Context, info *tap.Info) (context.Context, error) {
-	if r.opts.Token == "" {
-		return ctx, nil
+// tap runs before grpc-go reads an RPC's message (a grpc.InTapHandle). It refuses an RPC
+// without the token, so that a client without it cannot make the server read, decompress
+// and hold a message of up to EMITTER_OTLP_MAX_BYTES; and it takes that much from the
+// budget until the stream ends, refusing the RPC at once when there is no room: grpc-go
+// reads and decompresses the message before the handler could wait for memory. grpc-go
+// cancels the stream's context however the stream ends (answered, reset, its connection
+// gone), and the context the tap returns is the stream's.
+func (r *Receiver) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
+	if r.opts.Token != "" {
+		if auth := info.Header.Get("authorization"); len(auth) != 1 || !r.authorized(auth[0]) {
+			r.m.requests.WithLabelValues("grpc", codes.Unauthenticated.String()).Inc()
+			return ctx, status.Error(codes.Unauthenticated, "missing or wrong bearer token")
+		}
 	}
-	if auth := info.Header.Get("authorization"); len(auth) != 1 || !r.authorized(auth[0]) {
-		r.m.requests.WithLabelValues("grpc", codes.Unauthenticated.String()).Inc()
-		return ctx, status.Error(codes.Unauthenticated, "missing or wrong bearer token")
+	n := r.maxRecv()
+	if !r.opts.Budget.Reserve(n) {
+		r.m.refusedGRPC.Inc()
+		r.m.requests.WithLabelValues("grpc", codes.Unavailable.String()).Inc()
+		return ctx, status.Error(codes.Unavailable, errBusy)
 	}
+	context.AfterFunc(ctx, func() { r.opts.Budget.Release(n) })
 	return ctx, nil
 }
+
+// maxRecv is the largest message grpc-go reads, compressed or once decompressed.
+func (r *Receiver) maxRecv() int64 { return min(r.opts.MaxBytes, 1<<31-1) }
 
 // Export takes one ExportTraceServiceRequest. The token, when set, comes as
 // "authorization: Bearer <token>" metadata, as the exporters' headers option sends it.

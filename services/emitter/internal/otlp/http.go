@@ -5,19 +5,18 @@ import (
 	"compress/gzip"
 	"errors"
 	"fmt"
-	"io"
 	"mime"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 
 	"go.opentelemetry.io/collector/pdata/ptrace/ptraceotlp"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/tokenscope/tokenscope/services/emitter/internal/reqbody"
 )
 
 const (
@@ -25,8 +24,9 @@ const (
 	contentJSON  = "application/json"
 )
 
-// errTooLarge is a body over MaxBytes, compressed or once decompressed.
-var errTooLarge = errors.New("request too large")
+// errBusy is the message of a request refused because the request bodies held take their
+// memory budget; the client should send it again.
+const errBusy = "the emitter is holding its limit of request bodies (EMITTER_MAX_PARSE_MEMORY): send the request again"
 
 // ServeHTTP is OTLP/HTTP's POST /v1/traces: a binary protobuf or JSON
 // ExportTraceServiceRequest, gzip-compressed or not. The answer is an
@@ -51,19 +51,12 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			fmt.Sprintf("content encoding %s is not gzip", strconv.Quote(cut(enc, 64))))
 		return
 	}
-	if req.ContentLength > r.opts.MaxBytes {
-		r.fail(w, isJSON, http.StatusRequestEntityTooLarge, codes.InvalidArgument,
-			fmt.Sprintf("body of %d bytes is over the %d byte limit", req.ContentLength, r.opts.MaxBytes))
-		return
-	}
 	// The body is read before the request waits for its turn, as it arrives, so a client
 	// sending slowly holds what it has sent and delays no other; the slots bound what
-	// multiplies memory: decompressing and decoding.
-	raw, err := r.readBody(w, req)
-	if raw != nil {
-		// Nothing of the request outlives consume: the events are encoded apart.
-		defer putBody(raw)
-	}
+	// multiplies memory: decompressing and decoding. Nothing of the request outlives
+	// consume (the events are encoded apart): its memory goes back when it is answered.
+	raw, held, err := reqbody.Read(req.Body, req.ContentLength, r.opts.MaxBytes, r.opts.Budget)
+	defer r.opts.Budget.Release(held)
 	if err == nil {
 		select {
 		case r.slots <- struct{}{}:
@@ -74,14 +67,21 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	body := raw
 	if err == nil && enc == "gzip" {
-		body, err = r.gunzip(raw)
+		var zheld int64
+		body, zheld, err = r.gunzip(raw)
+		defer r.opts.Budget.Release(zheld)
 	}
-	if err != nil {
-		if errors.Is(err, errTooLarge) {
-			r.fail(w, isJSON, http.StatusRequestEntityTooLarge, codes.InvalidArgument,
-				fmt.Sprintf("body is over the %d byte limit", r.opts.MaxBytes))
-			return
-		}
+	switch {
+	case errors.Is(err, reqbody.ErrTooLarge):
+		r.fail(w, isJSON, http.StatusRequestEntityTooLarge, codes.InvalidArgument,
+			fmt.Sprintf("body is over the %d byte limit", r.opts.MaxBytes))
+		return
+	case errors.Is(err, reqbody.ErrBudgetFull):
+		r.m.refusedHTTP.Inc()
+		w.Header().Set("Retry-After", "1")
+		r.fail(w, isJSON, http.StatusServiceUnavailable, codes.Unavailable, errBusy)
+		return
+	case err != nil:
 		r.fail(w, isJSON, http.StatusBadRequest, codes.InvalidArgument, "cannot read the body: "+err.Error())
 		return
 	}
@@ -121,84 +121,15 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.write(w, isJSON, http.StatusOK, out)
 }
 
-// bodies holds the buffers of bodies of known length, up to maxPooled bytes, for reuse.
-var bodies sync.Pool
-
-const maxPooled = 4 << 20
-
-func putBody(b []byte) {
-	if cap(b) <= maxPooled {
-		bodies.Put(&b)
-	}
-}
-
-// readBody reads the body as sent, still compressed when it is, up to MaxBytes. The buffer
-// of a body of declared length comes from the pool when one there is large enough, and
-// otherwise grows with what arrives, from one chunk up to the declared length, never to it
-// at once; it may go back to the pool with putBody.
-func (r *Receiver) readBody(w http.ResponseWriter, req *http.Request) ([]byte, error) {
-	body := http.MaxBytesReader(w, req.Body, r.opts.MaxBytes)
-	n := req.ContentLength // the server reads no further than it
-	if n <= 0 {
-		return r.readAll(body)
-	}
-	var buf []byte
-	if p, ok := bodies.Get().(*[]byte); ok && int64(cap(*p)) >= n {
-		buf = (*p)[:0]
-	} else {
-		buf = make([]byte, 0, min(n, readChunk))
-	}
-	for int64(len(buf)) < n {
-		if len(buf) == cap(buf) {
-			buf = slices.Grow(buf, int(min(n, 2*int64(cap(buf))))-len(buf))
-		}
-		m, err := body.Read(buf[len(buf):min(int64(cap(buf)), n)])
-		buf = buf[:len(buf)+m]
-		if err == io.EOF && int64(len(buf)) < n {
-			err = io.ErrUnexpectedEOF
-		}
-		if err != nil && err != io.EOF {
-			putBody(buf)
-			return nil, tooLarge(err)
-		}
-	}
-	return buf, nil
-}
-
-// readChunk is the buffer a body of declared length starts in when the pool has none
-// large enough; it doubles as the body arrives.
-const readChunk = 64 << 10
-
-// gunzip decompresses a gzip body, up to MaxBytes.
-func (r *Receiver) gunzip(raw []byte) ([]byte, error) {
+// gunzip decompresses a gzip body, up to MaxBytes, in memory from the budget; held is what
+// the caller releases.
+func (r *Receiver) gunzip(raw []byte) (body []byte, held int64, err error) {
 	zr, err := gzip.NewReader(bytes.NewReader(raw))
 	if err != nil {
-		return nil, fmt.Errorf("cannot read gzip: %w", err)
+		return nil, 0, fmt.Errorf("cannot read gzip: %w", err)
 	}
 	defer zr.Close()
-	return r.readAll(zr)
-}
-
-// readAll reads body up to MaxBytes.
-func (r *Receiver) readAll(body io.Reader) ([]byte, error) {
-	limit := r.opts.MaxBytes
-	// One byte more than the limit tells a body at the limit from one over it.
-	buf, err := io.ReadAll(io.LimitReader(body, limit+1))
-	if err != nil {
-		return nil, tooLarge(err)
-	}
-	if int64(len(buf)) > limit {
-		return nil, errTooLarge
-	}
-	return buf, nil
-}
-
-func tooLarge(err error) error {
-	var mbe *http.MaxBytesError
-	if errors.As(err, &mbe) {
-		return errTooLarge
-	}
-	return err
+	return reqbody.Read(zr, -1, r.opts.MaxBytes, r.opts.Budget)
 }
 
 // fail answers with a google.rpc.Status, the body of every OTLP/HTTP failure.

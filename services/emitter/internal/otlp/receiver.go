@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/collector/pdata/ptrace"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/reqbody"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/subject"
 )
 
@@ -33,6 +34,11 @@ type Options struct {
 	MaxBytes int64          // largest request, compressed and decompressed; larger ones are refused
 	Token    string         // bearer token required when not empty
 	Subjects *subject.Limit // bounds the subjects published on; nil: one per env and scene
+	// Budget is the memory the requests being read and handled take, shared with the
+	// process's other request bodies: an HTTP body as it arrives and once decompressed, a
+	// gRPC message MaxBytes from before grpc-go reads it. A request that does not fit is
+	// refused as retryable (503, Unavailable). nil: one of its own.
+	Budget *reqbody.Budget
 }
 
 // Receiver turns exported spans into request events and publishes them. Its ServeHTTP is
@@ -54,6 +60,8 @@ type metrics struct {
 	accepted *prometheus.CounterVec
 	ignored  prometheus.Counter
 	rejected *prometheus.CounterVec
+
+	refusedHTTP, refusedGRPC prometheus.Counter // requests the budget had no room for
 }
 
 // New returns a receiver publishing through pub; now is the clock events are validated
@@ -61,6 +69,9 @@ type metrics struct {
 func New(opts Options, pub Publisher, now func() time.Time, reg prometheus.Registerer, logger *slog.Logger) *Receiver {
 	if opts.MaxBytes <= 0 {
 		opts.MaxBytes = 16 << 20
+	}
+	if opts.Budget == nil {
+		opts.Budget = reqbody.NewBudget(reqbody.DefaultLimit, nil)
 	}
 	r := &Receiver{opts: opts, pub: pub, now: now, logger: logger.With("component", "otlp"),
 		slots: make(chan struct{}, 2*runtime.GOMAXPROCS(0)),
@@ -73,6 +84,8 @@ func New(opts Options, pub Publisher, now func() time.Time, reg prometheus.Regis
 				Help: "Spans that are not one LLM request (neither an engine's llm_request nor a GenAI inference span)."}),
 			rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "otlp", Name: "spans_rejected_total",
 				Help: "LLM request spans rejected, by reason (validation reasons, or dropped when the publish buffer is full)."}, []string{"reason"}),
+			refusedHTTP: opts.Budget.Refusals("otlp_http"),
+			refusedGRPC: opts.Budget.Refusals("otlp_grpc"),
 		},
 	}
 	for _, code := range []string{"200", "400", "401", "413", "415", "503"} {

@@ -77,9 +77,9 @@ func (s *Server) Run(ctx context.Context, grace time.Duration) error {
 	}
 	var gs *grpc.Server
 	if s.grpcLn != nil {
-		gs = grpc.NewServer(grpc.MaxRecvMsgSize(int(min(s.r.opts.MaxBytes, 1<<31-1))),
+		gs = grpc.NewServer(grpc.MaxRecvMsgSize(int(s.r.maxRecv())),
 			grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: s.idle}),
-			grpc.InTapHandle(s.r.tapAuth))
+			grpc.InTapHandle(s.r.tap))
 		s.r.RegisterGRPC(gs)
 		go func() { errc <- fmt.Errorf("OTLP/gRPC server on %s stopped: %w", s.GRPCAddr(), gs.Serve(s.grpcLn)) }()
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/tokenscope/tokenscope/pkg/events"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/fakellm"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/reqbody"
 )
 
 // TestBodiesShareAMemoryBudget: request bodies held in memory until their upstream answers
@@ -37,7 +38,7 @@ func TestBodiesShareAMemoryBudget(t *testing.T) {
 			fake.ServeHTTP(w, r)
 		}))
 		defer up.Close()
-		p, cap, _ := newTestProxy(t, up.URL+"/v1", func(c *Config) { c.MaxParseBytes = 32 << 10; c.MaxParseMemory = 40 << 10 })
+		p, cap, _ := newTestProxy(t, up.URL+"/v1", func(c *Config) { c.MaxParseBytes = 32 << 10; c.Budget = reqbody.NewBudget(40<<10, nil) })
 		r := &rig{proxy: serveProxy(t, p, nil, nil), p: p, cap: cap}
 		if transport {
 			r.viaTransport()
@@ -48,8 +49,8 @@ func TestBodiesShareAMemoryBudget(t *testing.T) {
 		go func() { first <- call(t, r.proxy.URL, chatPath, body, map[string]string{"X-Test-Hold": "1"}) }()
 		<-holding // the first body is held: the upstream has not answered
 		<-got
-		if held := testutil.ToFloat64(p.m.bodyBytes); held < 30<<10 {
-			t.Fatalf("request_body_bytes = %v while a 30 KiB body waits for its upstream", held)
+		if held := p.cfg.Budget.Held(); held < 30<<10 {
+			t.Fatalf("%d bytes held while a 30 KiB body waits for its upstream", held)
 		}
 
 		// No room beside it: forwarded unread, whole.
@@ -62,8 +63,8 @@ func TestBodiesShareAMemoryBudget(t *testing.T) {
 		if ev := cap.next(t); ev.Model != unknownModel || ev.Status != events.StatusOK {
 			t.Fatalf("second event %+v", ev)
 		}
-		if n := testutil.ToFloat64(p.m.unparsed.WithLabelValues(unparsedMemory)); n != 1 {
-			t.Fatalf("unparsed{memory} = %v, want 1", n)
+		if n, refused := testutil.ToFloat64(p.m.unparsed.WithLabelValues(unparsedMemory)), testutil.ToFloat64(p.refused); n != 1 || refused != 1 {
+			t.Fatalf("unparsed{memory} = %v, request_bodies_refused{route=\"proxy\"} = %v, want 1", n, refused)
 		}
 
 		close(hold)
@@ -73,8 +74,8 @@ func TestBodiesShareAMemoryBudget(t *testing.T) {
 		if ev := cap.next(t); ev.Model != "gpt-4o" {
 			t.Fatalf("first event %+v", ev)
 		}
-		if held := testutil.ToFloat64(p.m.bodyBytes); held != 0 || p.bodies.Load() != 0 {
-			t.Fatalf("request_body_bytes = %v (%d) once every upstream answered", held, p.bodies.Load())
+		if held := p.cfg.Budget.Held(); held != 0 {
+			t.Fatalf("%d bytes held once every upstream answered", held)
 		}
 		// The memory is back: the next body is read.
 		if via := call(t, r.proxy.URL, chatPath, body, nil); via.status != 200 {
@@ -120,14 +121,14 @@ func TestBodyBudgetReleasedOnEveryPath(t *testing.T) {
 	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{\"model\":", chatPath)
 	time.Sleep(50 * time.Millisecond)
 	conn.Close()
-	waitFor(t, "the broken body's memory back", func() bool { return r.p.bodies.Load() == 0 })
+	waitFor(t, "the broken body's memory back", func() bool { return r.p.cfg.Budget.Held() == 0 })
 	// An upstream that is gone.
 	r.fake.Close()
 	if via := call(t, r.proxy.URL, chatPath, chatBody(false, ""), nil); via.status != http.StatusBadGateway {
 		t.Fatalf("upstream gone: %d", via.status)
 	}
 	r.cap.next(t)
-	if r.p.bodies.Load() != 0 || testutil.ToFloat64(r.p.m.bodyBytes) != 0 {
-		t.Fatalf("%d bytes still held", r.p.bodies.Load())
+	if held := r.p.cfg.Budget.Held(); held != 0 {
+		t.Fatalf("%d bytes still held", held)
 	}
 }

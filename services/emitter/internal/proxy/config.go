@@ -5,6 +5,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/tokenscope/tokenscope/services/emitter/internal/reqbody"
 )
 
 // Route sends models whose name starts with Prefix to URL.
@@ -22,20 +24,18 @@ type Config struct {
 	DefaultScene    string
 	DefaultEnv      string
 	MaxParseBytes   int64 // request bodies larger than this pass through unread
-	// MaxParseMemory bounds the memory all request bodies being read and sent upstream hold
-	// together; a body that would take more passes through unread. 0: DefaultMaxParseMemory.
-	MaxParseMemory int64
-	MaxLabels      int // distinct model values in metric labels before folding into "other"
-	MaxEventBytes  int // the longest SSE event the meter reads; a longer one passes through unread
-	Loops          int // relay loops (Linux); 0: GOMAXPROCS
+	// Budget is the memory request bodies read and held until their upstream answers take,
+	// shared with the process's other request bodies; a body that does not fit passes
+	// through unread. nil: one of reqbody.DefaultLimit of its own.
+	Budget        *reqbody.Budget
+	MaxLabels     int // distinct model values in metric labels before folding into "other"
+	MaxEventBytes int // the longest SSE event the meter reads; a longer one passes through unread
+	Loops         int // relay loops (Linux); 0: GOMAXPROCS
 	// ClientIdleTimeout closes a kept-alive client connection given back after a detached
 	// stream once it waited that long for its next request; 0: DefaultClientIdleTimeout.
 	// The HTTP server's own http.Server.IdleTimeout should be the same.
 	ClientIdleTimeout time.Duration
 }
-
-// DefaultMaxParseMemory is Config.MaxParseMemory's default.
-const DefaultMaxParseMemory = 512 << 20
 
 // DefaultClientIdleTimeout is Config.ClientIdleTimeout's default.
 const DefaultClientIdleTimeout = 2 * time.Minute

@@ -24,14 +24,13 @@ type metrics struct {
 	refused     *prometheus.CounterVec
 	framing     *prometheus.CounterVec
 	unparsed    *prometheus.CounterVec
-	bodyBytes   prometheus.Gauge
 	models      *ops.Limiter
 }
 
 // Why a request body was forwarded unread (emitter_proxy_unparsed_bodies_total).
 const (
 	unparsedTooLarge = "too_large" // over EMITTER_MAX_PARSE_BYTES
-	unparsedMemory   = "memory"    // the bodies being read already hold EMITTER_MAX_PARSE_MEMORY
+	unparsedMemory   = "memory"    // the request bodies held already take EMITTER_MAX_PARSE_MEMORY
 )
 
 // labelIdle is how long a model label must go unseen before a new model may take its place.
@@ -67,9 +66,7 @@ func newMetrics(reg prometheus.Registerer, maxLabels int) *metrics {
 		framing: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "ambiguous_framing_total",
 			Help: "Request heads whose framing a server and a proxy in front could read differently, by problem: their connection is closed after the answer (transfer_encoding_http10: refused with 400)."}, []string{"problem"}),
 		unparsed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "unparsed_bodies_total",
-			Help: "Request bodies forwarded upstream unread (model unknown, tokens estimated), by reason: too_large (over EMITTER_MAX_PARSE_BYTES) or memory (the bodies in memory already held EMITTER_MAX_PARSE_MEMORY)."}, []string{"reason"}),
-		bodyBytes: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "emitter", Subsystem: "proxy", Name: "request_body_bytes",
-			Help: "Memory held for request bodies read to be measured, until their upstream answers: at most EMITTER_MAX_PARSE_MEMORY."}),
+			Help: "Request bodies forwarded upstream unread (model unknown, tokens estimated), by reason: too_large (over EMITTER_MAX_PARSE_BYTES) or memory (the request bodies held, proxy, ingest and OTLP, already took EMITTER_MAX_PARSE_MEMORY)."}, []string{"reason"}),
 	}
 	// A model unseen for labelIdle gives its place to a new one once maxLabels are in use,
 	// and its series go, so /metrics never holds more than maxLabels models.
@@ -90,7 +87,7 @@ func newMetrics(reg prometheus.Registerer, maxLabels int) *metrics {
 		m.rateLimited.WithLabelValues(p)
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.rateLimited, m.inflight, m.streams, m.detached, m.detaches, m.parked, m.clientWaits, m.ttft, m.passthrough, m.overflows, m.refused, m.framing, m.unparsed, m.bodyBytes)
+		reg.MustRegister(m.requests, m.rateLimited, m.inflight, m.streams, m.detached, m.detaches, m.parked, m.clientWaits, m.ttft, m.passthrough, m.overflows, m.refused, m.framing, m.unparsed)
 	}
 	return m
 }

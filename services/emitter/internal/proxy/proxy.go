@@ -20,6 +20,7 @@ import (
 
 	"github.com/tokenscope/tokenscope/pkg/events"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/meter"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/reqbody"
 )
 
 // Label headers: the app names the scene, env, tenant and conversation of a request; they
@@ -65,7 +66,7 @@ type Proxy struct {
 	bufs      sync.Pool
 	meters    sync.Pool
 	gzips     sync.Pool
-	bodies    atomic.Int64 // bytes held for request bodies (readBody), at most cfg.MaxParseMemory
+	refused   prometheus.Counter // bodies the budget had no room for
 
 	// Set by Listener, before serving: streams are detached from net/http (detach.go).
 	detachAfter  time.Duration
@@ -85,8 +86,8 @@ func New(cfg Config, emit Emitter, reg prometheus.Registerer, logger *slog.Logge
 	if cfg.MaxParseBytes <= 0 {
 		cfg.MaxParseBytes = 32 << 20
 	}
-	if cfg.MaxParseMemory <= 0 {
-		cfg.MaxParseMemory = DefaultMaxParseMemory
+	if cfg.Budget == nil {
+		cfg.Budget = reqbody.NewBudget(reqbody.DefaultLimit, nil)
 	}
 	if cfg.MaxEventBytes <= 0 {
 		cfg.MaxEventBytes = meter.DefaultMaxEvent
@@ -111,7 +112,7 @@ func New(cfg Config, emit Emitter, reg prometheus.Registerer, logger *slog.Logge
 	}
 	p := &Proxy{cfg: cfg, transport: t, h1: newH1(1024, 90*time.Second), dialable: map[*url.URL]bool{},
 		emit: emit, logger: logger.With("component", "proxy"), m: newMetrics(reg, cfg.MaxLabels),
-		detachAfter: detachAfter, parkAfter: parkAfter}
+		refused: cfg.Budget.Refusals("proxy"), detachAfter: detachAfter, parkAfter: parkAfter}
 	for _, u := range append([]*url.URL{cfg.Upstream}, routeURLs(cfg.Routes)...) {
 		if u != nil {
 			p.dialable[u] = canDial(u)
@@ -204,69 +205,24 @@ func (p *Proxy) readBody(r *http.Request) (head []byte, rest io.Reader, held int
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil, 0, nil
 	}
-	if r.ContentLength > p.cfg.MaxParseBytes {
+	buf, held, err := reqbody.Read(r.Body, r.ContentLength, p.cfg.MaxParseBytes, p.cfg.Budget)
+	switch {
+	case err == nil:
+		return buf, nil, held, nil
+	case errors.Is(err, reqbody.ErrTooLarge):
 		p.m.unparsed.WithLabelValues(unparsedTooLarge).Inc()
-		return nil, r.Body, 0, nil
-	}
-	// A claimed length is trusted up to 1 MiB: past it the buffer grows as the bytes come.
-	size := r.ContentLength
-	if size < 0 || size > 1<<20 {
-		size = 64 << 10
-	}
-	if !p.reserve(size + 1) {
+	case errors.Is(err, reqbody.ErrBudgetFull):
 		p.m.unparsed.WithLabelValues(unparsedMemory).Inc()
-		return nil, r.Body, 0, nil
+		p.refused.Inc()
+	default:
+		p.cfg.Budget.Release(held)
+		return nil, nil, 0, err
 	}
-	held = size + 1
-	buf := make([]byte, 0, held)
-	for {
-		if len(buf) == cap(buf) {
-			if int64(len(buf)) > p.cfg.MaxParseBytes {
-				p.m.unparsed.WithLabelValues(unparsedTooLarge).Inc()
-				return nil, io.MultiReader(bytes.NewReader(buf), r.Body), held, nil
-			}
-			grow := min(2*int64(cap(buf)), p.cfg.MaxParseBytes+1) - int64(cap(buf))
-			if !p.reserve(grow) {
-				p.m.unparsed.WithLabelValues(unparsedMemory).Inc()
-				return nil, io.MultiReader(bytes.NewReader(buf), r.Body), held, nil
-			}
-			held += grow
-			buf = append(make([]byte, 0, int64(cap(buf))+grow), buf...)
-		}
-		n, rerr := r.Body.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if rerr == io.EOF {
-			break
-		}
-		if rerr != nil {
-			p.release(held)
-			return nil, nil, 0, rerr
-		}
+	rest = r.Body
+	if len(buf) > 0 {
+		rest = io.MultiReader(bytes.NewReader(buf), r.Body)
 	}
-	if int64(len(buf)) > p.cfg.MaxParseBytes {
-		p.m.unparsed.WithLabelValues(unparsedTooLarge).Inc()
-		return nil, bytes.NewReader(buf), held, nil
-	}
-	return buf, nil, held, nil
-}
-
-// reserve takes n bytes from the request bodies' budget; it reports false, taking nothing,
-// when they do not fit.
-func (p *Proxy) reserve(n int64) bool {
-	if p.bodies.Add(n) > p.cfg.MaxParseMemory {
-		p.bodies.Add(-n)
-		return false
-	}
-	p.m.bodyBytes.Add(float64(n))
-	return true
-}
-
-// release gives n bytes back to the request bodies' budget.
-func (p *Proxy) release(n int64) {
-	if n > 0 {
-		p.bodies.Add(-n)
-		p.m.bodyBytes.Sub(float64(n))
-	}
+	return nil, rest, held, nil
 }
 
 // exchange is one request on its way through.
@@ -481,7 +437,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	}
 	// The upstream has the body: an open stream need not keep it.
 	x.body, x.rest = nil, nil
-	p.release(x.held)
+	p.cfg.Budget.Release(x.held)
 	x.held = 0
 	if err == nil && !c.dog.answer(time.Now()) {
 		// The timeout fired as the headers arrived: it wins, the late response is dropped.
