@@ -205,3 +205,43 @@ func TestConnLimitListener(t *testing.T) {
 		t.Fatal("a place was freed, but the next connection was not accepted")
 	}
 }
+
+// BenchmarkLimitedConn: requests on one kept-alive connection, through a ConnLimit's listener
+// and not: the limit works per connection, so both cost the same per request.
+func BenchmarkLimitedConn(b *testing.B) {
+	for _, limited := range []bool{false, true} {
+		b.Run(map[bool]string{false: "unlimited", true: "limited"}[limited], func(b *testing.B) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			if limited {
+				ln = ops.NewConnLimit(10, "bench", prometheus.NewRegistry()).HTTPListener(ln, "http")
+			}
+			srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				_, _ = w.Write([]byte("ok\n"))
+			})}
+			go func() { _ = srv.Serve(ln) }()
+			defer srv.Close()
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer c.Close()
+			br := bufio.NewReader(c)
+			req := []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := c.Write(req); err != nil {
+					b.Fatal(err)
+				}
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+}
