@@ -32,6 +32,7 @@ type Server struct {
 
 	idle       time.Duration
 	ln         net.Listener
+	conns      *ConnLimit
 	wrap       func(net.Listener) net.Listener
 	connCtx    func(context.Context, net.Conn) context.Context
 	onShutdown []func(ctx context.Context) error
@@ -103,6 +104,14 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(map[string]any{"ready": true})
 }
 
+// LimitConns bounds the connections Run serves at once (NewConnLimit), as the listener
+// "http"; without it Run serves any number.
+func (s *Server) LimitConns(l *ConnLimit) {
+	l.open.WithLabelValues("http")
+	l.refusals.WithLabelValues("http")
+	s.conns = l
+}
+
 // WrapListener makes Run serve the connections that wrap(listener) accepts: for a service
 // that takes connections over from the HTTP server and gives them back (the emitter's proxy).
 func (s *Server) WrapListener(wrap func(net.Listener) net.Listener) { s.wrap = wrap }
@@ -152,6 +161,9 @@ func (s *Server) Run(ctx context.Context, grace time.Duration) error {
 	}
 	srv := &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: s.idle, ConnContext: s.connCtx}
 	ln := s.ln
+	if s.conns != nil {
+		ln = s.conns.HTTPListener(ln, "http") // under wrap: a connection it took over still holds its place
+	}
 	if s.wrap != nil {
 		ln = s.wrap(ln)
 	}

@@ -38,6 +38,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	buckets, _ := events.ParseBuckets(cfg.Agg.Buckets)
 
 	srv := ops.NewServer(cfg.HTTPAddr, logger)
+	srv.LimitConns(ops.NewConnLimit(ops.DefaultMaxConns, "aggregator", srv.Registry())) // probes and scrapes need a handful
 	if err := srv.Listen(); err != nil {
 		return err
 	}

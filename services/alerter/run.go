@@ -51,6 +51,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 
 	srv := ops.NewServer(cfg.HTTPAddr, logger)
+	srv.LimitConns(ops.NewConnLimit(ops.DefaultMaxConns, "alerter", srv.Registry())) // probes and scrapes need a handful
 	if err := srv.Listen(); err != nil {
 		return err
 	}

@@ -26,6 +26,7 @@ type Config struct {
 	UpstreamTimeout   time.Duration `env:"EMITTER_UPSTREAM_TIMEOUT" envDefault:"600s"`
 	StreamIdleTimeout time.Duration `env:"EMITTER_STREAM_IDLE_TIMEOUT" envDefault:"60s"`
 	ClientIdleTimeout time.Duration `env:"EMITTER_CLIENT_IDLE_TIMEOUT" envDefault:"2m"`
+	MaxConnections    int           `env:"EMITTER_MAX_CONNECTIONS" envDefault:"10000"`
 	DefaultScene      string        `env:"EMITTER_DEFAULT_SCENE" envDefault:"default"`
 	DefaultEnv        string        `env:"EMITTER_DEFAULT_ENV" envDefault:"dev"`
 	MaxParseBytes     int64         `env:"EMITTER_MAX_PARSE_BYTES" envDefault:"33554432"`
@@ -78,6 +79,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("EMITTER_STREAM_IDLE_TIMEOUT=%s must be positive", c.StreamIdleTimeout)
 	case c.ClientIdleTimeout <= 0:
 		return fmt.Errorf("EMITTER_CLIENT_IDLE_TIMEOUT=%s must be positive", c.ClientIdleTimeout)
+	case c.MaxConnections < 1:
+		return fmt.Errorf("EMITTER_MAX_CONNECTIONS=%d must be at least 1", c.MaxConnections)
 	case c.DefaultScene == "":
 		return errors.New("EMITTER_DEFAULT_SCENE is empty")
 	case c.DefaultEnv == "":

@@ -42,6 +42,7 @@ func TestConfig(t *testing.T) {
 		{"negative idle", "EMITTER_STREAM_IDLE_TIMEOUT", "-1s", "EMITTER_STREAM_IDLE_TIMEOUT"},
 		{"not a duration", "EMITTER_STREAM_IDLE_TIMEOUT", "soon", "EMITTER_STREAM_IDLE_TIMEOUT"},
 		{"zero client idle", "EMITTER_CLIENT_IDLE_TIMEOUT", "0s", "EMITTER_CLIENT_IDLE_TIMEOUT"},
+		{"no connections", "EMITTER_MAX_CONNECTIONS", "0", "EMITTER_MAX_CONNECTIONS"},
 		{"parse memory under one body", "EMITTER_MAX_PARSE_MEMORY", "4096", "EMITTER_MAX_PARSE_MEMORY"},
 		{"tiny ingest", "EMITTER_INGEST_MAX_BYTES", "10", "EMITTER_INGEST_MAX_BYTES"},
 		{"ingest body over parse memory", "EMITTER_INGEST_MAX_BYTES", "1073741824", "EMITTER_MAX_PARSE_MEMORY=536870912 must be at least EMITTER_INGEST_MAX_BYTES"},

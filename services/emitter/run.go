@@ -98,6 +98,10 @@ func serve(ctx context.Context, environ map[string]string, stderr io.Writer) err
 	logger := newLogger(stderr, cfg.LogLevel)
 	srv := ops.NewServer(cfg.HTTPAddr, logger)
 	srv.SetIdleTimeout(cfg.ClientIdleTimeout)
+	// One count over HTTP_ADDR and the OTLP receivers: they share the process's memory and
+	// descriptors.
+	conns := ops.NewConnLimit(cfg.MaxConnections, "emitter", srv.Registry())
+	srv.LimitConns(conns)
 	if err := srv.Listen(); err != nil {
 		return err
 	}
@@ -130,6 +134,7 @@ func serve(ctx context.Context, environ map[string]string, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	otlpSrv.LimitConns(conns)
 
 	logger.Info("serving", "addr", srv.Addr(), "otlp_http", otlpSrv.HTTPAddr(), "otlp_grpc", otlpSrv.GRPCAddr(),
 		"upstream", cfg.UpstreamURL, "nats", nc.ConnectedUrlRedacted())

@@ -50,6 +50,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	logger := ops.NewLogger(stdout, level, "gpuwatch")
 
 	srv := ops.NewServer(cfg.HTTPAddr, logger.With("component", "http"))
+	srv.LimitConns(ops.NewConnLimit(ops.DefaultMaxConns, "gpuwatch", srv.Registry())) // probes and scrapes need a handful
 	reg := srv.Registry()
 
 	// The source first: without NVML there is nothing to do, and saying so beats a NATS error.

@@ -51,6 +51,18 @@ func (r *Receiver) Listen(httpAddr, grpcAddr string) (*Server, error) {
 	return s, nil
 }
 
+// LimitConns counts the receivers' connections in l, under the listener labels otlp_http
+// and otlp_grpc: past the limit a new one gets 503 on HTTP, and is closed on gRPC (the
+// exporter retries with its backoff). Call it before Run.
+func (s *Server) LimitConns(l *ops.ConnLimit) {
+	if s.httpLn != nil {
+		s.httpLn = l.HTTPListener(s.httpLn, "otlp_http")
+	}
+	if s.grpcLn != nil {
+		s.grpcLn = l.Listener(s.grpcLn, "otlp_grpc")
+	}
+}
+
 // HTTPAddr and GRPCAddr return the bound addresses, "" for a receiver that is off.
 func (s *Server) HTTPAddr() string { return addr(s.httpLn) }
 
