@@ -344,6 +344,13 @@ func (in *Intake) Add(m jetstream.Msg, now time.Time) {
 		in.skip(m, reasonSubject)
 		return
 	}
+	if ahead := start.Sub(now); ahead > maxAhead {
+		// Evaluated, it would make every window before it late, and so would its checkpoint
+		// after a restart.
+		in.reject(m, reasonInvalid, fmt.Errorf("%w: window_start %s is %s ahead of the clock (at most %s)",
+			errInvalidRollup, start.UTC().Format(time.RFC3339), ahead.Round(time.Second), maxAhead))
+		return
+	}
 	seq, again := in.position(m)
 	switch {
 	case start.After(in.last):
@@ -551,6 +558,11 @@ func truncateDeadLetter(dl *nats.Msg, dead DeadLetter) {
 }
 
 var errInvalidRollup = errors.New("invalid rollup")
+
+// maxAhead bounds how far ahead of the alerter's clock a rollup's window may start: an
+// aggregator takes events at most events.MaxClockSkew ahead of its own clock, and its clock
+// may be as far ahead of this one.
+const maxAhead = 2 * events.MaxClockSkew
 
 func decode(data []byte, v any) error {
 	if err := json.Unmarshal(data, v); err != nil {

@@ -370,3 +370,34 @@ func TestEngineRollupsJoinTheirWindow(t *testing.T) {
 		t.Errorf("received{engine} = %v, want 5", got)
 	}
 }
+
+// TestRollupFromTheFarFuture: a rollup whose window starts far ahead of the clock (a
+// hostile publisher, a clock years off) is dead-lettered, not evaluated: evaluated, it
+// would make every real window after it late, and its checkpoint would keep them late
+// after a restart.
+func TestRollupFromTheFarFuture(t *testing.T) {
+	rec, sk, cp, dl := &recorder{}, &sink{}, &memCheckpoint{}, &dead{}
+	in := New(nil, rec, sk, cp, dl, Options{Settle: time.Second}, prometheus.NewRegistry(), discard)
+	now := time.Date(2026, 3, 3, 12, 0, 20, 0, time.UTC)
+	w0 := now.Add(-20 * time.Second)
+	future := tokenMsg(t, time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC), events.KindWindow)
+	ahead := tokenMsg(t, now.Add(time.Hour), events.KindWindow)
+	near := tokenMsg(t, now.Add(5*time.Minute), events.KindWindow) // a clock a few minutes ahead
+	in.Add(future, now)
+	in.Add(ahead, now)
+	in.Add(near, now)
+	if !future.termd || !ahead.termd || near.termd {
+		t.Fatalf("terminated: 9999 %v, an hour ahead %v, 5 minutes ahead %v", future.termd, ahead.termd, near.termd)
+	}
+	if len(dl.msgs) != 2 || dl.msgs[0].Header.Get("Tokenscope-Reason") != "invalid" || !strings.Contains(dl.msgs[0].Header.Get("Tokenscope-Error"), "ahead") {
+		t.Fatalf("dead letters %+v", dl.msgs)
+	}
+	in.Add(tokenMsg(t, w0, events.KindWindow), now)
+	in.Flush(context.Background(), now.Add(2*time.Second))
+	if len(rec.windows) != 2 || !rec.windows[0].Start.Equal(w0) || !rec.windows[1].Start.Equal(now.Add(5*time.Minute)) {
+		t.Fatalf("evaluated %+v, want the windows at %s and 5 minutes ahead", rec.windows, w0)
+	}
+	if got := testutil.ToFloat64(in.skipped.WithLabelValues("invalid")); got != 2 {
+		t.Errorf("skipped{invalid} = %v, want 2", got)
+	}
+}
