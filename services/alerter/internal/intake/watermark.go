@@ -70,6 +70,12 @@ func (in *Intake) addWatermark(m jetstream.Msg, now time.Time) {
 		in.reject(m, reasonInvalid, err)
 		return
 	}
+	if ahead := w.Through.Sub(now); ahead > maxAhead {
+		// Taken, it would stand for its aggregator for good: a watermark never goes back.
+		in.reject(m, reasonInvalid, fmt.Errorf("%w: watermark through %s is %s ahead of the clock (at most %s)",
+			errInvalidRollup, w.Through.UTC().Format(time.RFC3339), ahead.Round(time.Second), maxAhead))
+		return
+	}
 	in.wm.received.Inc()
 	a := in.aggregators[w.Consumer]
 	if a == nil {
