@@ -198,7 +198,7 @@ func (s *Scraper) scrapeTarget(ctx context.Context, t *target, now time.Time) {
 		s.m.failed.WithLabelValues(t.Name, reason).Inc()
 		s.m.up.WithLabelValues(t.Name).Set(0)
 		if msg := reason + ": " + err.Error(); msg != t.lastErr {
-			s.logger.Warn("cannot scrape engine; reported down", "engine", t.Name, "url", t.URL, "reason", reason, "err", err)
+			s.logger.Warn("cannot scrape engine; reported down", "engine", t.Name, "url", redactURL(t.URL), "reason", reason, "err", err)
 			t.lastErr = msg
 		}
 		t.out = append(t.out, events.EngineSample{V: events.Version, TS: now, Host: s.opts.Host,
