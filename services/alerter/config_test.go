@@ -45,6 +45,17 @@ func TestConfigNamesTheBadVariable(t *testing.T) {
 	}
 }
 
+// TestConfigHidesTheAlertmanagerPassword: a bad ALERTER_ALERTMANAGER_URL is named without
+// the password it may hold.
+func TestConfigHidesTheAlertmanagerPassword(t *testing.T) {
+	for _, v := range []string{"ftp://am:s3cret@am:9093", "am:s3cret@am:9093", "http://am:s3cret@am:port", "http://am:s3cret@"} {
+		_, err := parseConfig(func(k string) string { return map[string]string{"ALERTER_ALERTMANAGER_URL": v}[k] })
+		if err == nil || !strings.Contains(err.Error(), "ALERTER_ALERTMANAGER_URL") || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("%s: err = %v", v, err)
+		}
+	}
+}
+
 func TestRunStopsOnABadRulesFile(t *testing.T) {
 	path := t.TempDir() + "/rules.yaml"
 	if err := writeFile(path, "scenes:\n  chat:\n    dynamic:\n      ttft_p95: {k: 0}\n"); err != nil {
