@@ -19,6 +19,11 @@ const (
 // MaxEnergyUsedJ bounds a GPU sample's energy_used_j: 100 kW for a day.
 const MaxEnergyUsedJ = 100_000 * 86_400
 
+// MaxEnergyJ bounds a GPU sample's energy_j counter. NVML's counts millijoules in 64 bits
+// (at most 1.8e16 J); unbounded, deltas of hostile counters would sum to +Inf in a window,
+// which no rollup can carry.
+const MaxEnergyJ = 1e18
+
 // GPUSample is one reading of one GPU. A reading the GPU does not support, or that failed,
 // is nil and absent from the JSON — never zero.
 type GPUSample struct {
@@ -88,7 +93,7 @@ func (s *GPUSample) ValidateAt(now time.Time) error {
 		{"util_mem_pct", s.UtilMemPct, 100},
 		{"power_w", s.PowerW, 100_000},
 		{"power_limit_w", s.PowerLimitW, 100_000},
-		{"energy_j", s.EnergyJ, math.MaxFloat64},
+		{"energy_j", s.EnergyJ, MaxEnergyJ},
 		{"energy_used_j", s.EnergyUsedJ, MaxEnergyUsedJ},
 		{"temp_c", s.TempC, 1000},
 		{"sm_clock_mhz", s.SMClockMHz, 100_000},

@@ -203,7 +203,7 @@ func TestEncode(t *testing.T) {
 		"full":   h200(0),
 		"sparse": {GPUIndex: 0, GPUUUID: "GPU-0"},
 		"quoted": quoted,
-		"tiny":   {GPUIndex: 1023, GPUUUID: "GPU-1", PCIeTxBps: ptr(1e-7), EnergyJ: ptr(1e300)},
+		"tiny":   {GPUIndex: 1023, GPUUUID: "GPU-1", PCIeTxBps: ptr(1e-7), EnergyJ: ptr(events.MaxEnergyJ)},
 		"used":   {GPUIndex: 2, GPUUUID: "GPU-2", EnergyJ: ptr(123457478.7), EnergyUsedJ: ptr(689.2)},
 	} {
 		t.Run(name, func(t *testing.T) {
