@@ -42,6 +42,9 @@ type Config struct {
 	Consumer string `env:"ALERTER_CONSUMER" envDefault:"alerter"`
 	// RowsConsumer is the durable consumer's name on ALERTS that writes the alerts table.
 	RowsConsumer string `env:"ALERTER_ROWS_CONSUMER" envDefault:"alerter-rows"`
+	// MaxSeries bounds the series of each kind (token series, hosts, engines, scenes) whose
+	// baseline history is kept.
+	MaxSeries int `env:"ALERTER_MAX_SERIES" envDefault:"100000"`
 	// MaxAckPending bounds the rollups held unacknowledged while their window settles.
 	MaxAckPending int `env:"ALERTER_MAX_ACK_PENDING" envDefault:"100000"`
 	// RestoreLookback: how far back the ALERTS stream is read at start to restore firing alerts.
@@ -115,7 +118,7 @@ func (c Config) BaselineOptions() (baseline.Options, error) {
 	if err != nil {
 		return baseline.Options{}, fmt.Errorf("ALERTER_TIMEZONE=%q is not a time zone such as UTC or Europe/Paris", c.Timezone)
 	}
-	o := baseline.Options{Step: c.BaselineStep, Slot: c.Slot, Days: c.BaselineDays, Location: loc, SplitWeekends: c.SplitWeekends}
+	o := baseline.Options{Step: c.BaselineStep, Slot: c.Slot, Days: c.BaselineDays, Location: loc, SplitWeekends: c.SplitWeekends, MaxSeries: c.MaxSeries}
 	return o, o.Validate()
 }
 

@@ -14,7 +14,7 @@ func TestConfigDefaults(t *testing.T) {
 	}
 	if cfg.HTTPAddr != "127.0.0.1:9104" || cfg.Slot != 30*time.Minute || cfg.Resend != time.Hour || cfg.BaselineDays != 7 ||
 		cfg.NATS.URL != "nats://127.0.0.1:4222" || cfg.ClickHouse.Addr != "127.0.0.1:9000" || !cfg.SplitWeekends ||
-		cfg.WatermarkTimeout != time.Minute || cfg.RowsConsumer != "alerter-rows" {
+		cfg.WatermarkTimeout != time.Minute || cfg.RowsConsumer != "alerter-rows" || cfg.MaxSeries != 100000 {
 		t.Errorf("defaults %+v", cfg)
 	}
 }
@@ -35,6 +35,7 @@ func TestConfigNamesTheBadVariable(t *testing.T) {
 		{map[string]string{"ALERTER_ROWS_CONSUMER": "a b"}, "ALERTER_ROWS_CONSUMER"},
 		{map[string]string{"ALERTER_WATERMARK_TIMEOUT": "-1s"}, "ALERTER_WATERMARK_TIMEOUT"},
 		{map[string]string{"ALERTER_LOG_LEVEL": "loud"}, "ALERTER_LOG_LEVEL"},
+		{map[string]string{"ALERTER_MAX_SERIES": "-1"}, "ALERTER_MAX_SERIES"},
 		{map[string]string{"NATS_URL": "::"}, "NATS_URL"},
 		{map[string]string{"CLICKHOUSE_DB": "a-b"}, "CLICKHOUSE_DB"},
 	} {
