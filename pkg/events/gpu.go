@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"strconv"
 	"time"
 )
@@ -124,7 +125,8 @@ func (s *GPUSample) ValidateAt(now time.Time) error {
 // unmarshalSample decodes one JSON message into v with encoding/json. A mistyped field is
 // ErrWrongType, unless the message says another version (*ver once decoded: json.Unmarshal
 // reads on past the mistyped field), for a message of another version may type its fields
-// otherwise and that is what is wrong with it; bad JSON is a SyntaxError.
+// otherwise and that is what is wrong with it; bad JSON is a SyntaxError, and so are a key
+// given twice and a key in other letter case than its field's (see checkKeys).
 func unmarshalSample(data []byte, v any, ver *int) error {
 	if err := json.Unmarshal(data, v); err != nil {
 		if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
@@ -134,6 +136,12 @@ func unmarshalSample(data []byte, v any, ver *int) error {
 			return fieldErr(te.Field, ErrWrongType, "want "+te.Type.String())
 		}
 		return &SyntaxError{Msg: err.Error()}
+	}
+	if err := checkKeys(data, reflect.TypeOf(v)); err != nil {
+		if *ver != Version && *ver != 0 {
+			return fieldErr("v", ErrUnsupportedVersion, strconv.Itoa(*ver))
+		}
+		return err
 	}
 	return nil
 }
