@@ -62,7 +62,7 @@ func NewHost(ctx context.Context, o Options, cfg window.Config, d Deps) (*Pipeli
 		windowOf:  func(r *events.HostRollup) (time.Time, string) { return r.WindowStart, r.Kind },
 		keyWeight: 1,
 		// No part in the watermark: no alert rule reads host rollups (the alerter
-		// acknowledges rollup.host.* unread, as unknown_subject), so no window need wait for
+		// acknowledges rollup.host.* unread, as not_evaluated), so no window need wait for
 		// them, and a lagging host pipeline must not hold back alerts on requests and GPUs.
 		watermark: false,
 	})

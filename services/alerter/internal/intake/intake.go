@@ -72,9 +72,10 @@ const (
 	reasonLate        = "late"
 	reasonRedelivered = "redelivered"
 	reasonCorrection  = "correction"
+	reasonUnread      = "not_evaluated" // a kind no rule reads: host rollups
 )
 
-var reasons = []string{reasonMalformed, reasonInvalid, reasonSubject, reasonLate, reasonRedelivered, reasonCorrection}
+var reasons = []string{reasonMalformed, reasonInvalid, reasonSubject, reasonLate, reasonRedelivered, reasonCorrection, reasonUnread}
 
 // The steps of delivering an evaluated window, for errors and logs.
 const (
@@ -176,11 +177,11 @@ func New(cons jetstream.Consumer, eval Evaluator, sink Sink, cp Checkpoint, dead
 		aggregators: map[string]*aggregator{},
 		wm:          newWatermarkMetrics(),
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "alerter", Name: "rollups_received_total", Help: "Messages read from the ROLLUPS stream, by kind (tokens, gpu, engine, feedback, watermark).",
+			Namespace: "alerter", Name: "rollups_received_total", Help: "Messages read from the ROLLUPS stream, by kind (tokens, gpu, engine, feedback, host, watermark).",
 		}, []string{"kind"}),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "alerter", Name: "rollups_skipped_total",
-			Help: "Rollups not evaluated, by reason: malformed or invalid (dead-lettered), unknown_subject, late (first delivered after their window was evaluated), redelivered (a copy of a rollup already handled), correction.",
+			Help: "Rollups not evaluated, by reason: malformed or invalid (dead-lettered), unknown_subject, late (first delivered after their window was evaluated), redelivered (a copy of a rollup already handled), correction, not_evaluated (host rollups: no rule reads them).",
 		}, []string{"reason"}),
 		windows:   counter("windows_evaluated_total", "Windows evaluated."),
 		ackErrors: counter("ack_errors_total", "Rollups whose ack failed (they will be redelivered)."),
@@ -202,6 +203,7 @@ func New(cons jetstream.Consumer, eval Evaluator, sink Sink, cp Checkpoint, dead
 	in.received.WithLabelValues("watermark")
 	in.received.WithLabelValues("engine")
 	in.received.WithLabelValues("feedback")
+	in.received.WithLabelValues("host")
 	for _, r := range reasons {
 		in.skipped.WithLabelValues(r)
 	}
@@ -305,6 +307,10 @@ func (in *Intake) Add(m jetstream.Msg, now time.Time) {
 		addTo = func(w *engine.Window) { w.Feedback = append(w.Feedback, r) }
 	case isWatermark(subj):
 		in.addWatermark(m, now)
+		return
+	case strings.HasPrefix(subj, "rollup.host."):
+		in.received.WithLabelValues("host").Inc()
+		in.skip(m, reasonUnread)
 		return
 	case strings.HasPrefix(subj, "rollup.gpu."):
 		in.received.WithLabelValues("gpu").Inc()

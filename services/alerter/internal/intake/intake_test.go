@@ -401,3 +401,30 @@ func TestRollupFromTheFarFuture(t *testing.T) {
 		t.Errorf("skipped{invalid} = %v, want 2", got)
 	}
 }
+
+// TestHostRollupsNotEvaluated: host rollups, which no rule reads, are acknowledged and
+// counted as such, not as an unknown subject (which says something publishes where it
+// should not).
+func TestHostRollupsNotEvaluated(t *testing.T) {
+	in := New(nil, &recorder{}, &sink{}, &memCheckpoint{}, &dead{}, Options{Settle: time.Second}, prometheus.NewRegistry(), discard)
+	host := &msg{subject: "rollup.host.gpu-node-3", data: []byte(`{"v":1}`)}
+	other := &msg{subject: "rollup.elsewhere.x", data: []byte(`{}`)}
+	in.Add(host, time.Now())
+	in.Add(other, time.Now())
+	if !host.acked || !other.acked || in.Pending() != 0 {
+		t.Fatalf("host acked %v, other acked %v, %d pending", host.acked, other.acked, in.Pending())
+	}
+	for _, c := range []struct {
+		name string
+		got  float64
+		want float64
+	}{
+		{"received{host}", testutil.ToFloat64(in.received.WithLabelValues("host")), 1},
+		{"skipped{not_evaluated}", testutil.ToFloat64(in.skipped.WithLabelValues("not_evaluated")), 1},
+		{"skipped{unknown_subject}", testutil.ToFloat64(in.skipped.WithLabelValues("unknown_subject")), 1},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+}
