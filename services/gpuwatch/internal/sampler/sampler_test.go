@@ -73,19 +73,24 @@ func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, ni
 
 func TestTick(t *testing.T) {
 	bad := h200(1)
-	bad.UtilGPUPct = ptr(150.0) // a source bug must not reach the wire
+	bad.UtilGPUPct = ptr(150.0)               // a source bug must not reach the wire
+	bad.MemUsedBytes = ptr(uint64(200 << 30)) // above mem_total_bytes
 	sparse := events.GPUSample{GPUIndex: 2, GPUUUID: "GPU-0", Source: events.SourceSynthetic, UtilGPUPct: ptr(12.5)}
-	src := &fakeSource{samples: []events.GPUSample{h200(0), bad, sparse}}
+	noUUID := events.GPUSample{GPUIndex: 3, UtilGPUPct: ptr(12.5)} // nothing to publish it as
+	src := &fakeSource{samples: []events.GPUSample{h200(0), bad, sparse, noUUID}}
 	pub := &fakePublisher{}
 	exp := &fakeExporter{}
 	reg := prometheus.NewRegistry()
 	s := New(src, pub, exp, Options{Host: "gpu-node.3", Interval: time.Second}, reg, discard())
 	s.Tick(context.Background(), t0)
 
-	if len(pub.msgs) != 2 {
-		t.Fatalf("published %d, want 2", len(pub.msgs))
+	if len(pub.msgs) != 3 {
+		t.Fatalf("published %d, want 3", len(pub.msgs))
 	}
-	for i, want := range []events.GPUSample{h200(0), sparse} {
+	// The bad sample goes out without its bad readings: the good ones beside them are kept.
+	fixed := h200(1)
+	fixed.UtilGPUPct, fixed.MemUsedBytes = nil, nil
+	for i, want := range []events.GPUSample{h200(0), fixed, sparse} {
 		m := pub.msgs[i]
 		if m.subject != "gpu.sample.gpu-node_3" {
 			t.Errorf("subject %q", m.subject)
@@ -102,13 +107,16 @@ func TestTick(t *testing.T) {
 			t.Errorf("decoded\n%+v\nwant\n%+v", got, want)
 		}
 	}
-	if v := testutil.ToFloat64(s.m.invalid.WithLabelValues("out_of_range")); v != 1 {
-		t.Errorf("invalid{out_of_range} = %v, want 1", v)
+	if v := testutil.ToFloat64(s.m.dropped.WithLabelValues("out_of_range")); v != 2 {
+		t.Errorf("readings_dropped{out_of_range} = %v, want 2", v)
 	}
-	if len(exp.got) != 2 || exp.got[1].GPUUUID != "GPU-0" || exp.got[0].Host != "gpu-node.3" {
+	if v := testutil.ToFloat64(s.m.invalid.WithLabelValues("missing_field")); v != 1 {
+		t.Errorf("invalid{missing_field} = %v, want 1", v)
+	}
+	if len(exp.got) != 3 || exp.got[2].GPUUUID != "GPU-0" || exp.got[0].Host != "gpu-node.3" {
 		t.Errorf("exporter got %+v", exp.got)
 	}
-	if v := testutil.ToFloat64(s.m.samples); v != 2 {
+	if v := testutil.ToFloat64(s.m.samples); v != 3 {
 		t.Errorf("samples_total = %v", v)
 	}
 	if s.LastTick().IsZero() {
