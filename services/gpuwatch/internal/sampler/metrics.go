@@ -37,7 +37,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Namespace: "gpuwatch", Name: "samples_invalid_total", Help: "Samples not published because they break the contract, by reason."},
 			[]string{"reason"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "gpuwatch", Name: "readings_dropped_total", Help: "GPU readings left out of their sample because they break the contract (the sample is published with the rest), by reason."},
+			Namespace: "gpuwatch", Name: "readings_dropped_total", Help: "GPU and host readings left out of their sample because they break the contract (the sample is published with the rest), by reason."},
 			[]string{"reason"}),
 		gpus: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "gpuwatch", Name: "gpus", Help: "GPUs in the last tick."}),

@@ -2,10 +2,7 @@ package sampler
 
 import (
 	"context"
-	"errors"
 	"log/slog"
-	"reflect"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -110,22 +107,6 @@ func (s *Sampler) Run(ctx context.Context) error {
 	}
 }
 
-// dropReading leaves the reading named field (its JSON name) out of smp, and reports whether
-// it was one: the readings are the sample's pointer fields, the rest (host, GPU index and
-// UUID, name, source) identify it.
-func dropReading(smp *events.GPUSample, field string) bool {
-	v := reflect.ValueOf(smp).Elem()
-	t := v.Type()
-	for i := range t.NumField() {
-		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
-		if f := v.Field(i); name == field && f.Kind() == reflect.Pointer && !f.IsNil() {
-			f.SetZero()
-			return true
-		}
-	}
-	return false
-}
-
 // nextTick returns the first multiple of d after t.
 func nextTick(t time.Time, d time.Duration) time.Time { return t.Truncate(d).Add(d) }
 
@@ -140,19 +121,14 @@ func (s *Sampler) Tick(ctx context.Context, now time.Time) {
 		smp := &s.buf[i]
 		smp.V, smp.TS, smp.Host = events.Version, now, s.opts.Host
 		smp.EnergyUsedJ = nil // the sampler's to set, from the counter's delta
-		err := smp.ValidateAt(now)
-		for err != nil {
-			// A bad reading (a driver's glitch) is left out, not the GPU's sample with it.
-			fe, ok := errors.AsType[*events.FieldError](err)
-			if !ok || !dropReading(smp, fe.Field) {
-				break
-			}
-			s.m.dropped.WithLabelValues(events.Reason(err)).Inc()
-			if msg := err.Error(); msg != s.lastErr {
-				s.logger.Warn("GPU reading breaks the contract; left out of the sample", "gpu", smp.GPUIndex, "err", err)
+		// A bad reading (a driver's glitch) is left out, not the GPU's sample with it.
+		dropped, err := events.DropBadReadings(smp, now)
+		for _, derr := range dropped {
+			s.m.dropped.WithLabelValues(events.Reason(derr)).Inc()
+			if msg := derr.Error(); msg != s.lastErr {
+				s.logger.Warn("GPU reading breaks the contract; left out of the sample", "gpu", smp.GPUIndex, "err", derr)
 				s.lastErr = msg
 			}
-			err = smp.ValidateAt(now)
 		}
 		if err != nil {
 			reason := events.Reason(err)
@@ -222,7 +198,14 @@ func (s *Sampler) forgetEnergy(now time.Time) {
 func (s *Sampler) publishHost(now time.Time) {
 	smp := s.opts.HostReader.Read(now)
 	smp.V, smp.TS, smp.Host = events.Version, now, s.opts.Host
-	err := smp.ValidateAt(now)
+	dropped, err := events.DropBadReadings(&smp, now)
+	for _, derr := range dropped {
+		s.m.dropped.WithLabelValues(events.Reason(derr)).Inc()
+		if msg := derr.Error(); msg != s.hostErr {
+			s.logger.Warn("host reading breaks the contract; left out of the sample", "err", derr)
+			s.hostErr = msg
+		}
+	}
 	var data []byte
 	if err == nil {
 		data, err = events.MarshalHostSample(&smp)

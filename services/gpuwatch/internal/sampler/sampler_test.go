@@ -320,8 +320,8 @@ type fakeHost struct{ s events.HostSample }
 func (h *fakeHost) Read(time.Time) events.HostSample { return h.s }
 
 // TestTickHost: the host sample goes out on the GPU tick, with the tick's ts, to
-// host.sample.<host>, once per tick (its Nats-Msg-Id names host and tick); one that
-// breaks the contract is counted and not published.
+// host.sample.<host>, once per tick (its Nats-Msg-Id names host and tick); a reading that
+// breaks the contract is left out and counted, the rest published.
 func TestTickHost(t *testing.T) {
 	host := &fakeHost{s: events.HostSample{MemTotalBytes: ptr(uint64(100)), MemUsedBytes: ptr(uint64(40)),
 		MemAvailableBytes: ptr(uint64(60)), DeltaSeconds: ptr(1.0), NetRxBps: ptr(1e6), NetTxBps: ptr(2e6)}}
@@ -350,12 +350,29 @@ func TestTickHost(t *testing.T) {
 		t.Fatalf("host_samples_total = %v", v)
 	}
 
-	host.s.MemUsedBytes = ptr(uint64(101)) // above the total
+	host.s.MemUsedBytes = ptr(uint64(101)) // above the total: left out, the rest published
 	s.Tick(context.Background(), t0.Add(time.Second))
-	if len(pub.msgs) != 3 || pub.msgs[2].subject != "gpu.sample.gpu-node_3" {
-		t.Fatalf("an invalid host sample was published: %+v", pub.msgs[2:])
+	if len(pub.msgs) != 4 || pub.msgs[3].subject != "host.sample.gpu-node_3" {
+		t.Fatalf("published %+v, want the GPU and the host sample", pub.msgs[2:])
 	}
-	if v := testutil.ToFloat64(s.m.hostInvalid.WithLabelValues("out_of_range")); v != 1 {
-		t.Fatalf("host_samples_invalid_total{out_of_range} = %v", v)
+	got = events.HostSample{}
+	if err := events.UnmarshalHostSample([]byte(pub.msgs[3].data), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.MemUsedBytes != nil || got.NetRxBps == nil || *got.NetRxBps != 1e6 {
+		t.Fatalf("host sample %+v, want it without mem_used_bytes and with the rest", got)
+	}
+	if v := testutil.ToFloat64(s.m.dropped.WithLabelValues("out_of_range")); v != 1 {
+		t.Fatalf("readings_dropped_total{out_of_range} = %v", v)
+	}
+
+	host.s.MemUsedBytes = ptr(uint64(40))
+	host.s.DeltaSeconds = ptr(-1.0)
+	s.Tick(context.Background(), t0.Add(2*time.Second))
+	if len(pub.msgs) != 6 {
+		t.Fatalf("published %d, want 6", len(pub.msgs))
+	}
+	if v := testutil.ToFloat64(s.m.dropped.WithLabelValues("negative")); v != 1 {
+		t.Fatalf("readings_dropped_total{negative} = %v", v)
 	}
 }

@@ -152,7 +152,12 @@ func (s *Scraper) Tick(ctx context.Context, now time.Time) {
 }
 
 func (s *Scraper) publish(smp *events.EngineSample, now time.Time) {
-	if err := smp.ValidateAt(now); err != nil {
+	// A reading the contract refuses is left out, not the sample with the rest.
+	dropped, err := events.DropBadReadings(smp, now)
+	if len(dropped) > 0 {
+		s.m.dropped.WithLabelValues(smp.Name, "invalid_reading").Add(float64(len(dropped)))
+	}
+	if err != nil {
 		s.m.invalid.WithLabelValues(events.Reason(err)).Inc()
 		return
 	}

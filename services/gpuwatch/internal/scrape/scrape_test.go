@@ -571,3 +571,23 @@ func TestPasswordNotShown(t *testing.T) {
 		t.Errorf("log %s", log.String())
 	}
 }
+
+// TestBadReadingLeftOut: an engine that exports a reading the contract refuses (two billion
+// requests waiting) has that reading left out and counted; its sample goes out with the rest.
+func TestBadReadingLeftOut(t *testing.T) {
+	eng := newEngine(t, `# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 3
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} 2e9
+`)
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 16)
+	s.Tick(context.Background(), t0)
+	got := one(t, pub.take(t))
+	if got.Waiting != nil || got.Running == nil || *got.Running != 3 || !got.Up {
+		t.Fatalf("sample %s, want running 3 without waiting", jsonOf(got))
+	}
+	if v := testutil.ToFloat64(s.m.dropped.WithLabelValues("vllm", "invalid_reading")); v != 1 {
+		t.Errorf("engine_series_dropped_total{invalid_reading} = %v, want 1", v)
+	}
+}
