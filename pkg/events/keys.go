@@ -9,6 +9,11 @@ import (
 	"sync"
 )
 
+// CheckKeys returns an error wrapping ErrMalformed when data, the JSON of a v (a pointer to a
+// struct of this package), has a key given twice or a field's key in other letter case; see
+// checkKeys. For a consumer that decodes a message with encoding/json.
+func CheckKeys(data []byte, v any) error { return checkKeys(data, reflect.TypeOf(v)) }
+
 // checkKeys rejects what encoding/json would take silently in a message decoded into a t:
 // a key given twice in one object (it keeps the last, other decoders the first) and a key
 // that names a field in other letter case ("HOST" for host: it matches case-insensitively,
@@ -87,14 +92,23 @@ func jsonFields(t reflect.Type) map[string]reflect.Type {
 	f := map[string]reflect.Type{}
 	for i := range t.NumField() {
 		sf := t.Field(i)
-		if !sf.IsExported() {
+		if !sf.IsExported() && !sf.Anonymous {
 			continue
 		}
 		name, _, _ := strings.Cut(sf.Tag.Get("json"), ",")
-		switch name {
-		case "-":
+		et := sf.Type
+		if et.Kind() == reflect.Pointer {
+			et = et.Elem()
+		}
+		switch {
+		case name == "-":
 			continue
-		case "":
+		case name == "" && sf.Anonymous && et.Kind() == reflect.Struct:
+			for k, v := range jsonFields(et) { // promoted, as encoding/json reads them
+				f[k] = v
+			}
+			continue
+		case name == "":
 			name = sf.Name
 		}
 		f[name] = sf.Type

@@ -570,8 +570,13 @@ var errInvalidRollup = errors.New("invalid rollup")
 // may be as far ahead of this one.
 const maxAhead = 2 * events.MaxClockSkew
 
+// decode reads a rollup; a key given twice or in other letter case than its field's, which
+// encoding/json would take silently, is malformed too.
 func decode(data []byte, v any) error {
 	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("cannot decode rollup: %w", err)
+	}
+	if err := events.CheckKeys(data, v); err != nil {
 		return fmt.Errorf("cannot decode rollup: %w", err)
 	}
 	return nil

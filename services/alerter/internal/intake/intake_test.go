@@ -428,3 +428,21 @@ func TestHostRollupsNotEvaluated(t *testing.T) {
 		}
 	}
 }
+
+// TestRollupKeysExact: a rollup with a field given twice, or in other letter case, is
+// malformed and dead-lettered: encoding/json would take the last of them, case-insensitively,
+// where the schema and other readers see another message.
+func TestRollupKeysExact(t *testing.T) {
+	dl := &dead{}
+	in := New(nil, &recorder{}, &sink{}, &memCheckpoint{}, dl, Options{Settle: time.Second}, prometheus.NewRegistry(), discard)
+	good := tokenMsg(t, time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC), events.KindWindow)
+	twice := &msg{subject: good.subject, data: []byte(strings.Replace(string(good.data), `"requests":10`, `"requests":10,"requests":1000000`, 1))}
+	cased := &msg{subject: good.subject, data: []byte(strings.Replace(string(good.data), `"requests":10`, `"requests":10,"Requests":1000000`, 1))}
+	now := time.Date(2026, 3, 3, 12, 0, 20, 0, time.UTC)
+	for _, m := range []*msg{good, twice, cased} {
+		in.Add(m, now)
+	}
+	if good.termd || !twice.termd || !cased.termd || len(dl.msgs) != 2 || dl.msgs[0].Header.Get("Tokenscope-Reason") != "malformed" {
+		t.Fatalf("terminated: good %v, twice %v, cased %v; dead letters %+v", good.termd, twice.termd, cased.termd, dl.msgs)
+	}
+}

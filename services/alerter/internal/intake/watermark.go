@@ -1,7 +1,6 @@
 package intake
 
 import (
-	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -62,7 +61,7 @@ func (m watermarkMetrics) collectors() []prometheus.Collector {
 func (in *Intake) addWatermark(m jetstream.Msg, now time.Time) {
 	in.received.WithLabelValues("watermark").Inc()
 	var w events.Watermark
-	if err := json.Unmarshal(m.Data(), &w); err != nil {
+	if err := decode(m.Data(), &w); err != nil {
 		in.reject(m, reasonMalformed, fmt.Errorf("cannot decode watermark: %w", err))
 		return
 	}
