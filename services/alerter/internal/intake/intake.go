@@ -570,6 +570,11 @@ var errInvalidRollup = errors.New("invalid rollup")
 // may be as far ahead of this one.
 const maxAhead = 2 * events.MaxClockSkew
 
+// maxWindowSeconds bounds a rollup's window_seconds as AGG_WINDOW is bounded: a day. One
+// rollup beyond it would stretch its window for all the others (every host's rates per
+// second near zero, the window's end past any time).
+const maxWindowSeconds = 86400
+
 // decode reads a rollup; a key given twice or in other letter case than its field's, which
 // encoding/json would take silently, is malformed too.
 func decode(data []byte, v any) error {
@@ -593,8 +598,8 @@ func checkToken(r *events.TokenRollup) error {
 	switch {
 	case r.WindowStart.IsZero():
 		return fmt.Errorf("%w: window_start is missing", errInvalidRollup)
-	case r.WindowSeconds <= 0:
-		return fmt.Errorf("%w: window_seconds=%d must be positive", errInvalidRollup, r.WindowSeconds)
+	case r.WindowSeconds <= 0 || r.WindowSeconds > maxWindowSeconds:
+		return fmt.Errorf("%w: window_seconds=%d must be 1 to %d", errInvalidRollup, r.WindowSeconds, maxWindowSeconds)
 	case r.Env == "" || r.Scene == "" || r.Model == "":
 		return fmt.Errorf("%w: env, scene and model are required", errInvalidRollup)
 	case r.Errors+r.Timeouts > r.Requests:
@@ -614,8 +619,8 @@ func checkFeedback(r *events.FeedbackRollup) error {
 	switch {
 	case r.WindowStart.IsZero():
 		return fmt.Errorf("%w: window_start is missing", errInvalidRollup)
-	case r.WindowSeconds <= 0:
-		return fmt.Errorf("%w: window_seconds=%d must be positive", errInvalidRollup, r.WindowSeconds)
+	case r.WindowSeconds <= 0 || r.WindowSeconds > maxWindowSeconds:
+		return fmt.Errorf("%w: window_seconds=%d must be 1 to %d", errInvalidRollup, r.WindowSeconds, maxWindowSeconds)
 	case r.Name == "":
 		return fmt.Errorf("%w: name is required", errInvalidRollup)
 	case r.Positive > r.Count:
@@ -628,8 +633,8 @@ func checkGPU(r *events.GPURollup) error {
 	switch {
 	case r.WindowStart.IsZero():
 		return fmt.Errorf("%w: window_start is missing", errInvalidRollup)
-	case r.WindowSeconds <= 0:
-		return fmt.Errorf("%w: window_seconds=%d must be positive", errInvalidRollup, r.WindowSeconds)
+	case r.WindowSeconds <= 0 || r.WindowSeconds > maxWindowSeconds:
+		return fmt.Errorf("%w: window_seconds=%d must be 1 to %d", errInvalidRollup, r.WindowSeconds, maxWindowSeconds)
 	case r.Host == "":
 		return fmt.Errorf("%w: host is required", errInvalidRollup)
 	case r.UtilAvg < 0 || r.UtilAvg > 100 || r.EnergyJ < 0:
@@ -642,8 +647,8 @@ func checkEngine(r *events.EngineRollup) error {
 	switch {
 	case r.WindowStart.IsZero():
 		return fmt.Errorf("%w: window_start is missing", errInvalidRollup)
-	case r.WindowSeconds <= 0:
-		return fmt.Errorf("%w: window_seconds=%d must be positive", errInvalidRollup, r.WindowSeconds)
+	case r.WindowSeconds <= 0 || r.WindowSeconds > maxWindowSeconds:
+		return fmt.Errorf("%w: window_seconds=%d must be 1 to %d", errInvalidRollup, r.WindowSeconds, maxWindowSeconds)
 	case r.Host == "" || r.Name == "":
 		return fmt.Errorf("%w: host and name are required", errInvalidRollup)
 	case r.UpSamples+r.DownSamples != r.Samples:

@@ -446,3 +446,40 @@ func TestRollupKeysExact(t *testing.T) {
 		t.Fatalf("terminated: good %v, twice %v, cased %v; dead letters %+v", good.termd, twice.termd, cased.termd, dl.msgs)
 	}
 }
+
+// TestRollupWindowSecondsBounded: a rollup whose window_seconds is beyond a day is invalid:
+// it would stretch its window for every rollup of it (rates per second of every host near
+// zero, the window's end past any time).
+func TestRollupWindowSecondsBounded(t *testing.T) {
+	dl := &dead{}
+	in := New(nil, &recorder{}, &sink{}, &memCheckpoint{}, dl, Options{Settle: time.Second}, prometheus.NewRegistry(), discard)
+	start := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	now := start.Add(20 * time.Second)
+	for _, kind := range []string{"tokens", "gpu", "engine", "feedback"} {
+		var v any
+		switch kind {
+		case "tokens":
+			v = events.TokenRollup{V: 1, WindowStart: start, WindowSeconds: 1e12, Kind: events.KindWindow, Env: "prod", Scene: "chat", Model: "m", Bucket: "0-499", Requests: 1}
+		case "gpu":
+			v = events.GPURollup{V: 1, WindowStart: start, WindowSeconds: 86401, Kind: events.KindWindow, Host: "h"}
+		case "engine":
+			v = events.EngineRollup{V: 1, WindowStart: start, WindowSeconds: 1e12, Kind: events.KindWindow, Host: "h", Name: "vllm"}
+		case "feedback":
+			v = events.FeedbackRollup{V: 1, WindowStart: start, WindowSeconds: 1e12, Kind: events.KindWindow, Name: "thumbs"}
+		}
+		data, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := &msg{subject: "rollup." + kind + ".x.y", data: data}
+		in.Add(m, now)
+		if !m.termd {
+			t.Errorf("%s rollup of window_seconds beyond a day taken", kind)
+		}
+	}
+	day := tokenMsg(t, start, events.KindWindow)
+	in.Add(day, now)
+	if day.termd || len(dl.msgs) != 4 {
+		t.Fatalf("a 15 s window terminated %v; %d dead letters", day.termd, len(dl.msgs))
+	}
+}
