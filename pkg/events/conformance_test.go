@@ -33,6 +33,10 @@ var crossField = map[string]string{
 	"feedback/invalid/future_timestamp.json":               "how far ahead ts may be depends on the clock",
 	"host/invalid/out_of_range_used_above_total.json":      "mem_used_bytes <= mem_total_bytes compares two fields",
 	"host/invalid/out_of_range_available_above_total.json": "mem_available_bytes <= mem_total_bytes compares two fields",
+	"gpu/invalid/malformed_duplicate_key.json":             "JSON parsers keep one of a key's duplicates before the schema sees the object",
+	"request/invalid/malformed_duplicate_key.json":         "JSON parsers keep one of a key's duplicates before the schema sees the object",
+	"feedback/invalid/malformed_duplicate_key.json":        "JSON parsers keep one of a key's duplicates before the schema sees the object",
+	"host/invalid/malformed_cased_key.json":                "mem_used_bytes is optional: to the schema Mem_Used_Bytes is another property",
 }
 
 func compileSchema(t *testing.T, name string) *jsonschema.Schema {

@@ -128,6 +128,7 @@ func version(s string) (v int64, ok bool) {
 func (d *decodeState) requestFields(ev *RequestEvent) error {
 	*ev = RequestEvent{}
 	var seen uint8
+	var keys uint64 // the known keys read, to refuse one given twice
 	d.ws()
 	if !d.take('{') {
 		return d.syntax("expected a JSON object")
@@ -145,6 +146,9 @@ func (d *decodeState) requestFields(ev *RequestEvent) error {
 				return d.syntax("expected ':' after object key")
 			}
 			d.ws()
+			if err := d.once(&keys, requestKey(key), key); err != nil {
+				return err
+			}
 			if err := d.requestField(ev, key, &seen); err != nil {
 				return err
 			}
@@ -176,6 +180,83 @@ func (d *decodeState) requestFields(ev *RequestEvent) error {
 		return fieldErr("total_ms", ErrMissingField, "")
 	}
 	return nil
+}
+
+// once records the known key whose bit is bit (0: an unknown key, not tracked) among those
+// read, and refuses it when it was read before: a key given twice is malformed (decoders
+// differ on which one wins; the HTTP ingest, the aggregator and every other reader of the
+// stream must see the same event).
+func (d *decodeState) once(keys *uint64, bit uint64, key string) error {
+	if *keys&bit != 0 {
+		return d.syntax("key " + quoteBounded(key) + " given twice")
+	}
+	*keys |= bit
+	return nil
+}
+
+// requestKey returns the bit of a request event's known key, 0 for another.
+func requestKey(key string) uint64 {
+	switch key {
+	case "v":
+		return 1 << 0
+	case "event_id":
+		return 1 << 1
+	case "ts":
+		return 1 << 2
+	case "model":
+		return 1 << 3
+	case "scene":
+		return 1 << 4
+	case "env":
+		return 1 << 5
+	case "instance":
+		return 1 << 6
+	case "tenant":
+		return 1 << 7
+	case "provider":
+		return 1 << 8
+	case "layer":
+		return 1 << 9
+	case "trace_id":
+		return 1 << 10
+	case "error_code":
+		return 1 << 11
+	case "conversation_id":
+		return 1 << 12
+	case "status":
+		return 1 << 13
+	case "outcome":
+		return 1 << 14
+	case "input_tokens":
+		return 1 << 15
+	case "output_tokens":
+		return 1 << 16
+	case "cached_input_tokens":
+		return 1 << 17
+	case "ttft_ms":
+		return 1 << 18
+	case "total_ms":
+		return 1 << 19
+	case "max_itl_ms":
+		return 1 << 20
+	case "queue_ms":
+		return 1 << 21
+	case "prefill_ms":
+		return 1 << 22
+	case "decode_ms":
+		return 1 << 23
+	case "stream":
+		return 1 << 24
+	case "tokens_estimated":
+		return 1 << 25
+	case "http_status":
+		return 1 << 26
+	case "turn":
+		return 1 << 27
+	case "scores":
+		return 1 << 28
+	}
+	return 0
 }
 
 func (d *decodeState) requestField(ev *RequestEvent, key string, seen *uint8) error {

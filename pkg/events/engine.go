@@ -175,6 +175,9 @@ func checkReading(name string, v, maxV float64) error {
 	return nil
 }
 
+// maxHistogramSum bounds a histogram delta's sum: 1e18 observations of 1e12 each.
+const maxHistogramSum = 1e30
+
 func (h *HistogramDelta) validate(name string) error {
 	switch {
 	case h.Le == nil:
@@ -205,8 +208,12 @@ func (h *HistogramDelta) validate(name string) error {
 	if err := checkReading(name+".count", h.Count, 1e18); err != nil {
 		return err
 	}
-	if math.IsNaN(h.Sum) || math.IsInf(h.Sum, 0) {
+	switch {
+	case math.IsNaN(h.Sum) || math.IsInf(h.Sum, 0):
 		return fieldErr(name+".sum", ErrOutOfRange, "not a finite number")
+	case math.Abs(h.Sum) > maxHistogramSum:
+		// Unbounded, the sums of a window's samples could reach ±Inf, which no rollup can carry.
+		return fieldErr(name+".sum", ErrOutOfRange, fmt.Sprintf("|%g| > %g", h.Sum, maxHistogramSum))
 	}
 	if math.Abs(total-h.Count) > 1e-6*max(1, h.Count) {
 		return fieldErr(name+".count", ErrOutOfRange, "not the sum of counts")

@@ -464,3 +464,25 @@ func TestDecoderDoesNotAllocate(t *testing.T) {
 		t.Fatalf("Decode+ValidateAt allocates %v times per event", n)
 	}
 }
+
+// TestDropBadReadings: each reading that breaks the contract is left out, the sample kept
+// with the rest; what identifies the sample cannot be left out.
+func TestDropBadReadings(t *testing.T) {
+	f := func(v float64) *float64 { return &v }
+	u := func(v uint64) *uint64 { return &v }
+	s := events.GPUSample{V: 1, TS: testNow, Host: "h", GPUUUID: "GPU-0", UtilGPUPct: f(150), PowerW: f(300),
+		MemUsedBytes: u(200), MemTotalBytes: u(100), TempC: f(math.NaN())}
+	dropped, err := events.DropBadReadings(&s, testNow)
+	if err != nil || len(dropped) != 3 || s.UtilGPUPct != nil || s.MemUsedBytes != nil || s.TempC != nil || s.PowerW == nil || s.MemTotalBytes == nil {
+		t.Fatalf("dropped %v, err %v, sample %+v", dropped, err, s)
+	}
+	e := events.EngineSample{V: 1, TS: testNow, Host: "h", Engine: events.EngineVLLM, Name: "vllm", Up: true, Running: f(2),
+		QueueTime: &events.HistogramDelta{Le: []float64{1}, Counts: []float64{1}, Count: 1}}
+	if dropped, err := events.DropBadReadings(&e, testNow); err != nil || len(dropped) != 1 || e.QueueTime != nil || e.Running == nil {
+		t.Fatalf("engine: dropped %v, err %v", dropped, err)
+	}
+	bad := events.GPUSample{V: 1, TS: testNow, Host: "h", UtilGPUPct: f(150)}
+	if _, err := events.DropBadReadings(&bad, testNow); !errors.Is(err, events.ErrMissingField) {
+		t.Fatalf("a sample without gpu_uuid: %v", err)
+	}
+}

@@ -84,6 +84,7 @@ func (d *decodeState) feedback(ev *FeedbackEvent) error {
 func (d *decodeState) feedbackFields(ev *FeedbackEvent) error {
 	*ev = FeedbackEvent{}
 	var seen uint8
+	var keys uint64 // the known keys read, to refuse one given twice
 	d.ws()
 	if !d.take('{') {
 		return d.syntax("expected a JSON object")
@@ -101,6 +102,9 @@ func (d *decodeState) feedbackFields(ev *FeedbackEvent) error {
 				return d.syntax("expected ':' after object key")
 			}
 			d.ws()
+			if err := d.once(&keys, feedbackKey(key), key); err != nil {
+				return err
+			}
 			if err := d.feedbackField(ev, key, &seen); err != nil {
 				return err
 			}
@@ -125,6 +129,39 @@ func (d *decodeState) feedbackFields(ev *FeedbackEvent) error {
 		return fieldErr("value", ErrMissingField, "")
 	}
 	return nil
+}
+
+// feedbackKey returns the bit of a feedback event's known key, 0 for another.
+func feedbackKey(key string) uint64 {
+	switch key {
+	case "v":
+		return 1 << 0
+	case "event_id":
+		return 1 << 1
+	case "ts":
+		return 1 << 2
+	case "request_id":
+		return 1 << 3
+	case "conversation_id":
+		return 1 << 4
+	case "name":
+		return 1 << 5
+	case "value":
+		return 1 << 6
+	case "source":
+		return 1 << 7
+	case "scene":
+		return 1 << 8
+	case "env":
+		return 1 << 9
+	case "model":
+		return 1 << 10
+	case "comment":
+		return 1 << 11
+	case "comment_length":
+		return 1 << 12
+	}
+	return 0
 }
 
 func (d *decodeState) feedbackField(ev *FeedbackEvent, key string, seen *uint8) error {

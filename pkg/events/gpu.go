@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"strconv"
 	"time"
 )
@@ -18,6 +19,11 @@ const (
 
 // MaxEnergyUsedJ bounds a GPU sample's energy_used_j: 100 kW for a day.
 const MaxEnergyUsedJ = 100_000 * 86_400
+
+// MaxEnergyJ bounds a GPU sample's energy_j counter. NVML's counts millijoules in 64 bits
+// (at most 1.8e16 J); unbounded, deltas of hostile counters would sum to +Inf in a window,
+// which no rollup can carry.
+const MaxEnergyJ = 1e18
 
 // GPUSample is one reading of one GPU. A reading the GPU does not support, or that failed,
 // is nil and absent from the JSON — never zero.
@@ -88,7 +94,7 @@ func (s *GPUSample) ValidateAt(now time.Time) error {
 		{"util_mem_pct", s.UtilMemPct, 100},
 		{"power_w", s.PowerW, 100_000},
 		{"power_limit_w", s.PowerLimitW, 100_000},
-		{"energy_j", s.EnergyJ, math.MaxFloat64},
+		{"energy_j", s.EnergyJ, MaxEnergyJ},
 		{"energy_used_j", s.EnergyUsedJ, MaxEnergyUsedJ},
 		{"temp_c", s.TempC, 1000},
 		{"sm_clock_mhz", s.SMClockMHz, 100_000},
@@ -119,7 +125,8 @@ func (s *GPUSample) ValidateAt(now time.Time) error {
 // unmarshalSample decodes one JSON message into v with encoding/json. A mistyped field is
 // ErrWrongType, unless the message says another version (*ver once decoded: json.Unmarshal
 // reads on past the mistyped field), for a message of another version may type its fields
-// otherwise and that is what is wrong with it; bad JSON is a SyntaxError.
+// otherwise and that is what is wrong with it; bad JSON is a SyntaxError, and so are a key
+// given twice and a key in other letter case than its field's (see checkKeys).
 func unmarshalSample(data []byte, v any, ver *int) error {
 	if err := json.Unmarshal(data, v); err != nil {
 		if te, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
@@ -129,6 +136,12 @@ func unmarshalSample(data []byte, v any, ver *int) error {
 			return fieldErr(te.Field, ErrWrongType, "want "+te.Type.String())
 		}
 		return &SyntaxError{Msg: err.Error()}
+	}
+	if err := checkKeys(data, reflect.TypeOf(v)); err != nil {
+		if *ver != Version && *ver != 0 {
+			return fieldErr("v", ErrUnsupportedVersion, strconv.Itoa(*ver))
+		}
+		return err
 	}
 	return nil
 }

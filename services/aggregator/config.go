@@ -72,8 +72,8 @@ func (c Config) Validate() error {
 	switch {
 	case c.HTTPAddr == "":
 		return errors.New("HTTP_ADDR is empty")
-	case a.Window < time.Second || a.Window%time.Second != 0:
-		return fmt.Errorf("AGG_WINDOW=%s must be a whole number of seconds, at least 1s", a.Window)
+	case a.Window < time.Second || a.Window > 24*time.Hour || a.Window%time.Second != 0:
+		return fmt.Errorf("AGG_WINDOW=%s must be a whole number of seconds from 1s to 24h", a.Window)
 	case a.Lateness < 0:
 		return fmt.Errorf("AGG_LATENESS=%s must not be negative", a.Lateness)
 	case a.MaxSeries < 1:

@@ -25,6 +25,7 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 	}{
 		{envVars{"AGG_WINDOW": "1500ms"}, "AGG_WINDOW"},
 		{envVars{"AGG_WINDOW": "soon"}, "AGG_WINDOW"},
+		{envVars{"AGG_WINDOW": "25h"}, "AGG_WINDOW"}, // the alerter takes windows of a day at most
 		{envVars{"AGG_LATENESS": "-1s"}, "AGG_LATENESS"},
 		{envVars{"AGG_BUCKETS": "0,500,100"}, "AGG_BUCKETS"},
 		{envVars{"AGG_MAX_SERIES": "0"}, "AGG_MAX_SERIES"},

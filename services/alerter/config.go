@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/tokenscope/tokenscope/pkg/bus"
@@ -41,6 +42,9 @@ type Config struct {
 	Consumer string `env:"ALERTER_CONSUMER" envDefault:"alerter"`
 	// RowsConsumer is the durable consumer's name on ALERTS that writes the alerts table.
 	RowsConsumer string `env:"ALERTER_ROWS_CONSUMER" envDefault:"alerter-rows"`
+	// MaxSeries bounds the series of each kind (token series, hosts, engines, scenes) whose
+	// baseline history is kept.
+	MaxSeries int `env:"ALERTER_MAX_SERIES" envDefault:"100000"`
 	// MaxAckPending bounds the rollups held unacknowledged while their window settles.
 	MaxAckPending int `env:"ALERTER_MAX_ACK_PENDING" envDefault:"100000"`
 	// RestoreLookback: how far back the ALERTS stream is read at start to restore firing alerts.
@@ -93,7 +97,16 @@ func (c Config) Validate() error {
 	if c.AlertmanagerURL != "" {
 		u, err := url.Parse(c.AlertmanagerURL)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("ALERTER_ALERTMANAGER_URL=%q is not a URL such as http://127.0.0.1:9093", c.AlertmanagerURL)
+			// The value is shown with its password hidden, or not at all where it may hold
+			// one that does not parse as user info.
+			shown := c.AlertmanagerURL
+			switch {
+			case err == nil && u.User != nil:
+				shown = u.Redacted()
+			case err != nil || strings.Contains(shown, "@"):
+				shown = "(not shown: it may hold a password)"
+			}
+			return fmt.Errorf("ALERTER_ALERTMANAGER_URL=%q is not a URL such as http://127.0.0.1:9093", shown)
 		}
 	}
 	return nil
@@ -105,7 +118,7 @@ func (c Config) BaselineOptions() (baseline.Options, error) {
 	if err != nil {
 		return baseline.Options{}, fmt.Errorf("ALERTER_TIMEZONE=%q is not a time zone such as UTC or Europe/Paris", c.Timezone)
 	}
-	o := baseline.Options{Step: c.BaselineStep, Slot: c.Slot, Days: c.BaselineDays, Location: loc, SplitWeekends: c.SplitWeekends}
+	o := baseline.Options{Step: c.BaselineStep, Slot: c.Slot, Days: c.BaselineDays, Location: loc, SplitWeekends: c.SplitWeekends, MaxSeries: c.MaxSeries}
 	return o, o.Validate()
 }
 

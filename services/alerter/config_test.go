@@ -14,7 +14,7 @@ func TestConfigDefaults(t *testing.T) {
 	}
 	if cfg.HTTPAddr != "127.0.0.1:9104" || cfg.Slot != 30*time.Minute || cfg.Resend != time.Hour || cfg.BaselineDays != 7 ||
 		cfg.NATS.URL != "nats://127.0.0.1:4222" || cfg.ClickHouse.Addr != "127.0.0.1:9000" || !cfg.SplitWeekends ||
-		cfg.WatermarkTimeout != time.Minute || cfg.RowsConsumer != "alerter-rows" {
+		cfg.WatermarkTimeout != time.Minute || cfg.RowsConsumer != "alerter-rows" || cfg.MaxSeries != 100000 {
 		t.Errorf("defaults %+v", cfg)
 	}
 }
@@ -35,12 +35,24 @@ func TestConfigNamesTheBadVariable(t *testing.T) {
 		{map[string]string{"ALERTER_ROWS_CONSUMER": "a b"}, "ALERTER_ROWS_CONSUMER"},
 		{map[string]string{"ALERTER_WATERMARK_TIMEOUT": "-1s"}, "ALERTER_WATERMARK_TIMEOUT"},
 		{map[string]string{"ALERTER_LOG_LEVEL": "loud"}, "ALERTER_LOG_LEVEL"},
+		{map[string]string{"ALERTER_MAX_SERIES": "-1"}, "ALERTER_MAX_SERIES"},
 		{map[string]string{"NATS_URL": "::"}, "NATS_URL"},
 		{map[string]string{"CLICKHOUSE_DB": "a-b"}, "CLICKHOUSE_DB"},
 	} {
 		_, err := parseConfig(func(k string) string { return tc.env[k] })
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: err = %v, want it to name %s", tc.env, err, tc.want)
+		}
+	}
+}
+
+// TestConfigHidesTheAlertmanagerPassword: a bad ALERTER_ALERTMANAGER_URL is named without
+// the password it may hold.
+func TestConfigHidesTheAlertmanagerPassword(t *testing.T) {
+	for _, v := range []string{"ftp://am:s3cret@am:9093", "am:s3cret@am:9093", "http://am:s3cret@am:port", "http://am:s3cret@"} {
+		_, err := parseConfig(func(k string) string { return map[string]string{"ALERTER_ALERTMANAGER_URL": v}[k] })
+		if err == nil || !strings.Contains(err.Error(), "ALERTER_ALERTMANAGER_URL") || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("%s: err = %v", v, err)
 		}
 	}
 }

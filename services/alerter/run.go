@@ -221,6 +221,7 @@ func registerEngineMetrics(reg prometheus.Registerer, eng *engine.Engine) {
 		gauge("baseline_hosts", "Hosts with an efficiency baseline.", func(c engine.Counts) int { return c.BaselineHosts }),
 		gauge("baseline_engines", "Inference engine × model series with a baseline.", func(c engine.Counts) int { return c.BaselineEngines }),
 		gauge("baseline_scenes", "Env × scene series with a satisfaction or completion-rate baseline.", func(c engine.Counts) int { return c.BaselineScenes }),
+		counter("baseline_series_refused_total", "New series (token, host, engine or scene) whose history was not kept because its baseline store held ALERTER_MAX_SERIES: their dynamic rules fall back to the static ones.", func(c engine.Counts) uint64 { return c.BaselineRefused }),
 		gauge("alerts_firing", "Alerts firing.", func(c engine.Counts) int { return c.Firing }),
 		gauge("alerts_pending", "Alerts pending (breaching, not yet for long enough).", func(c engine.Counts) int { return c.Pending }),
 	)

@@ -110,6 +110,7 @@ func TestParseDemoArgs(t *testing.T) {
 		{name: "gpu", args: []string{"--gpu", "amd"}, wantErr: `--gpu="amd"`},
 		{name: "speed", args: []string{"--speed", "0"}, wantErr: "--speed=0"},
 		{name: "window", args: []string{"--window", "1500ms"}, wantErr: "--window=1.5s"},
+		{name: "window over a day", args: []string{"--window", "25h"}, wantErr: "--window=25h0m0s"},
 		{name: "view", args: []string{"--window", "1m", "--view", "30s"}, wantErr: "--view=30s"},
 		{name: "refresh", args: []string{"--refresh", "10ms"}, wantErr: "--refresh=10ms"},
 		{name: "argument", args: []string{"now"}, wantErr: "unexpected argument"},

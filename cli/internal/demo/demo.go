@@ -43,8 +43,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("--gpu=%q must be auto, nvml, synthetic or off", o.GPU)
 	case o.Speed <= 0:
 		return fmt.Errorf("--speed=%g must be positive", o.Speed)
-	case o.Window < time.Second || o.Window%time.Second != 0:
-		return fmt.Errorf("--window=%s must be a whole number of seconds", o.Window)
+	case o.Window < time.Second || o.Window > 24*time.Hour || o.Window%time.Second != 0:
+		return fmt.Errorf("--window=%s must be a whole number of seconds from 1s to 24h (AGG_WINDOW's bounds)", o.Window)
 	case o.View < o.Window:
 		return fmt.Errorf("--view=%s must be at least --window=%s", o.View, o.Window)
 	case o.Refresh < 500*time.Millisecond:

@@ -177,24 +177,25 @@ func alertLine(data []byte) string {
 	if err := json.Unmarshal(data, &a); err != nil {
 		return fmt.Sprintf("(an alert that does not decode: %v)", err)
 	}
+	// Labels are whatever the alerter was sent: each is escaped, so none breaks the line.
 	var series []string
 	for _, k := range []string{"env", "scene", "model", "bucket", "instance"} {
 		if v := a.Labels[k]; v != "" {
-			series = append(series, k+"="+v)
+			series = append(series, k+"="+report.Text(v))
 		}
 	}
 	if len(series) == 0 {
 		for _, k := range slices.Sorted(maps.Keys(a.Labels)) {
 			if k != "alertname" && k != "severity" {
-				series = append(series, k+"="+a.Labels[k])
+				series = append(series, report.Text(k)+"="+report.Text(a.Labels[k]))
 			}
 		}
 	}
 	line := fmt.Sprintf("%s %-8s %-8s %-22s %s  value %s threshold %s",
-		a.At.Local().Format(time.TimeOnly), strings.ToUpper(a.State), a.Severity, a.Rule, strings.Join(series, " "), value(a.Value), value(a.Threshold))
+		a.At.Local().Format(time.TimeOnly), report.Text(strings.ToUpper(a.State)), report.Text(a.Severity), report.Text(a.Rule), strings.Join(series, " "), value(a.Value), value(a.Threshold))
 	if c := a.EngineCause; c != nil && a.State == events.AlertFiring {
 		line += fmt.Sprintf("  ← %s (engine %s/%s: queue p95 %s ms vs %s, prefill p95 %s ms vs %s)",
-			causeWords[c.Cause], c.Host, c.Engine, value(c.QueueP95Ms), value(c.QueueRefMs), value(c.PrefillP95Ms), value(c.PrefillRefMs))
+			causeWords[c.Cause], report.Text(c.Host), report.Text(c.Engine), value(c.QueueP95Ms), value(c.QueueRefMs), value(c.PrefillP95Ms), value(c.PrefillRefMs))
 	}
 	return line
 }

@@ -249,7 +249,7 @@ func EngineHeading(r EngineReport) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "engines %s → %s UTC", r.Range.From.Format(time.DateTime), r.Range.To.Format(time.DateTime))
 	if r.Filter.Model != "" {
-		fmt.Fprintf(&b, ", model=%s", r.Filter.Model)
+		fmt.Fprintf(&b, ", model=%s", Text(r.Filter.Model))
 	}
 	if s := r.Seconds(); s > 0 {
 		fmt.Fprintf(&b, " (windows cover %s)", time.Duration(s)*time.Second)
@@ -281,7 +281,7 @@ func WriteEngineTable(w io.Writer, r EngineReport) error {
 			}
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
-			x.Host, x.Name, x.Model, pct(x.UpShare), num(x.QueueDepthAvg), num(x.QueueDepthMax), ms(x.QueueTime.N, x.QueueTime.P95),
+			Text(x.Host), Text(x.Name), Text(x.Model), pct(x.UpShare), num(x.QueueDepthAvg), num(x.QueueDepthMax), ms(x.QueueTime.N, x.QueueTime.P95),
 			num(x.RunningAvg), pct(x.KVCacheUsageAvg), pct(x.KVCacheUsageMax), prefix, strconv.FormatFloat(x.Preemptions, 'f', 0, 64),
 			num(x.PromptTPS), num(x.GenerationTPS), gpu, eff, tpj)
 	}

@@ -131,7 +131,7 @@ func WriteLayers(w io.Writer, r LayersReport) error {
 	}
 	fmt.Fprintf(tw, "model\tscene\tbucket\t%s\n", cols.String())
 	for _, x := range r.Rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t", x.Model, x.Scene, x.Bucket)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t", Text(x.Model), Text(x.Scene), Text(x.Bucket))
 		for _, c := range x.Layers {
 			fmt.Fprintf(tw, "%d\t%s\t%s\t", c.Requests, ms(c.TTFT.N, c.TTFT.P50), ms(c.TTFT.N, c.TTFT.P95))
 		}

@@ -72,7 +72,7 @@ func cell(v any) string {
 	case float32:
 		return strconv.FormatFloat(float64(x), 'g', -1, 32)
 	case string:
-		return strings.NewReplacer("\t", `\t`, "\n", `\n`, "\r", `\r`).Replace(x)
+		return Text(x)
 	case nil:
 		return "NULL"
 	}

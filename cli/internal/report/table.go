@@ -7,7 +7,52 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
+
+// Text returns a label (a model, scene or host name, as its producer sent it) fit for one
+// table cell on a terminal: tabs, line breaks, other control characters, bidirectional
+// overrides and bytes that are not UTF-8 are escaped as in Go source, so no label can forge
+// a row, shift a column or send the terminal an escape sequence.
+func Text(s string) string {
+	clean := true
+	for _, r := range s {
+		if needsEscape(r) {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == '\t':
+			b.WriteString(`\t`)
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r == '\r':
+			b.WriteString(`\r`)
+		case r == utf8.RuneError && size == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case needsEscape(r) && r < 0x100:
+			fmt.Fprintf(&b, `\x%02x`, r)
+		case needsEscape(r):
+			fmt.Fprintf(&b, `\u%04x`, r)
+		default:
+			b.WriteString(s[i : i+size])
+		}
+		i += size
+	}
+	return b.String()
+}
+
+func needsEscape(r rune) bool {
+	return r == utf8.RuneError || unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r)
+}
 
 // Heading says what a report covers, in one line.
 func Heading(r Report) string {
@@ -16,7 +61,7 @@ func Heading(r Report) string {
 	b.WriteString(" UTC")
 	for _, f := range []struct{ k, v string }{{"model", r.Filter.Model}, {"scene", r.Filter.Scene}, {"env", r.Filter.Env}, {"layer", r.Filter.Layer}} {
 		if f.v != "" {
-			fmt.Fprintf(&b, ", %s=%s", f.k, f.v)
+			fmt.Fprintf(&b, ", %s=%s", f.k, Text(f.v))
 		}
 	}
 	if s := r.Seconds(); s > 0 {
@@ -36,7 +81,7 @@ func WriteTable(w io.Writer, r Report) error {
 	fmt.Fprintln(tw, "model\tscene\tbucket\trequests\tTTFT p50\tp95\tp99\tTPOT p50\tp95\tp99\tout tok/s\terrors\ttimeouts\t")
 	for _, x := range r.Rows {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n",
-			x.Model, x.Scene, x.Bucket, x.Requests,
+			Text(x.Model), Text(x.Scene), Text(x.Bucket), x.Requests,
 			ms(x.TTFT.N, x.TTFT.P50), ms(x.TTFT.N, x.TTFT.P95), ms(x.TTFT.N, x.TTFT.P99),
 			ms(x.TPOT.N, x.TPOT.P50), ms(x.TPOT.N, x.TPOT.P95), ms(x.TPOT.N, x.TPOT.P99),
 			num(x.OutputTPS), pct(x.ErrorRate), pct(x.TimeoutRate))
@@ -65,7 +110,7 @@ func WriteComparison(w io.Writer, c Comparison) error {
 		if a == nil {
 			a = &Row{}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d → %d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", ch.Model, ch.Scene, ch.Bucket, b.Requests, a.Requests,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d → %d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", Text(ch.Model), Text(ch.Scene), Text(ch.Bucket), b.Requests, a.Requests,
 			change(b.TTFT.N, b.TTFT.P50, a.TTFT.N, a.TTFT.P50), change(b.TTFT.N, b.TTFT.P95, a.TTFT.N, a.TTFT.P95), change(b.TTFT.N, b.TTFT.P99, a.TTFT.N, a.TTFT.P99),
 			change(b.TPOT.N, b.TPOT.P50, a.TPOT.N, a.TPOT.P50), change(b.TPOT.N, b.TPOT.P95, a.TPOT.N, a.TPOT.P95), change(b.TPOT.N, b.TPOT.P99, a.TPOT.N, a.TPOT.P99),
 			rates(b.Requests, b.ErrorRate, a.Requests, a.ErrorRate), rates(b.Requests, b.TimeoutRate, a.Requests, a.TimeoutRate))

@@ -89,3 +89,36 @@ func TestWriteComparison(t *testing.T) {
 		t.Fatalf("buckets out of order:\n%s", out)
 	}
 }
+
+// TestHostileLabels: labels are the producers' (a model name, a host), and may hold tabs,
+// line breaks and terminal escapes. Every table shows them escaped, so none forges a row,
+// shifts a column or drives the terminal.
+func TestHostileLabels(t *testing.T) {
+	from := time.Date(2026, 3, 2, 10, 0, 0, 0, time.UTC)
+	rng := Range{From: from, To: from.Add(time.Hour)}
+	const model, scene = "m\n999 forged\trow\r", "chat\x1b[2J\x1b]0;pwned\x07\u0085\u202e"
+	row := Row{Model: model, Scene: scene, Bucket: "0-500", Requests: 1}
+	rep := Report{Range: rng, Filter: Filter{Model: model}, Rows: []Row{row}}
+	var b strings.Builder
+	check := func(name string, err error, lines int) {
+		t.Helper()
+		out := b.String()
+		b.Reset()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if n := strings.Count(out, "\n"); n != lines || strings.ContainsAny(out, "\x1b\x07\r\u0085\u202e") || strings.Contains(out, "forged\t") {
+			t.Errorf("%s: %d lines, want %d, or control characters left:\n%q", name, n, lines, out)
+		}
+		if !strings.Contains(out, `m\n999 forged\trow\r`) {
+			t.Errorf("%s: the model is not shown escaped:\n%q", name, out)
+		}
+	}
+	check("table", WriteTable(&b, rep), 4)
+	check("comparison", WriteComparison(&b, Compare(rep, rep)), 5)
+	check("layers", WriteLayers(&b, LayersReport{Range: rng, Filter: Filter{Model: model},
+		Rows: []LayerRow{{Model: model, Scene: scene, Bucket: "0-500", Layers: []LayerCell{{Requests: 1}}}}}), 4)
+	check("engines", WriteEngineTable(&b, EngineReport{Range: rng, Filter: Filter{Model: model},
+		Rows: []EngineRow{{Host: scene, Name: "vllm", Engine: "vllm", Model: model}}}), 4)
+	check("answer", WriteAnswer(&b, Answer{Columns: []string{"model", "scene"}, Rows: [][]any{{model, scene}}}), 3)
+}

@@ -61,6 +61,10 @@ func NewHost(ctx context.Context, o Options, cfg window.Config, d Deps) (*Pipeli
 		subject:   func(r *events.HostRollup) string { return events.HostRollupSubject(r.Host) },
 		windowOf:  func(r *events.HostRollup) (time.Time, string) { return r.WindowStart, r.Kind },
 		keyWeight: 1,
+		// No part in the watermark: no alert rule reads host rollups (the alerter
+		// acknowledges rollup.host.* unread, as not_evaluated), so no window need wait for
+		// them, and a lagging host pipeline must not hold back alerts on requests and GPUs.
+		watermark: false,
 	})
 }
 

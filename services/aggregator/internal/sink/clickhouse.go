@@ -17,6 +17,8 @@ import (
 type ClickHouse struct {
 	conn     driver.Conn
 	consumer string
+	// limited is whether the server has max_partitions_per_insert_block, once read.
+	limited, checked bool
 }
 
 // New returns a writer for consumer.
@@ -33,13 +35,44 @@ func (c *ClickHouse) WithQueryID(ctx context.Context, id string) context.Context
 	return clickhouse.Context(ctx, clickhouse.WithQueryID(c.QueryID(id)))
 }
 
-// syncInsert makes an insert into a Distributed table return only once every shard has its
-// rows (insert_distributed_sync; a no-op on other engines). With the default, asynchronous
-// distributed inserts, the rows wait in a local queue after the insert returned: the ledger,
-// read through the Distributed table, would not see them, a restart would write them again,
-// and a shard outage would hide them from the settling count.
-func syncInsert(ctx context.Context) context.Context {
-	return clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{"insert_distributed_sync": 1}))
+// insertCtx returns ctx with the settings of every insert. With insert_distributed_sync an
+// insert into a Distributed table returns only once every shard has its rows (a no-op on
+// other engines). With the default, asynchronous distributed inserts, the rows wait in a
+// local queue after the insert returned: the ledger, read through the Distributed table,
+// would not see them, a restart would write them again, and a shard outage would hide them
+// from the settling count. And a flush's rows may fall in any number of monthly partitions
+// (events of any time since 2000 are valid; each late one goes to a correction row of its
+// window): past max_partitions_per_insert_block (100) the server refuses the insert, and it
+// would be refused on every retry, holding the pipeline for good. The limit is lifted on
+// the servers that have it (18.16 has not, and refuses a setting it does not know).
+func (c *ClickHouse) insertCtx(ctx context.Context) (context.Context, error) {
+	if !c.checked {
+		limited, err := HasPartitionLimit(ctx, c.conn)
+		if err != nil {
+			return ctx, err
+		}
+		c.limited, c.checked = limited, true
+	}
+	return clickhouse.Context(ctx, clickhouse.WithSettings(InsertSettings(c.limited))), nil
+}
+
+// InsertSettings are the settings of the aggregator's inserts on a server that has
+// max_partitions_per_insert_block (limited) or not; see insertCtx.
+func InsertSettings(limited bool) clickhouse.Settings {
+	s := clickhouse.Settings{"insert_distributed_sync": 1}
+	if limited {
+		s["max_partitions_per_insert_block"] = 0
+	}
+	return s
+}
+
+// HasPartitionLimit reports whether the server has max_partitions_per_insert_block.
+func HasPartitionLimit(ctx context.Context, conn driver.Conn) (bool, error) {
+	var n uint64
+	if err := conn.QueryRow(ctx, "SELECT count() FROM system.settings WHERE name = 'max_partitions_per_insert_block'").Scan(&n); err != nil {
+		return false, fmt.Errorf("cannot read the server's settings: %w", err)
+	}
+	return n > 0, nil
 }
 
 // fullRead makes a read through a Distributed table fail while a shard cannot answer, even
@@ -80,7 +113,11 @@ func (c *ClickHouse) WriteTokenRollups(ctx context.Context, rows []events.TokenR
 	if len(rows) == 0 {
 		return nil
 	}
-	b, err := c.conn.PrepareBatch(syncInsert(ctx), "INSERT INTO token_rollups ("+tokenColumns+")")
+	ictx, err := c.insertCtx(ctx)
+	if err != nil {
+		return err
+	}
+	b, err := c.conn.PrepareBatch(ictx, "INSERT INTO token_rollups ("+tokenColumns+")")
 	if err != nil {
 		return fmt.Errorf("cannot prepare insert into token_rollups: %w", err)
 	}
@@ -113,7 +150,11 @@ func (c *ClickHouse) WriteGPURollups(ctx context.Context, rows []events.GPURollu
 	if len(rows) == 0 {
 		return nil
 	}
-	b, err := c.conn.PrepareBatch(syncInsert(ctx), "INSERT INTO gpu_rollups ("+gpuColumns+")")
+	ictx, err := c.insertCtx(ctx)
+	if err != nil {
+		return err
+	}
+	b, err := c.conn.PrepareBatch(ictx, "INSERT INTO gpu_rollups ("+gpuColumns+")")
 	if err != nil {
 		return fmt.Errorf("cannot prepare insert into gpu_rollups: %w", err)
 	}

@@ -24,7 +24,11 @@ func (c *ClickHouse) WriteEngineRollups(ctx context.Context, rows []events.Engin
 	if len(rows) == 0 {
 		return nil
 	}
-	b, err := c.conn.PrepareBatch(syncInsert(ctx), "INSERT INTO engine_rollups ("+engineColumns+")")
+	ictx, err := c.insertCtx(ctx)
+	if err != nil {
+		return err
+	}
+	b, err := c.conn.PrepareBatch(ictx, "INSERT INTO engine_rollups ("+engineColumns+")")
 	if err != nil {
 		return fmt.Errorf("cannot prepare insert into engine_rollups: %w", err)
 	}

@@ -24,7 +24,11 @@ func (c *ClickHouse) WriteFeedback(ctx context.Context, rows []Feedback) error {
 	if len(rows) == 0 {
 		return nil
 	}
-	b, err := c.conn.PrepareBatch(syncInsert(ctx), "INSERT INTO feedback ("+feedbackColumns+")")
+	ictx, err := c.insertCtx(ctx)
+	if err != nil {
+		return err
+	}
+	b, err := c.conn.PrepareBatch(ictx, "INSERT INTO feedback ("+feedbackColumns+")")
 	if err != nil {
 		return fmt.Errorf("cannot prepare insert into feedback: %w", err)
 	}
@@ -51,7 +55,11 @@ func (c *ClickHouse) WriteFeedbackRollups(ctx context.Context, rows []window.Fee
 	if len(rows) == 0 {
 		return nil
 	}
-	b, err := c.conn.PrepareBatch(syncInsert(ctx), "INSERT INTO feedback_rollups ("+feedbackRollupColumns+")")
+	ictx, err := c.insertCtx(ctx)
+	if err != nil {
+		return err
+	}
+	b, err := c.conn.PrepareBatch(ictx, "INSERT INTO feedback_rollups ("+feedbackRollupColumns+")")
 	if err != nil {
 		return fmt.Errorf("cannot prepare insert into feedback_rollups: %w", err)
 	}

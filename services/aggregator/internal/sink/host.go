@@ -19,7 +19,11 @@ func (c *ClickHouse) WriteHostRollups(ctx context.Context, rows []events.HostRol
 	if len(rows) == 0 {
 		return nil
 	}
-	b, err := c.conn.PrepareBatch(syncInsert(ctx), "INSERT INTO host_rollups ("+hostColumns+")")
+	ictx, err := c.insertCtx(ctx)
+	if err != nil {
+		return err
+	}
+	b, err := c.conn.PrepareBatch(ictx, "INSERT INTO host_rollups ("+hostColumns+")")
 	if err != nil {
 		return fmt.Errorf("cannot prepare insert into host_rollups: %w", err)
 	}

@@ -91,13 +91,21 @@ func NewRequestWriter(ctx context.Context, conn driver.Conn, cfg chdb.Config, co
 			return nil, fmt.Errorf("column requests.%s is %s; the aggregator writes it as %s", name, typ, want)
 		}
 	}
+	limited, err := HasPartitionLimit(ctx, conn)
+	if err != nil {
+		return nil, err
+	}
 	w.consumer = appendString(nil, consumer)
 	w.base = cfg.HTTPURL() + "/"
 	w.query = url.Values{
 		"database": {cfg.DB},
-		// As for the rollups (syncInsert): a Distributed table stores before answering.
-		"insert_distributed_sync": {"1"},
-		"query":                   {"INSERT INTO requests (" + strings.Join(names, ", ") + ") FORMAT RowBinary"},
+		"query":    {"INSERT INTO requests (" + strings.Join(names, ", ") + ") FORMAT RowBinary"},
+	}
+	// As for the rollups (insertCtx): a Distributed table stores before answering, and a
+	// batch of events from more than 100 days (requests are partitioned by day) is stored,
+	// not refused on every retry.
+	for k, v := range InsertSettings(limited) {
+		w.query.Set(k, fmt.Sprint(v))
 	}
 	tr := &http.Transport{
 		Proxy:               nil, // ClickHouse is reached directly, whatever HTTP_PROXY says

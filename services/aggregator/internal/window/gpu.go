@@ -68,6 +68,12 @@ func NewGPU(cfg Config, done map[time.Time]uint64) *GPUAggregator {
 // idleReason is NVML's "GPU idle" clocks-event reason: not a throttle.
 const idleReason = 0x1
 
+// MaxGPUReadings bounds the GPUs whose last reading is kept (a fleet of 12,500 eight-GPU
+// hosts): past it a new GPU's samples are still counted, but one without energy_used_j adds
+// no energy until a remembered GPU has been silent for an hour. Without the bound a flood
+// of GPUs would hold a reading each for an hour.
+const MaxGPUReadings = 100_000
+
 // maxIntegrationGap bounds the interval over which power is integrated when a GPU has no
 // energy counter: longer gaps are missing samples, not energy to guess.
 const maxIntegrationGap = int64(time.Minute)
@@ -145,6 +151,9 @@ func (a *GPUAggregator) remember(k GPUKey, s *events.GPUSample, ts int64) (prev 
 		r.energy, r.hasE = *s.EnergyJ, true
 	}
 	if !seen {
+		if len(a.last) >= MaxGPUReadings {
+			return prev, seen
+		}
 		k = GPUKey{Host: strings.Clone(k.Host), GPUIndex: k.GPUIndex, GPUUUID: strings.Clone(k.GPUUUID)}
 	}
 	a.last[k] = r
@@ -177,6 +186,9 @@ func (a *GPUAggregator) Rollups(u *GPUUnit, dst []events.GPURollup) []events.GPU
 	}
 	return dst
 }
+
+// Remembered returns how many GPUs' last readings are kept.
+func (a *GPUAggregator) Remembered() int { return len(a.last) }
 
 // ForgetIdle drops the last readings of GPUs silent for an hour.
 func (a *GPUAggregator) ForgetIdle(now time.Time) {

@@ -2,6 +2,7 @@ package window_test
 
 import (
 	"math"
+	"strconv"
 	"testing"
 	"time"
 
@@ -113,5 +114,37 @@ func TestGPUPowerIntegrationWithoutCounter(t *testing.T) {
 	rows := a.Rollups(units[0], nil)
 	if rows[0].EnergyJ != 800 {
 		t.Fatalf("energy %v, want 4 s × 200 W", rows[0].EnergyJ)
+	}
+}
+
+// TestGPUReadingsBounded: a flood of GPUs that each send one sample (hostile, or a fleet
+// far past one aggregator's size) keeps a bounded number of last readings, not one per GPU
+// for an hour; the GPUs remembered first still get their counter deltas.
+func TestGPUReadingsBounded(t *testing.T) {
+	a := window.NewGPU(cfg(t), nil)
+	now := t0.Add(time.Minute)
+	first := &events.GPUSample{V: 1, TS: t0, Host: "h", GPUUUID: "GPU-first", EnergyJ: f64(1000)}
+	a.Add(first, 1, now)
+	seq := uint64(2)
+	for i := range window.MaxGPUReadings + 1000 {
+		a.Add(&events.GPUSample{V: 1, TS: t0, Host: "flood-" + strconv.Itoa(i), GPUUUID: "GPU-0", EnergyJ: f64(1)}, seq, now)
+		seq++
+	}
+	if n := a.Remembered(); n > window.MaxGPUReadings {
+		t.Fatalf("%d GPUs remembered, at most %d", n, window.MaxGPUReadings)
+	}
+	next := &events.GPUSample{V: 1, TS: t0.Add(time.Second), Host: "h", GPUUUID: "GPU-first", EnergyJ: f64(1150)}
+	a.Add(next, seq, now)
+	var energy float64
+	for _, u := range a.Advance(t0.Add(time.Hour)) {
+		for _, r := range a.Rollups(u, nil) {
+			if r.Host == "h" {
+				energy += r.EnergyJ
+			}
+		}
+		a.Release(u)
+	}
+	if energy != 150 {
+		t.Errorf("energy of the GPU remembered first %v, want 150", energy)
 	}
 }

@@ -15,6 +15,11 @@ type Options struct {
 	Days          int            // days of history
 	Location      *time.Location // where "time of day" and "weekend" are read
 	SplitWeekends bool           // compare weekdays with weekdays, weekends with weekends
+	// MaxSeries bounds the series a store keeps a history of (0: no bound). Past it a new
+	// series is refused: its history is not kept (the caller may hold it while the series
+	// stays in every window), so its dynamic rules lack a baseline and fall back to the
+	// static ones, until old series are swept.
+	MaxSeries int
 }
 
 // Validate checks the options; names are the alerter's environment variables.
@@ -28,6 +33,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("ALERTER_BASELINE_DAYS=%d must be 1 to 28", o.Days)
 	case o.Location == nil:
 		return errors.New("ALERTER_TIMEZONE is not set")
+	case o.MaxSeries < 0:
+		return fmt.Errorf("ALERTER_MAX_SERIES=%d must not be negative (0: no bound)", o.MaxSeries)
 	}
 	return nil
 }
@@ -76,6 +83,7 @@ type Store[K comparable] struct {
 	slotSteps int64
 	ringLen   int64
 	series    map[K]*History
+	refused   uint64
 	scratch   []float64
 }
 
@@ -150,7 +158,8 @@ func (s *Store[K]) Plan(t time.Time) Plan {
 	return p
 }
 
-// Series returns the history of key, creating it.
+// Series returns the history of key, creating it. Past MaxSeries a new key's history is
+// returned without being kept, and counted as refused.
 func (s *Store[K]) Series(key K) *History {
 	h, ok := s.series[key]
 	if !ok {
@@ -161,10 +170,17 @@ func (s *Store[K]) Series(key K) *History {
 			cache:   make([]Stats, s.metrics),
 			cached:  make([]uint8, s.metrics),
 		}
+		if s.opts.MaxSeries > 0 && len(s.series) >= s.opts.MaxSeries {
+			s.refused++
+			return h
+		}
 		s.series[key] = h
 	}
 	return h
 }
+
+// Refused returns how many times a new series' history was not kept, past MaxSeries.
+func (s *Store[K]) Refused() uint64 { return s.refused }
 
 // Lookup returns the history of key, or nil.
 func (s *Store[K]) Lookup(key K) *History { return s.series[key] }

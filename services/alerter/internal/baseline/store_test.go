@@ -185,3 +185,34 @@ func TestSweepAndRing(t *testing.T) {
 		t.Errorf("swept %d, left %d, want the old series gone", n, s.Len())
 	}
 }
+
+// TestMaxSeries: past MaxSeries a new series' history is not kept (a flood of made-up
+// labels would otherwise hold one for the whole history span): it is refused, counted, and
+// works for the window at hand; once old series are swept, new ones are kept again.
+func TestMaxSeries(t *testing.T) {
+	o := opts()
+	o.MaxSeries = 2
+	s, err := New[string](o, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 3, 4, 14, 0, 0, 0, time.UTC)
+	for _, k := range []string{"a", "b", "c", "d", "a"} {
+		s.Add(s.Series(k), s.StepOf(at), 0, 1)
+	}
+	if s.Len() != 2 || s.Refused() != 2 || s.Lookup("c") != nil || s.Lookup("a") == nil {
+		t.Fatalf("%d series kept, %d refused, c kept %v", s.Len(), s.Refused(), s.Lookup("c") != nil)
+	}
+	later := at.AddDate(0, 0, o.Days+2)
+	if n := s.Sweep(later); n != 2 {
+		t.Fatalf("swept %d", n)
+	}
+	s.Series("c")
+	if s.Len() != 1 || s.Lookup("c") == nil {
+		t.Fatalf("after the sweep, %d series kept, c kept %v", s.Len(), s.Lookup("c") != nil)
+	}
+	o.MaxSeries = -1
+	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "ALERTER_MAX_SERIES") {
+		t.Errorf("err = %v, want it to name ALERTER_MAX_SERIES", err)
+	}
+}

@@ -62,6 +62,7 @@ type Counts struct {
 	BaselineHosts   int
 	BaselineEngines int
 	BaselineScenes  int
+	BaselineRefused uint64 // new series whose history was not kept, past ALERTER_MAX_SERIES
 	Firing, Pending int
 }
 
@@ -142,6 +143,7 @@ func New(rs *rules.Set, opts baseline.Options, resend time.Duration) (*Engine, e
 func (e *Engine) Counts() Counts {
 	c := e.counts
 	c.BaselineSeries, c.BaselineHosts, c.BaselineEngines, c.BaselineScenes = e.series.Len(), e.hosts.Len(), e.engines.Len(), e.biz.Len()
+	c.BaselineRefused = e.series.Refused() + e.hosts.Refused() + e.engines.Refused() + e.biz.Refused()
 	c.Firing, c.Pending = e.life.Count()
 	return c
 }

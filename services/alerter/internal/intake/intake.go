@@ -72,9 +72,10 @@ const (
 	reasonLate        = "late"
 	reasonRedelivered = "redelivered"
 	reasonCorrection  = "correction"
+	reasonUnread      = "not_evaluated" // a kind no rule reads: host rollups
 )
 
-var reasons = []string{reasonMalformed, reasonInvalid, reasonSubject, reasonLate, reasonRedelivered, reasonCorrection}
+var reasons = []string{reasonMalformed, reasonInvalid, reasonSubject, reasonLate, reasonRedelivered, reasonCorrection, reasonUnread}
 
 // The steps of delivering an evaluated window, for errors and logs.
 const (
@@ -176,11 +177,11 @@ func New(cons jetstream.Consumer, eval Evaluator, sink Sink, cp Checkpoint, dead
 		aggregators: map[string]*aggregator{},
 		wm:          newWatermarkMetrics(),
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: "alerter", Name: "rollups_received_total", Help: "Messages read from the ROLLUPS stream, by kind (tokens, gpu, engine, feedback, watermark).",
+			Namespace: "alerter", Name: "rollups_received_total", Help: "Messages read from the ROLLUPS stream, by kind (tokens, gpu, engine, feedback, host, watermark).",
 		}, []string{"kind"}),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "alerter", Name: "rollups_skipped_total",
-			Help: "Rollups not evaluated, by reason: malformed or invalid (dead-lettered), unknown_subject, late (first delivered after their window was evaluated), redelivered (a copy of a rollup already handled), correction.",
+			Help: "Rollups not evaluated, by reason: malformed or invalid (dead-lettered), unknown_subject, late (first delivered after their window was evaluated), redelivered (a copy of a rollup already handled), correction, not_evaluated (host rollups: no rule reads them).",
 		}, []string{"reason"}),
 		windows:   counter("windows_evaluated_total", "Windows evaluated."),
 		ackErrors: counter("ack_errors_total", "Rollups whose ack failed (they will be redelivered)."),
@@ -202,6 +203,7 @@ func New(cons jetstream.Consumer, eval Evaluator, sink Sink, cp Checkpoint, dead
 	in.received.WithLabelValues("watermark")
 	in.received.WithLabelValues("engine")
 	in.received.WithLabelValues("feedback")
+	in.received.WithLabelValues("host")
 	for _, r := range reasons {
 		in.skipped.WithLabelValues(r)
 	}
@@ -306,6 +308,10 @@ func (in *Intake) Add(m jetstream.Msg, now time.Time) {
 	case isWatermark(subj):
 		in.addWatermark(m, now)
 		return
+	case strings.HasPrefix(subj, "rollup.host."):
+		in.received.WithLabelValues("host").Inc()
+		in.skip(m, reasonUnread)
+		return
 	case strings.HasPrefix(subj, "rollup.gpu."):
 		in.received.WithLabelValues("gpu").Inc()
 		var r events.GPURollup
@@ -342,6 +348,13 @@ func (in *Intake) Add(m jetstream.Msg, now time.Time) {
 		addTo = func(w *engine.Window) { w.Engines = append(w.Engines, r) }
 	default:
 		in.skip(m, reasonSubject)
+		return
+	}
+	if ahead := start.Sub(now); ahead > maxAhead {
+		// Evaluated, it would make every window before it late, and so would its checkpoint
+		// after a restart.
+		in.reject(m, reasonInvalid, fmt.Errorf("%w: window_start %s is %s ahead of the clock (at most %s)",
+			errInvalidRollup, start.UTC().Format(time.RFC3339), ahead.Round(time.Second), maxAhead))
 		return
 	}
 	seq, again := in.position(m)
@@ -552,8 +565,23 @@ func truncateDeadLetter(dl *nats.Msg, dead DeadLetter) {
 
 var errInvalidRollup = errors.New("invalid rollup")
 
+// maxAhead bounds how far ahead of the alerter's clock a rollup's window may start: an
+// aggregator takes events at most events.MaxClockSkew ahead of its own clock, and its clock
+// may be as far ahead of this one.
+const maxAhead = 2 * events.MaxClockSkew
+
+// maxWindowSeconds bounds a rollup's window_seconds as AGG_WINDOW is bounded: a day. One
+// rollup beyond it would stretch its window for all the others (every host's rates per
+// second near zero, the window's end past any time).
+const maxWindowSeconds = 86400
+
+// decode reads a rollup; a key given twice or in other letter case than its field's, which
+// encoding/json would take silently, is malformed too.
 func decode(data []byte, v any) error {
 	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("cannot decode rollup: %w", err)
+	}
+	if err := events.CheckKeys(data, v); err != nil {
 		return fmt.Errorf("cannot decode rollup: %w", err)
 	}
 	return nil
@@ -570,8 +598,8 @@ func checkToken(r *events.TokenRollup) error {
 	switch {
 	case r.WindowStart.IsZero():
 		return fmt.Errorf("%w: window_start is missing", errInvalidRollup)
-	case r.WindowSeconds <= 0:
-		return fmt.Errorf("%w: window_seconds=%d must be positive", errInvalidRollup, r.WindowSeconds)
+	case r.WindowSeconds <= 0 || r.WindowSeconds > maxWindowSeconds:
+		return fmt.Errorf("%w: window_seconds=%d must be 1 to %d", errInvalidRollup, r.WindowSeconds, maxWindowSeconds)
 	case r.Env == "" || r.Scene == "" || r.Model == "":
 		return fmt.Errorf("%w: env, scene and model are required", errInvalidRollup)
 	case r.Errors+r.Timeouts > r.Requests:
@@ -591,8 +619,8 @@ func checkFeedback(r *events.FeedbackRollup) error {
 	switch {
 	case r.WindowStart.IsZero():
 		return fmt.Errorf("%w: window_start is missing", errInvalidRollup)
-	case r.WindowSeconds <= 0:
-		return fmt.Errorf("%w: window_seconds=%d must be positive", errInvalidRollup, r.WindowSeconds)
+	case r.WindowSeconds <= 0 || r.WindowSeconds > maxWindowSeconds:
+		return fmt.Errorf("%w: window_seconds=%d must be 1 to %d", errInvalidRollup, r.WindowSeconds, maxWindowSeconds)
 	case r.Name == "":
 		return fmt.Errorf("%w: name is required", errInvalidRollup)
 	case r.Positive > r.Count:
@@ -605,8 +633,8 @@ func checkGPU(r *events.GPURollup) error {
 	switch {
 	case r.WindowStart.IsZero():
 		return fmt.Errorf("%w: window_start is missing", errInvalidRollup)
-	case r.WindowSeconds <= 0:
-		return fmt.Errorf("%w: window_seconds=%d must be positive", errInvalidRollup, r.WindowSeconds)
+	case r.WindowSeconds <= 0 || r.WindowSeconds > maxWindowSeconds:
+		return fmt.Errorf("%w: window_seconds=%d must be 1 to %d", errInvalidRollup, r.WindowSeconds, maxWindowSeconds)
 	case r.Host == "":
 		return fmt.Errorf("%w: host is required", errInvalidRollup)
 	case r.UtilAvg < 0 || r.UtilAvg > 100 || r.EnergyJ < 0:
@@ -619,8 +647,8 @@ func checkEngine(r *events.EngineRollup) error {
 	switch {
 	case r.WindowStart.IsZero():
 		return fmt.Errorf("%w: window_start is missing", errInvalidRollup)
-	case r.WindowSeconds <= 0:
-		return fmt.Errorf("%w: window_seconds=%d must be positive", errInvalidRollup, r.WindowSeconds)
+	case r.WindowSeconds <= 0 || r.WindowSeconds > maxWindowSeconds:
+		return fmt.Errorf("%w: window_seconds=%d must be 1 to %d", errInvalidRollup, r.WindowSeconds, maxWindowSeconds)
 	case r.Host == "" || r.Name == "":
 		return fmt.Errorf("%w: host and name are required", errInvalidRollup)
 	case r.UpSamples+r.DownSamples != r.Samples:

@@ -370,3 +370,116 @@ func TestEngineRollupsJoinTheirWindow(t *testing.T) {
 		t.Errorf("received{engine} = %v, want 5", got)
 	}
 }
+
+// TestRollupFromTheFarFuture: a rollup whose window starts far ahead of the clock (a
+// hostile publisher, a clock years off) is dead-lettered, not evaluated: evaluated, it
+// would make every real window after it late, and its checkpoint would keep them late
+// after a restart.
+func TestRollupFromTheFarFuture(t *testing.T) {
+	rec, sk, cp, dl := &recorder{}, &sink{}, &memCheckpoint{}, &dead{}
+	in := New(nil, rec, sk, cp, dl, Options{Settle: time.Second}, prometheus.NewRegistry(), discard)
+	now := time.Date(2026, 3, 3, 12, 0, 20, 0, time.UTC)
+	w0 := now.Add(-20 * time.Second)
+	future := tokenMsg(t, time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC), events.KindWindow)
+	ahead := tokenMsg(t, now.Add(time.Hour), events.KindWindow)
+	near := tokenMsg(t, now.Add(5*time.Minute), events.KindWindow) // a clock a few minutes ahead
+	in.Add(future, now)
+	in.Add(ahead, now)
+	in.Add(near, now)
+	if !future.termd || !ahead.termd || near.termd {
+		t.Fatalf("terminated: 9999 %v, an hour ahead %v, 5 minutes ahead %v", future.termd, ahead.termd, near.termd)
+	}
+	if len(dl.msgs) != 2 || dl.msgs[0].Header.Get("Tokenscope-Reason") != "invalid" || !strings.Contains(dl.msgs[0].Header.Get("Tokenscope-Error"), "ahead") {
+		t.Fatalf("dead letters %+v", dl.msgs)
+	}
+	in.Add(tokenMsg(t, w0, events.KindWindow), now)
+	in.Flush(context.Background(), now.Add(2*time.Second))
+	if len(rec.windows) != 2 || !rec.windows[0].Start.Equal(w0) || !rec.windows[1].Start.Equal(now.Add(5*time.Minute)) {
+		t.Fatalf("evaluated %+v, want the windows at %s and 5 minutes ahead", rec.windows, w0)
+	}
+	if got := testutil.ToFloat64(in.skipped.WithLabelValues("invalid")); got != 2 {
+		t.Errorf("skipped{invalid} = %v, want 2", got)
+	}
+}
+
+// TestHostRollupsNotEvaluated: host rollups, which no rule reads, are acknowledged and
+// counted as such, not as an unknown subject (which says something publishes where it
+// should not).
+func TestHostRollupsNotEvaluated(t *testing.T) {
+	in := New(nil, &recorder{}, &sink{}, &memCheckpoint{}, &dead{}, Options{Settle: time.Second}, prometheus.NewRegistry(), discard)
+	host := &msg{subject: "rollup.host.gpu-node-3", data: []byte(`{"v":1}`)}
+	other := &msg{subject: "rollup.elsewhere.x", data: []byte(`{}`)}
+	in.Add(host, time.Now())
+	in.Add(other, time.Now())
+	if !host.acked || !other.acked || in.Pending() != 0 {
+		t.Fatalf("host acked %v, other acked %v, %d pending", host.acked, other.acked, in.Pending())
+	}
+	for _, c := range []struct {
+		name string
+		got  float64
+		want float64
+	}{
+		{"received{host}", testutil.ToFloat64(in.received.WithLabelValues("host")), 1},
+		{"skipped{not_evaluated}", testutil.ToFloat64(in.skipped.WithLabelValues("not_evaluated")), 1},
+		{"skipped{unknown_subject}", testutil.ToFloat64(in.skipped.WithLabelValues("unknown_subject")), 1},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+}
+
+// TestRollupKeysExact: a rollup with a field given twice, or in other letter case, is
+// malformed and dead-lettered: encoding/json would take the last of them, case-insensitively,
+// where the schema and other readers see another message.
+func TestRollupKeysExact(t *testing.T) {
+	dl := &dead{}
+	in := New(nil, &recorder{}, &sink{}, &memCheckpoint{}, dl, Options{Settle: time.Second}, prometheus.NewRegistry(), discard)
+	good := tokenMsg(t, time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC), events.KindWindow)
+	twice := &msg{subject: good.subject, data: []byte(strings.Replace(string(good.data), `"requests":10`, `"requests":10,"requests":1000000`, 1))}
+	cased := &msg{subject: good.subject, data: []byte(strings.Replace(string(good.data), `"requests":10`, `"requests":10,"Requests":1000000`, 1))}
+	now := time.Date(2026, 3, 3, 12, 0, 20, 0, time.UTC)
+	for _, m := range []*msg{good, twice, cased} {
+		in.Add(m, now)
+	}
+	if good.termd || !twice.termd || !cased.termd || len(dl.msgs) != 2 || dl.msgs[0].Header.Get("Tokenscope-Reason") != "malformed" {
+		t.Fatalf("terminated: good %v, twice %v, cased %v; dead letters %+v", good.termd, twice.termd, cased.termd, dl.msgs)
+	}
+}
+
+// TestRollupWindowSecondsBounded: a rollup whose window_seconds is beyond a day is invalid:
+// it would stretch its window for every rollup of it (rates per second of every host near
+// zero, the window's end past any time).
+func TestRollupWindowSecondsBounded(t *testing.T) {
+	dl := &dead{}
+	in := New(nil, &recorder{}, &sink{}, &memCheckpoint{}, dl, Options{Settle: time.Second}, prometheus.NewRegistry(), discard)
+	start := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	now := start.Add(20 * time.Second)
+	for _, kind := range []string{"tokens", "gpu", "engine", "feedback"} {
+		var v any
+		switch kind {
+		case "tokens":
+			v = events.TokenRollup{V: 1, WindowStart: start, WindowSeconds: 1e12, Kind: events.KindWindow, Env: "prod", Scene: "chat", Model: "m", Bucket: "0-499", Requests: 1}
+		case "gpu":
+			v = events.GPURollup{V: 1, WindowStart: start, WindowSeconds: 86401, Kind: events.KindWindow, Host: "h"}
+		case "engine":
+			v = events.EngineRollup{V: 1, WindowStart: start, WindowSeconds: 1e12, Kind: events.KindWindow, Host: "h", Name: "vllm"}
+		case "feedback":
+			v = events.FeedbackRollup{V: 1, WindowStart: start, WindowSeconds: 1e12, Kind: events.KindWindow, Name: "thumbs"}
+		}
+		data, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := &msg{subject: "rollup." + kind + ".x.y", data: data}
+		in.Add(m, now)
+		if !m.termd {
+			t.Errorf("%s rollup of window_seconds beyond a day taken", kind)
+		}
+	}
+	day := tokenMsg(t, start, events.KindWindow)
+	in.Add(day, now)
+	if day.termd || len(dl.msgs) != 4 {
+		t.Fatalf("a 15 s window terminated %v; %d dead letters", day.termd, len(dl.msgs))
+	}
+}

@@ -1,7 +1,6 @@
 package intake
 
 import (
-	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
@@ -62,12 +61,18 @@ func (m watermarkMetrics) collectors() []prometheus.Collector {
 func (in *Intake) addWatermark(m jetstream.Msg, now time.Time) {
 	in.received.WithLabelValues("watermark").Inc()
 	var w events.Watermark
-	if err := json.Unmarshal(m.Data(), &w); err != nil {
+	if err := decode(m.Data(), &w); err != nil {
 		in.reject(m, reasonMalformed, fmt.Errorf("cannot decode watermark: %w", err))
 		return
 	}
 	if err := checkWatermark(&w); err != nil {
 		in.reject(m, reasonInvalid, err)
+		return
+	}
+	if ahead := w.Through.Sub(now); ahead > maxAhead {
+		// Taken, it would stand for its aggregator for good: a watermark never goes back.
+		in.reject(m, reasonInvalid, fmt.Errorf("%w: watermark through %s is %s ahead of the clock (at most %s)",
+			errInvalidRollup, w.Through.UTC().Format(time.RFC3339), ahead.Round(time.Second), maxAhead))
 		return
 	}
 	in.wm.received.Inc()

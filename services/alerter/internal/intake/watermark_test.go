@@ -131,3 +131,30 @@ func TestLaggingAggregatorWaitedFor(t *testing.T) {
 		t.Errorf("watermarks_received_total = %v, want 7", got)
 	}
 }
+
+// TestWatermarkFromTheFarFuture: a watermark far ahead of the clock is dead-lettered. Taken,
+// it would stand for its aggregator for good (a watermark never goes back), and windows
+// would no longer wait for the aggregator's real one.
+func TestWatermarkFromTheFarFuture(t *testing.T) {
+	rec, dl := &recorder{}, &dead{}
+	in := New(nil, rec, &sink{}, &memCheckpoint{}, dl, Options{Settle: time.Second, WatermarkTimeout: time.Minute}, prometheus.NewRegistry(), discard)
+	now := time.Date(2026, 3, 3, 12, 0, 20, 0, time.UTC)
+	w0 := now.Add(-20 * time.Second)
+	wm := func(through time.Time) *msg {
+		data, err := json.Marshal(events.Watermark{V: 1, Consumer: "agg-b", Through: through, WindowSeconds: 15, At: now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &msg{subject: events.WatermarkSubject("agg-b"), data: data}
+	}
+	future, real := wm(time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)), wm(w0)
+	in.Add(future, now)
+	in.Add(real, now)
+	if !future.termd || real.termd || len(dl.msgs) != 1 || dl.msgs[0].Header.Get("Tokenscope-Reason") != "invalid" {
+		t.Fatalf("future terminated %v, real terminated %v, dead letters %+v", future.termd, real.termd, dl.msgs)
+	}
+	in.Add(tokenMsg(t, w0, events.KindWindow), now)
+	if n := in.Flush(context.Background(), now.Add(2*time.Second)); n != 0 {
+		t.Fatalf("evaluated %d windows that agg-b's watermark has not passed", n)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -31,6 +32,7 @@ type amAlert struct {
 // alerts wait in a bounded queue; past it the oldest are dropped and counted.
 type Alertmanager struct {
 	url     string
+	shown   string // url with its password hidden, for errors and logs
 	client  *http.Client
 	resend  time.Duration
 	in      chan []events.Alert
@@ -49,6 +51,7 @@ func NewAlertmanager(base string, timeout, resend time.Duration, reg prometheus.
 	}
 	a := &Alertmanager{
 		url:     strings.TrimRight(base, "/") + "/api/v2/alerts",
+		shown:   "Alertmanager",
 		client:  &http.Client{Timeout: timeout},
 		resend:  resend,
 		in:      make(chan []events.Alert, 1024),
@@ -56,6 +59,9 @@ func NewAlertmanager(base string, timeout, resend time.Duration, reg prometheus.
 		posted:  c("alertmanager_alerts_posted_total", "Alerts Alertmanager accepted."),
 		failed:  c("alertmanager_post_errors_total", "Posts to Alertmanager that failed (and were retried)."),
 		dropped: c("alertmanager_alerts_dropped_total", "Alerts dropped because Alertmanager was away too long."),
+	}
+	if u, err := url.Parse(a.url); err == nil {
+		a.shown = u.Redacted()
 	}
 	reg.MustRegister(a.posted, a.failed, a.dropped)
 	return a
@@ -181,17 +187,17 @@ func (a *Alertmanager) post(ctx context.Context, alerts []events.Alert) error {
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.url, bytes.NewReader(body))
 	if err != nil {
-		return fmt.Errorf("cannot make a request to %s: %w", a.url, err)
+		return fmt.Errorf("cannot make a request to %s: %w", a.shown, err)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := a.client.Do(req)
 	if err != nil {
-		return fmt.Errorf("cannot post to %s: %w", a.url, err)
+		return fmt.Errorf("cannot post to %s: %w", a.shown, err)
 	}
 	defer resp.Body.Close()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("cannot post to %s: %s: %s", a.url, resp.Status, bytes.TrimSpace(msg))
+		return fmt.Errorf("cannot post to %s: %s: %s", a.shown, resp.Status, bytes.TrimSpace(msg))
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package notify
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -8,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -217,4 +219,57 @@ func TestAlertmanagerEngineCause(t *testing.T) {
 	if _, ok := got[1].Annotations["engine_cause"]; ok {
 		t.Errorf("an alert without a cause has one: %v", got[1].Annotations)
 	}
+}
+
+// TestAlertmanagerPasswordNotLogged: an Alertmanager behind basic auth has its password in
+// ALERTER_ALERTMANAGER_URL; it is sent, and a failed post's log does not show it.
+func TestAlertmanagerPasswordNotLogged(t *testing.T) {
+	var mu sync.Mutex
+	var user, pass string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		user, pass, _ = r.BasicAuth()
+		mu.Unlock()
+		http.Error(w, "busy", http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	var log syncBuffer
+	base := strings.Replace(srv.URL, "http://", "http://am:s3cret@", 1)
+	am := NewAlertmanager(base, 5*time.Second, time.Hour, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(&log, nil)))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- am.Run(ctx) }()
+	am.Enqueue([]events.Alert{alert(events.AlertFiring)})
+	deadline := time.Now().Add(10 * time.Second)
+	for testutil.ToFloat64(am.failed) < 1 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	mu.Lock()
+	defer mu.Unlock()
+	if user != "am" || pass != "s3cret" {
+		t.Errorf("basic auth %q:%q, want the URL's", user, pass)
+	}
+	if out := log.String(); !strings.Contains(out, "cannot post") || strings.Contains(out, "s3cret") {
+		t.Errorf("log %s", out)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger writing from another goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -13,6 +13,7 @@ type metrics struct {
 	duration prometheus.Histogram
 	samples  prometheus.Counter
 	invalid  *prometheus.CounterVec
+	dropped  *prometheus.CounterVec
 	gpus     prometheus.Gauge
 
 	hostSamples prometheus.Counter
@@ -35,6 +36,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "gpuwatch", Name: "samples_invalid_total", Help: "Samples not published because they break the contract, by reason."},
 			[]string{"reason"}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "gpuwatch", Name: "readings_dropped_total", Help: "GPU and host readings left out of their sample because they break the contract (the sample is published with the rest), by reason."},
+			[]string{"reason"}),
 		gpus: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "gpuwatch", Name: "gpus", Help: "GPUs in the last tick."}),
 		hostSamples: prometheus.NewCounter(prometheus.CounterOpts{
@@ -45,10 +49,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	for _, r := range events.Reasons() {
 		m.invalid.WithLabelValues(r)
+		m.dropped.WithLabelValues(r)
 		m.hostInvalid.WithLabelValues(r)
 	}
 	if reg != nil {
-		reg.MustRegister(m.ticks, m.skipped, m.lateness, m.duration, m.samples, m.invalid, m.gpus, m.hostSamples, m.hostInvalid)
+		reg.MustRegister(m.ticks, m.skipped, m.lateness, m.duration, m.samples, m.invalid, m.dropped, m.gpus, m.hostSamples, m.hostInvalid)
 	}
 	return m
 }

@@ -121,7 +121,16 @@ func (s *Sampler) Tick(ctx context.Context, now time.Time) {
 		smp := &s.buf[i]
 		smp.V, smp.TS, smp.Host = events.Version, now, s.opts.Host
 		smp.EnergyUsedJ = nil // the sampler's to set, from the counter's delta
-		if err := smp.ValidateAt(now); err != nil {
+		// A bad reading (a driver's glitch) is left out, not the GPU's sample with it.
+		dropped, err := events.DropBadReadings(smp, now)
+		for _, derr := range dropped {
+			s.m.dropped.WithLabelValues(events.Reason(derr)).Inc()
+			if msg := derr.Error(); msg != s.lastErr {
+				s.logger.Warn("GPU reading breaks the contract; left out of the sample", "gpu", smp.GPUIndex, "err", derr)
+				s.lastErr = msg
+			}
+		}
+		if err != nil {
 			reason := events.Reason(err)
 			s.m.invalid.WithLabelValues(reason).Inc()
 			if msg := err.Error(); msg != s.lastErr {
@@ -189,7 +198,14 @@ func (s *Sampler) forgetEnergy(now time.Time) {
 func (s *Sampler) publishHost(now time.Time) {
 	smp := s.opts.HostReader.Read(now)
 	smp.V, smp.TS, smp.Host = events.Version, now, s.opts.Host
-	err := smp.ValidateAt(now)
+	dropped, err := events.DropBadReadings(&smp, now)
+	for _, derr := range dropped {
+		s.m.dropped.WithLabelValues(events.Reason(derr)).Inc()
+		if msg := derr.Error(); msg != s.hostErr {
+			s.logger.Warn("host reading breaks the contract; left out of the sample", "err", derr)
+			s.hostErr = msg
+		}
+	}
 	var data []byte
 	if err == nil {
 		data, err = events.MarshalHostSample(&smp)

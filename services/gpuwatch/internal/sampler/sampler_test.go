@@ -73,19 +73,24 @@ func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, ni
 
 func TestTick(t *testing.T) {
 	bad := h200(1)
-	bad.UtilGPUPct = ptr(150.0) // a source bug must not reach the wire
+	bad.UtilGPUPct = ptr(150.0)               // a source bug must not reach the wire
+	bad.MemUsedBytes = ptr(uint64(200 << 30)) // above mem_total_bytes
 	sparse := events.GPUSample{GPUIndex: 2, GPUUUID: "GPU-0", Source: events.SourceSynthetic, UtilGPUPct: ptr(12.5)}
-	src := &fakeSource{samples: []events.GPUSample{h200(0), bad, sparse}}
+	noUUID := events.GPUSample{GPUIndex: 3, UtilGPUPct: ptr(12.5)} // nothing to publish it as
+	src := &fakeSource{samples: []events.GPUSample{h200(0), bad, sparse, noUUID}}
 	pub := &fakePublisher{}
 	exp := &fakeExporter{}
 	reg := prometheus.NewRegistry()
 	s := New(src, pub, exp, Options{Host: "gpu-node.3", Interval: time.Second}, reg, discard())
 	s.Tick(context.Background(), t0)
 
-	if len(pub.msgs) != 2 {
-		t.Fatalf("published %d, want 2", len(pub.msgs))
+	if len(pub.msgs) != 3 {
+		t.Fatalf("published %d, want 3", len(pub.msgs))
 	}
-	for i, want := range []events.GPUSample{h200(0), sparse} {
+	// The bad sample goes out without its bad readings: the good ones beside them are kept.
+	fixed := h200(1)
+	fixed.UtilGPUPct, fixed.MemUsedBytes = nil, nil
+	for i, want := range []events.GPUSample{h200(0), fixed, sparse} {
 		m := pub.msgs[i]
 		if m.subject != "gpu.sample.gpu-node_3" {
 			t.Errorf("subject %q", m.subject)
@@ -102,13 +107,16 @@ func TestTick(t *testing.T) {
 			t.Errorf("decoded\n%+v\nwant\n%+v", got, want)
 		}
 	}
-	if v := testutil.ToFloat64(s.m.invalid.WithLabelValues("out_of_range")); v != 1 {
-		t.Errorf("invalid{out_of_range} = %v, want 1", v)
+	if v := testutil.ToFloat64(s.m.dropped.WithLabelValues("out_of_range")); v != 2 {
+		t.Errorf("readings_dropped{out_of_range} = %v, want 2", v)
 	}
-	if len(exp.got) != 2 || exp.got[1].GPUUUID != "GPU-0" || exp.got[0].Host != "gpu-node.3" {
+	if v := testutil.ToFloat64(s.m.invalid.WithLabelValues("missing_field")); v != 1 {
+		t.Errorf("invalid{missing_field} = %v, want 1", v)
+	}
+	if len(exp.got) != 3 || exp.got[2].GPUUUID != "GPU-0" || exp.got[0].Host != "gpu-node.3" {
 		t.Errorf("exporter got %+v", exp.got)
 	}
-	if v := testutil.ToFloat64(s.m.samples); v != 2 {
+	if v := testutil.ToFloat64(s.m.samples); v != 3 {
 		t.Errorf("samples_total = %v", v)
 	}
 	if s.LastTick().IsZero() {
@@ -203,7 +211,7 @@ func TestEncode(t *testing.T) {
 		"full":   h200(0),
 		"sparse": {GPUIndex: 0, GPUUUID: "GPU-0"},
 		"quoted": quoted,
-		"tiny":   {GPUIndex: 1023, GPUUUID: "GPU-1", PCIeTxBps: ptr(1e-7), EnergyJ: ptr(1e300)},
+		"tiny":   {GPUIndex: 1023, GPUUUID: "GPU-1", PCIeTxBps: ptr(1e-7), EnergyJ: ptr(events.MaxEnergyJ)},
 		"used":   {GPUIndex: 2, GPUUUID: "GPU-2", EnergyJ: ptr(123457478.7), EnergyUsedJ: ptr(689.2)},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -312,8 +320,8 @@ type fakeHost struct{ s events.HostSample }
 func (h *fakeHost) Read(time.Time) events.HostSample { return h.s }
 
 // TestTickHost: the host sample goes out on the GPU tick, with the tick's ts, to
-// host.sample.<host>, once per tick (its Nats-Msg-Id names host and tick); one that
-// breaks the contract is counted and not published.
+// host.sample.<host>, once per tick (its Nats-Msg-Id names host and tick); a reading that
+// breaks the contract is left out and counted, the rest published.
 func TestTickHost(t *testing.T) {
 	host := &fakeHost{s: events.HostSample{MemTotalBytes: ptr(uint64(100)), MemUsedBytes: ptr(uint64(40)),
 		MemAvailableBytes: ptr(uint64(60)), DeltaSeconds: ptr(1.0), NetRxBps: ptr(1e6), NetTxBps: ptr(2e6)}}
@@ -342,12 +350,29 @@ func TestTickHost(t *testing.T) {
 		t.Fatalf("host_samples_total = %v", v)
 	}
 
-	host.s.MemUsedBytes = ptr(uint64(101)) // above the total
+	host.s.MemUsedBytes = ptr(uint64(101)) // above the total: left out, the rest published
 	s.Tick(context.Background(), t0.Add(time.Second))
-	if len(pub.msgs) != 3 || pub.msgs[2].subject != "gpu.sample.gpu-node_3" {
-		t.Fatalf("an invalid host sample was published: %+v", pub.msgs[2:])
+	if len(pub.msgs) != 4 || pub.msgs[3].subject != "host.sample.gpu-node_3" {
+		t.Fatalf("published %+v, want the GPU and the host sample", pub.msgs[2:])
 	}
-	if v := testutil.ToFloat64(s.m.hostInvalid.WithLabelValues("out_of_range")); v != 1 {
-		t.Fatalf("host_samples_invalid_total{out_of_range} = %v", v)
+	got = events.HostSample{}
+	if err := events.UnmarshalHostSample([]byte(pub.msgs[3].data), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.MemUsedBytes != nil || got.NetRxBps == nil || *got.NetRxBps != 1e6 {
+		t.Fatalf("host sample %+v, want it without mem_used_bytes and with the rest", got)
+	}
+	if v := testutil.ToFloat64(s.m.dropped.WithLabelValues("out_of_range")); v != 1 {
+		t.Fatalf("readings_dropped_total{out_of_range} = %v", v)
+	}
+
+	host.s.MemUsedBytes = ptr(uint64(40))
+	host.s.DeltaSeconds = ptr(-1.0)
+	s.Tick(context.Background(), t0.Add(2*time.Second))
+	if len(pub.msgs) != 6 {
+		t.Fatalf("published %d, want 6", len(pub.msgs))
+	}
+	if v := testutil.ToFloat64(s.m.dropped.WithLabelValues("negative")); v != 1 {
+		t.Fatalf("readings_dropped_total{negative} = %v", v)
 	}
 }

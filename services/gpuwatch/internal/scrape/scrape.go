@@ -152,7 +152,12 @@ func (s *Scraper) Tick(ctx context.Context, now time.Time) {
 }
 
 func (s *Scraper) publish(smp *events.EngineSample, now time.Time) {
-	if err := smp.ValidateAt(now); err != nil {
+	// A reading the contract refuses is left out, not the sample with the rest.
+	dropped, err := events.DropBadReadings(smp, now)
+	if len(dropped) > 0 {
+		s.m.dropped.WithLabelValues(smp.Name, "invalid_reading").Add(float64(len(dropped)))
+	}
+	if err != nil {
 		s.m.invalid.WithLabelValues(events.Reason(err)).Inc()
 		return
 	}
@@ -198,7 +203,7 @@ func (s *Scraper) scrapeTarget(ctx context.Context, t *target, now time.Time) {
 		s.m.failed.WithLabelValues(t.Name, reason).Inc()
 		s.m.up.WithLabelValues(t.Name).Set(0)
 		if msg := reason + ": " + err.Error(); msg != t.lastErr {
-			s.logger.Warn("cannot scrape engine; reported down", "engine", t.Name, "url", t.URL, "reason", reason, "err", err)
+			s.logger.Warn("cannot scrape engine; reported down", "engine", t.Name, "url", redactURL(t.URL), "reason", reason, "err", err)
 			t.lastErr = msg
 		}
 		t.out = append(t.out, events.EngineSample{V: events.Version, TS: now, Host: s.opts.Host,

@@ -542,3 +542,52 @@ vllm:time_to_first_token_seconds_sum{engine="%s",model_name="m"} 1
 		t.Errorf("histogram_bounds_mismatch = %v, want 1", v)
 	}
 }
+
+// TestPasswordNotShown: an engine behind basic auth has its password in GPUWATCH_ENGINES'
+// URL; neither a configuration error nor the log of a failed scrape shows it.
+func TestPasswordNotShown(t *testing.T) {
+	for _, in := range []string{
+		"vllm:a.b=http://scraper:s3cret@h/metrics",  // bad name
+		"ollama=http://scraper:s3cret@h/metrics",    // bad kind
+		"vllm=ftp://scraper:s3cret@h/metrics",       // bad scheme
+		"http://scraper:s3cret@h/metrics",           // no kind
+		"vllm=scraper:s3cret@h/metrics",             // no scheme
+		"vllm=http://scraper:s3cret@h:port/metrics", // not a URL
+	} {
+		_, err := ParseTargets(in)
+		if err == nil || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("ParseTargets(%q): %v", in, err)
+		}
+	}
+	var log bytes.Buffer
+	targets, err := ParseTargets("vllm=http://scraper:s3cret@127.0.0.1:1/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(targets, &fakePublisher{}, Options{Host: "gpu-node-3", Interval: time.Second, Timeout: 300 * time.Millisecond,
+		MaxBytes: 1 << 20, MaxModels: 16}, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(&log, nil)))
+	s.Tick(context.Background(), t0)
+	if !strings.Contains(log.String(), "cannot scrape") || strings.Contains(log.String(), "s3cret") {
+		t.Errorf("log %s", log.String())
+	}
+}
+
+// TestBadReadingLeftOut: an engine that exports a reading the contract refuses (two billion
+// requests waiting) has that reading left out and counted; its sample goes out with the rest.
+func TestBadReadingLeftOut(t *testing.T) {
+	eng := newEngine(t, `# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 3
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} 2e9
+`)
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 16)
+	s.Tick(context.Background(), t0)
+	got := one(t, pub.take(t))
+	if got.Waiting != nil || got.Running == nil || *got.Running != 3 || !got.Up {
+		t.Fatalf("sample %s, want running 3 without waiting", jsonOf(got))
+	}
+	if v := testutil.ToFloat64(s.m.dropped.WithLabelValues("vllm", "invalid_reading")); v != 1 {
+		t.Errorf("engine_series_dropped_total{invalid_reading} = %v, want 1", v)
+	}
+}

@@ -1,0 +1,24 @@
+package demo
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+)
+
+// TestAlertLineEscapesLabels: an alert's labels are whatever the alerter was sent; one with
+// a line break or a terminal escape stays on its line, escaped.
+func TestAlertLineEscapesLabels(t *testing.T) {
+	data, err := json.Marshal(events.Alert{State: events.AlertFiring, Severity: "warning", Rule: "ttft_p95_sla",
+		Labels:      map[string]string{"scene": "chat\n12:00:00 RESOLVED everything", "model": "m\x1b[2J"},
+		EngineCause: &events.EngineCause{Cause: events.CauseQueueTime, Host: "h\x1b]0;x\x07", Engine: "vllm"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := alertLine(data)
+	if strings.ContainsAny(line, "\n\x1b\x07") || !strings.Contains(line, `scene=chat\n12:00:00`) || !strings.Contains(line, `model=m\x1b[2J`) {
+		t.Errorf("line %q", line)
+	}
+}
