@@ -49,6 +49,13 @@ func TestConfig(t *testing.T) {
 			t.Fatalf("%v: error %v does not name %s", tc.vars, err, tc.want)
 		}
 	}
+	// A URL that does not parse still never shows its password.
+	for _, u := range []string{"nats://svc:s3cr%zzet@nats:4222", "svc:s3cr et@nats:4222", "nats://svc:s3cr/et@b:4222%,nats://a:4222"} {
+		_, err := parse(t, map[string]string{"NATS_URL": u})
+		if err == nil || !strings.Contains(err.Error(), "NATS_URL") || strings.Contains(err.Error(), "s3cr") {
+			t.Fatalf("NATS_URL=%s: error %v", u, err)
+		}
+	}
 }
 
 func TestEnsureStreamsAndConsumer(t *testing.T) {
