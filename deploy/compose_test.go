@@ -252,10 +252,16 @@ func TestComposeVariables(t *testing.T) {
 		if s.HealthCheck == nil {
 			continue
 		}
+		// The emitter's probes have an address of their own, answered while HTTP_ADDR is full.
+		if probes := s.Environment["EMITTER_PROBE_ADDR"]; probes != nil {
+			if host, port, err = net.SplitHostPort(*probes); err != nil || host != "0.0.0.0" {
+				t.Errorf("%s: EMITTER_PROBE_ADDR=%s, want 0.0.0.0:<port>", name, *probes)
+			}
+		}
 		probe := s.HealthCheck.Test[len(s.HealthCheck.Test)-1]
 		u, err := url.Parse(probe)
 		if err != nil || u.Port() != port || u.Path != "/readyz" || s.HealthCheck.Test[1] != "/usr/local/bin/httpprobe" {
-			t.Errorf("%s: health check %v does not probe /readyz on HTTP_ADDR's port %s with httpprobe", name, s.HealthCheck.Test, port)
+			t.Errorf("%s: health check %v does not probe /readyz on the port %s of its probes with httpprobe", name, s.HealthCheck.Test, port)
 		}
 	}
 	if checked < 8 {

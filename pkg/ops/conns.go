@@ -54,6 +54,11 @@ func NewConnLimit(max int, namespace string, reg prometheus.Registerer) *ConnLim
 	return l
 }
 
+// apart returns a limit of max connections of its own, counted in l's metrics.
+func (l *ConnLimit) apart(max int) *ConnLimit {
+	return &ConnLimit{max: int64(max), answers: make(chan struct{}, maxAnswers), open: l.open, refusals: l.refusals}
+}
+
 // Open returns how many connections are open.
 func (l *ConnLimit) Open() int { return int(l.n.Load()) }
 

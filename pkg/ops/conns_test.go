@@ -245,3 +245,51 @@ func BenchmarkLimitedConn(b *testing.B) {
 		})
 	}
 }
+
+// TestProbesOnTheirOwnListener: with every connection of the service's address taken, its
+// probes and scrapes are still answered on the probes' address, which serves nothing else.
+func TestProbesOnTheirOwnListener(t *testing.T) {
+	s := ops.NewServer("127.0.0.1:0", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s.ProbesOn("127.0.0.1:0")
+	s.Handle("GET /work", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "done\n") }))
+	l := ops.NewConnLimit(1, "test", s.Registry())
+	s.LimitConns(l)
+	if err := s.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx, time.Second) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	if s.ProbesAddr() == s.Addr() || strings.HasSuffix(s.ProbesAddr(), ":0") {
+		t.Fatalf("probes on %s, service on %s", s.ProbesAddr(), s.Addr())
+	}
+
+	c1, br1 := dial(t, s.Addr())
+	if resp := get(t, c1, br1); resp.StatusCode != 200 {
+		t.Fatalf("the service's address: %d", resp.StatusCode)
+	}
+	c2, br2 := dial(t, s.Addr())
+	if resp := get(t, c2, br2); resp.StatusCode != 503 {
+		t.Fatalf("the service's address, full: %d, want 503", resp.StatusCode)
+	}
+	for path, want := range map[string]int{"/healthz": 200, "/readyz": 200, "/metrics": 200, "/work": 404} {
+		resp, err := http.Get("http://" + s.ProbesAddr() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Fatalf("probes' %s: %d, want %d", path, resp.StatusCode, want)
+		}
+		if path == "/metrics" && !strings.Contains(string(body), `test_connections_open{listener="http"} 1`) {
+			t.Fatalf("the scrape does not show the full service address:\n%s", body)
+		}
+	}
+}

@@ -32,6 +32,9 @@ type Server struct {
 
 	idle       time.Duration
 	ln         net.Listener
+	probes     *http.ServeMux // /healthz, /readyz and /metrics alone, for probesAddr
+	probesAddr string         // "": no listener of their own
+	probesLn   net.Listener
 	conns      *ConnLimit
 	wrap       func(net.Listener) net.Listener
 	connCtx    func(context.Context, net.Conn) context.Context
@@ -54,15 +57,24 @@ const DefaultIdleTimeout = 2 * time.Minute
 func NewServer(addr string, logger *slog.Logger) *Server {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	s := &Server{addr: addr, mux: http.NewServeMux(), registry: reg, logger: logger, idle: DefaultIdleTimeout}
-	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain")
-		_, _ = w.Write([]byte("ok\n"))
-	})
-	s.mux.HandleFunc("GET /readyz", s.readyz)
-	s.mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	s := &Server{addr: addr, mux: http.NewServeMux(), probes: http.NewServeMux(), registry: reg, logger: logger, idle: DefaultIdleTimeout}
+	for _, mux := range []*http.ServeMux{s.mux, s.probes} {
+		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/plain")
+			_, _ = w.Write([]byte("ok\n"))
+		})
+		mux.HandleFunc("GET /readyz", s.readyz)
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	}
 	return s
 }
+
+// ProbesOn makes Run serve /healthz, /readyz and /metrics on addr too, and nothing else
+// there: for a service whose own address can fill (every connection the emitter allows taken
+// by streams), so that its probes and scrapes are still answered. With LimitConns, addr has
+// a limit of its own, DefaultMaxConns, counted as the listener "probes". Call it before
+// Listen.
+func (s *Server) ProbesOn(addr string) { s.probesAddr = addr }
 
 // Registry is where the service registers its metrics.
 func (s *Server) Registry() *prometheus.Registry { return s.registry }
@@ -109,6 +121,10 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 func (s *Server) LimitConns(l *ConnLimit) {
 	l.open.WithLabelValues("http")
 	l.refusals.WithLabelValues("http")
+	if s.probesAddr != "" {
+		l.open.WithLabelValues("probes")
+		l.refusals.WithLabelValues("probes")
+	}
 	s.conns = l
 }
 
@@ -141,7 +157,21 @@ func (s *Server) Listen() error {
 		return fmt.Errorf("cannot listen on HTTP_ADDR=%s: %w", s.addr, err)
 	}
 	s.ln = ln
+	if s.probesAddr != "" {
+		if s.probesLn, err = net.Listen("tcp", s.probesAddr); err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("cannot listen for probes on %s: %w", s.probesAddr, err)
+		}
+	}
 	return nil
+}
+
+// ProbesAddr returns the probes' bound address once Listen has run ("" without ProbesOn).
+func (s *Server) ProbesAddr() string {
+	if s.probesLn == nil {
+		return s.probesAddr
+	}
+	return s.probesLn.Addr().String()
 }
 
 // Addr returns the bound address once Listen has run.
@@ -167,8 +197,17 @@ func (s *Server) Run(ctx context.Context, grace time.Duration) error {
 	if s.wrap != nil {
 		ln = s.wrap(ln)
 	}
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
+	if s.probesLn != nil {
+		probes := &http.Server{Handler: s.probes, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: s.idle}
+		pln := s.probesLn
+		if s.conns != nil {
+			pln = s.conns.apart(DefaultMaxConns).HTTPListener(pln, "probes")
+		}
+		go func() { errc <- probes.Serve(pln) }()
+		defer probes.Close()
+	}
 	select {
 	case err := <-errc:
 		return fmt.Errorf("HTTP server on %s stopped: %w", s.Addr(), err)

@@ -17,9 +17,11 @@ import (
 
 // Config is the emitter's configuration, from the environment.
 type Config struct {
-	HTTPAddr string     `env:"HTTP_ADDR" envDefault:"127.0.0.1:8080"`
-	LogLevel slog.Level `env:"LOG_LEVEL" envDefault:"info"`
-	NATS     bus.Config `envPrefix:"NATS_"`
+	HTTPAddr string `env:"HTTP_ADDR" envDefault:"127.0.0.1:8080"`
+	// ProbeAddr serves /healthz, /readyz and /metrics alone, beside HTTP_ADDR ("": not).
+	ProbeAddr string     `env:"EMITTER_PROBE_ADDR"`
+	LogLevel  slog.Level `env:"LOG_LEVEL" envDefault:"info"`
+	NATS      bus.Config `envPrefix:"NATS_"`
 
 	UpstreamURL       string        `env:"EMITTER_UPSTREAM_URL" envDefault:"http://127.0.0.1:8081"`
 	Upstreams         string        `env:"EMITTER_UPSTREAMS"` // model-prefix routes: claude-=https://api.anthropic.com,gpt-=https://api.openai.com
@@ -79,6 +81,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("EMITTER_STREAM_IDLE_TIMEOUT=%s must be positive", c.StreamIdleTimeout)
 	case c.ClientIdleTimeout <= 0:
 		return fmt.Errorf("EMITTER_CLIENT_IDLE_TIMEOUT=%s must be positive", c.ClientIdleTimeout)
+	case c.ProbeAddr != "" && c.ProbeAddr == c.HTTPAddr:
+		return fmt.Errorf("EMITTER_PROBE_ADDR and HTTP_ADDR are both %s", c.HTTPAddr)
 	case c.MaxConnections < 1:
 		return fmt.Errorf("EMITTER_MAX_CONNECTIONS=%d must be at least 1", c.MaxConnections)
 	case c.DefaultScene == "":

@@ -62,9 +62,9 @@ func (h held) closed() bool {
 // closed), those open are served, and a connection whose stream left net/http holds one
 // place until it is closed.
 func TestConnectionLimit(t *testing.T) {
-	httpAddr, grpcAddr := freeAddr(t), freeAddr(t)
+	httpAddr, grpcAddr, probeAddr := freeAddr(t), freeAddr(t), freeAddr(t)
 	base, _, stop := serveRigWith(t, fakellm.Options{TTFT: 5 * time.Millisecond, TPOT: 50 * time.Millisecond, Tokens: 16},
-		"EMITTER_MAX_CONNECTIONS=3", "EMITTER_OTLP_HTTP_ADDR="+httpAddr, "EMITTER_OTLP_GRPC_ADDR="+grpcAddr)
+		"EMITTER_MAX_CONNECTIONS=3", "EMITTER_OTLP_HTTP_ADDR="+httpAddr, "EMITTER_OTLP_GRPC_ADDR="+grpcAddr, "EMITTER_PROBE_ADDR="+probeAddr)
 	defer stop()
 	http.DefaultTransport.(*http.Transport).CloseIdleConnections() // serveRig's readiness check
 	addr := strings.TrimPrefix(base, "http://")
@@ -101,6 +101,13 @@ func TestConnectionLimit(t *testing.T) {
 	}
 	if c := hold(t, grpcAddr); !c.closed() {
 		t.Fatal("gRPC: the refused connection is still open")
+	}
+	// The probes' address still answers, and serves nothing but probes and scrapes.
+	probe := hold(t, probeAddr)
+	for path, want := range map[string]int{"/readyz": 200, "/healthz": 200, "/v1/models": 404} {
+		if resp, body := probe.do(t, "GET", path, ""); resp.StatusCode != want {
+			t.Fatalf("EMITTER_PROBE_ADDR %s with HTTP_ADDR full: %d %q, want %d", path, resp.StatusCode, body, want)
+		}
 	}
 	if resp, body := proxy.do(t, "GET", "/healthz", ""); resp.StatusCode != 200 {
 		t.Fatalf("on the connection given back after the stream: %d %q", resp.StatusCode, body)

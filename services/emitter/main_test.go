@@ -50,6 +50,7 @@ func TestConfig(t *testing.T) {
 		{"tiny SSE event limit", "EMITTER_MAX_SSE_EVENT_BYTES", "100", "EMITTER_MAX_SSE_EVENT_BYTES"},
 		{"no buffer", "EMITTER_PUBLISH_BUFFER", "0", "EMITTER_PUBLISH_BUFFER"},
 		{"tiny buffer bytes", "EMITTER_PUBLISH_BUFFER_BYTES", "1000", "EMITTER_PUBLISH_BUFFER_BYTES"},
+		{"probes on HTTP_ADDR", "EMITTER_PROBE_ADDR", "127.0.0.1:8080", "EMITTER_PROBE_ADDR"},
 		{"negative linger", "EMITTER_PUBLISH_LINGER", "-1ms", "EMITTER_PUBLISH_LINGER"},
 		{"long linger", "EMITTER_PUBLISH_LINGER", "2s", "EMITTER_PUBLISH_LINGER"},
 		{"bad NATS", "NATS_URL", "::", "NATS_URL"},

@@ -98,6 +98,9 @@ func serve(ctx context.Context, environ map[string]string, stderr io.Writer) err
 	logger := newLogger(stderr, cfg.LogLevel)
 	srv := ops.NewServer(cfg.HTTPAddr, logger)
 	srv.SetIdleTimeout(cfg.ClientIdleTimeout)
+	if cfg.ProbeAddr != "" {
+		srv.ProbesOn(cfg.ProbeAddr) // answered when HTTP_ADDR is full
+	}
 	// One count over HTTP_ADDR and the OTLP receivers: they share the process's memory and
 	// descriptors.
 	conns := ops.NewConnLimit(cfg.MaxConnections, "emitter", srv.Registry())
@@ -136,7 +139,7 @@ func serve(ctx context.Context, environ map[string]string, stderr io.Writer) err
 	}
 	otlpSrv.LimitConns(conns)
 
-	logger.Info("serving", "addr", srv.Addr(), "otlp_http", otlpSrv.HTTPAddr(), "otlp_grpc", otlpSrv.GRPCAddr(),
+	logger.Info("serving", "addr", srv.Addr(), "probes", srv.ProbesAddr(), "otlp_http", otlpSrv.HTTPAddr(), "otlp_grpc", otlpSrv.GRPCAddr(),
 		"upstream", cfg.UpstreamURL, "nats", nc.ConnectedUrlRedacted())
 	// The publisher outlives the listeners, so the events of requests finishing during the
 	// shutdown grace are still flushed. One listener failing stops the others.
