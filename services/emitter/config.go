@@ -115,8 +115,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("EMITTER_OTLP_HTTP_ADDR and EMITTER_OTLP_GRPC_ADDR are both %s", c.OTLPHTTPAddr)
 	case c.OTLPMaxBytes < 1024 || c.OTLPMaxBytes > 1<<30:
 		return fmt.Errorf("EMITTER_OTLP_MAX_BYTES=%d must be between 1024 and 1073741824", c.OTLPMaxBytes)
-	case (c.OTLPHTTPAddr != otlp.Off || c.OTLPGRPCAddr != otlp.Off) && c.MaxParseMemory < c.OTLPMaxBytes:
-		return fmt.Errorf("EMITTER_MAX_PARSE_MEMORY=%d must be at least EMITTER_OTLP_MAX_BYTES=%d", c.MaxParseMemory, c.OTLPMaxBytes)
+	case (c.OTLPHTTPAddr != otlp.Off || c.OTLPGRPCAddr != otlp.Off) && c.MaxParseMemory < 2*c.OTLPMaxBytes:
+		// An OTLP request is held beside its decompressed form.
+		return fmt.Errorf("EMITTER_MAX_PARSE_MEMORY=%d must be at least twice EMITTER_OTLP_MAX_BYTES=%d", c.MaxParseMemory, c.OTLPMaxBytes)
 	case c.PublishBuffer < 1:
 		return fmt.Errorf("EMITTER_PUBLISH_BUFFER=%d must be at least 1", c.PublishBuffer)
 	case c.PublishBytes < 1<<20:

@@ -46,7 +46,7 @@ func TestConfig(t *testing.T) {
 		{"parse memory under one body", "EMITTER_MAX_PARSE_MEMORY", "4096", "EMITTER_MAX_PARSE_MEMORY"},
 		{"tiny ingest", "EMITTER_INGEST_MAX_BYTES", "10", "EMITTER_INGEST_MAX_BYTES"},
 		{"ingest body over parse memory", "EMITTER_INGEST_MAX_BYTES", "1073741824", "EMITTER_MAX_PARSE_MEMORY=536870912 must be at least EMITTER_INGEST_MAX_BYTES"},
-		{"OTLP request over parse memory", "EMITTER_OTLP_MAX_BYTES", "1073741824", "EMITTER_MAX_PARSE_MEMORY=536870912 must be at least EMITTER_OTLP_MAX_BYTES"},
+		{"OTLP request over parse memory", "EMITTER_OTLP_MAX_BYTES", "300000000", "EMITTER_MAX_PARSE_MEMORY=536870912 must be at least twice EMITTER_OTLP_MAX_BYTES"},
 		{"tiny SSE event limit", "EMITTER_MAX_SSE_EVENT_BYTES", "100", "EMITTER_MAX_SSE_EVENT_BYTES"},
 		{"no buffer", "EMITTER_PUBLISH_BUFFER", "0", "EMITTER_PUBLISH_BUFFER"},
 		{"tiny buffer bytes", "EMITTER_PUBLISH_BUFFER_BYTES", "1000", "EMITTER_PUBLISH_BUFFER_BYTES"},

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/encoding/gzip"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -66,7 +67,7 @@ func TestBudgetSharedWithIngest(t *testing.T) {
 		fmt.Fprintf(&sb, `{"v":1,"event_id":"e%d","ts":"2026-11-30T10:00:00.000Z","model":"m","scene":"chat","env":"prod","input_tokens":10,"output_tokens":5,"ttft_ms":100,"total_ms":300,"status":"ok"}`+"\n", i)
 	}
 	events := sb.String()
-	const maxBytes = 64 << 10 // what a gRPC export takes
+	const maxBytes = 32 << 10 // the largest message: a gRPC export takes twice it
 	budget := reqbody.NewBudget(int64(len(events)), nil)
 	pub := &gatePub{entered: make(chan struct{}, 1)}
 	now := func() time.Time { return testStart.Add(time.Minute) }
@@ -173,8 +174,8 @@ func TestBudgetSharedWithIngest(t *testing.T) {
 	case err := <-held:
 		t.Fatalf("the export to hold ended: %v", err)
 	}
-	if budget.Held() != maxBytes {
-		t.Fatalf("%d bytes held by a gRPC export, want %d", budget.Held(), maxBytes)
+	if budget.Held() != 2*maxBytes {
+		t.Fatalf("%d bytes held by a gRPC export, want twice the largest message, %d", budget.Held(), 2*maxBytes)
 	}
 	postEvents(http.StatusServiceUnavailable)
 	exportGRPC(codes.Unavailable)
@@ -202,6 +203,26 @@ func TestBudgetSharedWithIngest(t *testing.T) {
 	}
 	waitHeld(0)
 	exportGRPC(codes.OK)
+
+	// A compressed one holds as much: grpc-go keeps the message beside its decompressed form.
+	gate3 := pub.hold()
+	go func() {
+		_, err := client.Export(context.Background(), batchOf(2, nil), grpc.UseCompressor(gzip.Name))
+		held <- err
+	}()
+	select {
+	case <-pub.entered:
+	case err := <-held:
+		t.Fatalf("the compressed export to hold ended: %v", err)
+	}
+	if budget.Held() != 2*maxBytes {
+		t.Fatalf("%d bytes held by a compressed gRPC export, want twice the largest message, %d", budget.Held(), 2*maxBytes)
+	}
+	close(gate3)
+	if err := <-held; err != nil {
+		t.Fatal(err)
+	}
+	waitHeld(0)
 
 	for route, want := range map[string]float64{"ingest": 1, "otlp_http": 1, "otlp_grpc": 2} {
 		if n := testutil.ToFloat64(budget.Refusals(route)); n != want {

@@ -39,7 +39,10 @@ func (r *Receiver) tap(ctx context.Context, info *tap.Info) (context.Context, er
 			return ctx, status.Error(codes.Unauthenticated, "missing or wrong bearer token")
 		}
 	}
-	n := r.maxRecv()
+	// Twice the largest message: grpc-go holds a compressed one beside its decompressed
+	// form, and whether the call is compressed is not known yet (grpc-encoding is not in
+	// info.Header).
+	n := 2 * r.maxRecv()
 	if !r.opts.Budget.Reserve(n) {
 		r.m.refusedGRPC.Inc()
 		r.m.requests.WithLabelValues("grpc", codes.Unavailable.String()).Inc()
