@@ -56,10 +56,10 @@ type Publisher struct {
 	wake   chan struct{} // one token: the queue went from empty to not empty
 
 	mu      sync.Mutex
-	queue   fifo  // published, not yet taken by Run
-	held    int   // queued, or taken by Run and not yet acknowledged or dropped
-	bytes   int64 // what the held messages hold (outMsg.size)
-	stopped bool  // Run returned: Publish drops
+	queue   fifo          // published, not yet taken by Run
+	held    int           // queued, or taken by Run and not yet acknowledged or dropped
+	bytes   int64         // what the held messages hold (outMsg.size)
+	stopped bool          // Run returned: Publish drops
 	room    chan struct{} // made by a Batch waiting for room, closed when room is freed
 	done    chan struct{} // closed when Run returns
 
