@@ -2,14 +2,12 @@ package pipeline
 
 import (
 	"context"
-	"encoding/json"
 	"hash/maphash"
 	"math"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/tokenscope/tokenscope/pkg/bus"
 	"github.com/tokenscope/tokenscope/pkg/events"
 	"github.com/tokenscope/tokenscope/services/aggregator/internal/sink"
 	"github.com/tokenscope/tokenscope/services/aggregator/internal/window"
@@ -213,6 +211,7 @@ type feedbackFlush struct {
 	raw        []sink.Feedback
 	rawWritten bool
 	attempt    int
+	msgs       []message
 }
 
 func (f *feedbackFlush) empty() bool { return len(f.rollups) == 0 && len(f.raw) == 0 }
@@ -262,17 +261,15 @@ func (f *feedbackFlush) write(ctx context.Context, now time.Time) error {
 	return sk.WriteFeedbackRollups(sk.WithQueryID(ctx, f.ledger.FlushID+"-feedback-rollups-"+strconv.Itoa(f.attempt)), f.rollups, f.ledger, now)
 }
 
-// publish sends each stored feedback rollup on rollup.feedback.<env>.<scene>, as the token
+// messages are each stored feedback rollup on rollup.feedback.<env>.<scene>, as the token
 // rollups are sent, for the alerter's satisfaction rules.
-func (f *feedbackFlush) publish(p *bus.Publisher) {
-	for i := range f.rollups {
-		data, err := json.Marshal(FeedbackRollupEvent(&f.rollups[i]))
-		if err != nil {
-			continue // a rollup of finite numbers always encodes
-		}
-		r := &f.rollups[i]
-		p.Publish(events.FeedbackRollupSubject(r.Env, r.Scene), f.ledger.FlushID+"-"+strconv.Itoa(i), data)
+func (f *feedbackFlush) messages() []message {
+	if f.msgs == nil {
+		f.msgs = encode(f.rollups, f.ledger.FlushID, func(r *window.FeedbackRollup) (string, any) {
+			return events.FeedbackRollupSubject(r.Env, r.Scene), FeedbackRollupEvent(r)
+		})
 	}
+	return f.msgs
 }
 
 // FeedbackRollupEvent returns the published form of a feedback rollup.

@@ -51,9 +51,15 @@ type stage interface {
 type flush interface {
 	empty() bool
 	write(ctx context.Context, now time.Time) error
-	publish(p *bus.Publisher)
-	done(now time.Time) // the rows are stored: record it so a redelivery is skipped
-	count() int         // rows to write
+	messages() []message // the rollups to publish once the rows are stored
+	done(now time.Time)  // the rows are stored and published: record it so a redelivery is skipped
+	count() int          // rows to write
+}
+
+// message is one rollup as published on ROLLUPS: its subject, Nats-Msg-Id and JSON.
+type message struct {
+	subject, id string
+	data        []byte
 }
 
 type result int
@@ -94,9 +100,14 @@ type Pipeline struct {
 	// whether its stall was logged. Both are guarded by mu.
 	writing     time.Time
 	stallLogged bool
-	// pending is a flush whose write was interrupted by shutdown; only the goroutine that
-	// runs cycle touches it.
+	// acking is when the stored flush being published began to wait for its acks, zero when
+	// none is; ackLogged tells whether its stall was logged. Both are guarded by mu.
+	acking    time.Time
+	ackLogged bool
+	// pending is a flush whose write, or the acks of whose rollups, shutdown interrupted;
+	// stored tells which. Only the goroutine that runs cycle touches them.
 	pending flush
+	stored  bool
 }
 
 // resetConsumer returns an ordered consumer that delivers, in stream order, everything after
@@ -334,12 +345,14 @@ func (p *Pipeline) deadLetter(msg jetstream.Msg, seq uint64, err error) {
 }
 
 // cycle cuts what is closed, writes it (retrying until it is stored or ctx ends), publishes
-// it, and saves the floor: the position before the oldest one still held.
+// its rollups and waits until JetStream has them all (holding while NATS refuses), and only
+// then moves the watermark and saves the floor: the position before the oldest one still
+// held. Neither ever passes a rollup JetStream does not hold.
 func (p *Pipeline) cycle(ctx context.Context) {
-	// A flush interrupted by shutdown is written first, alone: a later flush of the same
+	// A flush interrupted by shutdown is finished first, alone: a later flush of the same
 	// window or of later request events would record a seq_through that claims its events.
-	f := p.pending
-	p.pending = nil
+	f, stored := p.pending, p.stored
+	p.pending, p.stored = nil, false
 	var closed time.Time // the windows this cut closes, for the watermark
 	if f == nil {
 		p.mu.Lock()
@@ -350,11 +363,14 @@ func (p *Pipeline) cycle(ctx context.Context) {
 		p.mu.Unlock()
 	}
 	if !f.empty() {
-		if !p.write(ctx, f) {
+		if !stored && !p.write(ctx, f) {
 			p.pending = f // its messages stay above the floor for the next start
 			return
 		}
-		f.publish(p.publisher)
+		if !p.publish(ctx, f) {
+			p.pending, p.stored = f, true // published again, same ids: JetStream drops copies
+			return
+		}
 		p.mu.Lock()
 		f.done(p.opts.Clock())
 		p.mu.Unlock()
@@ -385,7 +401,7 @@ func (p *Pipeline) watch(done <-chan struct{}) {
 		p.mu.Lock()
 		now := p.opts.Clock()
 		p.stage.observe(now)
-		var stalled time.Duration
+		var stalled, unacked time.Duration
 		if !p.writing.IsZero() {
 			stalled = time.Since(p.writing)
 		}
@@ -393,23 +409,71 @@ func (p *Pipeline) watch(done <-chan struct{}) {
 			p.stallLogged = true
 			p.logger.Warn("a write to ClickHouse has not finished; holding the windows", "for", stalled.Round(time.Second).String(), "write_timeout", p.opts.WriteTimeout.String())
 		}
+		if !p.acking.IsZero() {
+			unacked = time.Since(p.acking)
+		}
+		if unacked >= p.stallAfter() && !p.ackLogged {
+			p.ackLogged = true
+			p.logger.Warn("JetStream has not acknowledged a stored flush's rollups; holding the floor and the watermark", "for", unacked.Round(time.Second).String())
+		}
 		p.mu.Unlock()
 		p.m.writeStalled.Set(stalled.Seconds())
+		p.m.publishStalled.Set(unacked.Seconds())
 	}
 }
 
 // Stalled returns an error while a flush has waited longer than the stall bound to be
-// stored, for the readiness check.
+// stored, or its rollups to be acknowledged by JetStream, for the readiness check.
 func (p *Pipeline) Stalled(context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.writing.IsZero() {
-		return nil
+	if !p.writing.IsZero() {
+		if d := time.Since(p.writing); d >= p.stallAfter() {
+			return fmt.Errorf("a write of %s to ClickHouse has not finished for %s", p.opts.Stream, d.Round(time.Second))
+		}
 	}
-	if d := time.Since(p.writing); d >= p.stallAfter() {
-		return fmt.Errorf("a write of %s to ClickHouse has not finished for %s", p.opts.Stream, d.Round(time.Second))
+	if !p.acking.IsZero() {
+		if d := time.Since(p.acking); d >= p.stallAfter() {
+			return fmt.Errorf("the rollups of a stored flush of %s have waited for JetStream's acks for %s", p.opts.Stream, d.Round(time.Second))
+		}
 	}
 	return nil
+}
+
+// publish publishes the rollups of a stored flush and waits until JetStream holds every
+// one: a full buffer is waited on, never dropped, and while NATS is away or refuses the
+// publisher retries and this waits, as write waits for ClickHouse. It returns false when ctx
+// ends (or the publisher stopped) first. A rollup JetStream refuses for good (over its size
+// limit) cannot be stored by any retry: it is counted in publish_dropped_total and logged.
+func (p *Pipeline) publish(ctx context.Context, f flush) bool {
+	msgs := f.messages()
+	if len(msgs) == 0 {
+		return true
+	}
+	p.mu.Lock()
+	p.acking, p.ackLogged = time.Now(), false
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		if p.ackLogged {
+			p.logger.Info("JetStream acknowledged the held rollups", "after", time.Since(p.acking).Round(time.Second).String())
+		}
+		p.acking, p.ackLogged = time.Time{}, false
+		p.mu.Unlock()
+		p.m.publishStalled.Set(0)
+	}()
+	b := p.publisher.NewBatch()
+	for _, m := range msgs {
+		if err := b.Publish(ctx, m.subject, m.id, m.data); err != nil {
+			return false
+		}
+	}
+	err := b.Wait(ctx)
+	if errors.Is(err, bus.ErrRefused) {
+		p.logger.Warn("JetStream refused rollups for good", "err", err)
+		return true
+	}
+	return err == nil
 }
 
 func (p *Pipeline) write(ctx context.Context, f flush) bool {

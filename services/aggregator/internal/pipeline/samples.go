@@ -2,11 +2,9 @@ package pipeline
 
 import (
 	"context"
-	"encoding/json"
 	"strconv"
 	"time"
 
-	"github.com/tokenscope/tokenscope/pkg/bus"
 	"github.com/tokenscope/tokenscope/pkg/events"
 	"github.com/tokenscope/tokenscope/services/aggregator/internal/sink"
 	"github.com/tokenscope/tokenscope/services/aggregator/internal/window"
@@ -197,6 +195,7 @@ type sampleFlush[S any, K comparable, V, R any, A sampleAggregator[S, K, V, R]] 
 	rows    []R
 	starts  []time.Time
 	attempt int
+	msgs    []message
 }
 
 func (f *sampleFlush[S, K, V, R, A]) empty() bool { return len(f.rows) == 0 }
@@ -222,16 +221,12 @@ func (f *sampleFlush[S, K, V, R, A]) write(ctx context.Context, now time.Time) e
 	return k.write(sk, sk.WithQueryID(ctx, f.ledger.FlushID+k.queryID+strconv.Itoa(f.attempt)), f.rows, f.ledger, now)
 }
 
-// publish sends each stored row on its subject, with the message id <flush id>-<i>.
-func (f *sampleFlush[S, K, V, R, A]) publish(p *bus.Publisher) {
-	for i := range f.rows {
-		r := &f.rows[i]
-		data, err := json.Marshal(r)
-		if err != nil {
-			continue // a rollup of finite numbers always encodes
-		}
-		p.Publish(f.stage.kind.subject(r), f.ledger.FlushID+"-"+strconv.Itoa(i), data)
+// messages are each stored row on its subject, with the message id <flush id>-<i>.
+func (f *sampleFlush[S, K, V, R, A]) messages() []message {
+	if f.msgs == nil {
+		f.msgs = encode(f.rows, f.ledger.FlushID, func(r *R) (string, any) { return f.stage.kind.subject(r), r })
 	}
+	return f.msgs
 }
 
 func (f *sampleFlush[S, K, V, R, A]) done(now time.Time) {

@@ -209,6 +209,7 @@ type tokenFlush struct {
 	reqs        *sink.Requests
 	reqsWritten bool
 	attempt     int
+	msgs        []message
 }
 
 func (f *tokenFlush) empty() bool { return len(f.rows) == 0 && f.reqs == nil }
@@ -263,15 +264,28 @@ func (f *tokenFlush) write(ctx context.Context, now time.Time) error {
 	return sk.WriteTokenRollups(qctx, f.rows, f.stage.agg.BucketLower, f.ledger, now)
 }
 
-func (f *tokenFlush) publish(p *bus.Publisher) {
-	for i := range f.rows {
-		r := &f.rows[i]
-		data, err := json.Marshal(r)
+func (f *tokenFlush) messages() []message {
+	if f.msgs == nil {
+		f.msgs = encode(f.rows, f.ledger.FlushID, func(r *events.TokenRollup) (string, any) {
+			return events.TokenRollupSubject(r.Env, r.Scene), r
+		})
+	}
+	return f.msgs
+}
+
+// encode returns the message of each row, with the id <flush id>-<i>; of returns a row's
+// subject and the value published for it.
+func encode[R any](rows []R, flushID string, of func(r *R) (subject string, v any)) []message {
+	msgs := make([]message, 0, len(rows))
+	for i := range rows {
+		subject, v := of(&rows[i])
+		data, err := json.Marshal(v)
 		if err != nil {
 			continue // a rollup of finite numbers always encodes
 		}
-		p.Publish(events.TokenRollupSubject(r.Env, r.Scene), f.ledger.FlushID+"-"+strconv.Itoa(i), data)
+		msgs = append(msgs, message{subject: subject, id: flushID + "-" + strconv.Itoa(i), data: data})
 	}
+	return msgs
 }
 
 func (f *tokenFlush) done(now time.Time) {

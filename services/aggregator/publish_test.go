@@ -1,0 +1,116 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+)
+
+// rollupsOnStream reads ROLLUPS and returns how many times each token rollup's message id is
+// on it, the sum of their requests (each id counted once), and, in stream order, whether a
+// window's rollup came after a watermark of consumer that covers its window.
+func rollupsOnStream(t *testing.T, b *bed, consumer string) (ids map[string]int, requests uint64, afterMark []string) {
+	t.Helper()
+	ids = map[string]int{}
+	var covered time.Time
+	for _, m := range b.rollupsStream(t) {
+		switch {
+		case m.subject == events.WatermarkSubject(consumer):
+			var w events.Watermark
+			if err := json.Unmarshal(m.data, &w); err != nil {
+				t.Fatalf("watermark %d: %v", m.seq, err)
+			}
+			covered = w.Through
+		case strings.HasPrefix(m.subject, "rollup.tokens."):
+			var r events.TokenRollup
+			if err := json.Unmarshal(m.data, &r); err != nil {
+				t.Fatalf("rollup %d: %v", m.seq, err)
+			}
+			if ids[m.id]++; ids[m.id] == 1 {
+				requests += r.Requests
+			}
+			if end := r.WindowStart.Add(time.Duration(r.WindowSeconds) * time.Second); r.Kind == events.KindWindow && !end.After(covered) {
+				afterMark = append(afterMark, fmt.Sprintf("seq %d (window ending %s) after a watermark through %s", m.seq, end, covered))
+			}
+		}
+	}
+	return ids, requests, afterMark
+}
+
+// checkRollupsPublished waits until every token rollup stored in ClickHouse is on ROLLUPS,
+// then checks each is there exactly once by message id and that the totals agree.
+func checkRollupsPublished(t *testing.T, b *bed, consumer string, want uint64) {
+	t.Helper()
+	stored := b.scalar(t, "SELECT count() FROM token_rollups")
+	var ids map[string]int
+	var requests uint64
+	var afterMark []string
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		ids, requests, afterMark = rollupsOnStream(t, b, consumer)
+		if uint64(len(ids)) >= stored || time.Now().After(deadline) {
+			break
+		}
+	}
+	if uint64(len(ids)) != stored || requests != want {
+		t.Fatalf("%d token rollups on ROLLUPS with %d requests; ClickHouse stores %d with %d", len(ids), requests, stored, want)
+	}
+	for id, n := range ids {
+		if n != 1 {
+			t.Errorf("rollup %s is on ROLLUPS %d times", id, n)
+		}
+	}
+	if len(afterMark) > 0 {
+		t.Errorf("%d window rollups came after a watermark covering them, first %s", len(afterMark), afterMark[0])
+	}
+	// Every stored flush's message ids are the ones on the stream.
+	rows, err := b.db.Conn().Query(t.Context(), "SELECT flush_id, count() FROM token_rollups GROUP BY flush_id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		var n uint64
+		if err := rows.Scan(&id, &n); err != nil {
+			t.Fatal(err)
+		}
+		for i := range n {
+			if ids[fmt.Sprintf("%s-%d", id, i)] != 1 {
+				t.Fatalf("rollup %d of stored flush %s is not on ROLLUPS", i, id)
+			}
+		}
+	}
+}
+
+// spreadEvents returns n valid events over 50 scenes and 4 models, from start on, 5 ms apart:
+// many rollups per flush.
+func spreadEvents(n int, start time.Time) []events.RequestEvent {
+	evs := make([]events.RequestEvent, n)
+	for i := range evs {
+		evs[i] = events.RequestEvent{V: 1, EventID: events.NewEventID(), TS: start.Add(time.Duration(i) * 5 * time.Millisecond),
+			Model: fmt.Sprint("m", i%4), Scene: fmt.Sprint("s", i%50), Env: "prod", InputTokens: int64(10 + i%100), OutputTokens: int64(5 + i%7),
+			TTFTMs: 20, TotalMs: 100, Status: events.StatusOK}
+	}
+	return evs
+}
+
+// TestTinyPublishBuffer runs the aggregator with a rollup publisher that holds two messages:
+// every flush of hundreds of rollups waits for room instead of dropping, so every stored
+// rollup is on ROLLUPS once, and no watermark comes ahead of a rollup it covers.
+func TestTinyPublishBuffer(t *testing.T) {
+	b := newBed(t)
+	startAggregator(t, b.env(envVars{"AGG_CONSUMER": "agg-a", "AGG_GPU": "false", "AGG_ENGINE": "false", "AGG_FEEDBACK": "false",
+		"AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "100ms", "AGG_PUBLISH_BUFFER": "2", "AGG_LOG_LEVEL": "warn"}))
+	const n = 4000
+	evs := spreadEvents(n, time.Now().UTC().Add(-30*time.Second))
+	b.publish(t, evs)
+	b.waitRows(t, time.Minute, n, "SELECT sum(requests) FROM token_rollups")
+	if rows := b.scalar(t, "SELECT count() FROM token_rollups"); rows < 1000 {
+		t.Fatalf("only %d rollups stored: the test wants many per flush", rows)
+	}
+	checkRollupsPublished(t, b, "agg-a", n)
+}
