@@ -13,7 +13,7 @@ type metrics struct {
 	invalid                                                                  *prometheus.CounterVec
 	flushDuration, writeDelay                                                prometheus.Observer
 	paused, ackFloor, buffered, openWindows, activeKeys, watermarkDelay, lag prometheus.Gauge
-	folded, restarts                                                         prometheus.Counter
+	folded, restarts, republished                                            prometheus.Counter
 	writeStalled, publishStalled                                             prometheus.Gauge
 }
 
@@ -25,7 +25,7 @@ type Metrics struct {
 	flushDuration, writeDelay                                    *prometheus.HistogramVec
 	paused, ackFloor, buffered, openWindows, activeKeys, wmDelay *prometheus.GaugeVec
 	lag                                                          *prometheus.GaugeVec
-	folded, restarts                                             *prometheus.CounterVec
+	folded, restarts, republished                                *prometheus.CounterVec
 	writeStalled, publishStalled                                 *prometheus.GaugeVec
 }
 
@@ -60,10 +60,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		folded:         cv("series_folded_total", "Events whose series was folded into \"other\" by AGG_MAX_SERIES."),
 		writeStalled:   gv("write_stalled_seconds", "How long the flush being written has waited to be stored so far; 0 when none is. Past 10 s (or 3 flush intervals) it is logged and /readyz fails."),
 		publishStalled: gv("publish_stalled_seconds", "How long the stored flush being published has waited for JetStream to acknowledge all its rollups so far; 0 when none is. Past 10 s (or 3 flush intervals) it is logged and /readyz fails."),
+		republished:    cv("rollups_republished_total", "Rollups published again at start from rollup_outbox: stored by the last process, not acknowledged by JetStream when it stopped."),
 		restarts:       cv("consumer_restarts_total", "Times delivery started again from the last message processed: after a gap in the delivery sequence, a missed heartbeat or a reconnect to NATS."),
 	}
 	reg.MustRegister(m.events, m.invalid, m.consumeErrors, m.flushErrors, m.ackErrors, m.deadLetterErrors, m.rowsWritten,
-		m.flushDuration, m.writeDelay, m.paused, m.ackFloor, m.buffered, m.openWindows, m.activeKeys, m.wmDelay, m.lag, m.folded, m.restarts, m.writeStalled, m.publishStalled)
+		m.flushDuration, m.writeDelay, m.paused, m.ackFloor, m.buffered, m.openWindows, m.activeKeys, m.wmDelay, m.lag, m.folded, m.restarts, m.writeStalled, m.publishStalled, m.republished)
 	return m
 }
 
@@ -97,6 +98,7 @@ func (m *Metrics) forStream(stream string) *metrics {
 		lag:              m.lag.WithLabelValues(stream),
 		folded:           m.folded.WithLabelValues(stream),
 		restarts:         m.restarts.WithLabelValues(stream),
+		republished:      m.republished.WithLabelValues(stream),
 		writeStalled:     m.writeStalled.WithLabelValues(stream),
 		publishStalled:   m.publishStalled.WithLabelValues(stream),
 	}

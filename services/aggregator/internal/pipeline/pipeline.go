@@ -16,6 +16,7 @@ import (
 
 	"github.com/tokenscope/tokenscope/pkg/bus"
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/aggregator/internal/sink"
 )
 
 // Options tune a pipeline.
@@ -51,15 +52,10 @@ type stage interface {
 type flush interface {
 	empty() bool
 	write(ctx context.Context, now time.Time) error
-	messages() []message // the rollups to publish once the rows are stored
-	done(now time.Time)  // the rows are stored and published: record it so a redelivery is skipped
-	count() int          // rows to write
-}
-
-// message is one rollup as published on ROLLUPS: its subject, Nats-Msg-Id and JSON.
-type message struct {
-	subject, id string
-	data        []byte
+	messages() []sink.OutboxMsg // the rollups to publish once the rows are stored
+	id() sink.Ledger            // the flush's place in the stream and its id
+	done(now time.Time)         // the rows are stored and published: record it so a redelivery is skipped
+	count() int                 // rows to write
 }
 
 type result int
@@ -104,10 +100,10 @@ type Pipeline struct {
 	// none is; ackLogged tells whether its stall was logged. Both are guarded by mu.
 	acking    time.Time
 	ackLogged bool
-	// pending is a flush whose write, or the acks of whose rollups, shutdown interrupted;
-	// stored tells which. Only the goroutine that runs cycle touches them.
-	pending flush
-	stored  bool
+	// pending is a flush whose write, or the acks of whose rollups, shutdown interrupted.
+	// Only the goroutine that runs cycle touches it, and outbox.
+	pending *cutFlush
+	outbox  outbox
 }
 
 // resetConsumer returns an ordered consumer that delivers, in stream order, everything after
@@ -177,22 +173,27 @@ func consumerFilter(ctx context.Context, js jetstream.JetStream, stream, filter 
 	return filter, nil
 }
 
-func newPipeline(o Options, js jetstream.JetStream, nc *nats.Conn, cons jetstream.Consumer, floor uint64, store *floorStore, st stage, pub *bus.Publisher, m *metrics, logger *slog.Logger) *Pipeline {
+func newPipeline(o Options, js jetstream.JetStream, nc *nats.Conn, cons jetstream.Consumer, floor uint64, store *floorStore, ob outbox, st stage, pub *bus.Publisher, m *metrics, logger *slog.Logger) *Pipeline {
 	if o.Clock == nil {
 		o.Clock = time.Now
 	}
 	if o.WriteTimeout <= 0 {
 		o.WriteTimeout = 5 * time.Minute
 	}
-	p := &Pipeline{opts: o, js: js, nc: nc, cons: cons, floor: store, stage: st, publisher: pub, m: m, logger: logger, lastSeq: floor, savedSeq: floor, kick: make(chan struct{}, 1)}
+	p := &Pipeline{opts: o, js: js, nc: nc, cons: cons, floor: store, stage: st, publisher: pub, outbox: ob, m: m, logger: logger, lastSeq: floor, savedSeq: floor, kick: make(chan struct{}, 1)}
 	m.ackFloor.Set(float64(floor))
 	p.room = sync.NewCond(&p.mu)
 	return p
 }
 
-// Run consumes until ctx ends, then stops pulling, writes what is closed, saves the floor
-// and returns. Windows still open are above the floor: the next start replays them.
+// Run publishes again the rollups the last process stored and did not see acknowledged
+// (see outbox), then consumes until ctx ends, then stops pulling, writes what is closed,
+// saves the floor and returns. Windows still open are above the floor: the next start
+// replays them.
 func (p *Pipeline) Run(ctx context.Context) error {
+	if !p.replay(ctx) {
+		return nil
+	}
 	it, err := p.cons.Messages(jetstream.PullMaxMessages(p.opts.PullBatch))
 	if err != nil {
 		return fmt.Errorf("cannot consume %s: %w", p.opts.Stream, err)
@@ -351,35 +352,44 @@ func (p *Pipeline) deadLetter(msg jetstream.Msg, seq uint64, err error) {
 func (p *Pipeline) cycle(ctx context.Context) {
 	// A flush interrupted by shutdown is finished first, alone: a later flush of the same
 	// window or of later request events would record a seq_through that claims its events.
-	f, stored := p.pending, p.stored
-	p.pending, p.stored = nil, false
+	fl := p.pending
+	p.pending = nil
 	var closed time.Time // the windows this cut closes, for the watermark
-	if f == nil {
+	if fl == nil {
 		p.mu.Lock()
 		now := p.opts.Clock()
-		f = p.stage.cut(now, p.lastSeq)
+		fl = &cutFlush{flush: p.stage.cut(now, p.lastSeq)}
 		closed = p.closedThrough(now)
 		p.stage.observe(now)
 		p.mu.Unlock()
+		if !fl.empty() {
+			fl.seq = p.outbox.next
+			p.outbox.next++
+		}
 	}
-	if !f.empty() {
-		if !stored && !p.write(ctx, f) {
-			p.pending = f // its messages stay above the floor for the next start
+	if !fl.empty() {
+		if !fl.stored && !p.write(ctx, fl) {
+			p.pending = fl // its messages stay above the floor for the next start
 			return
 		}
-		if !p.publish(ctx, f) {
-			p.pending, p.stored = f, true // published again, same ids: JetStream drops copies
+		fl.stored = true
+		if !p.publish(ctx, fl.messages()) {
+			p.pending = fl // published again, same ids: JetStream drops copies
 			return
 		}
 		p.mu.Lock()
-		f.done(p.opts.Clock())
+		fl.done(p.opts.Clock())
 		p.mu.Unlock()
+		if len(fl.messages()) > 0 {
+			p.outbox.acked = fl.seq
+		}
 	}
 	p.advanceWatermark(closed)
 	p.mu.Lock()
 	floor := p.floorNow()
 	p.room.Broadcast()
 	p.mu.Unlock()
+	p.saveMark(ctx)
 	p.saveFloor(ctx, floor)
 }
 
@@ -440,13 +450,12 @@ func (p *Pipeline) Stalled(context.Context) error {
 	return nil
 }
 
-// publish publishes the rollups of a stored flush and waits until JetStream holds every
+// publish publishes the rollups msgs of a stored flush and waits until JetStream holds every
 // one: a full buffer is waited on, never dropped, and while NATS is away or refuses the
 // publisher retries and this waits, as write waits for ClickHouse. It returns false when ctx
 // ends (or the publisher stopped) first. A rollup JetStream refuses for good (over its size
 // limit) cannot be stored by any retry: it is counted in publish_dropped_total and logged.
-func (p *Pipeline) publish(ctx context.Context, f flush) bool {
-	msgs := f.messages()
+func (p *Pipeline) publish(ctx context.Context, msgs []sink.OutboxMsg) bool {
 	if len(msgs) == 0 {
 		return true
 	}
@@ -464,7 +473,7 @@ func (p *Pipeline) publish(ctx context.Context, f flush) bool {
 	}()
 	b := p.publisher.NewBatch()
 	for _, m := range msgs {
-		if err := b.Publish(ctx, m.subject, m.id, m.data); err != nil {
+		if err := b.Publish(ctx, m.Subject, m.ID, m.Data); err != nil {
 			return false
 		}
 	}
@@ -476,7 +485,7 @@ func (p *Pipeline) publish(ctx context.Context, f flush) bool {
 	return err == nil
 }
 
-func (p *Pipeline) write(ctx context.Context, f flush) bool {
+func (p *Pipeline) write(ctx context.Context, f *cutFlush) bool {
 	p.mu.Lock()
 	p.writing, p.stallLogged = time.Now(), false
 	p.mu.Unlock()
@@ -493,7 +502,7 @@ func (p *Pipeline) write(ctx context.Context, f flush) bool {
 	for {
 		start := time.Now()
 		wctx, cancel := context.WithTimeout(ctx, p.opts.WriteTimeout)
-		err := f.write(wctx, p.opts.Clock())
+		err := p.store(wctx, f, p.opts.Clock())
 		cancel()
 		if err == nil {
 			p.m.flushDuration.Observe(time.Since(start).Seconds())

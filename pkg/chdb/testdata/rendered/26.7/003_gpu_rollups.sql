@@ -1,5 +1,8 @@
 -- One row per window × host × GPU (or a correction of one, like token_rollups). energy_j is
--- the energy used in the window, from the deltas of the GPU's energy counter.
+-- the energy used in the window: the sum of its samples' energy_used_j (gpuwatch's counter
+-- delta since the GPU's previous sample, so plain sum() over windows and corrections is
+-- exact across restarts); a sample without energy_used_j adds its counter's delta since the
+-- GPU's previous sample, and a GPU without a counter its power integrated over the interval.
 CREATE TABLE IF NOT EXISTS gpu_rollups
 (
     window_start      DateTime,
