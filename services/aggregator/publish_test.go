@@ -79,8 +79,8 @@ func checkRollupsPublished(t *testing.T, b *bed, consumer string, want uint64) {
 			t.Fatal(err)
 		}
 		for i := range n {
-			if ids[fmt.Sprintf("%s-%d", id, i)] != 1 {
-				t.Fatalf("rollup %d of stored flush %s is not on ROLLUPS", i, id)
+			if n := ids[fmt.Sprintf("%s-%d", id, i)]; n != 1 {
+				t.Fatalf("rollup %d of stored flush %s is on ROLLUPS %d times, want once", i, id, n)
 			}
 		}
 	}
@@ -113,4 +113,33 @@ func TestTinyPublishBuffer(t *testing.T) {
 		t.Fatalf("only %d rollups stored: the test wants many per flush", rows)
 	}
 	checkRollupsPublished(t, b, "agg-a", n)
+}
+
+// TestRestartPublishesNothingTwice stops the aggregator while a window is open, so flushes
+// already published lie above the floor, and starts it again after the stream's duplicate
+// window has passed: no rollup JetStream acknowledged is published again, since the acked
+// mark, not the floor, says which flushes the restart owes ROLLUPS.
+func TestRestartPublishesNothingTwice(t *testing.T) {
+	b := newBed(t)
+	vars := b.env(envVars{"AGG_CONSUMER": "agg-r", "AGG_GPU": "false", "AGG_ENGINE": "false", "AGG_FEEDBACK": "false",
+		"AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "100ms", "AGG_LOG_LEVEL": "warn", "NATS_STREAM_DUPLICATE_WINDOW": "1s"})
+	sent := 0
+	live := func(d time.Duration) {
+		for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+			evs := spreadEvents(20, time.Now().UTC().Add(-100*time.Millisecond))
+			for i := range evs {
+				evs[i].TS = evs[0].TS
+			}
+			b.publish(t, evs)
+			sent += len(evs)
+		}
+	}
+	stop := startAggregator(t, vars)
+	live(5 * time.Second)
+	stop() // windows still open: the floor stays below flushes already published
+	time.Sleep(2 * time.Second)
+	startAggregator(t, vars)
+	live(2 * time.Second)
+	b.waitRows(t, time.Minute, uint64(sent), "SELECT sum(requests) FROM token_rollups")
+	checkRollupsPublished(t, b, "agg-r", uint64(sent))
 }
