@@ -1,8 +1,11 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -142,4 +145,92 @@ func TestRestartPublishesNothingTwice(t *testing.T) {
 	live(2 * time.Second)
 	b.waitRows(t, time.Minute, uint64(sent), "SELECT sum(requests) FROM token_rollups")
 	checkRollupsPublished(t, b, "agg-r", uint64(sent))
+}
+
+// TestStalledPublishShows takes ROLLUPS off the rollup subjects while the aggregator runs: the
+// stored flush waits for its acks, the stall shows in /readyz and in
+// aggregator_publish_stalled_seconds, no watermark and no floor passes the held rollups, and
+// once ROLLUPS takes them again every stored rollup is on it once.
+func TestStalledPublishShows(t *testing.T) {
+	if testing.Short() {
+		t.Skip("holds the rollups for about 12 s")
+	}
+	b := newBed(t)
+	addr := freeAddr(t)
+	startAggregator(t, b.env(envVars{"HTTP_ADDR": addr, "AGG_CONSUMER": "agg-s", "AGG_GPU": "false", "AGG_ENGINE": "false", "AGG_FEEDBACK": "false",
+		"AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "100ms", "AGG_LOG_LEVEL": "warn"}))
+	ctx := t.Context()
+	start := time.Now().UTC().Add(-90 * time.Second)
+	b.publish(t, spreadEvents(1000, start))
+	b.waitRows(t, time.Minute, 1000, "SELECT sum(requests) FROM token_rollups")
+	checkRollupsPublished(t, b, "agg-s", 1000)
+	// Everything is stored and published: the floor reaches the last event.
+	evStream, err := b.js.Stream(ctx, events.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := evStream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	floor := float64(info.State.LastSeq)
+	for deadline := time.Now().Add(15 * time.Second); metricValue(addr, "aggregator_ack_floor", `stream="tokens"`) != floor; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the floor is %v, want %v", metricValue(addr, "aggregator_ack_floor", `stream="tokens"`), floor)
+		}
+	}
+
+	s, err := b.js.Stream(ctx, events.StreamRollups)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	held := cfg
+	held.Subjects = []string{"held.rollups"}
+	if _, err := b.js.UpdateStream(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	restored := false
+	defer func() {
+		if !restored {
+			_, _ = b.js.UpdateStream(context.WithoutCancel(ctx), cfg)
+		}
+	}()
+	b.publish(t, spreadEvents(1000, start.Add(10*time.Second)))
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		var code int
+		var body []byte
+		if err == nil {
+			code = resp.StatusCode
+			body, _ = io.ReadAll(resp.Body)
+			resp.Body.Close()
+		}
+		stalled := metricValue(addr, "aggregator_publish_stalled_seconds", `stream="tokens"`)
+		if code == http.StatusServiceUnavailable && strings.Contains(string(body), "JetStream's acks") && stalled >= 10 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("30 s into the stall: /readyz %d %s, publish_stalled_seconds %.1f (want 503 naming the acks, ≥ 10)", code, body, stalled)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if stored := b.scalar(t, "SELECT sum(requests) FROM token_rollups"); stored <= 1000 {
+		t.Fatalf("%d requests stored: no flush is waiting for its acks", stored)
+	}
+	if now := metricValue(addr, "aggregator_ack_floor", `stream="tokens"`); now != floor {
+		t.Fatalf("the floor moved from %v to %v past rollups JetStream does not hold", floor, now)
+	}
+	if _, err := b.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	restored = true
+	b.waitRows(t, time.Minute, 2000, "SELECT sum(requests) FROM token_rollups")
+	checkRollupsPublished(t, b, "agg-s", 2000)
+	for deadline := time.Now().Add(15 * time.Second); metricValue(addr, "aggregator_publish_stalled_seconds", `stream="tokens"`) != 0; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("publish_stalled_seconds stays above 0 after the acks came")
+		}
+	}
 }

@@ -455,14 +455,22 @@ func (p *Pipeline) Stalled(context.Context) error {
 // publisher retries and this waits, as write waits for ClickHouse. It returns false when ctx
 // ends (or the publisher stopped) first. A rollup JetStream refuses for good (over its size
 // limit) cannot be stored by any retry: it is counted in publish_dropped_total and logged.
-func (p *Pipeline) publish(ctx context.Context, msgs []sink.OutboxMsg) bool {
+//
+// The stall is timed from the first attempt at the flush, across the attempts of a flush
+// left pending.
+func (p *Pipeline) publish(ctx context.Context, msgs []sink.OutboxMsg) (ok bool) {
 	if len(msgs) == 0 {
 		return true
 	}
 	p.mu.Lock()
-	p.acking, p.ackLogged = time.Now(), false
+	if p.acking.IsZero() {
+		p.acking, p.ackLogged = time.Now(), false
+	}
 	p.mu.Unlock()
 	defer func() {
+		if !ok {
+			return
+		}
 		p.mu.Lock()
 		if p.ackLogged {
 			p.logger.Info("JetStream acknowledged the held rollups", "after", time.Since(p.acking).Round(time.Second).String())
