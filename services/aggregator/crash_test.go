@@ -124,7 +124,7 @@ func TestCrashExactlyOnce(t *testing.T) {
 		t.Fatalf("sum(requests) moved on to %d", got)
 	}
 	// Every stored rollup is on ROLLUPS once, whatever the kills cut off.
-	checkRollupsPublished(t, b, "aggregator", n)
+	checkPublished(t, b, "aggregator", tokenRollups, n, false)
 }
 
 // TestKillBeforeRollupAcks stores flushes while JetStream cannot take the rollups (ROLLUPS
@@ -168,7 +168,7 @@ func TestKillBeforeRollupAcks(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, _ = cmd.Process.Wait()
-	if ids, _, _ := rollupsOnStream(t, b, "agg-k"); uint64(len(ids)) >= b.scalar(t, "SELECT count() FROM token_rollups") {
+	if ids, _, _ := rollupsOnStream(t, b, "agg-k", tokenRollups); uint64(len(ids)) >= b.scalar(t, "SELECT count() FROM token_rollups") {
 		t.Fatalf("all %d rollups on ROLLUPS before the kill: the test cut nothing off", len(ids))
 	}
 
