@@ -42,7 +42,8 @@ type Client interface {
 // JetStream refused or did not acknowledge in AckTimeout (each message carries a
 // Nats-Msg-Id, so a retry can never count twice). When the buffer is full the new message
 // is dropped and counted; so is what is still held when Run gives up at shutdown, and
-// whatever is published after Run returned.
+// whatever is published after Run returned. A caller that must know its messages are
+// stored publishes them through a Batch instead, which waits for room and for the acks.
 //
 // It publishes with core NATS and a reply subject of its own, and reads the acks in one
 // subscription, instead of the client library's asynchronous publish: that saves a future,
@@ -55,10 +56,12 @@ type Publisher struct {
 	wake   chan struct{} // one token: the queue went from empty to not empty
 
 	mu      sync.Mutex
-	queue   fifo  // published, not yet taken by Run
-	held    int   // queued, or taken by Run and not yet acknowledged or dropped
-	bytes   int64 // what the held messages hold (outMsg.size)
-	stopped bool  // Run returned: Publish drops
+	queue   fifo          // published, not yet taken by Run
+	held    int           // queued, or taken by Run and not yet acknowledged or dropped
+	bytes   int64         // what the held messages hold (outMsg.size)
+	stopped bool          // Run returned: Publish drops
+	room    chan struct{} // made by a Batch waiting for room, closed when room is freed
+	done    chan struct{} // closed when Run returns
 
 	published prometheus.Counter
 	duplicate prometheus.Counter
@@ -71,6 +74,7 @@ type Publisher struct {
 type outMsg struct {
 	subject, id string
 	data        []byte
+	batch       *Batch // nil: nobody waits for its ack
 }
 
 // size is what m counts against PublisherOptions.BufferBytes.
@@ -93,7 +97,7 @@ func NewPublisher(js Client, opts PublisherOptions, reg prometheus.Registerer, l
 	if opts.FlushTimeout <= 0 {
 		opts.FlushTimeout = 5 * time.Second
 	}
-	p := &Publisher{nc: js.Conn(), opts: opts, logger: logger, wake: make(chan struct{}, 1)}
+	p := &Publisher{nc: js.Conn(), opts: opts, logger: logger, wake: make(chan struct{}, 1), done: make(chan struct{})}
 	counter := func(name, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: opts.Namespace, Name: name, Help: help})
 	}
@@ -135,6 +139,131 @@ func (p *Publisher) Publish(subject, msgID string, data []byte) bool {
 		}
 	}
 	return true
+}
+
+// ErrRefused is returned by Batch.Wait when JetStream refused messages of the batch for
+// good (over the payload limit, a bad subject): no retry can store them.
+var ErrRefused = errors.New("refused for good")
+
+// ErrStopped is returned by a Batch once the Publisher's Run has returned: what it still
+// held is not published.
+var ErrStopped = errors.New("the publisher stopped")
+
+// Batch is a set of messages whose acknowledgements a caller waits for: a caller that must
+// not move on before JetStream has stored what it published (the aggregator saves its replay
+// floor only past rollups JetStream holds) publishes through a Batch and calls Wait.
+type Batch struct {
+	p       *Publisher
+	mu      sync.Mutex
+	pending int           // queued and not yet acknowledged or refused
+	refused int           // refused for good
+	zero    chan struct{} // made by Wait, closed once pending is 0
+}
+
+// NewBatch returns an empty batch publishing through p.
+func (p *Publisher) NewBatch() *Batch { return &Batch{p: p} }
+
+// Publish queues data for subject with msgID as its Nats-Msg-Id, as Publisher.Publish does,
+// but never drops it: while the buffer is full it waits for room (a message larger than the
+// whole buffer waits for an empty one). It fails only when ctx ends or Run has returned.
+func (b *Batch) Publish(ctx context.Context, subject, msgID string, data []byte) error {
+	p := b.p
+	m := outMsg{subject: subject, id: msgID, data: data, batch: b}
+	for {
+		p.mu.Lock()
+		if p.stopped {
+			p.mu.Unlock()
+			return fmt.Errorf("cannot publish on %s: %w", subject, ErrStopped)
+		}
+		if p.held == 0 || (p.held < p.opts.Buffer && p.bytes+m.size() <= p.opts.BufferBytes) {
+			b.mu.Lock()
+			b.pending++
+			b.mu.Unlock()
+			p.queue.push(m)
+			p.held++
+			p.bytes += m.size()
+			first := p.queue.len() == 1
+			p.mu.Unlock()
+			if first {
+				select {
+				case p.wake <- struct{}{}:
+				default:
+				}
+			}
+			return nil
+		}
+		if p.room == nil {
+			p.room = make(chan struct{})
+		}
+		room := p.room
+		p.mu.Unlock()
+		select {
+		case <-room:
+		case <-ctx.Done():
+			return fmt.Errorf("cannot publish on %s: the buffer stayed full: %w", subject, ctx.Err())
+		}
+	}
+}
+
+// Wait returns once JetStream has acknowledged every message published in b (a duplicate
+// of an earlier Nats-Msg-Id counts as acknowledged), or refused it for good: then the error
+// wraps ErrRefused and says how many. While NATS is away or refuses for now, the Publisher
+// retries and Wait waits, until ctx ends or Run returns (ErrStopped).
+func (b *Batch) Wait(ctx context.Context) error {
+	b.mu.Lock()
+	if b.pending == 0 {
+		b.mu.Unlock()
+		return b.result()
+	}
+	if b.zero == nil {
+		b.zero = make(chan struct{})
+	}
+	zero := b.zero
+	b.mu.Unlock()
+	select {
+	case <-zero:
+		return b.result()
+	case <-ctx.Done():
+		return fmt.Errorf("cannot wait for JetStream's acks of %d messages: %w", b.Pending(), ctx.Err())
+	case <-b.p.done:
+		if n := b.Pending(); n > 0 {
+			return fmt.Errorf("%d messages unacknowledged: %w", n, ErrStopped)
+		}
+		return b.result()
+	}
+}
+
+// Pending returns how many messages of b wait for their ack.
+func (b *Batch) Pending() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.pending
+}
+
+func (b *Batch) result() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.refused > 0 {
+		return fmt.Errorf("JetStream refused %d messages: %w", b.refused, ErrRefused)
+	}
+	return nil
+}
+
+// settle records that one message of b was acknowledged, or refused for good. b may be nil.
+func (b *Batch) settle(refused bool) {
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	b.pending--
+	if refused {
+		b.refused++
+	}
+	if b.pending == 0 && b.zero != nil {
+		close(b.zero)
+		b.zero = nil
+	}
+	b.mu.Unlock()
 }
 
 // Buffered returns how many messages wait to be published or acknowledged.
@@ -217,7 +346,14 @@ func (p *Publisher) Run(ctx context.Context) error {
 // Run had taken; it returns how many were dropped.
 func (p *Publisher) stop(abandoned int) int {
 	p.mu.Lock()
+	if !p.stopped {
+		close(p.done)
+	}
 	p.stopped = true
+	if p.room != nil {
+		close(p.room)
+		p.room = nil
+	}
 	lost := p.queue.len() + abandoned
 	p.held -= lost
 	p.bytes = 0 // nothing is held any more, and nothing will be
@@ -313,6 +449,7 @@ func (s *sender) publish(m outMsg, now time.Time) {
 		s.p.dropped.Inc()
 		s.settled++
 		s.freed += m.size()
+		m.batch.settle(true)
 		s.p.logger.Warn("dropped a message NATS can never take", "subject", m.subject, "err", err)
 	default:
 		s.fail(m, now)
@@ -336,14 +473,17 @@ func (s *sender) ack(m *nats.Msg) {
 		return
 	case errAt >= 0 && refusedForGood(m.Data[errAt:]):
 		s.p.dropped.Inc()
+		f.m.batch.settle(true)
 		s.p.logger.Warn("dropped a message JetStream refuses", "subject", f.m.subject, "err", string(m.Data))
 	case errAt >= 0:
 		s.fail(f.m, time.Now())
 		return
 	case isTrue(m.Data, jsonKey(m.Data, "duplicate")):
 		s.p.duplicate.Inc()
+		f.m.batch.settle(false)
 	default:
 		s.p.published.Inc()
+		f.m.batch.settle(false)
 	}
 	s.settled++
 	s.freed += f.m.size()
@@ -459,6 +599,10 @@ func (s *sender) settle() {
 	s.p.mu.Lock()
 	s.p.held -= s.settled
 	s.p.bytes -= s.freed
+	if s.p.room != nil {
+		close(s.p.room)
+		s.p.room = nil
+	}
 	s.p.mu.Unlock()
 	s.settled, s.freed = 0, 0
 }

@@ -115,8 +115,8 @@ func TestMigrateIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"001_requests.sql", "002_token_rollups.sql", "003_gpu_rollups.sql", "004_alerts.sql", "005_engine_rollups.sql", "006_host_rollups.sql", "007_layers.sql", "008_feedback.sql", "008_feedback_rollups.sql", "009_outcomes.sql", "010_scores.sql"}
-	if !slices.Equal(first.Applied, want) || len(first.Existing) != 0 || len(first.Created) != 8 {
+	want := []string{"001_requests.sql", "002_token_rollups.sql", "003_gpu_rollups.sql", "004_alerts.sql", "005_engine_rollups.sql", "006_host_rollups.sql", "007_layers.sql", "008_feedback.sql", "008_feedback_rollups.sql", "009_outcomes.sql", "010_scores.sql", "011_rollup_outbox.sql"}
+	if !slices.Equal(first.Applied, want) || len(first.Existing) != 0 || len(first.Created) != 9 {
 		t.Fatalf("first run: %+v", first)
 	}
 	again, err := db.Migrate(ctx, schemas.Migrations())
@@ -167,10 +167,10 @@ func TestMigrateReportsExisting(t *testing.T) {
 	if !slices.Equal(m.Existing, wantExisting) {
 		t.Errorf("existing %v, want %v", m.Existing, wantExisting)
 	}
-	if want := []string{"001_requests.sql", "003_gpu_rollups.sql", "005_engine_rollups.sql", "006_host_rollups.sql", "007_layers.sql", "008_feedback.sql", "008_feedback_rollups.sql", "010_scores.sql"}; !slices.Equal(m.Applied, want) {
+	if want := []string{"001_requests.sql", "003_gpu_rollups.sql", "005_engine_rollups.sql", "006_host_rollups.sql", "007_layers.sql", "008_feedback.sql", "008_feedback_rollups.sql", "010_scores.sql", "011_rollup_outbox.sql"}; !slices.Equal(m.Applied, want) {
 		t.Errorf("applied %v, want %v", m.Applied, want)
 	}
-	if want := []string{"requests", "gpu_rollups", "engine_rollups", "host_rollups", "feedback", "feedback_rollups"}; !slices.Equal(m.Created, want) {
+	if want := []string{"requests", "gpu_rollups", "engine_rollups", "host_rollups", "feedback", "feedback_rollups", "rollup_outbox"}; !slices.Equal(m.Created, want) {
 		t.Errorf("created %v, want %v", m.Created, want)
 	}
 	var engine string
@@ -301,7 +301,7 @@ func TestMigrateCurrent(t *testing.T) {
 	if want := []chdb.Table{{"gpu_rollups", "ReplacingMergeTree", "003_gpu_rollups.sql"}}; !slices.Equal(m.Existing, want) {
 		t.Errorf("existing %v, want %v", m.Existing, want)
 	}
-	if want := []string{"requests", "token_rollups", "alerts", "engine_rollups", "host_rollups", "feedback", "feedback_rollups"}; !slices.Equal(m.Created, want) {
+	if want := []string{"requests", "token_rollups", "alerts", "engine_rollups", "host_rollups", "feedback", "feedback_rollups", "rollup_outbox"}; !slices.Equal(m.Created, want) {
 		t.Errorf("created %v, want %v", m.Created, want)
 	}
 	// What the server made of the DDL: the types, TTL and engines production gets.

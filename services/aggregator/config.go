@@ -40,6 +40,7 @@ type AggConfig struct {
 	WriteTimeout  time.Duration `env:"WRITE_TIMEOUT" envDefault:"5m"`
 	MaxBuffered   int           `env:"MAX_BUFFERED" envDefault:"1000000"`
 	PullBatch     int           `env:"PULL_BATCH" envDefault:"10000"`
+	PublishBuffer int           `env:"PUBLISH_BUFFER" envDefault:"100000"` // rollups held until JetStream acknowledges them
 	Compression   float64       `env:"COMPRESSION" envDefault:"200"`
 }
 
@@ -94,6 +95,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("AGG_FEEDBACK_DEDUP=%d must be 0 (off) to 100000000", a.FeedbackDedup)
 	case a.PullBatch < 1:
 		return fmt.Errorf("AGG_PULL_BATCH=%d must be positive", a.PullBatch)
+	case a.PublishBuffer < 1:
+		return fmt.Errorf("AGG_PUBLISH_BUFFER=%d must be positive", a.PublishBuffer)
 	case a.Compression < 20 || a.Compression > 1000:
 		return fmt.Errorf("AGG_COMPRESSION=%g must be between 20 and 1000", a.Compression)
 	}

@@ -123,6 +123,62 @@ func TestCrashExactlyOnce(t *testing.T) {
 	if got := b.scalar(t, "SELECT sum(requests) FROM token_rollups"); got != n {
 		t.Fatalf("sum(requests) moved on to %d", got)
 	}
+	// Every stored rollup is on ROLLUPS once, whatever the kills cut off.
+	checkPublished(t, b, "aggregator", tokenRollups, n, false)
+}
+
+// TestKillBeforeRollupAcks stores flushes while JetStream cannot take the rollups (ROLLUPS
+// no longer listens on rollup.>), SIGKILLs the aggregator between the store and the acks,
+// and starts it again once ROLLUPS is back: the restarted aggregator publishes the rollups
+// of those stored flushes again, so every stored rollup is on ROLLUPS exactly once by message
+// id and the totals there match ClickHouse's.
+func TestKillBeforeRollupAcks(t *testing.T) {
+	b := newBed(t)
+	bin := buildBinary(t)
+	vars := b.env(envVars{"AGG_CONSUMER": "agg-k", "AGG_GPU": "false", "AGG_ENGINE": "false", "AGG_FEEDBACK": "false",
+		"AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "100ms", "AGG_LOG_LEVEL": "warn"})
+	ctx := t.Context()
+	cmd := startProcess(t, bin, vars)
+	start := time.Now().UTC().Add(-90 * time.Second)
+	b.publish(t, spreadEvents(1000, start))
+	b.waitRows(t, time.Minute, 1000, "SELECT sum(requests) FROM token_rollups")
+
+	s, err := b.js.Stream(ctx, events.StreamRollups)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	held := cfg
+	held.Subjects = []string{"held.rollups"}
+	if _, err := b.js.UpdateStream(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	b.publish(t, spreadEvents(1000, start.Add(10*time.Second)))
+	// The first flush of these is stored, then the pipeline holds for its acks.
+	for deadline := time.Now().Add(time.Minute); b.scalar(t, "SELECT sum(requests) FROM token_rollups") <= 1000; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no flush stored while ROLLUPS was away")
+		}
+	}
+	if n := b.scalar(t, "SELECT count() FROM rollup_outbox WHERE consumer = 'agg-k'"); n == 0 {
+		t.Fatal("nothing in rollup_outbox")
+	}
+	time.Sleep(500 * time.Millisecond)
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = cmd.Process.Wait()
+	if ids, _, _ := rollupsOnStream(t, b, "agg-k", tokenRollups); uint64(len(ids)) >= b.scalar(t, "SELECT count() FROM token_rollups") {
+		t.Fatalf("all %d rollups on ROLLUPS before the kill: the test cut nothing off", len(ids))
+	}
+
+	if _, err := b.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	startProcess(t, bin, vars)
+	b.publish(t, spreadEvents(1000, start.Add(20*time.Second)))
+	b.waitRows(t, time.Minute, 3000, "SELECT sum(requests) FROM token_rollups")
+	checkRollupsPublished(t, b, "agg-k", 3000)
 }
 
 // TestClickHouseOutage pauses ClickHouse for 30 s in the middle of a run: the aggregator

@@ -231,4 +231,6 @@ func TestGPUCrashExactlyOnce(t *testing.T) {
 	b.waitRows(t, time.Minute, uint64(len(samples)), "SELECT sum(samples) FROM gpu_rollups")
 	time.Sleep(time.Second)
 	checkGPUTotals(t, b.gpuTotals(t), wantGPU(samples))
+	// Every stored GPU rollup is on ROLLUPS once, whatever the kills cut off.
+	checkPublished(t, b, "aggregator", gpuRollups, uint64(len(samples)), false)
 }

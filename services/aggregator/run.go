@@ -67,7 +67,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	migration.Log(logger, db.Version())
 
-	pub := bus.NewPublisher(js, bus.PublisherOptions{Namespace: "aggregator"}, srv.Registry(), logger)
+	pub := bus.NewPublisher(js, bus.PublisherOptions{Buffer: cfg.Agg.PublishBuffer, Namespace: "aggregator"}, srv.Registry(), logger)
 	deps := pipeline.Deps{JS: js, NC: nc, CH: db.Conn(), Publisher: pub, Metrics: pipeline.NewMetrics(srv.Registry()), Logger: logger}
 	if cfg.Agg.StoreRequests {
 		if deps.Requests, err = sink.NewRequestWriter(ctx, db.Conn(), cfg.ClickHouse, cfg.Agg.Consumer); err != nil {

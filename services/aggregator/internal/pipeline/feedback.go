@@ -2,14 +2,12 @@ package pipeline
 
 import (
 	"context"
-	"encoding/json"
 	"hash/maphash"
 	"math"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/tokenscope/tokenscope/pkg/bus"
 	"github.com/tokenscope/tokenscope/pkg/events"
 	"github.com/tokenscope/tokenscope/services/aggregator/internal/sink"
 	"github.com/tokenscope/tokenscope/services/aggregator/internal/window"
@@ -26,6 +24,10 @@ func NewFeedback(ctx context.Context, o Options, cfg window.Config, dedup int, d
 		return nil, err
 	}
 	sk := sink.New(d.CH, o.Consumer)
+	ob, err := openOutbox(ctx, store, sk)
+	if err != nil {
+		return nil, err
+	}
 	var done map[time.Time]uint64
 	var stored storedSet
 	ids := newRecentIDs(dedup)
@@ -34,6 +36,9 @@ func NewFeedback(ctx context.Context, o Options, cfg window.Config, dedup int, d
 			return err
 		}
 		if done, err = sk.Done(ctx, "feedback_rollups", floor); err != nil {
+			return err
+		}
+		if err := ob.read(ctx, o.Stream, "feedback_rollups", floor); err != nil {
 			return err
 		}
 		if stored.seqs, err = sk.StoredFeedback(ctx, floor+1, math.MaxUint64); err != nil {
@@ -57,8 +62,8 @@ func NewFeedback(ctx context.Context, o Options, cfg window.Config, dedup int, d
 	m := d.Metrics.forStream("feedback")
 	st := &feedbackStage{agg: window.NewFeedback(cfg, done), dec: events.NewDecoder(4096), cfg: cfg, sink: sk, stored: stored, ids: ids, m: m}
 	d.Logger.Info("consuming", "stream", o.Stream, "consumer", o.Consumer, "floor", floor, "windows_already_stored", len(done),
-		"feedback_already_stored", len(stored.seqs), "ids_remembered", ids.len())
-	return newPipeline(o, d.JS, d.NC, cons, floor, store, st, d.Publisher, m, d.Logger.With("stream", o.Stream)), nil
+		"feedback_already_stored", len(stored.seqs), "ids_remembered", ids.len(), "flushes_to_publish_again", ob.flushes)
+	return newPipeline(o, d.JS, d.NC, cons, floor, store, ob, st, d.Publisher, m, d.Logger.With("stream", o.Stream)), nil
 }
 
 type idSeq struct{ h, seq uint64 }
@@ -213,10 +218,12 @@ type feedbackFlush struct {
 	raw        []sink.Feedback
 	rawWritten bool
 	attempt    int
+	msgs       []sink.OutboxMsg
 }
 
-func (f *feedbackFlush) empty() bool { return len(f.rollups) == 0 && len(f.raw) == 0 }
-func (f *feedbackFlush) count() int  { return len(f.rollups) + len(f.raw) }
+func (f *feedbackFlush) id() sink.Ledger { return f.ledger }
+func (f *feedbackFlush) empty() bool     { return len(f.rollups) == 0 && len(f.raw) == 0 }
+func (f *feedbackFlush) count() int      { return len(f.rollups) + len(f.raw) }
 
 func (f *feedbackFlush) write(ctx context.Context, now time.Time) error {
 	sk := f.stage.sink
@@ -262,17 +269,15 @@ func (f *feedbackFlush) write(ctx context.Context, now time.Time) error {
 	return sk.WriteFeedbackRollups(sk.WithQueryID(ctx, f.ledger.FlushID+"-feedback-rollups-"+strconv.Itoa(f.attempt)), f.rollups, f.ledger, now)
 }
 
-// publish sends each stored feedback rollup on rollup.feedback.<env>.<scene>, as the token
+// messages are each stored feedback rollup on rollup.feedback.<env>.<scene>, as the token
 // rollups are sent, for the alerter's satisfaction rules.
-func (f *feedbackFlush) publish(p *bus.Publisher) {
-	for i := range f.rollups {
-		data, err := json.Marshal(FeedbackRollupEvent(&f.rollups[i]))
-		if err != nil {
-			continue // a rollup of finite numbers always encodes
-		}
-		r := &f.rollups[i]
-		p.Publish(events.FeedbackRollupSubject(r.Env, r.Scene), f.ledger.FlushID+"-"+strconv.Itoa(i), data)
+func (f *feedbackFlush) messages() []sink.OutboxMsg {
+	if f.msgs == nil {
+		f.msgs = encode(f.rollups, f.ledger.FlushID, func(r *window.FeedbackRollup) (string, any) {
+			return events.FeedbackRollupSubject(r.Env, r.Scene), FeedbackRollupEvent(r)
+		})
 	}
+	return f.msgs
 }
 
 // FeedbackRollupEvent returns the published form of a feedback rollup.

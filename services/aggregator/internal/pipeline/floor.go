@@ -21,7 +21,9 @@ import (
 // ~0.5 core at 10k events/s with the default 45 s held (BenchmarkHeldAcks in pkg/bus).
 // The consumer acknowledges nothing (AckNone); the floor is saved after each flush is
 // stored, so it is never ahead of ClickHouse, and a floor left behind by a crash only
-// replays events the ledger then skips.
+// replays events the ledger then skips. The floor is saved only once JetStream has
+// acknowledged the rollups of every flush below it; <stream>.<consumer>.acked holds the
+// number of the last flush it acknowledged (see outbox).
 const FloorBucket = "AGGREGATOR"
 
 // floorStore is one pipeline's floor in FloorBucket, keyed <stream>.<consumer>.

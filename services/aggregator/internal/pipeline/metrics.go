@@ -13,8 +13,8 @@ type metrics struct {
 	invalid                                                                  *prometheus.CounterVec
 	flushDuration, writeDelay                                                prometheus.Observer
 	paused, ackFloor, buffered, openWindows, activeKeys, watermarkDelay, lag prometheus.Gauge
-	folded, restarts                                                         prometheus.Counter
-	writeStalled                                                             prometheus.Gauge
+	folded, restarts, republished                                            prometheus.Counter
+	writeStalled, publishStalled                                             prometheus.Gauge
 }
 
 // Metrics are shared by the pipelines of one aggregator.
@@ -25,8 +25,8 @@ type Metrics struct {
 	flushDuration, writeDelay                                    *prometheus.HistogramVec
 	paused, ackFloor, buffered, openWindows, activeKeys, wmDelay *prometheus.GaugeVec
 	lag                                                          *prometheus.GaugeVec
-	folded, restarts                                             *prometheus.CounterVec
-	writeStalled                                                 *prometheus.GaugeVec
+	folded, restarts, republished                                *prometheus.CounterVec
+	writeStalled, publishStalled                                 *prometheus.GaugeVec
 }
 
 // NewMetrics registers the aggregator's pipeline metrics on reg.
@@ -50,19 +50,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Time to write one flush to ClickHouse.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}, []string{"stream"}),
 		writeDelay: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: ns, Name: "window_write_delay_seconds",
 			Help: "From a window's end to its rollups being in ClickHouse (freshness).", Buckets: prometheus.LinearBuckets(5, 5, 20)}, []string{"stream"}),
-		paused:       gv("paused", "1 while pulling is paused because the memory bound is reached (ClickHouse away)."),
-		ackFloor:     gv("ack_floor", "Replay floor saved: the stream sequence stored through."),
-		buffered:     gv("buffered", "Request events and rows held in memory, not yet written."),
-		openWindows:  gv("open_windows", "Windows and corrections held open."),
-		activeKeys:   gv("active_keys", "Series × bucket keys held in open windows."),
-		wmDelay:      gv("watermark_delay_seconds", "How far the watermark is behind the clock."),
-		lag:          gv("consumer_lag_messages", "Messages in the stream not yet delivered to the aggregator (read every 10 s)."),
-		folded:       cv("series_folded_total", "Events whose series was folded into \"other\" by AGG_MAX_SERIES."),
-		writeStalled: gv("write_stalled_seconds", "How long the flush being written has waited to be stored so far; 0 when none is. Past 10 s (or 3 flush intervals) it is logged and /readyz fails."),
-		restarts:     cv("consumer_restarts_total", "Times delivery started again from the last message processed: after a gap in the delivery sequence, a missed heartbeat or a reconnect to NATS."),
+		paused:         gv("paused", "1 while pulling is paused because the memory bound is reached (ClickHouse away)."),
+		ackFloor:       gv("ack_floor", "Replay floor saved: the stream sequence stored through."),
+		buffered:       gv("buffered", "Request events and rows held in memory, not yet written."),
+		openWindows:    gv("open_windows", "Windows and corrections held open."),
+		activeKeys:     gv("active_keys", "Series × bucket keys held in open windows."),
+		wmDelay:        gv("watermark_delay_seconds", "How far the watermark is behind the clock."),
+		lag:            gv("consumer_lag_messages", "Messages in the stream not yet delivered to the aggregator (read every 10 s)."),
+		folded:         cv("series_folded_total", "Events whose series was folded into \"other\" by AGG_MAX_SERIES."),
+		writeStalled:   gv("write_stalled_seconds", "How long the flush being written has waited to be stored so far; 0 when none is. Past 10 s (or 3 flush intervals) it is logged and /readyz fails."),
+		publishStalled: gv("publish_stalled_seconds", "How long the stored flush being published has waited for JetStream to acknowledge all its rollups so far; 0 when none is. Past 10 s (or 3 flush intervals) it is logged and /readyz fails."),
+		republished:    cv("rollups_republished_total", "Rollups published again at start from rollup_outbox: stored by the last process, not acknowledged by JetStream when it stopped."),
+		restarts:       cv("consumer_restarts_total", "Times delivery started again from the last message processed: after a gap in the delivery sequence, a missed heartbeat or a reconnect to NATS."),
 	}
 	reg.MustRegister(m.events, m.invalid, m.consumeErrors, m.flushErrors, m.ackErrors, m.deadLetterErrors, m.rowsWritten,
-		m.flushDuration, m.writeDelay, m.paused, m.ackFloor, m.buffered, m.openWindows, m.activeKeys, m.wmDelay, m.lag, m.folded, m.restarts, m.writeStalled)
+		m.flushDuration, m.writeDelay, m.paused, m.ackFloor, m.buffered, m.openWindows, m.activeKeys, m.wmDelay, m.lag, m.folded, m.restarts, m.writeStalled, m.publishStalled, m.republished)
 	return m
 }
 
@@ -96,6 +98,8 @@ func (m *Metrics) forStream(stream string) *metrics {
 		lag:              m.lag.WithLabelValues(stream),
 		folded:           m.folded.WithLabelValues(stream),
 		restarts:         m.restarts.WithLabelValues(stream),
+		republished:      m.republished.WithLabelValues(stream),
 		writeStalled:     m.writeStalled.WithLabelValues(stream),
+		publishStalled:   m.publishStalled.WithLabelValues(stream),
 	}
 }

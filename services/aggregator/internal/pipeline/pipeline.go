@@ -16,6 +16,7 @@ import (
 
 	"github.com/tokenscope/tokenscope/pkg/bus"
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/aggregator/internal/sink"
 )
 
 // Options tune a pipeline.
@@ -51,9 +52,10 @@ type stage interface {
 type flush interface {
 	empty() bool
 	write(ctx context.Context, now time.Time) error
-	publish(p *bus.Publisher)
-	done(now time.Time) // the rows are stored: record it so a redelivery is skipped
-	count() int         // rows to write
+	messages() []sink.OutboxMsg // the rollups to publish once the rows are stored
+	id() sink.Ledger            // the flush's place in the stream and its id
+	done(now time.Time)         // the rows are stored and published: record it so a redelivery is skipped
+	count() int                 // rows to write
 }
 
 type result int
@@ -94,9 +96,14 @@ type Pipeline struct {
 	// whether its stall was logged. Both are guarded by mu.
 	writing     time.Time
 	stallLogged bool
-	// pending is a flush whose write was interrupted by shutdown; only the goroutine that
-	// runs cycle touches it.
-	pending flush
+	// acking is when the stored flush being published began to wait for its acks, zero when
+	// none is; ackLogged tells whether its stall was logged. Both are guarded by mu.
+	acking    time.Time
+	ackLogged bool
+	// pending is a flush whose write, or the acks of whose rollups, shutdown interrupted.
+	// Only the goroutine that runs cycle touches it, and outbox.
+	pending *cutFlush
+	outbox  outbox
 }
 
 // resetConsumer returns an ordered consumer that delivers, in stream order, everything after
@@ -166,22 +173,27 @@ func consumerFilter(ctx context.Context, js jetstream.JetStream, stream, filter 
 	return filter, nil
 }
 
-func newPipeline(o Options, js jetstream.JetStream, nc *nats.Conn, cons jetstream.Consumer, floor uint64, store *floorStore, st stage, pub *bus.Publisher, m *metrics, logger *slog.Logger) *Pipeline {
+func newPipeline(o Options, js jetstream.JetStream, nc *nats.Conn, cons jetstream.Consumer, floor uint64, store *floorStore, ob outbox, st stage, pub *bus.Publisher, m *metrics, logger *slog.Logger) *Pipeline {
 	if o.Clock == nil {
 		o.Clock = time.Now
 	}
 	if o.WriteTimeout <= 0 {
 		o.WriteTimeout = 5 * time.Minute
 	}
-	p := &Pipeline{opts: o, js: js, nc: nc, cons: cons, floor: store, stage: st, publisher: pub, m: m, logger: logger, lastSeq: floor, savedSeq: floor, kick: make(chan struct{}, 1)}
+	p := &Pipeline{opts: o, js: js, nc: nc, cons: cons, floor: store, stage: st, publisher: pub, outbox: ob, m: m, logger: logger, lastSeq: floor, savedSeq: floor, kick: make(chan struct{}, 1)}
 	m.ackFloor.Set(float64(floor))
 	p.room = sync.NewCond(&p.mu)
 	return p
 }
 
-// Run consumes until ctx ends, then stops pulling, writes what is closed, saves the floor
-// and returns. Windows still open are above the floor: the next start replays them.
+// Run publishes again the rollups the last process stored and did not see acknowledged
+// (see outbox), then consumes until ctx ends, then stops pulling, writes what is closed,
+// saves the floor and returns. Windows still open are above the floor: the next start
+// replays them.
 func (p *Pipeline) Run(ctx context.Context) error {
+	if !p.replay(ctx) {
+		return nil
+	}
 	it, err := p.cons.Messages(jetstream.PullMaxMessages(p.opts.PullBatch))
 	if err != nil {
 		return fmt.Errorf("cannot consume %s: %w", p.opts.Stream, err)
@@ -334,36 +346,50 @@ func (p *Pipeline) deadLetter(msg jetstream.Msg, seq uint64, err error) {
 }
 
 // cycle cuts what is closed, writes it (retrying until it is stored or ctx ends), publishes
-// it, and saves the floor: the position before the oldest one still held.
+// its rollups and waits until JetStream has them all (holding while NATS refuses), and only
+// then moves the watermark and saves the floor: the position before the oldest one still
+// held. Neither ever passes a rollup JetStream does not hold.
 func (p *Pipeline) cycle(ctx context.Context) {
-	// A flush interrupted by shutdown is written first, alone: a later flush of the same
+	// A flush interrupted by shutdown is finished first, alone: a later flush of the same
 	// window or of later request events would record a seq_through that claims its events.
-	f := p.pending
+	fl := p.pending
 	p.pending = nil
 	var closed time.Time // the windows this cut closes, for the watermark
-	if f == nil {
+	if fl == nil {
 		p.mu.Lock()
 		now := p.opts.Clock()
-		f = p.stage.cut(now, p.lastSeq)
+		fl = &cutFlush{flush: p.stage.cut(now, p.lastSeq)}
 		closed = p.closedThrough(now)
 		p.stage.observe(now)
 		p.mu.Unlock()
+		if !fl.empty() {
+			fl.seq = p.outbox.next
+			p.outbox.next++
+		}
 	}
-	if !f.empty() {
-		if !p.write(ctx, f) {
-			p.pending = f // its messages stay above the floor for the next start
+	if !fl.empty() {
+		if !fl.stored && !p.write(ctx, fl) {
+			p.pending = fl // its messages stay above the floor for the next start
 			return
 		}
-		f.publish(p.publisher)
+		fl.stored = true
+		if !p.publish(ctx, fl.messages()) {
+			p.pending = fl // published again, same ids: JetStream drops copies
+			return
+		}
 		p.mu.Lock()
-		f.done(p.opts.Clock())
+		fl.done(p.opts.Clock())
 		p.mu.Unlock()
+		if len(fl.messages()) > 0 {
+			p.outbox.acked = fl.seq
+		}
 	}
 	p.advanceWatermark(closed)
 	p.mu.Lock()
 	floor := p.floorNow()
 	p.room.Broadcast()
 	p.mu.Unlock()
+	p.saveMark(ctx)
 	p.saveFloor(ctx, floor)
 }
 
@@ -385,7 +411,7 @@ func (p *Pipeline) watch(done <-chan struct{}) {
 		p.mu.Lock()
 		now := p.opts.Clock()
 		p.stage.observe(now)
-		var stalled time.Duration
+		var stalled, unacked time.Duration
 		if !p.writing.IsZero() {
 			stalled = time.Since(p.writing)
 		}
@@ -393,26 +419,81 @@ func (p *Pipeline) watch(done <-chan struct{}) {
 			p.stallLogged = true
 			p.logger.Warn("a write to ClickHouse has not finished; holding the windows", "for", stalled.Round(time.Second).String(), "write_timeout", p.opts.WriteTimeout.String())
 		}
+		if !p.acking.IsZero() {
+			unacked = time.Since(p.acking)
+		}
+		if unacked >= p.stallAfter() && !p.ackLogged {
+			p.ackLogged = true
+			p.logger.Warn("JetStream has not acknowledged a stored flush's rollups; holding the floor and the watermark", "for", unacked.Round(time.Second).String())
+		}
 		p.mu.Unlock()
 		p.m.writeStalled.Set(stalled.Seconds())
+		p.m.publishStalled.Set(unacked.Seconds())
 	}
 }
 
 // Stalled returns an error while a flush has waited longer than the stall bound to be
-// stored, for the readiness check.
+// stored, or its rollups to be acknowledged by JetStream, for the readiness check.
 func (p *Pipeline) Stalled(context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.writing.IsZero() {
-		return nil
+	if !p.writing.IsZero() {
+		if d := time.Since(p.writing); d >= p.stallAfter() {
+			return fmt.Errorf("a write of %s to ClickHouse has not finished for %s", p.opts.Stream, d.Round(time.Second))
+		}
 	}
-	if d := time.Since(p.writing); d >= p.stallAfter() {
-		return fmt.Errorf("a write of %s to ClickHouse has not finished for %s", p.opts.Stream, d.Round(time.Second))
+	if !p.acking.IsZero() {
+		if d := time.Since(p.acking); d >= p.stallAfter() {
+			return fmt.Errorf("the rollups of a stored flush of %s have waited for JetStream's acks for %s", p.opts.Stream, d.Round(time.Second))
+		}
 	}
 	return nil
 }
 
-func (p *Pipeline) write(ctx context.Context, f flush) bool {
+// publish publishes the rollups msgs of a stored flush and waits until JetStream holds every
+// one: a full buffer is waited on, never dropped, and while NATS is away or refuses the
+// publisher retries and this waits, as write waits for ClickHouse. It returns false when ctx
+// ends (or the publisher stopped) first. A rollup JetStream refuses for good (over its size
+// limit) cannot be stored by any retry: it is counted in publish_dropped_total and logged.
+//
+// The stall is timed from the first attempt at the flush, across the attempts of a flush
+// left pending.
+func (p *Pipeline) publish(ctx context.Context, msgs []sink.OutboxMsg) (ok bool) {
+	if len(msgs) == 0 {
+		return true
+	}
+	p.mu.Lock()
+	if p.acking.IsZero() {
+		p.acking, p.ackLogged = time.Now(), false
+	}
+	p.mu.Unlock()
+	defer func() {
+		if !ok {
+			return
+		}
+		p.mu.Lock()
+		if p.ackLogged {
+			p.logger.Info("JetStream acknowledged the held rollups", "after", time.Since(p.acking).Round(time.Second).String())
+		}
+		p.acking, p.ackLogged = time.Time{}, false
+		p.mu.Unlock()
+		p.m.publishStalled.Set(0)
+	}()
+	b := p.publisher.NewBatch()
+	for _, m := range msgs {
+		if err := b.Publish(ctx, m.Subject, m.ID, m.Data); err != nil {
+			return false
+		}
+	}
+	err := b.Wait(ctx)
+	if errors.Is(err, bus.ErrRefused) {
+		p.logger.Warn("JetStream refused rollups for good", "err", err)
+		return true
+	}
+	return err == nil
+}
+
+func (p *Pipeline) write(ctx context.Context, f *cutFlush) bool {
 	p.mu.Lock()
 	p.writing, p.stallLogged = time.Now(), false
 	p.mu.Unlock()
@@ -429,7 +510,7 @@ func (p *Pipeline) write(ctx context.Context, f flush) bool {
 	for {
 		start := time.Now()
 		wctx, cancel := context.WithTimeout(ctx, p.opts.WriteTimeout)
-		err := f.write(wctx, p.opts.Clock())
+		err := p.store(wctx, f, p.opts.Clock())
 		cancel()
 		if err == nil {
 			p.m.flushDuration.Observe(time.Since(start).Seconds())

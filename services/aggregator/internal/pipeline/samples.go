@@ -2,11 +2,9 @@ package pipeline
 
 import (
 	"context"
-	"encoding/json"
 	"strconv"
 	"time"
 
-	"github.com/tokenscope/tokenscope/pkg/bus"
 	"github.com/tokenscope/tokenscope/pkg/events"
 	"github.com/tokenscope/tokenscope/services/aggregator/internal/sink"
 	"github.com/tokenscope/tokenscope/services/aggregator/internal/window"
@@ -108,21 +106,27 @@ func newSamplePipeline[S any, K comparable, V, R any, A sampleAggregator[S, K, V
 		return nil, err
 	}
 	sk := sink.New(d.CH, o.Consumer)
+	ob, err := openOutbox(ctx, store, sk)
+	if err != nil {
+		return nil, err
+	}
 	var done map[time.Time]uint64
 	err = untilRead(ctx, d.Logger, func() (err error) {
 		if err := sk.Settle(ctx, ""); err != nil {
 			return err
 		}
-		done, err = sk.Done(ctx, k.table, floor)
-		return err
+		if done, err = sk.Done(ctx, k.table, floor); err != nil {
+			return err
+		}
+		return ob.read(ctx, o.Stream, k.table, floor)
 	})
 	if err != nil {
 		return nil, err
 	}
 	m := d.Metrics.forStream(k.stream)
 	st := &sampleStage[S, K, V, R, A]{kind: k, agg: k.newAgg(cfg, done), cfg: cfg, sink: sk, m: m}
-	d.Logger.Info("consuming", "stream", o.Stream, "consumer", o.Consumer, "floor", floor, "windows_already_stored", len(done))
-	return newPipeline(o, d.JS, d.NC, cons, floor, store, st, d.Publisher, m, d.Logger.With("stream", o.Stream)), nil
+	d.Logger.Info("consuming", "stream", o.Stream, "consumer", o.Consumer, "floor", floor, "windows_already_stored", len(done), "flushes_to_publish_again", ob.flushes)
+	return newPipeline(o, d.JS, d.NC, cons, floor, store, ob, st, d.Publisher, m, d.Logger.With("stream", o.Stream)), nil
 }
 
 // sampleStage adds each valid sample to its window; a flush holds the rollups of the windows
@@ -197,10 +201,12 @@ type sampleFlush[S any, K comparable, V, R any, A sampleAggregator[S, K, V, R]] 
 	rows    []R
 	starts  []time.Time
 	attempt int
+	msgs    []sink.OutboxMsg
 }
 
-func (f *sampleFlush[S, K, V, R, A]) empty() bool { return len(f.rows) == 0 }
-func (f *sampleFlush[S, K, V, R, A]) count() int  { return len(f.rows) }
+func (f *sampleFlush[S, K, V, R, A]) id() sink.Ledger { return f.ledger }
+func (f *sampleFlush[S, K, V, R, A]) empty() bool     { return len(f.rows) == 0 }
+func (f *sampleFlush[S, K, V, R, A]) count() int      { return len(f.rows) }
 
 // write stores the flush; a retry first settles the earlier attempt and writes nothing if
 // it landed (a batch insert is one part, all or nothing).
@@ -222,16 +228,12 @@ func (f *sampleFlush[S, K, V, R, A]) write(ctx context.Context, now time.Time) e
 	return k.write(sk, sk.WithQueryID(ctx, f.ledger.FlushID+k.queryID+strconv.Itoa(f.attempt)), f.rows, f.ledger, now)
 }
 
-// publish sends each stored row on its subject, with the message id <flush id>-<i>.
-func (f *sampleFlush[S, K, V, R, A]) publish(p *bus.Publisher) {
-	for i := range f.rows {
-		r := &f.rows[i]
-		data, err := json.Marshal(r)
-		if err != nil {
-			continue // a rollup of finite numbers always encodes
-		}
-		p.Publish(f.stage.kind.subject(r), f.ledger.FlushID+"-"+strconv.Itoa(i), data)
+// messages are each stored row on its subject, with the message id <flush id>-<i>.
+func (f *sampleFlush[S, K, V, R, A]) messages() []sink.OutboxMsg {
+	if f.msgs == nil {
+		f.msgs = encode(f.rows, f.ledger.FlushID, func(r *R) (string, any) { return f.stage.kind.subject(r), r })
 	}
+	return f.msgs
 }
 
 func (f *sampleFlush[S, K, V, R, A]) done(now time.Time) {

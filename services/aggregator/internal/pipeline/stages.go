@@ -42,6 +42,10 @@ func NewTokens(ctx context.Context, o Options, cfg window.Config, prices *price.
 		return nil, err
 	}
 	sk := sink.New(d.CH, o.Consumer)
+	ob, err := openOutbox(ctx, store, sk)
+	if err != nil {
+		return nil, err
+	}
 	var done map[time.Time]uint64
 	var stored storedSet
 	storeRequests := d.Requests != nil
@@ -49,7 +53,10 @@ func NewTokens(ctx context.Context, o Options, cfg window.Config, prices *price.
 		if err := sk.Settle(ctx, ""); err != nil {
 			return err
 		}
-		if done, err = sk.Done(ctx, "token_rollups", floor); err != nil || !storeRequests {
+		if done, err = sk.Done(ctx, "token_rollups", floor); err != nil {
+			return err
+		}
+		if err := ob.read(ctx, o.Stream, "token_rollups", floor); err != nil || !storeRequests {
 			return err
 		}
 		stored.seqs, err = sk.StoredRequests(ctx, floor)
@@ -68,8 +75,9 @@ func NewTokens(ctx context.Context, o Options, cfg window.Config, prices *price.
 		st.writer = d.Requests
 		st.reqs, st.spare = d.Requests.NewBuffer(), d.Requests.NewBuffer()
 	}
-	d.Logger.Info("consuming", "stream", o.Stream, "consumer", o.Consumer, "floor", floor, "windows_already_stored", len(done), "requests_already_stored", len(stored.seqs))
-	return newPipeline(o, d.JS, d.NC, cons, floor, store, st, d.Publisher, m, d.Logger.With("stream", o.Stream)), nil
+	d.Logger.Info("consuming", "stream", o.Stream, "consumer", o.Consumer, "floor", floor, "windows_already_stored", len(done), "requests_already_stored", len(stored.seqs),
+		"flushes_to_publish_again", ob.flushes)
+	return newPipeline(o, d.JS, d.NC, cons, floor, store, ob, st, d.Publisher, m, d.Logger.With("stream", o.Stream)), nil
 }
 
 // untilRead reads the ledger, retrying until it is read or ctx ends. read first waits for
@@ -209,9 +217,11 @@ type tokenFlush struct {
 	reqs        *sink.Requests
 	reqsWritten bool
 	attempt     int
+	msgs        []sink.OutboxMsg
 }
 
-func (f *tokenFlush) empty() bool { return len(f.rows) == 0 && f.reqs == nil }
+func (f *tokenFlush) id() sink.Ledger { return f.ledger }
+func (f *tokenFlush) empty() bool     { return len(f.rows) == 0 && f.reqs == nil }
 func (f *tokenFlush) count() int {
 	n := len(f.rows)
 	if f.reqs != nil {
@@ -263,15 +273,28 @@ func (f *tokenFlush) write(ctx context.Context, now time.Time) error {
 	return sk.WriteTokenRollups(qctx, f.rows, f.stage.agg.BucketLower, f.ledger, now)
 }
 
-func (f *tokenFlush) publish(p *bus.Publisher) {
-	for i := range f.rows {
-		r := &f.rows[i]
-		data, err := json.Marshal(r)
+func (f *tokenFlush) messages() []sink.OutboxMsg {
+	if f.msgs == nil {
+		f.msgs = encode(f.rows, f.ledger.FlushID, func(r *events.TokenRollup) (string, any) {
+			return events.TokenRollupSubject(r.Env, r.Scene), r
+		})
+	}
+	return f.msgs
+}
+
+// encode returns the message of each row, with the id <flush id>-<i>; of returns a row's
+// subject and the value published for it.
+func encode[R any](rows []R, flushID string, of func(r *R) (subject string, v any)) []sink.OutboxMsg {
+	msgs := make([]sink.OutboxMsg, 0, len(rows))
+	for i := range rows {
+		subject, v := of(&rows[i])
+		data, err := json.Marshal(v)
 		if err != nil {
 			continue // a rollup of finite numbers always encodes
 		}
-		p.Publish(events.TokenRollupSubject(r.Env, r.Scene), f.ledger.FlushID+"-"+strconv.Itoa(i), data)
+		msgs = append(msgs, sink.OutboxMsg{Subject: subject, ID: flushID + "-" + strconv.Itoa(i), Data: data})
 	}
+	return msgs
 }
 
 func (f *tokenFlush) done(now time.Time) {

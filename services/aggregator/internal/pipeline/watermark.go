@@ -21,8 +21,8 @@ import (
 // window only once each of them has published it, not on a wall-clock guess.
 //
 // Each pipeline reports, after every flush, the end of the latest window it has closed and
-// whose rollups it has handed to the rollup publisher (a flush still being retried reports
-// nothing). The aggregator's watermark is the lowest over its pipelines that have seen a
+// whose rollups JetStream has acknowledged (a flush still being written or waiting for its
+// acks reports nothing). The aggregator's watermark is the lowest over its pipelines that have seen a
 // message since start: a pipeline that has seen none holds no window and owes no rollup.
 // It is published once the rollup publisher holds nothing unacknowledged, so JetStream has
 // stored every rollup it covers ahead of it, and it never goes back.
@@ -83,7 +83,7 @@ func (p *Pipeline) closedThrough(now time.Time) time.Time {
 }
 
 // advanceWatermark reports that the windows through the given end are closed and their
-// rollups handed to the publisher.
+// rollups acknowledged by JetStream.
 func (p *Pipeline) advanceWatermark(through time.Time) {
 	if p.marks != nil && !through.IsZero() {
 		p.marks.advance(p.opts.Stream, through)
