@@ -272,16 +272,38 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, proto meter.Protoc
 
 func isIdentity(enc string) bool { return enc == "" || strings.EqualFold(enc, "identity") }
 
-// passthrough forwards any other /v1/ request to the default upstream, unmeasured.
+// passthrough forwards any other /v1/ request unmeasured: to the upstream the model in its
+// body routes to (Anthropic's /v1/messages/count_tokens names one), so that the client's key
+// for that provider goes where its measured requests go; to the default upstream otherwise.
 func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 	path, ok := p.checkPath(w, r, meter.OpenAIChat)
 	if !ok {
 		return
 	}
 	p.m.passthrough.Inc()
-	out, cancel := p.outgoing(r.Context(), r, p.cfg.Upstream, path, r.Body, -1)
+	base, body, length := p.cfg.Upstream, io.Reader(r.Body), int64(-1)
+	held := int64(0)
+	if len(p.cfg.Routes) > 0 {
+		head, rest, h, err := p.readBody(r)
+		if err != nil {
+			http.Error(w, "cannot read the request body", http.StatusBadRequest)
+			return
+		}
+		held = h
+		switch {
+		case head != nil:
+			if info, ok := readRequest(head); ok && isIdentity(r.Header.Get("Content-Encoding")) {
+				base = p.cfg.upstream(info.Model)
+			}
+			body, length = bytes.NewReader(head), int64(len(head))
+		case rest != nil:
+			body = rest
+		}
+	}
+	out, cancel := p.outgoing(r.Context(), r, base, path, body, length)
 	defer cancel(nil)
 	resp, err := p.transport.RoundTrip(out)
+	p.cfg.Budget.Release(held) // the upstream has the body
 	if err != nil {
 		writeError(w, meter.OpenAIChat, http.StatusBadGateway, "cannot reach the upstream")
 		return

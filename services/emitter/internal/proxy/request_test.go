@@ -94,3 +94,46 @@ func testAnthropicCutShortEstimated(t *testing.T, transport bool) {
 		t.Fatal("no TPOT")
 	}
 }
+
+// TestPassthroughRoutedByModel: an unmeasured request whose body names a model (Anthropic's
+// /v1/messages/count_tokens) goes where that model's requests go, so the client's key for
+// that provider never reaches the default upstream's host.
+func TestPassthroughRoutedByModel(t *testing.T) {
+	got := make(chan string, 1)
+	upstream := func(name string) *httptest.Server {
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b, _ := io.ReadAll(r.Body)
+			got <- name + " " + r.URL.Path + " " + r.Header.Get("X-Api-Key") + " " + string(b)
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"input_tokens":3}`)
+		}))
+		t.Cleanup(up.Close)
+		return up
+	}
+	def, claude := upstream("default"), upstream("claude")
+	r := newRig(t, fakellm.Options{}, func(c *Config) {
+		c.Upstream, _ = ParseUpstream(def.URL)
+		cu, _ := ParseUpstream(claude.URL)
+		c.Routes = []Route{{Prefix: "claude-", URL: cu}}
+	})
+	tests := []struct{ name, body, want string }{
+		{"a routed model", `{"model":"claude-sonnet-4-5","messages":[]}`, "claude"},
+		{"another model", `{"model":"gpt-4o","messages":[]}`, "default"},
+		{"no model", `{"messages":[]}`, "default"},
+		{"not JSON", `model=claude-x`, "default"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			via := call(t, r.proxy.URL, "/v1/messages/count_tokens", tt.body, map[string]string{"X-Api-Key": "sk-ant-secret"})
+			if via.err != nil || via.status != 200 || string(via.body) != `{"input_tokens":3}` {
+				t.Fatalf("status %d %v %s", via.status, via.err, via.body)
+			}
+			if s, want := <-got, tt.want+" /v1/messages/count_tokens sk-ant-secret "+tt.body; s != want {
+				t.Fatalf("upstream saw %q, want %q", s, want)
+			}
+		})
+	}
+	if held := r.p.cfg.Budget.Held(); held != 0 {
+		t.Fatalf("%d bytes of the budget still held", held)
+	}
+}
