@@ -689,7 +689,9 @@ func (p *Proxy) labels(ev *events.RequestEvent, h http.Header) {
 	ev.Env = headerOr(h, HeaderEnv, p.cfg.DefaultEnv)
 	ev.Tenant = h.Get(HeaderTenant)
 	ev.ConversationID = h.Get(HeaderConversation)
-	if t, err := strconv.Atoi(h.Get(HeaderTurn)); err == nil && t > 0 {
+	// A turn the event cannot carry is left out, as one that is not a number, rather than
+	// make the event invalid.
+	if t, err := strconv.Atoi(h.Get(HeaderTurn)); err == nil && t > 0 && t <= events.MaxTurn {
 		ev.Turn = t
 	}
 }

@@ -137,3 +137,21 @@ func TestPassthroughRoutedByModel(t *testing.T) {
 		t.Fatalf("%d bytes of the budget still held", held)
 	}
 }
+
+// TestTurnHeaderBounded: a turn the contract cannot hold (over events.MaxTurn, negative, not
+// a number) is left out of the event rather than make the measured request's event invalid.
+func TestTurnHeaderBounded(t *testing.T) {
+	r := newRig(t, fakellm.Options{Tokens: 2}, nil)
+	for _, tt := range []struct {
+		turn string
+		want int
+	}{{"7", 7}, {"1000000", 1000000}, {"1000001", 0}, {"99999999999999999999", 0}, {"-3", 0}, {"two", 0}} {
+		via := call(t, r.proxy.URL, chatPath, chatBody(false, ""), map[string]string{HeaderTurn: tt.turn})
+		if via.err != nil || via.status != 200 {
+			t.Fatalf("turn %s: status %d %v", tt.turn, via.status, via.err)
+		}
+		if ev := r.cap.next(t); ev.Turn != tt.want {
+			t.Fatalf("turn %s: event turn %d, want %d", tt.turn, ev.Turn, tt.want)
+		}
+	}
+}
