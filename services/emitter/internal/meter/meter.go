@@ -3,6 +3,7 @@ package meter
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 	"sync"
 	"time"
 )
@@ -23,6 +24,13 @@ func (p Protocol) Provider() string {
 		return "anthropic"
 	}
 	return "openai"
+}
+
+// IsEventStream reports whether a Content-Type is text/event-stream, in any case and with
+// any parameters (a media type is case-insensitive, RFC 9110, 8.3.1).
+func IsEventStream(contentType string) bool {
+	mt, _, _ := strings.Cut(contentType, ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
 }
 
 // Error codes the meter reports for a stream that went wrong without the upstream saying why.

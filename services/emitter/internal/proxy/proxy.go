@@ -489,7 +489,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 
 	c.status, c.body = resp.StatusCode, resp.Body
 	ok := resp.StatusCode < 300
-	c.sse = x.stream && ok && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	c.sse = x.stream && ok && meter.IsEventStream(resp.Header.Get("Content-Type"))
 	c.ev.HTTPStatus = resp.StatusCode
 	c.m = p.meters.Get().(*meter.Meter)
 	c.m.Reset(x.proto, c.sse, x.start)

@@ -155,3 +155,28 @@ func TestTurnHeaderBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestEventStreamTypeAnyCase: a media type is case-insensitive (RFC 9110, 8.3.1): a stream
+// sent as Text/Event-Stream is measured as a stream, and the usage chunk the proxy asked for
+// is stripped from it.
+func TestEventStreamTypeAnyCase(t *testing.T) { bothClients(t, testEventStreamTypeAnyCase) }
+
+func testEventStreamTypeAnyCase(t *testing.T, transport bool) {
+	const content = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n"
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "Text/Event-Stream; charset=utf-8")
+		_, _ = io.WriteString(w, content+"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n")
+	}))
+	t.Cleanup(up.Close)
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream, _ = ParseUpstream(up.URL) })
+	if transport {
+		r.viaTransport()
+	}
+	via := call(t, r.proxy.URL, chatPath, chatBody(true, ""), nil)
+	if via.err != nil || via.status != 200 || string(via.body) != content+"data: [DONE]\n\n" {
+		t.Fatalf("status %d %v, body %q", via.status, via.err, via.body)
+	}
+	if ev := r.cap.next(t); ev.Status != "ok" || !ev.Stream || ev.InputTokens != 4 || ev.OutputTokens != 1 || ev.TokensEstimated {
+		t.Fatalf("event %+v", ev)
+	}
+}
