@@ -265,9 +265,23 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, proto meter.Protoc
 				x.body, x.strip = withUsage(head, info.StreamOptions)
 			}
 		}
-		x.input = int64(len(head)+3) / 4
 	}
+	x.input = inputEstimate(head, r.ContentLength)
 	p.forward(w, r, &x)
+}
+
+// inputEstimate is the input tokens of a request whose answer reports no usage: its bytes
+// / 4, those of a body forwarded unread or compressed too (declared bytes; -1: unknown),
+// within what an event can carry.
+func inputEstimate(head []byte, declared int64) int64 {
+	n := declared
+	if head != nil {
+		n = int64(len(head))
+	}
+	if n <= 0 {
+		return 0
+	}
+	return min(n/4+min(n%4, 1), events.MaxTokens)
 }
 
 func isIdentity(enc string) bool { return enc == "" || strings.EqualFold(enc, "identity") }

@@ -4,8 +4,10 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
+	"github.com/tokenscope/tokenscope/pkg/events"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/fakellm"
 )
 
@@ -179,4 +181,53 @@ func testEventStreamTypeAnyCase(t *testing.T, transport bool) {
 	if ev := r.cap.next(t); ev.Status != "ok" || !ev.Stream || ev.InputTokens != 4 || ev.OutputTokens != 1 || ev.TokensEstimated {
 		t.Fatalf("event %+v", ev)
 	}
+}
+
+// TestInputEstimatedFromUnreadBody: a body forwarded unread (over EMITTER_MAX_PARSE_BYTES,
+// or compressed) still gives the input estimate its size, request bytes / 4, when no usage
+// comes back.
+func TestInputEstimatedFromUnreadBody(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"choices":[{"message":{"content":"abcdefgh"}}]}`)
+	}))
+	t.Cleanup(up.Close)
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream, _ = ParseUpstream(up.URL); c.MaxParseBytes = 4 << 10 })
+	big := `{"model":"gpt-4o","messages":[{"role":"user","content":"` + strings.Repeat("word ", 4000) + `"}]}`
+	for _, tt := range []struct {
+		name string
+		hdr  map[string]string
+		body string
+	}{
+		{"over the parse limit", nil, big},
+		{"compressed", map[string]string{"Content-Encoding": "gzip"}, "\x1f\x8b not really gzip, but bytes all the same"},
+	} {
+		via := call(t, r.proxy.URL, chatPath, tt.body, tt.hdr)
+		if via.err != nil || via.status != 200 {
+			t.Fatalf("%s: status %d %v", tt.name, via.status, via.err)
+		}
+		if ev, want := r.cap.next(t), int64(len(tt.body)+3)/4; ev.InputTokens != want || !ev.TokensEstimated {
+			t.Fatalf("%s: input %d estimated %v, want %d estimated", tt.name, ev.InputTokens, ev.TokensEstimated, want)
+		}
+	}
+}
+
+// TestInputEstimate: request bytes / 4, within what an event's tokens can carry.
+func TestInputEstimate(t *testing.T) {
+	f := func(head string, declared, want int64) {
+		t.Helper()
+		var h []byte
+		if head != "" {
+			h = []byte(head)
+		}
+		if got := inputEstimate(h, declared); got != want {
+			t.Fatalf("inputEstimate(%d bytes, %d) = %d, want %d", len(head), declared, got, want)
+		}
+	}
+	f("12345", 5, 2)
+	f("", -1, 0)
+	f("", 9, 3)
+	f("", 9_000_000_000, events.MaxTokens)
+	f("", 1<<63-1, events.MaxTokens)
 }
