@@ -124,7 +124,7 @@ func New(proto Protocol, stream bool, start time.Time) *Meter {
 // Reset readies the meter for another response, keeping its buffers (those not grown large).
 func (m *Meter) Reset(proto Protocol, stream bool, start time.Time) {
 	*m = Meter{proto: proto, stream: stream, start: start,
-		pending: kept(m.pending), data: kept(m.data), name: kept(m.name), body: m.body[:0], held: m.held}
+		pending: kept(m.pending), data: kept(m.data), name: kept(m.name), body: kept(m.body), held: m.held}
 }
 
 // SetMaxEvent sets the longest SSE event the meter reads, n bytes with its lines' ends (at

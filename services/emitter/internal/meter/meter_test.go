@@ -614,3 +614,14 @@ func TestUsageOutOfRange(t *testing.T) {
 		t.Fatalf("body: result %+v, want the usage estimated and malformed", r)
 	}
 }
+
+// TestResetLetsLargeBodyGo: a meter that read a large body does not keep its buffer for the
+// next response (meters are pooled: each would hold up to MaxBody).
+func TestResetLetsLargeBodyGo(t *testing.T) {
+	m := New(OpenAIChat, false, t0)
+	m.Feed(bytes.Repeat([]byte(" "), 4<<20), t0, nil)
+	m.Reset(OpenAIChat, true, t0)
+	if c := cap(m.body); c > keepCap {
+		t.Fatalf("Reset kept a %d-byte body buffer", c)
+	}
+}
