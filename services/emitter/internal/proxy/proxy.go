@@ -316,9 +316,25 @@ func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 	}
 	out, cancel := p.outgoing(r.Context(), r, base, path, body, length)
 	defer cancel(nil)
+	// The response headers are waited for as long as a measured request's.
+	late := func() bool { return false }
+	if d := p.cfg.UpstreamTimeout; d > 0 {
+		var fired atomic.Bool
+		t := time.AfterFunc(d, func() { fired.Store(true); cancel(errUpstreamTimeout) })
+		late = func() bool { t.Stop(); return fired.Load() }
+	}
 	resp, err := p.transport.RoundTrip(out)
+	timedOut := late()
 	p.cfg.Budget.Release(held) // the upstream has the body
-	if err != nil {
+	if err == nil && timedOut {
+		resp.Body.Close() // the timeout won: the late response is dropped
+		err = errUpstreamTimeout
+	}
+	switch {
+	case err != nil && timedOut:
+		writeError(w, meter.OpenAIChat, http.StatusGatewayTimeout, "the upstream did not answer in time")
+		return
+	case err != nil:
 		writeError(w, meter.OpenAIChat, http.StatusBadGateway, "cannot reach the upstream")
 		return
 	}

@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/fakellm"
@@ -230,4 +231,28 @@ func TestInputEstimate(t *testing.T) {
 	f("", 9, 3)
 	f("", 9_000_000_000, events.MaxTokens)
 	f("", 1<<63-1, events.MaxTokens)
+}
+
+// TestPassthroughUpstreamTimeout: an unmeasured request waits for its upstream's response
+// headers no longer than EMITTER_UPSTREAM_TIMEOUT, as a measured one: then it gets a 504.
+func TestPassthroughUpstreamTimeout(t *testing.T) {
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(up.Close)
+	t.Cleanup(func() { close(release) })
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream, _ = ParseUpstream(up.URL); c.UpstreamTimeout = 200 * time.Millisecond })
+	client := &http.Client{Timeout: 10 * time.Second}
+	resp, err := client.Get(r.proxy.URL + "/v1/models")
+	if err != nil {
+		t.Fatalf("no answer: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusGatewayTimeout {
+		t.Fatalf("status %d, want 504", resp.StatusCode)
+	}
 }
