@@ -52,7 +52,7 @@ func runFakeLLM(ctx context.Context, args []string, environ map[string]string, s
 		}
 	}
 	for name, v := range map[string]float64{"error-rate": o.ErrorRate, "rate-limit-rate": o.RateLimitRate, "stall-rate": o.StallRate, "disconnect-rate": o.DisconnectRate} {
-		if v < 0 || v > 1 {
+		if !(v >= 0 && v <= 1) { // NaN too
 			return fmt.Errorf("-%s=%g must be between 0 and 1", name, v)
 		}
 	}

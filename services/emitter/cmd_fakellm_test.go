@@ -34,6 +34,14 @@ func TestFakeLLMSchedulerFlags(t *testing.T) {
 	if err := runFakeLLM(context.Background(), []string{"-max-batch", "-1"}, nil, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "-max-batch") {
 		t.Fatalf("-max-batch -1: error %v", err)
 	}
+	for _, bad := range []string{"-error-rate", "-stall-rate"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second) // accepted, it would serve
+		err := runFakeLLM(ctx, []string{"-addr", "127.0.0.1:0", bad, "NaN"}, nil, io.Discard, io.Discard)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), bad) {
+			t.Fatalf("%s NaN: error %v", bad, err)
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	out := &syncBuffer{}
 	done := make(chan error, 1)

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"strings"
@@ -58,8 +59,11 @@ func runReplay(ctx context.Context, args []string, environ map[string]string, st
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *speed <= 0 {
-		return fmt.Errorf("-speed=%g must be positive", *speed)
+	if !(*speed > 0) || math.IsInf(*speed, 0) { // NaN too
+		return fmt.Errorf("-speed=%g must be a positive number", *speed)
+	}
+	if err := m.Validate(); err != nil {
+		return err
 	}
 	var (
 		records []replay.Record
@@ -115,7 +119,7 @@ func runReplay(ctx context.Context, args []string, environ map[string]string, st
 		opts.Target = &replay.Target{Stream: *stream, Concurrency: *concurrency,
 			Client: &llmclient.Client{BaseURL: *url, APIKey: key, Protocol: proto, HTTP: &http.Client{Transport: tr, Timeout: 600 * time.Second}}}
 	}
-	if *feedback < 0 || *feedback > 1 || (*feedback > 0 && !*simulate) {
+	if !(*feedback >= 0 && *feedback <= 1) || (*feedback > 0 && !*simulate) {
 		return fmt.Errorf("-feedback=%g must be between 0 and 1, and goes with -simulate", *feedback)
 	}
 	em, stop, err := publishing(ctx, environ, *publish, stderr)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -89,5 +90,52 @@ func TestStopLogsWhatWasPublished(t *testing.T) {
 	}
 	if stopped == nil || stopped["service"] != "emitter" || stopped["events_emitted"] != 2.0 || stopped["published"] != 2.0 || stopped["publish_dropped"] != 0.0 {
 		t.Fatalf("stop line %v, want one with 2 events emitted and published", stopped)
+	}
+}
+
+// TestLogsHideUpstreamSecrets: the upstream URL the emitter logs at start has no password
+// and no query.
+func TestLogsHideUpstreamSecrets(t *testing.T) {
+	ns := testbed.NATS(t)
+	fake := httptest.NewServer(fakellm.New(fakellm.Options{Tokens: 3}))
+	defer fake.Close()
+	up := strings.Replace(fake.URL, "http://", "http://user:sk-secret@", 1) + "/v1?api_key=sk-secret"
+	addr := freeAddr(t)
+	var logs lockedBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, nil, []string{"HTTP_ADDR=" + addr, "NATS_URL=" + ns.ClientURL(), "EMITTER_UPSTREAM_URL=" + up,
+			"EMITTER_OTLP_HTTP_ADDR=off", "EMITTER_OTLP_GRPC_ADDR=off"}, &bytes.Buffer{}, &logs)
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if resp, err := http.Get("http://" + addr + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("emitter not ready in 10s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	var serving map[string]any
+	for _, l := range logs.lines(t) {
+		if l["msg"] == "serving" {
+			serving = l
+		}
+	}
+	logs.mu.Lock()
+	all := logs.b.String()
+	logs.mu.Unlock()
+	if serving == nil || !strings.Contains(fmt.Sprint(serving["upstream"]), strings.TrimPrefix(fake.URL, "http://")) || strings.Contains(all, "sk-secret") {
+		t.Fatalf("logs %s: want the upstream's host without its secrets", all)
 	}
 }

@@ -330,3 +330,23 @@ func TestShutdownDrainsDetachedStreams(t *testing.T) {
 		t.Fatalf("event %s %q, %d tokens", ev.Status, ev.ErrorCode, ev.OutputTokens)
 	}
 }
+
+// TestConfigErrorsHideSecrets: an upstream URL's password or query (where an API key may
+// be) never appears in the error that names the variable.
+func TestConfigErrorsHideSecrets(t *testing.T) {
+	tests := []struct{ name, key, value string }{
+		{"bad scheme", "EMITTER_UPSTREAM_URL", "ftp://user:sk-secret@host/?key=sk-secret"},
+		{"does not parse", "EMITTER_UPSTREAM_URL", "https://user:sk-secret@host:port%zz"},
+		{"no host", "EMITTER_UPSTREAM_URL", "https:///v1?api_key=sk-secret"},
+		{"bad route", "EMITTER_UPSTREAMS", "claude-=ftp://user:sk-secret@host"},
+		{"route that does not parse", "EMITTER_UPSTREAMS", "claude-=https://u:sk-secret@h:1%zz"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parseConfig(map[string]string{tt.key: tt.value})
+			if err == nil || !strings.Contains(err.Error(), tt.key) || strings.Contains(err.Error(), "sk-secret") {
+				t.Fatalf("error %v: want one naming %s without the secret", err, tt.key)
+			}
+		})
+	}
+}

@@ -321,10 +321,17 @@ func (p *plan) text(n int) string {
 	return b.String()
 }
 
+// MaxBody is the largest request body the fake reads; a larger one gets 413.
+const MaxBody = 64 << 20
+
 func (s *Server) serve(w http.ResponseWriter, r *http.Request, a api) {
 	arrived := time.Now()
-	body, err := io.ReadAll(r.Body)
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBody))
 	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			writeError(w, a, http.StatusRequestEntityTooLarge, "invalid_request_error", fmt.Sprintf("the request body is over %d bytes", MaxBody))
+		}
 		return
 	}
 	p, err := s.plan(r, a, body)

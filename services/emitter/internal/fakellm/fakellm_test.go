@@ -178,3 +178,28 @@ func TestStopReason(t *testing.T) {
 	f("completions, limit below", "/v1/completions", `{"model":"m","prompt":"a","max_tokens":1}`, "", `"finish_reason":"length"`, `"completion_tokens":1`)
 	f("completions stream, limit above", "/v1/completions", `{"model":"m","prompt":"a","stream":true,"stream_options":{"include_usage":true},"max_tokens":100}`, "", `"finish_reason":"stop"`, `"completion_tokens":5`)
 }
+
+// TestBodyBounded: a request body over MaxBody is refused with 413, not read into memory
+// whole.
+func TestBodyBounded(t *testing.T) {
+	srv := httptest.NewServer(New(Options{Tokens: 1}))
+	defer srv.Close()
+	body := io.MultiReader(strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"`), io.LimitReader(zeros{}, MaxBody), strings.NewReader(`"}]}`))
+	resp, err := http.Post(srv.URL+"/v1/chat/completions", "application/json", body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Fatalf("status %d, want 413", resp.StatusCode)
+	}
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = 'a'
+	}
+	return len(p), nil
+}

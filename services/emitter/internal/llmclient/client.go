@@ -119,7 +119,7 @@ func (c *Client) Do(ctx context.Context, req Request) Outcome {
 	}
 	defer resp.Body.Close()
 	out.HTTPStatus = resp.StatusCode
-	stream := req.Stream && resp.StatusCode < 300 && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	stream := req.Stream && resp.StatusCode < 300 && meter.IsEventStream(resp.Header.Get("Content-Type"))
 	m := meter.New(c.Protocol, stream, out.Start)
 	m.SetInputEstimate(int64(len(strings.Fields(req.Prompt))))
 	buf := make([]byte, 8<<10)

@@ -3,6 +3,7 @@ package meter
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 	"sync"
 	"time"
 )
@@ -23,6 +24,13 @@ func (p Protocol) Provider() string {
 		return "anthropic"
 	}
 	return "openai"
+}
+
+// IsEventStream reports whether a Content-Type is text/event-stream, in any case and with
+// any parameters (a media type is case-insensitive, RFC 9110, 8.3.1).
+func IsEventStream(contentType string) bool {
+	mt, _, _ := strings.Cut(contentType, ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
 }
 
 // Error codes the meter reports for a stream that went wrong without the upstream saying why.
@@ -116,7 +124,7 @@ func New(proto Protocol, stream bool, start time.Time) *Meter {
 // Reset readies the meter for another response, keeping its buffers (those not grown large).
 func (m *Meter) Reset(proto Protocol, stream bool, start time.Time) {
 	*m = Meter{proto: proto, stream: stream, start: start,
-		pending: kept(m.pending), data: kept(m.data), name: kept(m.name), body: m.body[:0], held: m.held}
+		pending: kept(m.pending), data: kept(m.data), name: kept(m.name), body: kept(m.body), held: m.held}
 }
 
 // SetMaxEvent sets the longest SSE event the meter reads, n bytes with its lines' ends (at

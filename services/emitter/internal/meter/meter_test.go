@@ -570,3 +570,58 @@ func FuzzScan(f *testing.F) {
 		}
 	})
 }
+
+// TestUsageOutOfRange: a usage the contract cannot hold (a negative count, or over
+// events.MaxTokens, the Anthropic sum of its input counts included) is not the request's:
+// its tokens are estimated, the response is marked malformed, and its event stays valid.
+func TestUsageOutOfRange(t *testing.T) {
+	const chunk = "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n"
+	const done = "data: [DONE]\n\n"
+	anthropic := func(in, read string) string {
+		return "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":" + in + ",\"cache_read_input_tokens\":" + read + ",\"output_tokens\":1}}}\n\n" +
+			"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"w\"}}\n\n" +
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":5}}\n\n" +
+			"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+	}
+	tests := []struct {
+		name   string
+		proto  Protocol
+		stream string
+	}{
+		{"negative prompt tokens", OpenAIChat, chunk + "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":-3,\"completion_tokens\":1}}\n\n" + done},
+		{"negative cached tokens", OpenAIChat, chunk + "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1,\"prompt_tokens_details\":{\"cached_tokens\":-1}}}\n\n" + done},
+		{"huge completion tokens", OpenAIChat, chunk + "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":9000000000000000000}}\n\n" + done},
+		{"anthropic input sum over the limit", Anthropic, anthropic("90000000", "90000000")},
+		{"anthropic negative input", Anthropic, anthropic("-5", "0")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := feedSSE(t, tt.proto, tt.stream)
+			ev := events.RequestEvent{V: events.Version, EventID: "e1", TS: t0, Model: "m", Scene: "s", Env: "e", Stream: true}
+			r.Fill(&ev)
+			ev.Status, ev.ErrorCode = r.Status(true)
+			if err := ev.ValidateAt(t0.Add(time.Second)); err != nil {
+				t.Fatalf("event %+v: %v", ev, err)
+			}
+			if !r.Estimated || r.Usage.Input != 7 || ev.Status != events.StatusError || ev.ErrorCode != CodeMalformed {
+				t.Fatalf("result %+v, event %s %s: want the usage estimated and malformed_sse", r, ev.Status, ev.ErrorCode)
+			}
+		})
+	}
+	m := New(OpenAIChat, false, t0)
+	m.Feed([]byte(`{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":-1,"completion_tokens":2}}`), t0, nil)
+	if r := m.Result(t0.Add(time.Second)); !r.Estimated || r.Usage.Input < 0 || r.Malformed == 0 {
+		t.Fatalf("body: result %+v, want the usage estimated and malformed", r)
+	}
+}
+
+// TestResetLetsLargeBodyGo: a meter that read a large body does not keep its buffer for the
+// next response (meters are pooled: each would hold up to MaxBody).
+func TestResetLetsLargeBodyGo(t *testing.T) {
+	m := New(OpenAIChat, false, t0)
+	m.Feed(bytes.Repeat([]byte(" "), 4<<20), t0, nil)
+	m.Reset(OpenAIChat, true, t0)
+	if c := cap(m.body); c > keepCap {
+		t.Fatalf("Reset kept a %d-byte body buffer", c)
+	}
+}

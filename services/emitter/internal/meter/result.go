@@ -46,7 +46,14 @@ func (m *Meter) Result(end time.Time) Result {
 	} else {
 		r.Total = end.Sub(m.start)
 	}
-	if !m.haveUsage {
+	haveUsage := m.haveUsage
+	if haveUsage && !m.usageInRange() {
+		// Not a count the contract can hold: the upstream's usage is not trusted, and the
+		// response is counted as malformed, rather than lose the request's event.
+		haveUsage = false
+		r.Malformed++
+	}
+	if !haveUsage {
 		r.Estimated = true
 		r.Usage = Usage{Input: m.inputGuess, Output: m.contentCount}
 		if !m.stream {
@@ -60,6 +67,17 @@ func (m *Meter) Result(end time.Time) Result {
 	}
 	r.Usage.Cached = min(r.Usage.Cached, r.Usage.Input)
 	return r
+}
+
+// usageInRange reports whether every count of the usage reported, Anthropic's input counts
+// before they are added up included, is one an event can carry.
+func (m *Meter) usageInRange() bool {
+	for _, n := range [...]int64{m.usage.Input, m.usage.Output, m.usage.Cached, m.anthropicIn[0], m.anthropicIn[1], m.anthropicIn[2]} {
+		if n < 0 || n > events.MaxTokens {
+			return false
+		}
+	}
+	return true
 }
 
 // Status is how the body itself ended, assuming it was read to its end with a 2xx status:

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -51,11 +52,12 @@ func ParseRoutes(s string) ([]Route, error) {
 		}
 		prefix, raw, ok := strings.Cut(part, "=")
 		if !ok || prefix == "" {
-			return nil, fmt.Errorf("route %q is not prefix=url", part)
+			// Not quoted: it may be a URL with a key in it.
+			return nil, fmt.Errorf("route %d (%d bytes) is not prefix=url", len(out)+1, len(part))
 		}
 		u, err := ParseUpstream(raw)
 		if err != nil {
-			return nil, fmt.Errorf("route %q: %w", part, err)
+			return nil, fmt.Errorf("route %q: %w", prefix, err)
 		}
 		out = append(out, Route{Prefix: prefix, URL: u})
 	}
@@ -67,15 +69,30 @@ func ParseRoutes(s string) ([]Route, error) {
 func ParseUpstream(raw string) (*url.URL, error) {
 	u, err := url.Parse(strings.TrimSpace(raw))
 	if err != nil {
-		return nil, fmt.Errorf("cannot parse upstream URL %q: %w", raw, err)
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err // without the URL, which may hold a key
+		}
+		return nil, fmt.Errorf("cannot parse upstream URL: %w", err)
 	}
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("upstream URL %q must be http:// or https:// with a host", raw)
+		return nil, fmt.Errorf("upstream URL %q must be http:// or https:// with a host", Redact(raw))
 	}
 	u.Path = strings.TrimSuffix(u.Path, "/")
 	// A base URL written the SDK way (…/v1) must not double the /v1 of the request path.
 	u.Path = strings.TrimSuffix(u.Path, "/v1")
 	return u, nil
+}
+
+// Redact returns an upstream URL as logs and errors may show it: without its user
+// information and its query, where API keys are put.
+func Redact(raw string) string {
+	u, err := url.Parse(strings.TrimSpace(raw))
+	if err != nil {
+		return "(a URL that does not parse)"
+	}
+	u.User, u.RawQuery, u.ForceQuery, u.Fragment, u.RawFragment = nil, "", false, "", ""
+	return u.String()
 }
 
 func (c *Config) upstream(model string) *url.URL {

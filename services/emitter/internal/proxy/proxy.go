@@ -265,24 +265,76 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, proto meter.Protoc
 				x.body, x.strip = withUsage(head, info.StreamOptions)
 			}
 		}
-		x.input = int64(len(head)+3) / 4
 	}
+	x.input = inputEstimate(head, r.ContentLength)
 	p.forward(w, r, &x)
+}
+
+// inputEstimate is the input tokens of a request whose answer reports no usage: its bytes
+// / 4, those of a body forwarded unread or compressed too (declared bytes; -1: unknown),
+// within what an event can carry.
+func inputEstimate(head []byte, declared int64) int64 {
+	n := declared
+	if head != nil {
+		n = int64(len(head))
+	}
+	if n <= 0 {
+		return 0
+	}
+	return min(n/4+min(n%4, 1), events.MaxTokens)
 }
 
 func isIdentity(enc string) bool { return enc == "" || strings.EqualFold(enc, "identity") }
 
-// passthrough forwards any other /v1/ request to the default upstream, unmeasured.
+// passthrough forwards any other /v1/ request unmeasured: to the upstream the model in its
+// body routes to (Anthropic's /v1/messages/count_tokens names one), so that the client's key
+// for that provider goes where its measured requests go; to the default upstream otherwise.
 func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 	path, ok := p.checkPath(w, r, meter.OpenAIChat)
 	if !ok {
 		return
 	}
 	p.m.passthrough.Inc()
-	out, cancel := p.outgoing(r.Context(), r, p.cfg.Upstream, path, r.Body, -1)
+	base, body, length := p.cfg.Upstream, io.Reader(r.Body), int64(-1)
+	held := int64(0)
+	if len(p.cfg.Routes) > 0 {
+		head, rest, h, err := p.readBody(r)
+		if err != nil {
+			http.Error(w, "cannot read the request body", http.StatusBadRequest)
+			return
+		}
+		held = h
+		switch {
+		case head != nil:
+			if info, ok := readRequest(head); ok && isIdentity(r.Header.Get("Content-Encoding")) {
+				base = p.cfg.upstream(info.Model)
+			}
+			body, length = bytes.NewReader(head), int64(len(head))
+		case rest != nil:
+			body = rest
+		}
+	}
+	out, cancel := p.outgoing(r.Context(), r, base, path, body, length)
 	defer cancel(nil)
+	// The response headers are waited for as long as a measured request's.
+	late := func() bool { return false }
+	if d := p.cfg.UpstreamTimeout; d > 0 {
+		var fired atomic.Bool
+		t := time.AfterFunc(d, func() { fired.Store(true); cancel(errUpstreamTimeout) })
+		late = func() bool { t.Stop(); return fired.Load() }
+	}
 	resp, err := p.transport.RoundTrip(out)
-	if err != nil {
+	timedOut := late()
+	p.cfg.Budget.Release(held) // the upstream has the body
+	if err == nil && timedOut {
+		resp.Body.Close() // the timeout won: the late response is dropped
+		err = errUpstreamTimeout
+	}
+	switch {
+	case err != nil && timedOut:
+		writeError(w, meter.OpenAIChat, http.StatusGatewayTimeout, "the upstream did not answer in time")
+		return
+	case err != nil:
 		writeError(w, meter.OpenAIChat, http.StatusBadGateway, "cannot reach the upstream")
 		return
 	}
@@ -467,7 +519,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 
 	c.status, c.body = resp.StatusCode, resp.Body
 	ok := resp.StatusCode < 300
-	c.sse = x.stream && ok && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	c.sse = x.stream && ok && meter.IsEventStream(resp.Header.Get("Content-Type"))
 	c.ev.HTTPStatus = resp.StatusCode
 	c.m = p.meters.Get().(*meter.Meter)
 	c.m.Reset(x.proto, c.sse, x.start)
@@ -667,7 +719,9 @@ func (p *Proxy) labels(ev *events.RequestEvent, h http.Header) {
 	ev.Env = headerOr(h, HeaderEnv, p.cfg.DefaultEnv)
 	ev.Tenant = h.Get(HeaderTenant)
 	ev.ConversationID = h.Get(HeaderConversation)
-	if t, err := strconv.Atoi(h.Get(HeaderTurn)); err == nil && t > 0 {
+	// A turn the event cannot carry is left out, as one that is not a number, rather than
+	// make the event invalid.
+	if t, err := strconv.Atoi(h.Get(HeaderTurn)); err == nil && t > 0 && t <= events.MaxTurn {
 		ev.Turn = t
 	}
 }

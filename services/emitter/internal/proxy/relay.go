@@ -257,13 +257,11 @@ func contentEncoding(h http.Header) encoding {
 }
 
 // decodableEncodings narrows a client's Accept-Encoding to what the proxy can decode, for the
-// requests whose stream it must edit: gzip if the client takes it, identity otherwise.
+// requests whose stream it must edit: gzip if the client takes it, identity otherwise. A
+// request without the header gets identity too: an upstream may answer it in any coding
+// (RFC 9110, 12.5.3), br say, which the proxy could not strip.
 func decodableEncodings(h http.Header) {
-	vals := h.Values("Accept-Encoding")
-	if len(vals) == 0 {
-		return
-	}
-	for _, v := range vals {
+	for _, v := range h.Values("Accept-Encoding") {
 		for _, c := range strings.Split(v, ",") {
 			name, params, _ := strings.Cut(strings.TrimSpace(c), ";")
 			if strings.EqualFold(strings.TrimSpace(name), "gzip") && !zeroQ(params) {

@@ -4,8 +4,11 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/tokenscope/tokenscope/pkg/events"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/fakellm"
 )
 
@@ -92,5 +95,164 @@ func testAnthropicCutShortEstimated(t *testing.T, transport bool) {
 	}
 	if _, ok := ev.TPOT(); !ok {
 		t.Fatal("no TPOT")
+	}
+}
+
+// TestPassthroughRoutedByModel: an unmeasured request whose body names a model (Anthropic's
+// /v1/messages/count_tokens) goes where that model's requests go, so the client's key for
+// that provider never reaches the default upstream's host.
+func TestPassthroughRoutedByModel(t *testing.T) {
+	got := make(chan string, 1)
+	upstream := func(name string) *httptest.Server {
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			b, _ := io.ReadAll(r.Body)
+			got <- name + " " + r.URL.Path + " " + r.Header.Get("X-Api-Key") + " " + string(b)
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"input_tokens":3}`)
+		}))
+		t.Cleanup(up.Close)
+		return up
+	}
+	def, claude := upstream("default"), upstream("claude")
+	r := newRig(t, fakellm.Options{}, func(c *Config) {
+		c.Upstream, _ = ParseUpstream(def.URL)
+		cu, _ := ParseUpstream(claude.URL)
+		c.Routes = []Route{{Prefix: "claude-", URL: cu}}
+	})
+	tests := []struct{ name, body, want string }{
+		{"a routed model", `{"model":"claude-sonnet-4-5","messages":[]}`, "claude"},
+		{"another model", `{"model":"gpt-4o","messages":[]}`, "default"},
+		{"no model", `{"messages":[]}`, "default"},
+		{"not JSON", `model=claude-x`, "default"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			via := call(t, r.proxy.URL, "/v1/messages/count_tokens", tt.body, map[string]string{"X-Api-Key": "sk-ant-secret"})
+			if via.err != nil || via.status != 200 || string(via.body) != `{"input_tokens":3}` {
+				t.Fatalf("status %d %v %s", via.status, via.err, via.body)
+			}
+			if s, want := <-got, tt.want+" /v1/messages/count_tokens sk-ant-secret "+tt.body; s != want {
+				t.Fatalf("upstream saw %q, want %q", s, want)
+			}
+		})
+	}
+	if held := r.p.cfg.Budget.Held(); held != 0 {
+		t.Fatalf("%d bytes of the budget still held", held)
+	}
+}
+
+// TestTurnHeaderBounded: a turn the contract cannot hold (over events.MaxTurn, negative, not
+// a number) is left out of the event rather than make the measured request's event invalid.
+func TestTurnHeaderBounded(t *testing.T) {
+	r := newRig(t, fakellm.Options{Tokens: 2}, nil)
+	for _, tt := range []struct {
+		turn string
+		want int
+	}{{"7", 7}, {"1000000", 1000000}, {"1000001", 0}, {"99999999999999999999", 0}, {"-3", 0}, {"two", 0}} {
+		via := call(t, r.proxy.URL, chatPath, chatBody(false, ""), map[string]string{HeaderTurn: tt.turn})
+		if via.err != nil || via.status != 200 {
+			t.Fatalf("turn %s: status %d %v", tt.turn, via.status, via.err)
+		}
+		if ev := r.cap.next(t); ev.Turn != tt.want {
+			t.Fatalf("turn %s: event turn %d, want %d", tt.turn, ev.Turn, tt.want)
+		}
+	}
+}
+
+// TestEventStreamTypeAnyCase: a media type is case-insensitive (RFC 9110, 8.3.1): a stream
+// sent as Text/Event-Stream is measured as a stream, and the usage chunk the proxy asked for
+// is stripped from it.
+func TestEventStreamTypeAnyCase(t *testing.T) { bothClients(t, testEventStreamTypeAnyCase) }
+
+func testEventStreamTypeAnyCase(t *testing.T, transport bool) {
+	const content = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n"
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "Text/Event-Stream; charset=utf-8")
+		_, _ = io.WriteString(w, content+"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n")
+	}))
+	t.Cleanup(up.Close)
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream, _ = ParseUpstream(up.URL) })
+	if transport {
+		r.viaTransport()
+	}
+	via := call(t, r.proxy.URL, chatPath, chatBody(true, ""), nil)
+	if via.err != nil || via.status != 200 || string(via.body) != content+"data: [DONE]\n\n" {
+		t.Fatalf("status %d %v, body %q", via.status, via.err, via.body)
+	}
+	if ev := r.cap.next(t); ev.Status != "ok" || !ev.Stream || ev.InputTokens != 4 || ev.OutputTokens != 1 || ev.TokensEstimated {
+		t.Fatalf("event %+v", ev)
+	}
+}
+
+// TestInputEstimatedFromUnreadBody: a body forwarded unread (over EMITTER_MAX_PARSE_BYTES,
+// or compressed) still gives the input estimate its size, request bytes / 4, when no usage
+// comes back.
+func TestInputEstimatedFromUnreadBody(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"choices":[{"message":{"content":"abcdefgh"}}]}`)
+	}))
+	t.Cleanup(up.Close)
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream, _ = ParseUpstream(up.URL); c.MaxParseBytes = 4 << 10 })
+	big := `{"model":"gpt-4o","messages":[{"role":"user","content":"` + strings.Repeat("word ", 4000) + `"}]}`
+	for _, tt := range []struct {
+		name string
+		hdr  map[string]string
+		body string
+	}{
+		{"over the parse limit", nil, big},
+		{"compressed", map[string]string{"Content-Encoding": "gzip"}, "\x1f\x8b not really gzip, but bytes all the same"},
+	} {
+		via := call(t, r.proxy.URL, chatPath, tt.body, tt.hdr)
+		if via.err != nil || via.status != 200 {
+			t.Fatalf("%s: status %d %v", tt.name, via.status, via.err)
+		}
+		if ev, want := r.cap.next(t), int64(len(tt.body)+3)/4; ev.InputTokens != want || !ev.TokensEstimated {
+			t.Fatalf("%s: input %d estimated %v, want %d estimated", tt.name, ev.InputTokens, ev.TokensEstimated, want)
+		}
+	}
+}
+
+// TestInputEstimate: request bytes / 4, within what an event's tokens can carry.
+func TestInputEstimate(t *testing.T) {
+	f := func(head string, declared, want int64) {
+		t.Helper()
+		var h []byte
+		if head != "" {
+			h = []byte(head)
+		}
+		if got := inputEstimate(h, declared); got != want {
+			t.Fatalf("inputEstimate(%d bytes, %d) = %d, want %d", len(head), declared, got, want)
+		}
+	}
+	f("12345", 5, 2)
+	f("", -1, 0)
+	f("", 9, 3)
+	f("", 9_000_000_000, events.MaxTokens)
+	f("", 1<<63-1, events.MaxTokens)
+}
+
+// TestPassthroughUpstreamTimeout: an unmeasured request waits for its upstream's response
+// headers no longer than EMITTER_UPSTREAM_TIMEOUT, as a measured one: then it gets a 504.
+func TestPassthroughUpstreamTimeout(t *testing.T) {
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(up.Close)
+	t.Cleanup(func() { close(release) })
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream, _ = ParseUpstream(up.URL); c.UpstreamTimeout = 200 * time.Millisecond })
+	client := &http.Client{Timeout: 10 * time.Second}
+	resp, err := client.Get(r.proxy.URL + "/v1/models")
+	if err != nil {
+		t.Fatalf("no answer: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusGatewayTimeout {
+		t.Fatalf("status %d, want 504", resp.StatusCode)
 	}
 }

@@ -43,6 +43,34 @@ var DefaultModel = Model{BaseTTFT: 150 * time.Millisecond, PrefillPerToken: 150 
 	BaseTPOT: 25 * time.Millisecond, QueuePerLoad: 0.01, DecodePerLoad: 0.004, Jitter: 0.15,
 	ErrorRate: 0.002, Timeout: 600 * time.Second}
 
+// Validate names the first of the command's flags that sets a field m cannot use: a
+// negative duration or growth, or an error rate outside 0–1 (NaN included).
+func (m Model) Validate() error {
+	for _, d := range [...]struct {
+		flag string
+		v    time.Duration
+	}{{"-model-ttft", m.BaseTTFT}, {"-model-prefill", m.PrefillPerToken}, {"-model-tpot", m.BaseTPOT}} {
+		if d.v < 0 {
+			return fmt.Errorf("%s=%s must not be negative", d.flag, d.v)
+		}
+	}
+	for _, f := range [...]struct {
+		flag string
+		v    float64
+	}{{"-model-queue", m.QueuePerLoad}, {"-model-decode", m.DecodePerLoad}} {
+		if !(f.v >= 0) || math.IsInf(f.v, 0) {
+			return fmt.Errorf("%s=%g must be a number, 0 or more", f.flag, f.v)
+		}
+	}
+	if !(m.ErrorRate >= 0 && m.ErrorRate <= 1) {
+		return fmt.Errorf("-model-errors=%g must be between 0 and 1", m.ErrorRate)
+	}
+	return nil
+}
+
+// positive reports whether f is a finite number above 0.
+func positive(f float64) bool { return f > 0 && !math.IsInf(f, 0) }
+
 // Incident is a stretch of time (in trace time) where the service degrades.
 type Incident struct {
 	Start, Duration time.Duration
@@ -81,9 +109,9 @@ func ParseIncident(s string) (Incident, error) {
 	switch {
 	case in.Start < 0 || in.Duration <= 0:
 		return in, fmt.Errorf("incident %q: start and a positive for are required", s)
-	case in.TTFTFactor <= 0 || in.TPOTFactor <= 0:
-		return in, fmt.Errorf("incident %q: ttft and tpot factors must be positive", s)
-	case in.ErrorRate < 0 || in.ErrorRate > 1:
+	case !positive(in.TTFTFactor) || !positive(in.TPOTFactor):
+		return in, fmt.Errorf("incident %q: ttft and tpot factors must be positive numbers", s)
+	case !(in.ErrorRate >= 0 && in.ErrorRate <= 1): // NaN too
 		return in, fmt.Errorf("incident %q: errors must be between 0 and 1", s)
 	}
 	return in, nil

@@ -156,7 +156,8 @@ func TestModel(t *testing.T) {
 	if s := NewSimulator(m, []Incident{slow}, 1).Next(Record{Input: 100, Output: 1}); s.TTFT != 4*short.TTFT {
 		t.Fatalf("incident TTFT %v, want %v", s.TTFT, 4*short.TTFT)
 	}
-	for _, bad := range []string{"start=1m", "for=1m", "start=1m,for=1m,ttft=0", "start=1m,for=1m,errors=2", "start=x,for=1m", "when=1m"} {
+	for _, bad := range []string{"start=1m", "for=1m", "start=1m,for=1m,ttft=0", "start=1m,for=1m,errors=2", "start=x,for=1m", "when=1m",
+		"start=1m,for=1m,ttft=NaN", "start=1m,for=1m,tpot=+Inf", "start=1m,for=1m,errors=NaN"} {
 		if _, err := ParseIncident(bad); err == nil {
 			t.Errorf("ParseIncident(%q) accepted", bad)
 		}
