@@ -127,6 +127,12 @@ func (p *Publisher) Publish(subject, msgID string, data []byte) bool {
 		p.dropped.Inc()
 		return false
 	}
+	p.enqueue(m)
+	return true
+}
+
+// enqueue queues m, with p.mu held, and unlocks it; it wakes Run when the queue was empty.
+func (p *Publisher) enqueue(m outMsg) {
 	p.queue.push(m)
 	p.held++
 	p.bytes += m.size()
@@ -138,7 +144,6 @@ func (p *Publisher) Publish(subject, msgID string, data []byte) bool {
 		default:
 		}
 	}
-	return true
 }
 
 // ErrRefused is returned by Batch.Wait when JetStream refused messages of the batch for
@@ -179,17 +184,7 @@ func (b *Batch) Publish(ctx context.Context, subject, msgID string, data []byte)
 			b.mu.Lock()
 			b.pending++
 			b.mu.Unlock()
-			p.queue.push(m)
-			p.held++
-			p.bytes += m.size()
-			first := p.queue.len() == 1
-			p.mu.Unlock()
-			if first {
-				select {
-				case p.wake <- struct{}{}:
-				default:
-				}
-			}
+			p.enqueue(m)
 			return nil
 		}
 		if p.room == nil {
