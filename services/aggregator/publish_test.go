@@ -72,9 +72,10 @@ func checkRollupsPublished(t *testing.T, b *bed, consumer string, want uint64) {
 
 // checkPublished is checkRollupsPublished for rollups of kind k; ordered: check the order
 // against the watermark too. The tests that kill the aggregator at random leave it out: a
-// process that sees no event for longer than AGG_LATENESS moves its window watermark on by
-// the clock, and the events that come next may open windows behind the watermark it published
-// meanwhile (the window package's watermark, not the publishing, decides that).
+// process that saw no event for longer than AGG_LATENESS had moved its watermark on by the
+// clock and published it; the process started after the kill begins from the events, not
+// from that watermark, so events it replays that the first would have taken as late may open
+// ordinary windows behind it.
 func checkPublished(t *testing.T, b *bed, consumer string, k rollupKind, want uint64, ordered bool) {
 	t.Helper()
 	stored := b.scalar(t, "SELECT count() FROM "+k.table)

@@ -103,10 +103,10 @@ func (w *windows[K, S]) route(ts, end int64, seq uint64, clock int64) (*Unit[K, 
 		return nil, Skipped
 	}
 	wm := w.watermark(clock) // as it was before this event
+	// The watermark never goes back: after a quiet spell it has moved on with the clock, and
+	// what it passed was closed and published as passed; an older event must not take it back.
+	w.maxEnd = max(w.maxEnd, wm, min(end, clock))
 	w.lastArrival = clock
-	if end > w.maxEnd {
-		w.maxEnd = min(end, clock)
-	}
 	if u := w.open[start]; u != nil {
 		return u, Added
 	}

@@ -261,3 +261,32 @@ func TestLayersKeptApart(t *testing.T) {
 		}
 	}
 }
+
+// TestWatermarkNeverGoesBack: after a quiet spell the watermark has moved on with the clock
+// and windows behind it were closed (and a watermark published through them); the next
+// event, however old, does not take it back, so events of those windows that come later are
+// corrections, not ordinary windows opened behind a watermark already published.
+func TestWatermarkNeverGoesBack(t *testing.T) {
+	a := window.New(cfg(t), nil)
+	a.Add(ev(0, events.StatusOK, 1, 2, 1, 2), 1, t0.Add(time.Second))
+	quiet := t0.Add(5 * time.Minute) // no event for 5 minutes
+	before := a.Watermark(quiet)
+	if n := len(a.Advance(quiet)); n != 1 {
+		t.Fatalf("the quiet stream closed %d windows", n)
+	}
+	// An event of a minute ago arrives, then one of the window after it.
+	if r := a.Add(ev(4*time.Minute, events.StatusOK, 1, 2, 1, 2), 2, quiet); r != window.AddedLate {
+		t.Fatalf("an event behind the watermark: %v, want a correction", r)
+	}
+	if wm := a.Watermark(quiet); wm.Before(before) {
+		t.Fatalf("the watermark went back from %s to %s", before.Format(time.TimeOnly), wm.Format(time.TimeOnly))
+	}
+	// Its window (10:04:00, closed at 10:04:45) stays passed for the events after it.
+	if r := a.Add(ev(4*time.Minute+5*time.Second, events.StatusOK, 1, 2, 1, 2), 3, quiet); r != window.AddedLate {
+		t.Fatalf("the next event of a window behind the watermark: %v, want a correction", r)
+	}
+	// A window the watermark has not passed is an ordinary one.
+	if r := a.Add(ev(4*time.Minute+15*time.Second, events.StatusOK, 1, 2, 1, 2), 4, quiet); r != window.Added {
+		t.Fatalf("an event of a window still open: %v", r)
+	}
+}
