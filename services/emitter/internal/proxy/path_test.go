@@ -104,6 +104,9 @@ func TestPathsCannotEscape(t *testing.T) {
 		{name: "measured endpoint, escaped trailing slash", method: "POST", target: "/v1/messages%2F", body: chat, wantReason: refusedEncodedSlash},
 
 		{name: "under the base path", base: "/tenant-a/v1", method: "GET", target: "/v1/models?after=%2F..", wantLine: "GET /tenant-a/v1/models?after=%2F.. HTTP/1.1"},
+		{name: "the upstream URL's query", base: "/deploy?api-version=2024-10-21", method: "GET", target: "/v1/models", wantLine: "GET /deploy/v1/models?api-version=2024-10-21 HTTP/1.1"},
+		{name: "the upstream URL's query, then the client's", base: "/deploy?api-version=2024-10-21", method: "POST", target: "/v1/chat/completions?x=1", body: chat,
+			wantLine: "POST /deploy/v1/chat/completions?api-version=2024-10-21&x=1 HTTP/1.1", wantEvent: true},
 		{name: "escapes kept as sent", method: "GET", target: "/v1/files/%41b%20c", wantLine: "GET /v1/files/%41b%20c HTTP/1.1"},
 		{name: "dots inside a segment", method: "DELETE", target: "/v1/files/a..b", wantLine: "DELETE /v1/files/a..b HTTP/1.1"},
 		{name: "measured endpoint, trailing slash", method: "POST", target: "/v1/chat/completions/", body: chat, wantLine: "POST /v1/chat/completions/ HTTP/1.1", wantEvent: true},

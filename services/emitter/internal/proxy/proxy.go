@@ -365,7 +365,13 @@ func (p *Proxy) outgoing(parent context.Context, r *http.Request, base *url.URL,
 	u := *base
 	u.Path = base.Path + r.URL.Path
 	u.RawPath = base.EscapedPath() + path // the bytes checked, not a new encoding of Path
-	u.RawQuery = r.URL.RawQuery
+	// The upstream URL's own query (Azure's api-version) comes first, then the client's.
+	switch {
+	case base.RawQuery == "":
+		u.RawQuery = r.URL.RawQuery
+	case r.URL.RawQuery != "":
+		u.RawQuery = base.RawQuery + "&" + r.URL.RawQuery
+	}
 	out := (&http.Request{Method: r.Method, URL: &u, Host: u.Host, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		Header: make(http.Header, len(r.Header)), Body: io.NopCloser(body), ContentLength: length}).WithContext(ctx)
 	if body == nil || body == http.NoBody {
