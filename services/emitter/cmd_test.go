@@ -20,7 +20,8 @@ func TestBenchCommand(t *testing.T) {
 	defer fake.Close()
 	dir := t.TempDir()
 	first, second := filepath.Join(dir, "a.json"), filepath.Join(dir, "b.json")
-	args := []string{"bench", "-url", fake.URL, "-protocol", "anthropic", "-publish=false", "-requests", "3", "-prompts", "short=20,long=2000", "-max-tokens", "4"}
+	// A key in the URL (a query parameter) stays out of the saved result.
+	args := []string{"bench", "-url", fake.URL + "?key=sk-secret", "-protocol", "anthropic", "-publish=false", "-requests", "3", "-prompts", "short=20,long=2000", "-max-tokens", "4"}
 	var out bytes.Buffer
 	if err := run(context.Background(), append(args, "-out", first), nil, &out, io.Discard); err != nil {
 		t.Fatal(err)
@@ -34,10 +35,14 @@ func TestBenchCommand(t *testing.T) {
 			t.Fatalf("output lacks %q:\n%s", want, out.String())
 		}
 	}
-	if _, err := os.Stat(second); err != nil {
+	saved, err := os.ReadFile(second)
+	if err != nil {
 		t.Fatal(err)
 	}
-	err := run(context.Background(), []string{"bench", "-protocol", "grpc"}, nil, io.Discard, io.Discard)
+	if strings.Contains(string(saved), "sk-secret") || !strings.Contains(string(saved), fake.URL) {
+		t.Fatalf("the result saves the endpoint with its key, or not at all:\n%.300s", saved)
+	}
+	err = run(context.Background(), []string{"bench", "-protocol", "grpc"}, nil, io.Discard, io.Discard)
 	if err == nil || !strings.Contains(err.Error(), "-protocol") {
 		t.Fatalf("bad protocol: %v", err)
 	}
