@@ -47,7 +47,7 @@ func (c Config) Validate() error {
 	case c.URL == "":
 		return errors.New("NATS_URL is empty")
 	case err != nil || u.Host == "":
-		return fmt.Errorf("NATS_URL=%q is not a URL such as nats://127.0.0.1:4222", hideUserinfo(c.URL))
+		return fmt.Errorf("NATS_URL=%q is not a URL such as nats://127.0.0.1:4222", redact(c.URL))
 	case c.Creds != "" && c.User != "":
 		return errors.New("NATS_CREDS and NATS_USER are both set: choose one")
 	case (c.TLSCert == "") != (c.TLSKey == ""):
@@ -144,22 +144,10 @@ func asyncErrors(logger *slog.Logger, every time.Duration) nats.ErrHandler {
 	}
 }
 
-// redact drops any user:password from a URL list before it is logged or returned.
+// redact hides any user:password of a URL list before it is logged or returned: whatever
+// comes between each URL's scheme and its last @ is replaced, so a password is never shown,
+// even in a URL that does not parse (one with characters a URL cannot hold).
 func redact(urls string) string {
-	parts := strings.Split(urls, ",")
-	for i, p := range parts {
-		if u, err := url.Parse(p); err == nil && u.User != nil {
-			u.User = url.User("redacted")
-			parts[i] = u.String()
-		}
-	}
-	return strings.Join(parts, ",")
-}
-
-// hideUserinfo is redact for a value that may not parse as URLs: whatever comes between
-// each URL's scheme and its last @ is replaced, so a password is never shown, even one
-// with characters a URL cannot hold.
-func hideUserinfo(urls string) string {
 	parts := strings.Split(urls, ",")
 	for i, p := range parts {
 		start := 0
