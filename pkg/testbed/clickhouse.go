@@ -91,17 +91,37 @@ type ClickHouseServer struct {
 }
 
 // StartClickHouse starts clickhouse-server with its data in dir on free ports and waits
-// until it answers queries.
+// until it answers queries. Another process may take a port between its choice and the
+// server's bind (test binaries run side by side); the server is then started again on other
+// ports, up to portAttempts times.
 func StartClickHouse(dir string) (*ClickHouseServer, error) {
 	bin, err := chserver.Command()
 	if err != nil {
 		return nil, err
 	}
-	tcpPort, err := freePort()
+	for attempt := 1; ; attempt++ {
+		s, err := startOnFreePorts(dir, bin)
+		if err == nil || !errors.Is(err, errPortTaken) || attempt == portAttempts {
+			return s, err
+		}
+	}
+}
+
+// portAttempts is how many times StartClickHouse chooses ports before it gives up.
+const portAttempts = 5
+
+// errPortTaken marks a server that stopped because one of its ports was in use.
+var errPortTaken = errors.New("a port of the ClickHouse server is in use")
+
+// choosePort is freePort; tests replace it to hand the server a port that is taken.
+var choosePort = freePort
+
+func startOnFreePorts(dir string, bin []string) (*ClickHouseServer, error) {
+	tcpPort, err := choosePort()
 	if err != nil {
 		return nil, err
 	}
-	httpPort, err := freePort()
+	httpPort, err := choosePort()
 	if err != nil {
 		return nil, err
 	}
@@ -140,7 +160,11 @@ func (s *ClickHouseServer) start() error {
 	if err := chserver.WaitReady(context.Background(), s.Addr, exited, 60*time.Second); err != nil {
 		s.halt()
 		logTail, _ := os.ReadFile(chserver.ErrLog(s.Dir))
-		return fmt.Errorf("%w; output: %s; error log: %s", err, tail(out.String()), tail(string(logTail)))
+		err = fmt.Errorf("%w; output: %s; error log: %s", err, tail(out.String()), tail(string(logTail)))
+		if bytes.Contains(logTail, []byte("Address already in use")) {
+			err = fmt.Errorf("%w: %w", errPortTaken, err)
+		}
+		return err
 	}
 	return nil
 }
@@ -165,7 +189,16 @@ func (s *ClickHouseServer) Restart() error {
 	default:
 		return errors.New("the ClickHouse server is running")
 	}
-	return s.start()
+	// The ports were free while the server was down for anyone to take; a client socket
+	// cannot (see freePort), another listener may for a while.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := s.start()
+		if err == nil || !errors.Is(err, errPortTaken) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }
 
 // AddConfig writes a configuration file that the server merges into its own: name is
@@ -261,13 +294,49 @@ func Server(t testing.TB) *ClickHouseServer {
 	return chSrv
 }
 
+// freePort returns a port that nothing listens on now. It is chosen below the kernel's
+// range for outgoing connections, which is where ":0" listeners and client sockets take
+// theirs, so that no connection another test opens lands on it before the server binds it.
 func freePort() (int, error) {
+	low := ephemeralLow()
+	for i := 0; i < 100 && low > firstPort+1000; i++ {
+		var b [2]byte
+		_, _ = rand.Read(b[:])
+		port := firstPort + int(uint16(b[0])<<8|uint16(b[1]))%(low-firstPort)
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err != nil {
+			continue
+		}
+		_ = l.Close()
+		return port, nil
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, fmt.Errorf("cannot find a free port: %w", err)
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// firstPort is the lowest port freePort chooses, above the ports services are known on.
+const firstPort = 20000
+
+// ephemeralLow returns the first port of the kernel's range for outgoing connections, 0
+// where it cannot be read.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 0
+	}
+	low, err := strconv.Atoi(f[0])
+	if err != nil {
+		return 0
+	}
+	return low
 }
 
 func randHex(n int) string {
