@@ -189,6 +189,11 @@ func TestRollupsAckedOnlyAfterAlertsPublished(t *testing.T) {
 	b := newDeliveryBed(t)
 	a := startAlerter(t, b.environ)
 	waitFor(t, "the alerter's consumer", 30*time.Second, func() bool { return b.consumer(t) != nil })
+	// The alerter stops at start when ALERTS goes away before it has its consumer there.
+	waitFor(t, "the alerter's consumer of ALERTS", 30*time.Second, func() bool {
+		_, err := b.js.Consumer(b.ctx, events.StreamAlerts, "alerter-rows")
+		return err == nil
+	})
 	if err := b.js.DeleteStream(b.ctx, events.StreamAlerts); err != nil {
 		t.Fatal(err)
 	}

@@ -334,7 +334,7 @@ func TestRunScrapesEngines(t *testing.T) {
 		"HTTP_ADDR":               addr,
 		"GPUWATCH_SOURCE":         "synthetic",
 		"GPUWATCH_SYNTHETIC_GPUS": "1",
-		"GPUWATCH_INTERVAL":       "100ms",
+		"GPUWATCH_INTERVAL":       "250ms",
 		"GPUWATCH_HOST":           "gpu-node.3",
 		"GPUWATCH_ENGINES":        "vllm=" + vllm.URL + "/metrics,sglang:gone=" + gone.URL + "/metrics",
 	})
@@ -397,11 +397,15 @@ func TestRunScrapesEngines(t *testing.T) {
 		case s.Name == "vllm" && s.Up && s.Model == "m.1" && s.Waiting != nil && *s.Waiting == 5:
 			up++
 			if s.PromptTokens != nil {
-				if *s.PromptTokens != 100 {
-					t.Errorf("prompt_tokens delta %v, want 100", *s.PromptTokens)
+				// 100 a scrape; a scrape that timed out on a loaded machine was still
+				// answered, so the next delta spans two.
+				if d := *s.PromptTokens; d <= 0 || math.Mod(d, 100) != 0 {
+					t.Errorf("prompt_tokens delta %v, want a multiple of 100", d)
 				}
 				deltas++
 			}
+		case s.Name == "vllm" && !s.Up && s.Error == "timeout":
+			// The scrape's limit is 80 % of the interval; a loaded machine may miss it.
 		case s.Name == "gone" && !s.Up && s.Error == "connect" && s.Engine == events.EngineSGLang:
 			down++
 		default:
