@@ -623,3 +623,34 @@ func TestComposeOverrideExample(t *testing.T) {
 		t.Fatal("the README's override sets no variable of a tokenscope service")
 	}
 }
+
+// TestComposeStopGrace: docker compose stop waits stop_grace_period (10s unless set) before
+// it kills a container; the emitter's must cover EMITTER_SHUTDOWN_GRACE, its value in the
+// compose file or the code's default, and the publisher's 5s flush after it.
+func TestComposeStopGrace(t *testing.T) {
+	p := loadCompose(t, nil)
+	prog, err := srcconfig.NewReader(repoRoot).Program("services/emitter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars, err := prog.EnvVars()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := p.Services["emitter"]
+	grace := vars["EMITTER_SHUTDOWN_GRACE"]
+	if v := s.Environment["EMITTER_SHUTDOWN_GRACE"]; v != nil {
+		grace = *v
+	}
+	d, err := time.ParseDuration(grace)
+	if err != nil {
+		t.Fatalf("EMITTER_SHUTDOWN_GRACE=%q: %v", grace, err)
+	}
+	stop := 10 * time.Second
+	if s.StopGracePeriod != nil {
+		stop = time.Duration(*s.StopGracePeriod)
+	}
+	if want := d + 5*time.Second; stop < want {
+		t.Errorf("emitter: stop_grace_period %s, want at least %s (EMITTER_SHUTDOWN_GRACE %s + the publisher's 5s)", stop, want, d)
+	}
+}
