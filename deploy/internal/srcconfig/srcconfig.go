@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"go/ast"
+	"go/build/constraint"
 	"go/parser"
 	"go/token"
 	"os"
@@ -67,10 +68,14 @@ func (r *Reader) load(dir string) (*pkg, error) {
 			continue
 		}
 		// Object resolution ties each identifier to its declaration in the file, which
-		// Program follows to find the value of a variable's name.
-		f, err := parser.ParseFile(r.fset, filepath.Join(dir, name), nil, 0)
+		// Program follows to find the value of a variable's name; comments hold the build
+		// constraints.
+		f, err := parser.ParseFile(r.fset, filepath.Join(dir, name), nil, parser.ParseComments)
 		if err != nil {
 			return nil, fmt.Errorf("cannot parse %s: %w", filepath.Join(dir, name), err)
+		}
+		if ignored(f) {
+			continue
 		}
 		p.files = append(p.files, f)
 		imps := map[string]string{}
@@ -111,6 +116,23 @@ func (r *Reader) load(dir string) (*pkg, error) {
 	}
 	r.pkgs[dir] = p
 	return p, nil
+}
+
+// ignored reports whether a file is kept out of every build (//go:build ignore): it is part
+// of no binary.
+func ignored(f *ast.File) bool {
+	for _, cg := range f.Comments {
+		if cg.Pos() > f.Package {
+			break
+		}
+		for _, c := range cg.List {
+			if constraint.IsGoBuild(c.Text) {
+				expr, err := constraint.Parse(c.Text)
+				return err == nil && expr.String() == "ignore"
+			}
+		}
+	}
+	return false
 }
 
 // EnvVars returns every variable that caarlos0/env reads into the struct type typeName of
