@@ -19,8 +19,23 @@ import (
 )
 
 // referenceServices are the services whose README's reference tables are checked against
-// their source.
-var referenceServices = []string{"aggregator", "alerter", "emitter", "gpuwatch"}
+// their source: every services/<name> with a main package.
+func referenceServices(t *testing.T) []string {
+	t.Helper()
+	mains, err := filepath.Glob(filepath.Join(repoRoot, "services", "*", "main.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, m := range mains {
+		out = append(out, filepath.Base(filepath.Dir(m)))
+	}
+	slices.Sort(out)
+	if len(out) < 4 {
+		t.Fatalf("only %d services found: %v", len(out), out)
+	}
+	return out
+}
 
 // checkRootREADME makes TestRootREADMEReference fail on what the root README's configuration
 // tables miss or get wrong; while it is false the test only logs it (go test -v -run
@@ -34,7 +49,7 @@ const checkRootREADME = false
 // `metric`, and every row names a metric the code defines.
 func TestServiceREADMEReference(t *testing.T) {
 	src := srcconfig.NewReader(repoRoot)
-	for _, svc := range referenceServices {
+	for _, svc := range referenceServices(t) {
 		t.Run(svc, func(t *testing.T) {
 			code := readCode(t, src, svc)
 			readme := filepath.Join(repoRoot, "services", svc, "README.md")
@@ -61,7 +76,7 @@ func TestRootREADMEReference(t *testing.T) {
 	}
 	var problems []string
 	anyReads := map[string]string{} // variable -> default, over every service
-	for _, svc := range referenceServices {
+	for _, svc := range referenceServices(t) {
 		code := readCode(t, src, svc)
 		var own []mdTable
 		for _, tb := range tables {
