@@ -203,13 +203,17 @@ func TestComposeVariables(t *testing.T) {
 		if s.Build == nil || s.Build.Dockerfile != "deploy/docker/"+svc+".Dockerfile" {
 			t.Errorf("%s: image tokenscope/%s is not built from deploy/docker/%s.Dockerfile", name, svc, svc)
 		}
-		known, err := src.EnvVars("services/"+svc, "Config")
+		prog, err := src.Program("services/" + svc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		known, err := prog.EnvVars()
 		if err != nil {
 			t.Fatal(err)
 		}
 		for k, v := range s.Environment {
 			if _, ok := known[k]; !ok {
-				t.Errorf("%s sets %s, which services/%s/config.go does not read", name, k, svc)
+				t.Errorf("%s sets %s, which services/%s does not read", name, k, svc)
 			}
 			if !strings.Contains(string(readme), "`"+k+"`") {
 				t.Errorf("%s sets %s, which deploy/README.md does not list", name, k)

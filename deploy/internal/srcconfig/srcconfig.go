@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"go/ast"
+	"go/build/constraint"
 	"go/parser"
 	"go/token"
 	"os"
@@ -21,38 +22,60 @@ const ModulePrefix = "github.com/tokenscope/tokenscope/"
 // Reader reads packages of one repository, each parsed once.
 type Reader struct {
 	root string
+	fset *token.FileSet
 	pkgs map[string]*pkg
 }
 
 type pkg struct {
+	dir     string
+	path    string // import path
 	types   map[string]*ast.TypeSpec
 	imports map[*ast.File]map[string]string // per file: local name -> import path
-	fileOf  map[*ast.TypeSpec]*ast.File
+	fileOf  map[ast.Node]*ast.File          // type specs, package-level values and functions
+	values  map[string]valueRef             // package-level constants and variables
+	funcs   map[string]*ast.FuncDecl        // package-level functions (no receiver)
 	files   []*ast.File
 }
 
+// valueRef is a package-level constant or variable: the spec declaring it and its index.
+type valueRef struct {
+	spec *ast.ValueSpec
+	i    int
+}
+
 // NewReader reads packages of the repository at root.
-func NewReader(root string) *Reader { return &Reader{root: root, pkgs: map[string]*pkg{}} }
+func NewReader(root string) *Reader {
+	return &Reader{root: root, fset: token.NewFileSet(), pkgs: map[string]*pkg{}}
+}
 
 func (r *Reader) load(dir string) (*pkg, error) {
 	dir = filepath.Clean(dir)
 	if p, ok := r.pkgs[dir]; ok {
 		return p, nil
 	}
-	fset := token.NewFileSet()
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("cannot read package %s: %w", dir, err)
 	}
-	p := &pkg{types: map[string]*ast.TypeSpec{}, imports: map[*ast.File]map[string]string{}, fileOf: map[*ast.TypeSpec]*ast.File{}}
+	p := &pkg{dir: dir, types: map[string]*ast.TypeSpec{}, imports: map[*ast.File]map[string]string{}, fileOf: map[ast.Node]*ast.File{},
+		values: map[string]valueRef{}, funcs: map[string]*ast.FuncDecl{}}
+	if rel, err := filepath.Rel(r.root, dir); err == nil {
+		p.path = ModulePrefix + filepath.ToSlash(rel)
+	}
 	for _, e := range entries {
 		name := e.Name()
 		if e.IsDir() || !strings.HasSuffix(name, ".go") || strings.HasSuffix(name, "_test.go") {
 			continue
 		}
-		f, err := parser.ParseFile(fset, filepath.Join(dir, name), nil, parser.SkipObjectResolution)
+		// Object resolution ties each identifier to its declaration in the file, which
+		// Program follows to find the value of a variable's name; comments hold the build
+		// constraints.
+		f, err := parser.ParseFile(r.fset, filepath.Join(dir, name), nil, parser.ParseComments)
 		if err != nil {
 			return nil, fmt.Errorf("cannot parse %s: %w", filepath.Join(dir, name), err)
+		}
+		if ignored(f) {
+			continue
 		}
 		p.files = append(p.files, f)
 		imps := map[string]string{}
@@ -66,14 +89,25 @@ func (r *Reader) load(dir string) (*pkg, error) {
 		}
 		p.imports[f] = imps
 		for _, d := range f.Decls {
-			gd, ok := d.(*ast.GenDecl)
-			if !ok || gd.Tok != token.TYPE {
+			if fd, ok := d.(*ast.FuncDecl); ok {
+				if fd.Recv == nil {
+					p.funcs[fd.Name.Name] = fd
+				}
+				p.fileOf[fd] = f
 				continue
 			}
+			gd := d.(*ast.GenDecl)
 			for _, s := range gd.Specs {
-				ts := s.(*ast.TypeSpec)
-				p.types[ts.Name.Name] = ts
-				p.fileOf[ts] = f
+				switch s := s.(type) {
+				case *ast.TypeSpec:
+					p.types[s.Name.Name] = s
+					p.fileOf[s] = f
+				case *ast.ValueSpec:
+					for i, n := range s.Names {
+						p.values[n.Name] = valueRef{s, i}
+					}
+					p.fileOf[s] = f
+				}
 			}
 		}
 	}
@@ -82,6 +116,23 @@ func (r *Reader) load(dir string) (*pkg, error) {
 	}
 	r.pkgs[dir] = p
 	return p, nil
+}
+
+// ignored reports whether a file is kept out of every build (//go:build ignore): it is part
+// of no binary.
+func ignored(f *ast.File) bool {
+	for _, cg := range f.Comments {
+		if cg.Pos() > f.Package {
+			break
+		}
+		for _, c := range cg.List {
+			if constraint.IsGoBuild(c.Text) {
+				expr, err := constraint.Parse(c.Text)
+				return err == nil && expr.String() == "ignore"
+			}
+		}
+	}
+	return false
 }
 
 // EnvVars returns every variable that caarlos0/env reads into the struct type typeName of

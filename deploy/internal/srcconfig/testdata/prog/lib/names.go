@@ -1,0 +1,3 @@
+package lib
+
+const subsystem = "lib"
