@@ -40,7 +40,7 @@ func referenceServices(t *testing.T) []string {
 // checkRootREADME makes TestRootREADMEReference fail on what the root README's configuration
 // tables miss or get wrong; while it is false the test only logs it (go test -v -run
 // TestRootREADMEReference) and skips.
-const checkRootREADME = false
+const checkRootREADME = true
 
 // TestServiceREADMEReference checks each service's README against what the service's
 // binary reads and registers, found in its Go source (srcconfig.Program): every
