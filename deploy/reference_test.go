@@ -668,4 +668,29 @@ func TestComposeStopGrace(t *testing.T) {
 	if want := d + 5*time.Second; stop < want {
 		t.Errorf("emitter: stop_grace_period %s, want at least %s (EMITTER_SHUTDOWN_GRACE %s + the publisher's 5s)", stop, want, d)
 	}
+
+	// The others' shutdown steps are fixed in their code.
+	least := map[string]time.Duration{
+		"tokenscope/gpuwatch": 15 * time.Second, // HTTP beside the publisher's flush (5s), then draining NATS (5s)
+		"tokenscope/alerter":  15 * time.Second, // the window being delivered (10s), then draining NATS (5s)
+	}
+	checked := 0
+	for name, svc := range p.Services {
+		image, _, _ := strings.Cut(svc.Image, ":")
+		want, ok := least[image]
+		if !ok {
+			continue
+		}
+		checked++
+		stop := 10 * time.Second
+		if svc.StopGracePeriod != nil {
+			stop = time.Duration(*svc.StopGracePeriod)
+		}
+		if stop < want {
+			t.Errorf("%s: stop_grace_period %s, want at least %s", name, stop, want)
+		}
+	}
+	if checked < 4 {
+		t.Errorf("%d gpuwatch and alerter services found in compose.yaml, want 4", checked)
+	}
 }
