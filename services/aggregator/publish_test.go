@@ -24,8 +24,9 @@ var (
 
 // rollupsOnStream reads ROLLUPS and returns how many times each rollup of kind k is on it by
 // message id, the sum of their counts (each id counted once), and, in stream order, the
-// window rollups that came after a watermark of consumer covering their window.
-func rollupsOnStream(t *testing.T, b *bed, consumer string, k rollupKind) (ids map[string]int, count uint64, afterMark []string) {
+// window rollups that came after a watermark of consumer covering their window and the
+// watermarks of consumer that did not move forward.
+func rollupsOnStream(t *testing.T, b *bed, consumer string, k rollupKind) (ids map[string]int, count uint64, outOfOrder []string) {
 	t.Helper()
 	ids = map[string]int{}
 	var covered time.Time
@@ -35,6 +36,10 @@ func rollupsOnStream(t *testing.T, b *bed, consumer string, k rollupKind) (ids m
 			var w events.Watermark
 			if err := json.Unmarshal(m.data, &w); err != nil {
 				t.Fatalf("watermark %d: %v", m.seq, err)
+			}
+			if !w.Through.After(covered) {
+				outOfOrder = append(outOfOrder, fmt.Sprintf("seq %d: a watermark through %s after one through %s", m.seq, w.Through, covered))
+				continue
 			}
 			covered = w.Through
 		case strings.HasPrefix(m.subject, k.prefix):
@@ -55,11 +60,11 @@ func rollupsOnStream(t *testing.T, b *bed, consumer string, k rollupKind) (ids m
 				count += uint64(n)
 			}
 			if end := r.WindowStart.Add(time.Duration(r.WindowSeconds) * time.Second); r.Kind == events.KindWindow && !end.After(covered) {
-				afterMark = append(afterMark, fmt.Sprintf("seq %d (window ending %s) after a watermark through %s", m.seq, end, covered))
+				outOfOrder = append(outOfOrder, fmt.Sprintf("seq %d (window ending %s) after a watermark through %s", m.seq, end, covered))
 			}
 		}
 	}
-	return ids, count, afterMark
+	return ids, count, outOfOrder
 }
 
 // checkRollupsPublished waits until every token rollup stored in ClickHouse is on ROLLUPS,
@@ -67,23 +72,20 @@ func rollupsOnStream(t *testing.T, b *bed, consumer string, k rollupKind) (ids m
 // that no window rollup comes after a watermark that covers its window.
 func checkRollupsPublished(t *testing.T, b *bed, consumer string, want uint64) {
 	t.Helper()
-	checkPublished(t, b, consumer, tokenRollups, want, true)
+	checkPublished(t, b, consumer, tokenRollups, want)
 }
 
-// checkPublished is checkRollupsPublished for rollups of kind k; ordered: check the order
-// against the watermark too. The tests that kill the aggregator at random leave it out: a
-// process that saw no event for longer than AGG_LATENESS had moved its watermark on by the
-// clock and published it; the process started after the kill begins from the events, not
-// from that watermark, so events it replays that the first would have taken as late may open
-// ordinary windows behind it.
-func checkPublished(t *testing.T, b *bed, consumer string, k rollupKind, want uint64, ordered bool) {
+// checkPublished is checkRollupsPublished for rollups of kind k, checking the order against
+// the watermark too: no window rollup after a watermark covering it, and no watermark that
+// does not move forward, across restarts and kills.
+func checkPublished(t *testing.T, b *bed, consumer string, k rollupKind, want uint64) {
 	t.Helper()
 	stored := b.scalar(t, "SELECT count() FROM "+k.table)
 	var ids map[string]int
 	var count uint64
-	var afterMark []string
+	var outOfOrder []string
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-		ids, count, afterMark = rollupsOnStream(t, b, consumer, k)
+		ids, count, outOfOrder = rollupsOnStream(t, b, consumer, k)
 		if uint64(len(ids)) >= stored || time.Now().After(deadline) {
 			break
 		}
@@ -96,8 +98,8 @@ func checkPublished(t *testing.T, b *bed, consumer string, k rollupKind, want ui
 			t.Errorf("rollup %s is on ROLLUPS %d times", id, n)
 		}
 	}
-	if ordered && len(afterMark) > 0 {
-		t.Errorf("%d window rollups came after a watermark covering them, first %s", len(afterMark), afterMark[0])
+	if len(outOfOrder) > 0 {
+		t.Errorf("%d window rollups or watermarks out of order, first %s", len(outOfOrder), outOfOrder[0])
 	}
 	// Every stored flush's message ids are the ones on the stream.
 	rows, err := b.db.Conn().Query(t.Context(), "SELECT flush_id, count() FROM "+k.table+" GROUP BY flush_id")

@@ -116,6 +116,15 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	// The watermark tells an alerter which windows this aggregator has published.
 	marks := pipeline.NewWatermarks(js, pub, cfg.Agg.Consumer, cfg.Agg.Window, srv.Registry(), logger)
+	rollups, err := js.Stream(ctx, events.StreamRollups)
+	if err != nil {
+		return fmt.Errorf("cannot look up stream %s: %w", events.StreamRollups, err)
+	}
+	if through, err := marks.Resume(ctx, rollups, time.Now()); err != nil {
+		return err
+	} else if !through.IsZero() {
+		logger.Info("resuming from the last watermark published", "through", through)
+	}
 	for _, p := range pipes {
 		p.PublishWatermarks(marks)
 	}

@@ -101,6 +101,9 @@ func (p *Pipeline) replay(ctx context.Context) bool {
 	o.replay = nil
 	o.acked = o.next - 1
 	p.saveMark(ctx)
+	if p.marks != nil {
+		p.marks.release(p.opts.Stream)
+	}
 	return true
 }
 
