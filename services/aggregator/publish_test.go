@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/aggregator/internal/pipeline"
 )
 
 // rollupKind is one kind of rollup as published and stored: its subjects' prefix, its table,
@@ -265,4 +267,101 @@ func TestStalledPublishShows(t *testing.T) {
 			t.Fatal("publish_stalled_seconds stays above 0 after the acks came")
 		}
 	}
+}
+
+// TestRollupsTwicePastTheDuplicateWindow: the one case that publishes rollups twice. The
+// acked mark cannot be saved (the AGGREGATOR bucket takes no writes) while flushes are stored
+// and JetStream acknowledges their rollups; the aggregator stops and starts again past the
+// stream's duplicate window, and publishes those flushes' rollups again, which JetStream,
+// no longer remembering their ids, stores a second time. Each copy has the message id and
+// the data of the first, so a reader that counts a rollup once per Nats-Msg-Id (the
+// alerter) counts it once; ClickHouse, where nothing is written again, holds the totals
+// exactly once.
+func TestRollupsTwicePastTheDuplicateWindow(t *testing.T) {
+	b := newBed(t)
+	vars := b.env(envVars{"AGG_CONSUMER": "agg-d", "AGG_GPU": "false", "AGG_ENGINE": "false", "AGG_FEEDBACK": "false",
+		"AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "100ms", "AGG_LOG_LEVEL": "warn", "NATS_STREAM_DUPLICATE_WINDOW": "1s"})
+	ctx := t.Context()
+	stop := startAggregator(t, vars)
+	start := time.Now().UTC().Add(-90 * time.Second)
+	b.publish(t, spreadEvents(1000, start))
+	b.waitRows(t, time.Minute, 1000, "SELECT sum(requests) FROM token_rollups")
+
+	kv, err := b.js.Stream(ctx, "KV_"+pipeline.FloorBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := kv.CachedInfo().Config
+	held := cfg
+	held.Subjects = []string{"held.kv"}
+	if _, err := b.js.UpdateStream(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	b.publish(t, spreadEvents(1000, start.Add(10*time.Second)))
+	b.waitRows(t, time.Minute, 2000, "SELECT sum(requests) FROM token_rollups")
+	stored := b.scalar(t, "SELECT count() FROM token_rollups")
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if ids, _, _ := rollupsOnStream(t, b, "agg-d", tokenRollups); uint64(len(ids)) == stored {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the stored rollups are not all on ROLLUPS")
+		}
+	}
+	stop()
+	if _, err := b.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // past the duplicate window
+	startAggregator(t, vars)
+
+	var copies map[string][][]byte
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		copies = map[string][][]byte{}
+		for _, m := range b.rollupsStream(t) {
+			if strings.HasPrefix(m.subject, tokenRollups.prefix) {
+				copies[m.id] = append(copies[m.id], m.data)
+			}
+		}
+		twice := 0
+		for _, c := range copies {
+			if len(c) > 1 {
+				twice++
+			}
+		}
+		if twice > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no rollup published again after the restart: the test did not reach the case")
+		}
+	}
+	time.Sleep(time.Second)
+	if n := b.scalar(t, "SELECT sum(requests) FROM token_rollups"); n != 2000 {
+		t.Errorf("sum(requests) = %d in ClickHouse, want 2000", n)
+	}
+	if n := b.scalar(t, "SELECT count() FROM token_rollups"); n != stored {
+		t.Errorf("%d rollup rows after the restart, %d before: stored again", n, stored)
+	}
+	var requests uint64
+	twice := 0
+	for id, c := range copies {
+		for _, d := range c[1:] {
+			if !bytes.Equal(d, c[0]) {
+				t.Fatalf("rollup %s published again with other data:\n%s\n%s", id, c[0], d)
+			}
+		}
+		if len(c) > 1 {
+			twice++
+		}
+		var r events.TokenRollup
+		if err := json.Unmarshal(c[0], &r); err != nil {
+			t.Fatal(err)
+		}
+		requests += r.Requests
+	}
+	if uint64(len(copies)) != stored || requests != 2000 {
+		t.Errorf("%d rollups by id on ROLLUPS with %d requests; ClickHouse stores %d with 2000", len(copies), requests, stored)
+	}
+	t.Logf("%d of %d rollups on ROLLUPS twice, under the same id and data", twice, len(copies))
 }
