@@ -205,7 +205,7 @@ func New(cons jetstream.Consumer, eval Evaluator, sink Sink, cp Checkpoint, dead
 		}, []string{"kind"}),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "alerter", Name: "rollups_skipped_total",
-			Help: "Rollups not evaluated, by reason: malformed or invalid (dead-lettered), unknown_subject, late (first delivered after their window was evaluated), redelivered (a copy of a rollup already handled), correction, not_evaluated (host rollups: no rule reads them).",
+			Help: "Rollups not evaluated, by reason: malformed or invalid (dead-lettered), unknown_subject, late (first delivered after their window was evaluated), redelivered (a copy of a rollup already handled), duplicate (a rollup stored twice under one Nats-Msg-Id, counted once), correction, not_evaluated (host rollups: no rule reads them).",
 		}, []string{"reason"}),
 		windows:   counter("windows_evaluated_total", "Windows evaluated."),
 		ackErrors: counter("ack_errors_total", "Rollups whose ack failed (they will be redelivered)."),
