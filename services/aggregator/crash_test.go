@@ -124,7 +124,7 @@ func TestCrashExactlyOnce(t *testing.T) {
 		t.Fatalf("sum(requests) moved on to %d", got)
 	}
 	// Every stored rollup is on ROLLUPS once, whatever the kills cut off.
-	checkPublished(t, b, "aggregator", tokenRollups, n, false)
+	checkPublished(t, b, "aggregator", tokenRollups, n)
 }
 
 // TestKillBeforeRollupAcks stores flushes while JetStream cannot take the rollups (ROLLUPS

@@ -232,5 +232,5 @@ func TestGPUCrashExactlyOnce(t *testing.T) {
 	time.Sleep(time.Second)
 	checkGPUTotals(t, b.gpuTotals(t), wantGPU(samples))
 	// Every stored GPU rollup is on ROLLUPS once, whatever the kills cut off.
-	checkPublished(t, b, "aggregator", gpuRollups, uint64(len(samples)), false)
+	checkPublished(t, b, "aggregator", gpuRollups, uint64(len(samples)))
 }

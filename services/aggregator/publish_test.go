@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/aggregator/internal/pipeline"
 )
 
 // rollupKind is one kind of rollup as published and stored: its subjects' prefix, its table,
@@ -24,8 +26,9 @@ var (
 
 // rollupsOnStream reads ROLLUPS and returns how many times each rollup of kind k is on it by
 // message id, the sum of their counts (each id counted once), and, in stream order, the
-// window rollups that came after a watermark of consumer covering their window.
-func rollupsOnStream(t *testing.T, b *bed, consumer string, k rollupKind) (ids map[string]int, count uint64, afterMark []string) {
+// window rollups that came after a watermark of consumer covering their window and the
+// watermarks of consumer that did not move forward.
+func rollupsOnStream(t *testing.T, b *bed, consumer string, k rollupKind) (ids map[string]int, count uint64, outOfOrder []string) {
 	t.Helper()
 	ids = map[string]int{}
 	var covered time.Time
@@ -35,6 +38,10 @@ func rollupsOnStream(t *testing.T, b *bed, consumer string, k rollupKind) (ids m
 			var w events.Watermark
 			if err := json.Unmarshal(m.data, &w); err != nil {
 				t.Fatalf("watermark %d: %v", m.seq, err)
+			}
+			if !w.Through.After(covered) {
+				outOfOrder = append(outOfOrder, fmt.Sprintf("seq %d: a watermark through %s after one through %s", m.seq, w.Through, covered))
+				continue
 			}
 			covered = w.Through
 		case strings.HasPrefix(m.subject, k.prefix):
@@ -55,11 +62,11 @@ func rollupsOnStream(t *testing.T, b *bed, consumer string, k rollupKind) (ids m
 				count += uint64(n)
 			}
 			if end := r.WindowStart.Add(time.Duration(r.WindowSeconds) * time.Second); r.Kind == events.KindWindow && !end.After(covered) {
-				afterMark = append(afterMark, fmt.Sprintf("seq %d (window ending %s) after a watermark through %s", m.seq, end, covered))
+				outOfOrder = append(outOfOrder, fmt.Sprintf("seq %d (window ending %s) after a watermark through %s", m.seq, end, covered))
 			}
 		}
 	}
-	return ids, count, afterMark
+	return ids, count, outOfOrder
 }
 
 // checkRollupsPublished waits until every token rollup stored in ClickHouse is on ROLLUPS,
@@ -67,23 +74,20 @@ func rollupsOnStream(t *testing.T, b *bed, consumer string, k rollupKind) (ids m
 // that no window rollup comes after a watermark that covers its window.
 func checkRollupsPublished(t *testing.T, b *bed, consumer string, want uint64) {
 	t.Helper()
-	checkPublished(t, b, consumer, tokenRollups, want, true)
+	checkPublished(t, b, consumer, tokenRollups, want)
 }
 
-// checkPublished is checkRollupsPublished for rollups of kind k; ordered: check the order
-// against the watermark too. The tests that kill the aggregator at random leave it out: a
-// process that saw no event for longer than AGG_LATENESS had moved its watermark on by the
-// clock and published it; the process started after the kill begins from the events, not
-// from that watermark, so events it replays that the first would have taken as late may open
-// ordinary windows behind it.
-func checkPublished(t *testing.T, b *bed, consumer string, k rollupKind, want uint64, ordered bool) {
+// checkPublished is checkRollupsPublished for rollups of kind k, checking the order against
+// the watermark too: no window rollup after a watermark covering it, and no watermark that
+// does not move forward, across restarts and kills.
+func checkPublished(t *testing.T, b *bed, consumer string, k rollupKind, want uint64) {
 	t.Helper()
 	stored := b.scalar(t, "SELECT count() FROM "+k.table)
 	var ids map[string]int
 	var count uint64
-	var afterMark []string
+	var outOfOrder []string
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-		ids, count, afterMark = rollupsOnStream(t, b, consumer, k)
+		ids, count, outOfOrder = rollupsOnStream(t, b, consumer, k)
 		if uint64(len(ids)) >= stored || time.Now().After(deadline) {
 			break
 		}
@@ -96,8 +100,8 @@ func checkPublished(t *testing.T, b *bed, consumer string, k rollupKind, want ui
 			t.Errorf("rollup %s is on ROLLUPS %d times", id, n)
 		}
 	}
-	if ordered && len(afterMark) > 0 {
-		t.Errorf("%d window rollups came after a watermark covering them, first %s", len(afterMark), afterMark[0])
+	if len(outOfOrder) > 0 {
+		t.Errorf("%d window rollups or watermarks out of order, first %s", len(outOfOrder), outOfOrder[0])
 	}
 	// Every stored flush's message ids are the ones on the stream.
 	rows, err := b.db.Conn().Query(t.Context(), "SELECT flush_id, count() FROM "+k.table+" GROUP BY flush_id")
@@ -263,4 +267,101 @@ func TestStalledPublishShows(t *testing.T) {
 			t.Fatal("publish_stalled_seconds stays above 0 after the acks came")
 		}
 	}
+}
+
+// TestRollupsTwicePastTheDuplicateWindow: the one case that publishes rollups twice. The
+// acked mark cannot be saved (the AGGREGATOR bucket takes no writes) while flushes are stored
+// and JetStream acknowledges their rollups; the aggregator stops and starts again past the
+// stream's duplicate window, and publishes those flushes' rollups again, which JetStream,
+// no longer remembering their ids, stores a second time. Each copy has the message id and
+// the data of the first, so a reader that counts a rollup once per Nats-Msg-Id (the
+// alerter) counts it once; ClickHouse, where nothing is written again, holds the totals
+// exactly once.
+func TestRollupsTwicePastTheDuplicateWindow(t *testing.T) {
+	b := newBed(t)
+	vars := b.env(envVars{"AGG_CONSUMER": "agg-d", "AGG_GPU": "false", "AGG_ENGINE": "false", "AGG_FEEDBACK": "false",
+		"AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "100ms", "AGG_LOG_LEVEL": "warn", "NATS_STREAM_DUPLICATE_WINDOW": "1s"})
+	ctx := t.Context()
+	stop := startAggregator(t, vars)
+	start := time.Now().UTC().Add(-90 * time.Second)
+	b.publish(t, spreadEvents(1000, start))
+	b.waitRows(t, time.Minute, 1000, "SELECT sum(requests) FROM token_rollups")
+
+	kv, err := b.js.Stream(ctx, "KV_"+pipeline.FloorBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := kv.CachedInfo().Config
+	held := cfg
+	held.Subjects = []string{"held.kv"}
+	if _, err := b.js.UpdateStream(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	b.publish(t, spreadEvents(1000, start.Add(10*time.Second)))
+	b.waitRows(t, time.Minute, 2000, "SELECT sum(requests) FROM token_rollups")
+	stored := b.scalar(t, "SELECT count() FROM token_rollups")
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if ids, _, _ := rollupsOnStream(t, b, "agg-d", tokenRollups); uint64(len(ids)) == stored {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the stored rollups are not all on ROLLUPS")
+		}
+	}
+	stop()
+	if _, err := b.js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond) // past the duplicate window
+	startAggregator(t, vars)
+
+	var copies map[string][][]byte
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		copies = map[string][][]byte{}
+		for _, m := range b.rollupsStream(t) {
+			if strings.HasPrefix(m.subject, tokenRollups.prefix) {
+				copies[m.id] = append(copies[m.id], m.data)
+			}
+		}
+		twice := 0
+		for _, c := range copies {
+			if len(c) > 1 {
+				twice++
+			}
+		}
+		if twice > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no rollup published again after the restart: the test did not reach the case")
+		}
+	}
+	time.Sleep(time.Second)
+	if n := b.scalar(t, "SELECT sum(requests) FROM token_rollups"); n != 2000 {
+		t.Errorf("sum(requests) = %d in ClickHouse, want 2000", n)
+	}
+	if n := b.scalar(t, "SELECT count() FROM token_rollups"); n != stored {
+		t.Errorf("%d rollup rows after the restart, %d before: stored again", n, stored)
+	}
+	var requests uint64
+	twice := 0
+	for id, c := range copies {
+		for _, d := range c[1:] {
+			if !bytes.Equal(d, c[0]) {
+				t.Fatalf("rollup %s published again with other data:\n%s\n%s", id, c[0], d)
+			}
+		}
+		if len(c) > 1 {
+			twice++
+		}
+		var r events.TokenRollup
+		if err := json.Unmarshal(c[0], &r); err != nil {
+			t.Fatal(err)
+		}
+		requests += r.Requests
+	}
+	if uint64(len(copies)) != stored || requests != 2000 {
+		t.Errorf("%d rollups by id on ROLLUPS with %d requests; ClickHouse stores %d with 2000", len(copies), requests, stored)
+	}
+	t.Logf("%d of %d rollups on ROLLUPS twice, under the same id and data", twice, len(copies))
 }

@@ -114,8 +114,21 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		}
 		pipes = append(pipes, fb)
 	}
+	sweeper, err := pipeline.NewOutboxSweeper(ctx, js, db.Conn(), cfg.NATS.Streams.Replicas, srv.Registry(), logger)
+	if err != nil {
+		return err
+	}
 	// The watermark tells an alerter which windows this aggregator has published.
 	marks := pipeline.NewWatermarks(js, pub, cfg.Agg.Consumer, cfg.Agg.Window, srv.Registry(), logger)
+	rollups, err := js.Stream(ctx, events.StreamRollups)
+	if err != nil {
+		return fmt.Errorf("cannot look up stream %s: %w", events.StreamRollups, err)
+	}
+	if through, err := marks.Resume(ctx, rollups, time.Now()); err != nil {
+		return err
+	} else if !through.IsZero() {
+		logger.Info("resuming from the last watermark published", "through", through)
+	}
 	for _, p := range pipes {
 		p.PublishWatermarks(marks)
 	}
@@ -146,6 +159,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return srv.Run(gctx, 5*time.Second) })
+	g.Go(func() error { return sweeper.Run(gctx) })
 	for _, p := range pipes {
 		g.Go(func() error { return p.Run(gctx) })
 	}

@@ -132,3 +132,61 @@ func watermarkFollows(t *testing.T, prefix string, publish func(b *bed, now time
 		t.Errorf("%d rollups, %d watermarks: want every window and the watermark moving with them", rollups, len(marks))
 	}
 }
+
+// TestWatermarkNeverGoesBackAcrossRestart: an aggregator publishes its watermark up to about
+// now and stops; events of five minutes ago are then published, and a new process reads
+// them first. It starts from the watermark the first published (the last on ROLLUPS): no
+// watermark lower than that one goes out, and the old events' window, which it covers, comes
+// as a correction, not as an ordinary window rollup behind it.
+func TestWatermarkNeverGoesBackAcrossRestart(t *testing.T) {
+	b := newBed(t)
+	vars := b.env(envVars{"AGG_CONSUMER": "agg-w", "AGG_GPU": "false", "AGG_ENGINE": "false", "AGG_FEEDBACK": "false",
+		"AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "100ms", "AGG_LOG_LEVEL": "warn"})
+	stop := startAggregator(t, vars)
+	sent := 0
+	var last time.Time // the end of the last window with events
+	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		evs := spreadEvents(10, time.Now().UTC().Add(-100*time.Millisecond))
+		b.publish(t, evs)
+		sent += len(evs)
+		last = evs[len(evs)-1].TS.Truncate(2 * time.Second).Add(2 * time.Second)
+	}
+	lastMark := func() (w events.Watermark) {
+		msgs := b.rollupsStream(t)
+		for i := len(msgs) - 1; i >= 0; i-- {
+			if msgs[i].subject == events.WatermarkSubject("agg-w") {
+				if err := json.Unmarshal(msgs[i].data, &w); err != nil {
+					t.Fatal(err)
+				}
+				return w
+			}
+		}
+		return w
+	}
+	// Every window closed and published: the floor is past every event, so the next process
+	// reads the old events first.
+	for deadline := time.Now().Add(30 * time.Second); lastMark().Through.Before(last); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no watermark through %s", last)
+		}
+	}
+	stop()
+	before := lastMark().Through
+
+	old := spreadEvents(200, time.Now().UTC().Add(-5*time.Minute))
+	b.publish(t, old)
+	sent += len(old)
+	startAggregator(t, vars)
+	b.waitRows(t, time.Minute, uint64(sent), "SELECT sum(requests) FROM token_rollups")
+	// The new process's watermark starts from the first's, and moves past it within seconds.
+	for deadline := time.Now().Add(30 * time.Second); !lastMark().Through.After(before) && time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
+	}
+	checkRollupsPublished(t, b, "agg-w", uint64(sent))
+	if w := lastMark(); !w.Through.After(before) {
+		t.Errorf("30 s after the restart the last watermark is through %s, not past the first process's %s", w.Through, before)
+	}
+	if n := b.scalar(t, "SELECT sum(requests) FROM token_rollups WHERE kind = 'correction'"); n != uint64(len(old)) {
+		t.Errorf("%d requests in corrections, want the %d events of windows the watermark had passed", n, len(old))
+	}
+}

@@ -2,9 +2,16 @@ package pipeline
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"strconv"
 	"time"
 
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tokenscope/tokenscope/pkg/bus"
 	"github.com/tokenscope/tokenscope/services/aggregator/internal/sink"
 )
 
@@ -101,6 +108,9 @@ func (p *Pipeline) replay(ctx context.Context) bool {
 	o.replay = nil
 	o.acked = o.next - 1
 	p.saveMark(ctx)
+	if p.marks != nil {
+		p.marks.release(p.opts.Stream)
+	}
 	return true
 }
 
@@ -120,4 +130,127 @@ func (p *Pipeline) saveMark(ctx context.Context) {
 		return
 	}
 	o.saved = o.acked
+}
+
+// OutboxSweeper keeps rollup_outbox small, on every server: a row is needed only until
+// JetStream has acknowledged its flush's rollups (its flush_seq at or below the acked mark
+// of its consumer and stream), and a daily partition whose every row is so, and whose newest
+// row is older than OutboxKeep, is dropped whole (ALTER TABLE … DROP PARTITION, as cheap as
+// deleting a folder). 18.16 has no TTL, and without this the table would grow for good; a
+// current server's TTL (7 days) removes rows later anyway. A partition holding a flush not
+// yet acknowledged is kept, however old, until its aggregator has started again and
+// published it: a flush is never dropped before its rollups are on ROLLUPS. The table is
+// shared by every aggregator writing to this database, so the sweep judges every
+// consumer's rows by that consumer's mark, read from FloorBucket.
+type OutboxSweeper struct {
+	kv     jetstream.KeyValue
+	sink   *sink.ClickHouse
+	every  time.Duration
+	logger *slog.Logger
+
+	failing bool
+	dropped prometheus.Counter
+	errors  prometheus.Counter
+}
+
+// OutboxKeep is how old a partition's newest row must be for the partition to be dropped:
+// rows are written with their writer's clock, so a partition this old takes no more (a
+// write held by a server that hung for a day aside).
+const OutboxKeep = 24 * time.Hour
+
+// NewOutboxSweeper returns the sweeper of rollup_outbox on ch, reading the marks in
+// FloorBucket (replicas as the streams'); its metrics are registered on reg.
+func NewOutboxSweeper(ctx context.Context, js jetstream.JetStream, ch driver.Conn, replicas int, reg prometheus.Registerer, logger *slog.Logger) (*OutboxSweeper, error) {
+	kv, err := bus.EnsureKeyValue(ctx, js, FloorBucket, "tokenscope aggregator: stream position stored through, per stream and consumer", replicas)
+	if err != nil {
+		return nil, err
+	}
+	s := &OutboxSweeper{kv: kv, sink: sink.New(ch, ""), every: time.Hour, logger: logger.With("component", "outbox"),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "aggregator", Name: "outbox_partitions_dropped_total",
+			Help: "Daily partitions of rollup_outbox dropped: every flush in them acknowledged by JetStream, the newest row older than a day."}),
+		errors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "aggregator", Name: "outbox_sweep_errors_total",
+			Help: "Sweeps of rollup_outbox that failed (retried at the next)."}),
+	}
+	reg.MustRegister(s.dropped, s.errors)
+	return s, nil
+}
+
+// Run sweeps at start and then every hour until ctx ends.
+func (s *OutboxSweeper) Run(ctx context.Context) error {
+	tick := time.NewTicker(s.every)
+	defer tick.Stop()
+	for {
+		_, err := s.Sweep(ctx, time.Now())
+		switch {
+		case err != nil && ctx.Err() == nil:
+			s.errors.Inc()
+			if !s.failing {
+				s.logger.Warn("cannot sweep rollup_outbox; trying again in an hour", "err", err)
+				s.failing = true
+			}
+		case err == nil && s.failing:
+			s.logger.Info("sweeping rollup_outbox again")
+			s.failing = false
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// Sweep drops the partitions of rollup_outbox that are no longer needed as of now, and
+// returns how many it dropped.
+func (s *OutboxSweeper) Sweep(ctx context.Context, now time.Time) (int, error) {
+	parts, err := s.sink.OutboxPartitions(ctx)
+	if err != nil {
+		return 0, err
+	}
+	marks := map[string]uint64{}
+	keep := map[uint32]bool{}
+	var days []uint32
+	for _, p := range parts {
+		if _, seen := keep[p.Day]; !seen {
+			days = append(days, p.Day)
+			keep[p.Day] = false
+		}
+		if keep[p.Day] {
+			continue
+		}
+		if now.Sub(p.Newest) < OutboxKeep {
+			keep[p.Day] = true
+			continue
+		}
+		key := p.Stream + "." + p.Consumer + ".acked"
+		mark, ok := marks[key]
+		if !ok {
+			mark, err = (&floorStore{kv: s.kv, key: key}).load(ctx)
+			if errors.Is(err, jetstream.ErrInvalidKey) {
+				mark, err = 0, nil // no mark can be kept under such a name: keep its rows
+			}
+			if err != nil {
+				return 0, err
+			}
+			marks[key] = mark
+		}
+		if p.LastFlushSeq > mark {
+			keep[p.Day] = true
+		}
+	}
+	dropped := 0
+	for _, day := range days {
+		if keep[day] {
+			continue
+		}
+		if err := s.sink.DropOutboxPartition(ctx, day); err != nil {
+			return dropped, err
+		}
+		dropped++
+		s.dropped.Inc()
+	}
+	if dropped > 0 {
+		s.logger.Info("dropped partitions of rollup_outbox whose flushes JetStream acknowledged", "partitions", dropped)
+	}
+	return dropped, nil
 }

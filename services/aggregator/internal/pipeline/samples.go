@@ -96,6 +96,7 @@ type sampleAggregator[S any, K comparable, V, R any] interface {
 	Held() (minSeq uint64, ok bool)
 	OpenWindows() (units, keys int)
 	Watermark(now time.Time) time.Time
+	Resume(through time.Time)
 }
 
 // newSamplePipeline resets the consumer to its stored floor, reads the ledger of k.table back
@@ -184,6 +185,10 @@ func (s *sampleStage[S, K, V, R, A]) closedThrough(now time.Time) time.Time {
 	}
 	return windowsClosedThrough(s.agg.Watermark(now), s.cfg.Window, s.cfg.Lateness)
 }
+
+func (s *sampleStage[S, K, V, R, A]) inWatermark() bool { return s.kind.watermark }
+
+func (s *sampleStage[S, K, V, R, A]) resume(through time.Time) { s.agg.Resume(through) }
 
 func (s *sampleStage[S, K, V, R, A]) cut(now time.Time, seqThrough uint64) flush {
 	f := &sampleFlush[S, K, V, R, A]{stage: s, ledger: sink.Ledger{SeqThrough: seqThrough, FlushID: events.NewEventID()}}

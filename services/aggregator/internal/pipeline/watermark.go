@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -34,8 +35,11 @@ type Watermarks struct {
 	every    time.Duration
 	logger   *slog.Logger
 
+	resumed time.Time // the last watermark an earlier process published (Resume)
+
 	mu      sync.Mutex
 	through map[string]time.Time // per pipeline (stream): windows closed through
+	holding map[string]bool      // pipelines publishing again what an earlier process stored
 	sent    time.Time
 	failing bool
 
@@ -54,7 +58,7 @@ type watermarkPublisher interface {
 func NewWatermarks(js watermarkPublisher, rollups interface{ Buffered() int }, consumer string, window time.Duration, reg prometheus.Registerer, logger *slog.Logger) *Watermarks {
 	w := &Watermarks{
 		js: js, rollups: rollups, consumer: consumer, window: window, every: 200 * time.Millisecond,
-		logger: logger.With("component", "watermark"), through: map[string]time.Time{},
+		logger: logger.With("component", "watermark"), through: map[string]time.Time{}, holding: map[string]bool{},
 		published: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "aggregator", Name: "watermarks_published_total",
 			Help: "Watermarks JetStream stored on rollup.watermark.<consumer>."}),
 		errors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "aggregator", Name: "watermark_publish_errors_total",
@@ -66,8 +70,70 @@ func NewWatermarks(js watermarkPublisher, rollups interface{ Buffered() int }, c
 	return w
 }
 
-// PublishWatermarks makes p report its closed windows to w.
-func (p *Pipeline) PublishWatermarks(w *Watermarks) { p.marks = w }
+// watermarked is a stage whose closed windows move the watermark.
+type watermarked interface {
+	inWatermark() bool
+	resume(through time.Time) // windows ending at or before through are closed (window.Resume)
+}
+
+// lastMessages reads a stream's last message on a subject; a jetstream.Stream does.
+type lastMessages interface {
+	GetLastMsgForSubject(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error)
+}
+
+// Resume reads from rollups (the ROLLUPS stream) the last watermark this aggregator
+// published, before the pipelines start (and before PublishWatermarks), and takes it as
+// published: a later one goes out only past it, so whoever reads ROLLUPS never sees the
+// watermark go back across a restart, and the pipelines treat the windows it covers as
+// closed. The stream, not a record of its own, is what readers saw: nothing to write per
+// watermark, and no kill between a publish and a record can leave the record behind. A
+// message there that is no watermark of this aggregator, or one more than
+// events.MaxClockSkew ahead of now, is logged and ignored. It returns the watermark's through,
+// zero when there is none.
+func (w *Watermarks) Resume(ctx context.Context, rollups lastMessages, now time.Time) (time.Time, error) {
+	subject := events.WatermarkSubject(w.consumer)
+	m, err := rollups.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return time.Time{}, nil
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("cannot read the last watermark on %s: %w", subject, err)
+	}
+	var wm events.Watermark
+	if err := json.Unmarshal(m.Data, &wm); err != nil || wm.V != 1 || wm.Consumer != w.consumer || wm.Through.Unix() <= 0 {
+		w.logger.Warn("the last message on the watermark subject is no watermark of this aggregator; starting from none", "subject", subject, "stream_seq", m.Sequence)
+		return time.Time{}, nil
+	}
+	if ahead := wm.Through.Sub(now); ahead > events.MaxClockSkew {
+		w.logger.Warn("the last watermark published is ahead of the clock; starting from none", "through", wm.Through, "ahead", ahead.Round(time.Second).String())
+		return time.Time{}, nil
+	}
+	through := wm.Through.UTC()
+	w.mu.Lock()
+	w.resumed, w.sent = through, through
+	w.mu.Unlock()
+	w.throughSec.Set(float64(through.Unix()))
+	return through, nil
+}
+
+// PublishWatermarks makes p report its closed windows to w; called before Run. When w
+// resumed from the watermark an earlier process published (Resume), p's windows ending at or
+// before it are closed: what comes for them is a correction, so no ordinary window rollup
+// follows a watermark that covers it, across restarts too. While p publishes again what
+// an earlier process stored (outbox), it holds the watermark.
+func (p *Pipeline) PublishWatermarks(w *Watermarks) {
+	p.marks = w
+	s, ok := p.stage.(watermarked)
+	if !ok || !s.inWatermark() {
+		return
+	}
+	if !w.resumed.IsZero() {
+		s.resume(w.resumed)
+	}
+	if len(p.outbox.replay) > 0 {
+		w.hold(p.opts.Stream)
+	}
+}
 
 // closedThrough returns the end of the latest window the stage has closed as of now, or the
 // zero time when the pipeline publishes no watermark or has seen nothing. Called under the
@@ -89,6 +155,10 @@ func (p *Pipeline) advanceWatermark(through time.Time) {
 		p.marks.advance(p.opts.Stream, through)
 	}
 }
+
+func (s *tokenStage) inWatermark() bool { return true }
+
+func (s *tokenStage) resume(through time.Time) { s.agg.Resume(through) }
 
 func (s *tokenStage) closedThrough(now time.Time) time.Time {
 	return windowsClosedThrough(s.agg.Watermark(now), s.cfg.Window, s.cfg.Lateness)
@@ -117,10 +187,29 @@ func (w *Watermarks) advance(stream string, through time.Time) {
 	}
 }
 
-// current returns the watermark to publish: the lowest of the pipelines that reported.
+// hold keeps the watermark where it is while the pipeline of stream publishes again the
+// rollups an earlier process stored (outbox): another pipeline's progress must not carry a
+// watermark past them before they are on ROLLUPS. release ends it.
+func (w *Watermarks) hold(stream string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.holding[stream] = true
+}
+
+func (w *Watermarks) release(stream string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.holding, stream)
+}
+
+// current returns the watermark to publish: the lowest of the pipelines that reported, or
+// zero while a pipeline holds it.
 func (w *Watermarks) current() time.Time {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if len(w.holding) > 0 {
+		return time.Time{}
+	}
 	var low time.Time
 	for _, t := range w.through {
 		if low.IsZero() || t.Before(low) {

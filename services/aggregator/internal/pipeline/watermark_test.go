@@ -75,3 +75,67 @@ func TestWatermarkWaitsForRollups(t *testing.T) {
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+type lastMsg struct {
+	data []byte
+	err  error
+}
+
+func (l lastMsg) GetLastMsgForSubject(context.Context, string) (*jetstream.RawStreamMsg, error) {
+	if l.err != nil {
+		return nil, l.err
+	}
+	return &jetstream.RawStreamMsg{Data: l.data, Sequence: 7}, nil
+}
+
+// TestWatermarkResumes: a process takes the last watermark on ROLLUPS as published, so it
+// publishes none at or below it; a pipeline publishing again an earlier process's rollups
+// holds the watermark until they are out; what is no watermark of this aggregator, or is
+// far ahead of the clock, is ignored.
+func TestWatermarkResumes(t *testing.T) {
+	t0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	now := t0.Add(time.Minute)
+	mark := func(consumer string, through time.Time) []byte {
+		return []byte(`{"v":1,"consumer":"` + consumer + `","through":"` + through.Format(time.RFC3339) + `","window_seconds":15,"at":"` + through.Format(time.RFC3339) + `"}`)
+	}
+	for _, c := range []struct {
+		name string
+		last lastMsg
+		want time.Time
+	}{
+		{"none", lastMsg{err: jetstream.ErrMsgNotFound}, time.Time{}},
+		{"its own", lastMsg{data: mark("agg-a", t0.Add(45*time.Second))}, t0.Add(45 * time.Second)},
+		{"another's", lastMsg{data: mark("agg-b", t0.Add(45*time.Second))}, time.Time{}},
+		{"not JSON", lastMsg{data: []byte("{")}, time.Time{}},
+		{"far ahead", lastMsg{data: mark("agg-a", now.Add(time.Hour))}, time.Time{}},
+	} {
+		w := NewWatermarks(&jsRecorder{}, &rollupQueue{}, "agg-a", 15*time.Second, prometheus.NewRegistry(), discardLogger())
+		got, err := w.Resume(context.Background(), c.last, now)
+		if err != nil || !got.Equal(c.want) {
+			t.Errorf("%s: resumed from %s (%v), want %s", c.name, got, err, c.want)
+		}
+	}
+	if _, err := NewWatermarks(&jsRecorder{}, &rollupQueue{}, "agg-a", 15*time.Second, prometheus.NewRegistry(), discardLogger()).
+		Resume(context.Background(), lastMsg{err: jetstream.ErrNoStreamResponse}, now); err == nil {
+		t.Error("an unreadable stream resumed from nothing")
+	}
+
+	js := &jsRecorder{}
+	w := NewWatermarks(js, &rollupQueue{}, "agg-a", 15*time.Second, prometheus.NewRegistry(), discardLogger())
+	if _, err := w.Resume(context.Background(), lastMsg{data: mark("agg-a", t0.Add(45*time.Second))}, now); err != nil {
+		t.Fatal(err)
+	}
+	w.advance("LLM_EVENTS", t0.Add(30*time.Second)) // a replay behind the last published
+	if w.publish(context.Background(), now) {
+		t.Fatal("published a watermark behind the one resumed from")
+	}
+	w.hold("GPU_SAMPLES")
+	w.advance("LLM_EVENTS", t0.Add(60*time.Second))
+	if w.publish(context.Background(), now) {
+		t.Fatal("published while a pipeline held the watermark")
+	}
+	w.release("GPU_SAMPLES")
+	if !w.publish(context.Background(), now) || len(js.msgs) != 1 {
+		t.Fatalf("%d published after the hold, want 1", len(js.msgs))
+	}
+}

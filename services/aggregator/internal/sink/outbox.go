@@ -82,3 +82,53 @@ ORDER BY flush_seq, length(msg_id), msg_id`
 	}
 	return msgs, flushes, nil
 }
+
+// OutboxFlushes is what one daily partition of rollup_outbox holds of one consumer's
+// flushes of one stream.
+type OutboxFlushes struct {
+	Day              uint32 // the partition: toYYYYMMDD(written_at)
+	Consumer, Stream string
+	LastFlushSeq     uint64    // the highest flush_seq
+	Newest           time.Time // the latest written_at
+}
+
+// OutboxPartitionsQuery lists, per daily partition of rollup_outbox, every consumer and
+// stream with rows there: the flushes a partition holds and how recent they are.
+const OutboxPartitionsQuery = `SELECT toYYYYMMDD(written_at) AS day, consumer, stream, max(flush_seq), max(written_at)
+FROM rollup_outbox GROUP BY day, consumer, stream ORDER BY day, consumer, stream`
+
+// DropOutboxPartitionSQL drops the daily partition day of rollup_outbox; a partition that
+// is not there (another aggregator dropped it) is no error.
+func DropOutboxPartitionSQL(day uint32) string {
+	return fmt.Sprintf("ALTER TABLE rollup_outbox DROP PARTITION %d", day)
+}
+
+// OutboxPartitions reads OutboxPartitionsQuery: rollup_outbox's partitions, of every
+// consumer, not only this one's.
+func (c *ClickHouse) OutboxPartitions(ctx context.Context) ([]OutboxFlushes, error) {
+	rows, err := c.conn.Query(fullRead(ctx), OutboxPartitionsQuery)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read the partitions of rollup_outbox: %w", err)
+	}
+	defer rows.Close()
+	var out []OutboxFlushes
+	for rows.Next() {
+		var f OutboxFlushes
+		if err := rows.Scan(&f.Day, &f.Consumer, &f.Stream, &f.LastFlushSeq, &f.Newest); err != nil {
+			return nil, fmt.Errorf("cannot read the partitions of rollup_outbox: %w", err)
+		}
+		out = append(out, f)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("cannot read the partitions of rollup_outbox: %w", err)
+	}
+	return out, nil
+}
+
+// DropOutboxPartition drops the daily partition day of rollup_outbox.
+func (c *ClickHouse) DropOutboxPartition(ctx context.Context, day uint32) error {
+	if err := c.conn.Exec(ctx, DropOutboxPartitionSQL(day)); err != nil {
+		return fmt.Errorf("cannot drop partition %d of rollup_outbox: %w", day, err)
+	}
+	return nil
+}

@@ -74,6 +74,9 @@ type windows[K comparable, S any] struct {
 	done map[int64]uint64
 	// written marks the windows this process wrote: what arrives for them is late.
 	written map[int64]bool
+	// closed is the end (unix ns) through which an earlier process published every window
+	// as closed (its last watermark, see Resume); 0 when none.
+	closed int64
 
 	maxEnd      int64 // latest event end seen, unix ns, clamped to the clock
 	lastArrival int64 // clock when an event last arrived
@@ -105,12 +108,16 @@ func (w *windows[K, S]) route(ts, end int64, seq uint64, clock int64) (*Unit[K, 
 	wm := w.watermark(clock) // as it was before this event
 	// The watermark never goes back: after a quiet spell it has moved on with the clock, and
 	// what it passed was closed and published as passed; an older event must not take it back.
+	// Nor does it start behind what an earlier process published (Resume).
 	w.maxEnd = max(w.maxEnd, wm, min(end, clock))
+	if w.closed != 0 {
+		w.maxEnd = max(w.maxEnd, min(w.closed+w.late, clock))
+	}
 	w.lastArrival = clock
 	if u := w.open[start]; u != nil {
 		return u, Added
 	}
-	if start+w.window+w.late <= wm || w.written[start] {
+	if start+w.window+w.late <= wm || w.written[start] || (w.closed != 0 && start+w.window <= w.closed) {
 		u := w.corr[start]
 		if u == nil {
 			u = w.newUnit(start, true, seq)
@@ -123,6 +130,18 @@ func (w *windows[K, S]) route(ts, end int64, seq uint64, clock int64) (*Unit[K, 
 	u := w.newUnit(start, restarted, seq)
 	w.open[start] = u
 	return u, Added
+}
+
+// Resume records that an earlier process published every window ending at or before
+// through as closed (its last watermark): what comes for them now is late, a correction,
+// as it would have been for that process, never an ordinary window behind the watermark.
+// From the first event on, the watermark is at least where that process had it when it
+// closed them (through + lateness), and moves on from there as usual; before it, there is
+// none, as for any start.
+func (w *windows[K, S]) Resume(through time.Time) {
+	if through.Unix() > 0 {
+		w.closed = max(w.closed, through.UnixNano())
+	}
 }
 
 // stats returns the unit's stats for k, creating them from the free list.

@@ -290,3 +290,26 @@ func TestWatermarkNeverGoesBack(t *testing.T) {
 		t.Fatalf("an event of a window still open: %v", r)
 	}
 }
+
+// TestResumeClosesPublishedWindows: a process started after one that published a watermark
+// through 10:04:00 takes every window ending at or before it as closed, however old the
+// events that come first: they are corrections, not ordinary windows behind that watermark.
+// Windows after it open as usual.
+func TestResumeClosesPublishedWindows(t *testing.T) {
+	a := window.New(cfg(t), nil)
+	a.Resume(t0.Add(4 * time.Minute))
+	for i, c := range []struct {
+		at   time.Duration
+		want window.Result
+	}{
+		{time.Minute, window.AddedLate},                                   // long closed
+		{4*time.Minute - 15*time.Second, window.AddedLate},                // the window ending at the watermark
+		{4 * time.Minute, window.Added},                                   // the next one
+		{4*time.Minute - 14*time.Second, window.AddedLate},                // its window stays closed
+		{4*time.Minute + 15*time.Second + time.Millisecond, window.Added}, // later ones open
+	} {
+		if r := a.Add(ev(c.at, events.StatusOK, 1, 2, 1, 2), uint64(i+1), t0.Add(4*time.Minute+20*time.Second)); r != c.want {
+			t.Errorf("event at +%s: %v, want %v", c.at, r, c.want)
+		}
+	}
+}

@@ -71,11 +71,12 @@ const (
 	reasonSubject     = "unknown_subject"
 	reasonLate        = "late"
 	reasonRedelivered = "redelivered"
+	reasonDuplicate   = "duplicate" // a rollup stored twice under one Nats-Msg-Id
 	reasonCorrection  = "correction"
 	reasonUnread      = "not_evaluated" // a kind no rule reads: host rollups
 )
 
-var reasons = []string{reasonMalformed, reasonInvalid, reasonSubject, reasonLate, reasonRedelivered, reasonCorrection, reasonUnread}
+var reasons = []string{reasonMalformed, reasonInvalid, reasonSubject, reasonLate, reasonRedelivered, reasonDuplicate, reasonCorrection, reasonUnread}
 
 // The steps of delivering an evaluated window, for errors and logs.
 const (
@@ -134,17 +135,31 @@ type delivery struct {
 
 // messages are a window's rollup messages, one per stream sequence: a copy delivered
 // again replaces the handle (the newest is the one to acknowledge) instead of counting twice.
+// A rollup stored twice on the stream, at two sequences under one Nats-Msg-Id (an aggregator
+// publishes again, at start, rollups of a flush JetStream may hold already, and past the
+// stream's duplicate window JetStream keeps both), counts once too; both are acknowledged
+// with the window.
 type messages struct {
 	list []jetstream.Msg
 	seqs map[uint64]int
+	ids  map[string]struct{}
 }
 
-// add takes m at stream sequence seq (0 when unknown) and reports whether it is new.
-func (ms *messages) add(m jetstream.Msg, seq uint64) bool {
+// What add did with a message.
+type added int
+
+const (
+	addedNew         added = iota
+	addedRedelivered       // the same stream sequence again
+	addedDuplicate         // another sequence with a Nats-Msg-Id already taken
+)
+
+// add takes m at stream sequence seq (0 when unknown).
+func (ms *messages) add(m jetstream.Msg, seq uint64) added {
 	if seq > 0 {
 		if i, ok := ms.seqs[seq]; ok {
 			ms.list[i] = m
-			return false
+			return addedRedelivered
 		}
 		if ms.seqs == nil {
 			ms.seqs = make(map[uint64]int)
@@ -152,7 +167,16 @@ func (ms *messages) add(m jetstream.Msg, seq uint64) bool {
 		ms.seqs[seq] = len(ms.list)
 	}
 	ms.list = append(ms.list, m)
-	return true
+	if id := m.Headers().Get(jetstream.MsgIDHeader); id != "" {
+		if _, ok := ms.ids[id]; ok {
+			return addedDuplicate
+		}
+		if ms.ids == nil {
+			ms.ids = make(map[string]struct{})
+		}
+		ms.ids[id] = struct{}{}
+	}
+	return addedNew
 }
 
 // New returns an intake reading cons. Its metrics are registered on reg.
@@ -181,7 +205,7 @@ func New(cons jetstream.Consumer, eval Evaluator, sink Sink, cp Checkpoint, dead
 		}, []string{"kind"}),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "alerter", Name: "rollups_skipped_total",
-			Help: "Rollups not evaluated, by reason: malformed or invalid (dead-lettered), unknown_subject, late (first delivered after their window was evaluated), redelivered (a copy of a rollup already handled), correction, not_evaluated (host rollups: no rule reads them).",
+			Help: "Rollups not evaluated, by reason: malformed or invalid (dead-lettered), unknown_subject, late (first delivered after their window was evaluated), redelivered (a copy of a rollup already handled), duplicate (a rollup stored twice under one Nats-Msg-Id, counted once), correction, not_evaluated (host rollups: no rule reads them).",
 		}, []string{"reason"}),
 		windows:   counter("windows_evaluated_total", "Windows evaluated."),
 		ackErrors: counter("ack_errors_total", "Rollups whose ack failed (they will be redelivered)."),
@@ -366,8 +390,12 @@ func (in *Intake) Add(m jetstream.Msg, now time.Time) {
 			p = &pendingWindow{w: engine.Window{Start: start.UTC(), Seconds: seconds}}
 			in.pending[key] = p
 		}
-		if !p.msgs.add(m, seq) {
-			in.skipped.WithLabelValues(reasonRedelivered).Inc() // acknowledged with its window
+		switch p.msgs.add(m, seq) { // acknowledged with its window
+		case addedRedelivered:
+			in.skipped.WithLabelValues(reasonRedelivered).Inc()
+			return
+		case addedDuplicate:
+			in.skipped.WithLabelValues(reasonDuplicate).Inc()
 			return
 		}
 		p.w.Seconds = max(p.w.Seconds, seconds)
@@ -376,10 +404,13 @@ func (in *Intake) Add(m jetstream.Msg, now time.Time) {
 	case in.held != nil && start.Equal(in.held.start):
 		// The window is evaluated and being delivered: the message is acknowledged with
 		// it, so a crash before that reads it again.
-		if in.held.msgs.add(m, seq) {
+		switch in.held.msgs.add(m, seq) {
+		case addedNew:
 			in.skipped.WithLabelValues(reasonLate).Inc()
-		} else {
+		case addedRedelivered:
 			in.skipped.WithLabelValues(reasonRedelivered).Inc()
+		case addedDuplicate:
+			in.skipped.WithLabelValues(reasonDuplicate).Inc()
 		}
 	case again:
 		in.skip(m, reasonRedelivered)

@@ -29,7 +29,15 @@ type msg struct {
 	data         []byte
 	seq          uint64
 	delivered    uint64
+	id           string // Nats-Msg-Id, if any
 	acked, termd bool
+}
+
+func (m *msg) Headers() nats.Header {
+	if m.id == "" {
+		return nil
+	}
+	return nats.Header{jetstream.MsgIDHeader: []string{m.id}}
 }
 
 func (m *msg) Subject() string { return m.subject }
@@ -45,7 +53,7 @@ func (m *msg) Metadata() (*jetstream.MsgMetadata, error) {
 
 // at returns a copy of m at stream sequence seq, delivered n times.
 func (m *msg) at(seq, n uint64) *msg {
-	return &msg{subject: m.subject, data: m.data, seq: seq, delivered: n}
+	return &msg{subject: m.subject, data: m.data, seq: seq, delivered: n, id: m.id}
 }
 
 // recorder evaluates every window to the alerts in raise, if any.
@@ -301,6 +309,48 @@ func TestRollupsOfEvaluatedWindowsAfterRestart(t *testing.T) {
 	}
 	if n := in.Flush(context.Background(), t0); n != 1 || len(rec.windows) != 1 || !rec.windows[0].Start.Equal(w2) || len(rec.windows[0].Tokens) != 1 {
 		t.Fatalf("delivered %d, evaluated %+v: want w2 once with one rollup", n, rec.windows)
+	}
+}
+
+// TestRollupStoredTwiceCountsOnce: an aggregator started again after a kill publishes again,
+// under the same Nats-Msg-Id, the rollups of a flush whose acknowledgement it had not
+// recorded; past the stream's duplicate window JetStream stores the copy at a new sequence.
+// The copy is counted once in its window, acknowledged with it, and counted as duplicate;
+// rollups without an id are never taken for copies of each other.
+func TestRollupStoredTwiceCountsOnce(t *testing.T) {
+	w0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	rec := &recorder{}
+	in := New(nil, rec, &sink{}, &memCheckpoint{}, nil, Options{Settle: time.Second}, prometheus.NewRegistry(), discard)
+	t0 := w0.Add(20 * time.Second)
+	a, b := tokenMsg(t, w0, events.KindWindow).at(3, 1), tokenMsg(t, w0, events.KindWindow).at(4, 1)
+	a.id, b.id = "f1-0", "f1-1"
+	g := gpuMsg(t, w0).at(5, 1)
+	g.id = "f2-0"
+	copyA, copyG := a.at(9, 1), g.at(10, 1)
+	plain1, plain2 := tokenMsg(t, w0, events.KindWindow).at(11, 1), tokenMsg(t, w0, events.KindWindow).at(12, 1)
+	all := []*msg{a, b, g, copyA, copyG, plain1, plain2}
+	for _, m := range all {
+		in.Add(m, t0)
+	}
+	if n := in.Flush(context.Background(), t0.Add(time.Second)); n != 1 || len(rec.windows) != 1 {
+		t.Fatalf("delivered %d windows, want 1", n)
+	}
+	if w := rec.windows[0]; len(w.Tokens) != 4 || len(w.GPUs) != 1 {
+		t.Errorf("evaluated %d token and %d GPU rollups, want 4 and 1: a copy counted twice", len(w.Tokens), len(w.GPUs))
+	}
+	for i, m := range all {
+		if !m.acked {
+			t.Errorf("message %d not acknowledged with its window", i)
+		}
+	}
+	if got := testutil.ToFloat64(in.skipped.WithLabelValues("duplicate")); got != 2 {
+		t.Errorf("skipped{duplicate} = %v, want 2", got)
+	}
+	// A copy that comes once its window is evaluated is late, as any rollup then.
+	late := b.at(13, 1)
+	in.Add(late, t0.Add(2*time.Second))
+	if !late.acked || testutil.ToFloat64(in.skipped.WithLabelValues("late")) != 1 {
+		t.Errorf("a copy after its window: acked %v, late %v", late.acked, testutil.ToFloat64(in.skipped.WithLabelValues("late")))
 	}
 }
 
