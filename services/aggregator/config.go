@@ -27,7 +27,7 @@ type AggConfig struct {
 	Window        time.Duration `env:"WINDOW" envDefault:"15s"`
 	Lateness      time.Duration `env:"LATENESS" envDefault:"30s"`
 	Buckets       string        `env:"BUCKETS" envDefault:"0,500,2000,8000,32000"`
-	Prices        string        `env:"PRICES"` // JSON price table; empty: every model unpriced
+	Prices        string        `env:"PRICES"` // path of a JSON price table; empty: every model unpriced
 	MaxSeries     int           `env:"MAX_SERIES" envDefault:"10000"`
 	StoreRequests bool          `env:"STORE_REQUESTS" envDefault:"true"`
 	GPU           bool          `env:"GPU" envDefault:"true"`
