@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"strings"
 	"time"
@@ -102,4 +103,31 @@ func (c *Config) upstream(model string) *url.URL {
 		}
 	}
 	return c.Upstream
+}
+
+// route is where a request goes: by its model when the proxy knows it (model not empty),
+// by its API otherwise (a model list, a batch, a body too large to read), so that an
+// Anthropic key never goes to the upstream of OpenAI's API: anthropic requests go where
+// Anthropic's models go, the first route whose prefix begins with "claude" (all of
+// Anthropic's model names do), others to the default upstream.
+func (c *Config) route(model string, anthropic bool) *url.URL {
+	if model != "" {
+		return c.upstream(model)
+	}
+	if anthropic {
+		for _, r := range c.Routes {
+			if strings.HasPrefix(r.Prefix, "claude") {
+				return r.URL
+			}
+		}
+	}
+	return c.Upstream
+}
+
+// anthropicRequest reports whether a request belongs to Anthropic's API: its
+// path is under /v1/messages, or it carries Anthropic's version or key header, as every
+// request of Anthropic's SDKs and Claude Code does (OpenAI's SDKs send neither).
+func anthropicRequest(r *http.Request) bool {
+	return r.URL.Path == "/v1/messages" || strings.HasPrefix(r.URL.Path, "/v1/messages/") ||
+		r.Header.Get("Anthropic-Version") != "" || r.Header.Get("X-Api-Key") != ""
 }

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -100,7 +101,8 @@ func testAnthropicCutShortEstimated(t *testing.T, transport bool) {
 
 // TestPassthroughRoutedByModel: an unmeasured request whose body names a model (Anthropic's
 // /v1/messages/count_tokens) goes where that model's requests go, so the client's key for
-// that provider never reaches the default upstream's host.
+// that provider never reaches the default upstream's host; one that names none goes by its
+// API (TestRoutedByAPI).
 func TestPassthroughRoutedByModel(t *testing.T) {
 	got := make(chan string, 1)
 	upstream := func(name string) *httptest.Server {
@@ -122,8 +124,9 @@ func TestPassthroughRoutedByModel(t *testing.T) {
 	tests := []struct{ name, body, want string }{
 		{"a routed model", `{"model":"claude-sonnet-4-5","messages":[]}`, "claude"},
 		{"another model", `{"model":"gpt-4o","messages":[]}`, "default"},
-		{"no model", `{"messages":[]}`, "default"},
-		{"not JSON", `model=claude-x`, "default"},
+		// Naming none, it goes by its API: /v1/messages/… is Anthropic's.
+		{"no model", `{"messages":[]}`, "claude"},
+		{"not JSON", `model=claude-x`, "claude"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -254,5 +257,77 @@ func TestPassthroughUpstreamTimeout(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusGatewayTimeout {
 		t.Fatalf("status %d, want 504", resp.StatusCode)
+	}
+}
+
+// TestRoutedByAPI: a request whose model the proxy does not know (a model list, a batch, a
+// measured body too large to read) goes by the API it belongs to: Anthropic's (under
+// /v1/messages, or with anthropic-version or x-api-key) where the claude route goes, the
+// others to the default upstream; with no claude route, all of them to the default.
+func TestRoutedByAPI(t *testing.T) {
+	got := make(chan string, 1)
+	upstream := func(name string) *url.URL {
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			got <- name
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"data":[]}`)
+		}))
+		t.Cleanup(up.Close)
+		u, _ := ParseUpstream(up.URL)
+		return u
+	}
+	def, claude, gpt := upstream("default"), upstream("claude"), upstream("gpt")
+	large := `{"model":"gpt-4o","messages":[{"role":"user","content":"` + strings.Repeat("a", 8<<10) + `"}]}`
+	largeClaude := strings.Replace(large, "gpt-4o", "claude-sonnet-4-5", 1)
+	tests := []struct {
+		name, method, path, body string
+		hdr                      map[string]string
+		want, wantNoClaudeRoute  string
+	}{
+		{"Anthropic's model list", "GET", "/v1/models", "", map[string]string{"Anthropic-Version": "2023-06-01", "X-Api-Key": "sk-ant"}, "claude", "default"},
+		{"a model list with Anthropic's key only", "GET", "/v1/models", "", map[string]string{"X-Api-Key": "sk-ant"}, "claude", "default"},
+		{"one model, Anthropic's", "GET", "/v1/models/claude-sonnet-4-5", "", map[string]string{"Anthropic-Version": "2023-06-01"}, "claude", "default"},
+		{"OpenAI's model list", "GET", "/v1/models", "", map[string]string{"Authorization": "Bearer sk-openai"}, "default", "default"},
+		{"Anthropic's batches", "GET", "/v1/messages/batches", "", nil, "claude", "default"},
+		{"a path beginning like messages", "GET", "/v1/messagesx", "", nil, "default", "default"},
+		{"OpenAI's files", "DELETE", "/v1/files/f-1", "", nil, "default", "default"},
+		{"a model in the body still wins", "POST", "/v1/messages/count_tokens", `{"model":"gpt-4o"}`, map[string]string{"Anthropic-Version": "2023-06-01"}, "gpt", "gpt"},
+		{"Anthropic's body too large to read", "POST", messagesPath, largeClaude, map[string]string{"Anthropic-Version": "2023-06-01"}, "claude", "default"},
+		{"OpenAI's body too large to read", "POST", chatPath, large, nil, "default", "default"},
+		{"a measured model routed", "POST", messagesPath, `{"model":"claude-x","max_tokens":1,"messages":[]}`, nil, "claude", "default"},
+	}
+	for _, routes := range []string{"with a claude route", "without"} {
+		r := newRig(t, fakellm.Options{}, func(c *Config) {
+			c.Upstream, c.MaxParseBytes = def, 4<<10
+			c.Routes = []Route{{Prefix: "gpt-", URL: gpt}, {Prefix: "claude-", URL: claude}}
+			if routes == "without" {
+				c.Routes = c.Routes[:1]
+			}
+		})
+		for _, tt := range tests {
+			t.Run(routes+"/"+tt.name, func(t *testing.T) {
+				req, _ := http.NewRequest(tt.method, r.proxy.URL+tt.path, strings.NewReader(tt.body))
+				if tt.body == "" {
+					req.Body = http.NoBody
+				}
+				for k, v := range tt.hdr {
+					req.Header.Set(k, v)
+				}
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				want := tt.want
+				if routes == "without" {
+					want = tt.wantNoClaudeRoute
+				}
+				if s := <-got; s != want {
+					t.Fatalf("went to the %s upstream, want %s", s, want)
+				}
+			})
+		}
 	}
 }
