@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tokenscope/tokenscope/pkg/ops"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/reqbody"
 )
 
@@ -77,23 +78,12 @@ func ParseUpstream(raw string) (*url.URL, error) {
 		return nil, fmt.Errorf("cannot parse upstream URL: %w", err)
 	}
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("upstream URL %q must be http:// or https:// with a host", Redact(raw))
+		return nil, fmt.Errorf("upstream URL %q must be http:// or https:// with a host", ops.RedactURL(raw))
 	}
 	u.Path = strings.TrimSuffix(u.Path, "/")
 	// A base URL written the SDK way (…/v1) must not double the /v1 of the request path.
 	u.Path = strings.TrimSuffix(u.Path, "/v1")
 	return u, nil
-}
-
-// Redact returns an upstream URL as logs and errors may show it: without its user
-// information and its query, where API keys are put.
-func Redact(raw string) string {
-	u, err := url.Parse(strings.TrimSpace(raw))
-	if err != nil {
-		return "(a URL that does not parse)"
-	}
-	u.User, u.RawQuery, u.ForceQuery, u.Fragment, u.RawFragment = nil, "", false, "", ""
-	return u.String()
 }
 
 func (c *Config) upstream(model string) *url.URL {
