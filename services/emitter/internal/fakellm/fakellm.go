@@ -72,14 +72,14 @@ const (
 	MaxHeaderAnswer = time.Hour        // TTFT + (tokens-1) × TPOT, when a header sets one of them
 )
 
-// header returns the value of the control header name. A header given twice is refused
-// as a bad value, since which one counts would be a guess.
+// header returns the value of the control header name; an empty one is no header. A
+// header given twice is refused as a bad value, since which one counts would be a guess.
 func header(h http.Header, name string) (string, bool) {
 	vs := h.Values(name)
-	switch len(vs) {
-	case 0:
+	switch {
+	case len(vs) == 0 || len(vs) == 1 && vs[0] == "":
 		return "", false
-	case 1:
+	case len(vs) == 1:
 		return vs[0], true
 	}
 	return strings.Join(vs, ", "), true

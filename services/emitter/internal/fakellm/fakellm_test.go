@@ -268,6 +268,14 @@ func TestControlHeadersBounded(t *testing.T) {
 			}
 		})
 	}
+	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[]}`))
+	req.Header.Add("X-Fakellm-Tokens", "2")
+	req.Header.Add("X-Fakellm-Tokens", "900000")
+	rec := httptest.NewRecorder()
+	s.ServeHTTP(rec, req)
+	if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), `\"2, 900000\"`) {
+		t.Fatalf("a header given twice: %d %s", rec.Code, rec.Body)
+	}
 }
 
 // TestAnswerDurationBounded: headers that each stay within their bound but together would
@@ -288,4 +296,5 @@ func TestAnswerDurationBounded(t *testing.T) {
 	f(map[string]string{"X-Fakellm-Tokens": "362"}, 400) // with -tpot 10s: 3610 s
 	f(map[string]string{"X-Fakellm-TTFT": "10m", "X-Fakellm-Tokens": "400", "X-Fakellm-TPOT": "8s"}, 400)
 	f(map[string]string{"X-Fakellm-Tokens": "3", "X-Fakellm-TPOT": "0s", "X-Fakellm-TTFT": "0s"}, 200)
+	f(map[string]string{"X-Fakellm-Mode": "", "X-Fakellm-TPOT": "0s"}, 200) // empty: no header
 }
