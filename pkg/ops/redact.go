@@ -19,8 +19,9 @@ var secretWords = []string{"key", "token", "secret", "pass", "pwd", "auth", "sig
 // by xxxxx, and its fragment dropped. Its scheme, host, path and other parameters are kept.
 //
 // A value that does not parse as a URL (http://user:pass@host:port) shows only its scheme
-// and host, with xxxxx@ in front when it has an @, since where its secrets are cannot be
-// told; one with no scheme (user:password@host, or a key given by mistake) is not shown.
+// and host, with xxxxx@ in front when it has an @ and a port that is not a number as
+// xxxxx, since where its secrets are cannot be told; one with no scheme
+// (user:password@host, or a key given by mistake) is not shown.
 func RedactURL(raw string) string {
 	raw = strings.TrimSpace(raw)
 	u, err := url.Parse(raw)
@@ -84,7 +85,13 @@ func redactUnparsed(raw string) string {
 	if end < 0 {
 		end = len(rest)
 	}
-	b.WriteString(rest[:end])
+	host := rest[:end]
+	// A port that is not a number may be a password whose @host was left out
+	// (https://user:sk-…).
+	if i := strings.LastIndexByte(host, ':'); i > strings.LastIndexByte(host, ']') && strings.Trim(host[i+1:], "0123456789") != "" {
+		host = host[:i+1] + Redacted
+	}
+	b.WriteString(host)
 	if end < len(rest) {
 		b.WriteString("/…")
 	}

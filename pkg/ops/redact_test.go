@@ -31,9 +31,12 @@ func TestRedactURL(t *testing.T) {
 	f("https://h/#s3cret", "https://h/")
 	f("https:///v1?api_key=s3cret", "https:///v1?api_key=xxxxx")
 	// Not parsed: the scheme and host only.
-	f("http://scraper:s3cret@h:port/metrics", "http://xxxxx@h:port/…")
+	f("http://scraper:s3cret@h:port/metrics", "http://xxxxx@h:xxxxx/…")
+	f("https://apikey:s3cret", "https://apikey:xxxxx") // the @host left out
+	f("http://[::1]:s3cret/x", "http://[::1]:xxxxx/…")
+	f("http://[::1]:80%zz/x", "http://[::1]:80/…")
 	f("https://u:s3cret@h:1%zz", "https://xxxxx@h:1/…")
-	f("http://h:port/metrics?token=s3cret", "http://h:port/…")
+	f("http://h:port/metrics?token=s3cret", "http://h:xxxxx/…")
 	f("http://h:bad/x?email=a@b&token=s3cret", "http://xxxxx@b/…")
 	f("http://u:s3c/ret@h:1/x", "http://xxxxx@h:1/…")
 	// No scheme: not shown.

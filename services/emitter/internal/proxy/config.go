@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -71,11 +70,9 @@ func ParseRoutes(s string) ([]Route, error) {
 func ParseUpstream(raw string) (*url.URL, error) {
 	u, err := url.Parse(strings.TrimSpace(raw))
 	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err // without the URL, which may hold a key
-		}
-		return nil, fmt.Errorf("cannot parse upstream URL: %w", err)
+		// Not url.Parse's reason: it quotes the part that does not parse, a password
+		// (https://user:sk-…, its @host left out) as well as any.
+		return nil, fmt.Errorf("upstream URL %q does not parse as a URL", ops.RedactURL(raw))
 	}
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("upstream URL %q must be http:// or https:// with a host", ops.RedactURL(raw))

@@ -552,6 +552,7 @@ func TestPasswordNotShown(t *testing.T) {
 		"ollama=http://s3cret@h/metrics",                 // bad kind, a token as the user
 		"vllm=ftp://h/metrics?api_key=s3cret",            // bad scheme
 		"vllm=http://h:port/metrics?access_token=s3cret", // not a URL
+		"vllm=http://scraper:s3cret/metrics",             // not a URL: the @host left out
 		"vllm:a.b=http://scraper:s3cret@h/metrics",       // bad name
 		"ollama=http://scraper:s3cret@h/metrics",         // bad kind
 		"vllm=ftp://scraper:s3cret@h/metrics",            // bad scheme
