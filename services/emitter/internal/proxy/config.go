@@ -93,19 +93,21 @@ func (c *Config) upstream(model string) *url.URL {
 }
 
 // route is where a request goes: by its model when the proxy knows it (model not empty),
-// by its API otherwise (a model list, a batch, a body too large to read), so that an
-// Anthropic key never goes to the upstream of OpenAI's API: anthropic requests go where
-// Anthropic's models go, the first route whose prefix begins with "claude" (all of
-// Anthropic's model names do), others to the default upstream.
+// by its API otherwise (a model list, a batch, a body too large to read), so that neither
+// provider gets the other's key: where that API's models go, the first route whose prefix
+// begins with "claude" for Anthropic's, with "gpt" for OpenAI's (every other request), and
+// the default upstream when there is none.
 func (c *Config) route(model string, anthropic bool) *url.URL {
 	if model != "" {
 		return c.upstream(model)
 	}
+	family := "gpt"
 	if anthropic {
-		for _, r := range c.Routes {
-			if strings.HasPrefix(r.Prefix, "claude") {
-				return r.URL
-			}
+		family = "claude"
+	}
+	for _, r := range c.Routes {
+		if strings.HasPrefix(r.Prefix, family) {
+			return r.URL
 		}
 	}
 	return c.Upstream

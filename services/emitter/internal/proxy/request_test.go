@@ -262,8 +262,9 @@ func TestPassthroughUpstreamTimeout(t *testing.T) {
 
 // TestRoutedByAPI: a request whose model the proxy does not know (a model list, a batch, a
 // measured body too large to read) goes by the API it belongs to: Anthropic's (under
-// /v1/messages, or with anthropic-version or x-api-key) where the claude route goes, the
-// others to the default upstream; with no claude route, all of them to the default.
+// /v1/messages, or with anthropic-version or x-api-key) where the claude route goes,
+// OpenAI's (any other) where the gpt route goes, each to the default upstream without its
+// route.
 func TestRoutedByAPI(t *testing.T) {
 	got := make(chan string, 1)
 	upstream := func(name string) *url.URL {
@@ -278,35 +279,39 @@ func TestRoutedByAPI(t *testing.T) {
 		return u
 	}
 	def, claude, gpt := upstream("default"), upstream("claude"), upstream("gpt")
+	configs := []struct {
+		name   string
+		routes []Route
+	}{
+		{"claude route", []Route{{Prefix: "claude-", URL: claude}}},
+		{"gpt route", []Route{{Prefix: "gpt-", URL: gpt}}},
+		{"both", []Route{{Prefix: "llama", URL: def}, {Prefix: "gpt-4", URL: gpt}, {Prefix: "claude", URL: claude}}},
+	}
 	large := `{"model":"gpt-4o","messages":[{"role":"user","content":"` + strings.Repeat("a", 8<<10) + `"}]}`
 	largeClaude := strings.Replace(large, "gpt-4o", "claude-sonnet-4-5", 1)
+	anthropic := map[string]string{"Anthropic-Version": "2023-06-01"}
 	tests := []struct {
 		name, method, path, body string
 		hdr                      map[string]string
-		want, wantNoClaudeRoute  string
+		want                     [3]string // per config
 	}{
-		{"Anthropic's model list", "GET", "/v1/models", "", map[string]string{"Anthropic-Version": "2023-06-01", "X-Api-Key": "sk-ant"}, "claude", "default"},
-		{"a model list with Anthropic's key only", "GET", "/v1/models", "", map[string]string{"X-Api-Key": "sk-ant"}, "claude", "default"},
-		{"one model, Anthropic's", "GET", "/v1/models/claude-sonnet-4-5", "", map[string]string{"Anthropic-Version": "2023-06-01"}, "claude", "default"},
-		{"OpenAI's model list", "GET", "/v1/models", "", map[string]string{"Authorization": "Bearer sk-openai"}, "default", "default"},
-		{"Anthropic's batches", "GET", "/v1/messages/batches", "", nil, "claude", "default"},
-		{"a path beginning like messages", "GET", "/v1/messagesx", "", nil, "default", "default"},
-		{"OpenAI's files", "DELETE", "/v1/files/f-1", "", nil, "default", "default"},
-		{"a model in the body still wins", "POST", "/v1/messages/count_tokens", `{"model":"gpt-4o"}`, map[string]string{"Anthropic-Version": "2023-06-01"}, "gpt", "gpt"},
-		{"Anthropic's body too large to read", "POST", messagesPath, largeClaude, map[string]string{"Anthropic-Version": "2023-06-01"}, "claude", "default"},
-		{"OpenAI's body too large to read", "POST", chatPath, large, nil, "default", "default"},
-		{"a measured model routed", "POST", messagesPath, `{"model":"claude-x","max_tokens":1,"messages":[]}`, nil, "claude", "default"},
+		{"Anthropic's model list", "GET", "/v1/models", "", map[string]string{"Anthropic-Version": "2023-06-01", "X-Api-Key": "sk-ant"}, [3]string{"claude", "default", "claude"}},
+		{"a model list with Anthropic's key only", "GET", "/v1/models", "", map[string]string{"X-Api-Key": "sk-ant"}, [3]string{"claude", "default", "claude"}},
+		{"one model, Anthropic's", "GET", "/v1/models/claude-sonnet-4-5", "", anthropic, [3]string{"claude", "default", "claude"}},
+		{"OpenAI's model list", "GET", "/v1/models", "", map[string]string{"Authorization": "Bearer sk-openai"}, [3]string{"default", "gpt", "gpt"}},
+		{"Anthropic's batches", "GET", "/v1/messages/batches", "", nil, [3]string{"claude", "default", "claude"}},
+		{"a path beginning like messages", "GET", "/v1/messagesx", "", nil, [3]string{"default", "gpt", "gpt"}},
+		{"OpenAI's files", "DELETE", "/v1/files/f-1", "", nil, [3]string{"default", "gpt", "gpt"}},
+		{"a model in the body still wins", "POST", "/v1/messages/count_tokens", `{"model":"gpt-4o"}`, anthropic, [3]string{"default", "gpt", "gpt"}},
+		{"a model no route takes", "POST", "/v1/embeddings", `{"model":"text-embedding-3"}`, nil, [3]string{"default", "default", "default"}},
+		{"Anthropic's body too large to read", "POST", messagesPath, largeClaude, anthropic, [3]string{"claude", "default", "claude"}},
+		{"OpenAI's body too large to read", "POST", chatPath, large, nil, [3]string{"default", "gpt", "gpt"}},
+		{"a measured model routed", "POST", messagesPath, `{"model":"claude-x","max_tokens":1,"messages":[]}`, nil, [3]string{"claude", "default", "claude"}},
 	}
-	for _, routes := range []string{"with a claude route", "without"} {
-		r := newRig(t, fakellm.Options{}, func(c *Config) {
-			c.Upstream, c.MaxParseBytes = def, 4<<10
-			c.Routes = []Route{{Prefix: "gpt-", URL: gpt}, {Prefix: "claude-", URL: claude}}
-			if routes == "without" {
-				c.Routes = c.Routes[:1]
-			}
-		})
+	for i, cf := range configs {
+		r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream, c.MaxParseBytes, c.Routes = def, 4<<10, cf.routes })
 		for _, tt := range tests {
-			t.Run(routes+"/"+tt.name, func(t *testing.T) {
+			t.Run(cf.name+"/"+tt.name, func(t *testing.T) {
 				req, _ := http.NewRequest(tt.method, r.proxy.URL+tt.path, strings.NewReader(tt.body))
 				if tt.body == "" {
 					req.Body = http.NoBody
@@ -320,12 +325,8 @@ func TestRoutedByAPI(t *testing.T) {
 				}
 				_, _ = io.Copy(io.Discard, resp.Body)
 				resp.Body.Close()
-				want := tt.want
-				if routes == "without" {
-					want = tt.wantNoClaudeRoute
-				}
-				if s := <-got; s != want {
-					t.Fatalf("went to the %s upstream, want %s", s, want)
+				if s := <-got; s != tt.want[i] {
+					t.Fatalf("went to the %s upstream, want %s", s, tt.want[i])
 				}
 			})
 		}
