@@ -5,8 +5,8 @@ import (
 	"strings"
 )
 
-// Redacted is what RedactURL puts in place of a secret.
-const Redacted = "xxxxx"
+// redacted is what RedactURL puts in place of a secret.
+const redacted = "xxxxx"
 
 // secretWords mark a query parameter whose value is a secret: ?key= (Google), ?api_key=,
 // ?token=, ?access_token=, ?sig= (Azure SAS), ?code= (Azure Functions), ?password=, ….
@@ -30,9 +30,9 @@ func RedactURL(raw string) string {
 	}
 	if u.User != nil {
 		if _, ok := u.User.Password(); ok {
-			u.User = url.UserPassword(u.User.Username(), Redacted)
+			u.User = url.UserPassword(u.User.Username(), redacted)
 		} else {
-			u.User = url.User(Redacted)
+			u.User = url.User(redacted)
 		}
 	}
 	u.Fragment, u.RawFragment = "", ""
@@ -44,7 +44,7 @@ func RedactURL(raw string) string {
 				name = n
 			}
 			if ok && secretName(name) {
-				parts[i] = p[:strings.IndexByte(p, '=')+1] + Redacted
+				parts[i] = p[:strings.IndexByte(p, '=')+1] + redacted
 			}
 		}
 		u.RawQuery = strings.Join(parts, "&")
@@ -76,7 +76,7 @@ func redactUnparsed(raw string) string {
 	b.WriteString(raw[:i+3])
 	rest := raw[i+3:]
 	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
-		b.WriteString(Redacted + "@")
+		b.WriteString(redacted + "@")
 		rest = rest[at+1:]
 	}
 	end := strings.IndexFunc(rest, func(r rune) bool {
@@ -89,7 +89,7 @@ func redactUnparsed(raw string) string {
 	// A port that is not a number may be a password whose @host was left out
 	// (https://user:sk-…).
 	if i := strings.LastIndexByte(host, ':'); i > strings.LastIndexByte(host, ']') && strings.Trim(host[i+1:], "0123456789") != "" {
-		host = host[:i+1] + Redacted
+		host = host[:i+1] + redacted
 	}
 	b.WriteString(host)
 	if end < len(rest) {
