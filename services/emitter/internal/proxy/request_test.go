@@ -34,12 +34,13 @@ func testRequestFieldsReadExactly(t *testing.T, transport bool) {
 		t.Cleanup(up.Close)
 		return up
 	}
+	// No route is a gpt… or claude… one: a request naming no model goes to the default.
 	def, cheap, expensive := upstream("default"), upstream("cheap"), upstream("expensive")
 	r := newRig(t, fakellm.Options{}, func(c *Config) {
 		c.Upstream, _ = ParseUpstream(def.URL)
 		cu, _ := ParseUpstream(cheap.URL)
 		eu, _ := ParseUpstream(expensive.URL)
-		c.Routes = []Route{{Prefix: "gpt-cheap", URL: cu}, {Prefix: "gpt-expensive", URL: eu}}
+		c.Routes = []Route{{Prefix: "llama-cheap", URL: cu}, {Prefix: "llama-expensive", URL: eu}}
 	})
 	if transport {
 		r.viaTransport()
@@ -49,11 +50,11 @@ func testRequestFieldsReadExactly(t *testing.T, transport bool) {
 		name, body, model, upstream string
 		usageAdded                  bool
 	}{
-		{"MODEL is not the model", `{"model":"gpt-expensive","MODEL":"gpt-cheap"}`, "gpt-expensive", "expensive", false},
-		{"Model alone is no model", `{"Model":"gpt-cheap"}`, unknownModel, "default", false},
-		{"the last model", `{"model":"gpt-cheap","model":"gpt-expensive"}`, "gpt-expensive", "expensive", false},
-		{"an escaped name is the name", `{"mod\u0065l":"gpt-cheap"}`, "gpt-cheap", "cheap", false},
-		{"a model that is not a string", `{"model":["gpt-cheap"]}`, unknownModel, "default", false},
+		{"MODEL is not the model", `{"model":"llama-expensive","MODEL":"llama-cheap"}`, "llama-expensive", "expensive", false},
+		{"Model alone is no model", `{"Model":"llama-cheap"}`, unknownModel, "default", false},
+		{"the last model", `{"model":"llama-cheap","model":"llama-expensive"}`, "llama-expensive", "expensive", false},
+		{"an escaped name is the name", `{"mod\u0065l":"llama-cheap"}`, "llama-cheap", "cheap", false},
+		{"a model that is not a string", `{"model":["llama-cheap"]}`, unknownModel, "default", false},
 		{"Stream asks for no stream", `{"model":"gpt-4o","Stream":true}`, "gpt-4o", "default", false},
 		{"the last stream: false", `{"model":"gpt-4o","stream":true,"stream":false}`, "gpt-4o", "default", false},
 		{"the last stream: true", `{"model":"gpt-4o","stream":false,"stream":true}`, "gpt-4o", "default", true},
