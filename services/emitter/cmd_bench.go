@@ -10,9 +10,9 @@ import (
 	"os"
 	"time"
 
+	"github.com/tokenscope/tokenscope/pkg/ops"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/bench"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/llmclient"
-	"github.com/tokenscope/tokenscope/services/emitter/internal/proxy"
 )
 
 func runBench(ctx context.Context, args []string, environ map[string]string, stdout, stderr io.Writer) error {
@@ -62,7 +62,7 @@ func runBench(ctx context.Context, args []string, environ map[string]string, std
 		return fmt.Errorf("%w (run with -publish=false to benchmark without NATS)", err)
 	}
 	client := &llmclient.Client{BaseURL: *url, APIKey: key, Protocol: proto, HTTP: &http.Client{Timeout: *timeout}}
-	res, err := bench.Run(ctx, bench.Options{Client: client, Endpoint: proxy.Redact(*url), Model: *model, Classes: cls, Requests: *requests,
+	res, err := bench.Run(ctx, bench.Options{Client: client, Endpoint: ops.RedactURL(*url), Model: *model, Classes: cls, Requests: *requests,
 		Concurrency: *concurrency, MaxTokens: *maxTokens, Stream: *stream, Scene: *scene, Env: *envName, Progress: stderr}, em)
 	if stopErr := stop(); err == nil && stopErr != nil {
 		err = stopErr

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
+	"github.com/tokenscope/tokenscope/pkg/ops"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/fakellm"
 )
 
@@ -107,7 +108,7 @@ func runFakeLLM(ctx context.Context, args []string, environ map[string]string, s
 func spanExporter(ctx context.Context, endpoint, protocol, token string) (*sdktrace.TracerProvider, error) {
 	u, err := url.Parse(endpoint)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("-otlp-endpoint=%q must be an http:// or https:// URL", endpoint)
+		return nil, fmt.Errorf("-otlp-endpoint=%q must be an http:// or https:// URL", ops.RedactURL(endpoint))
 	}
 	var headers map[string]string
 	if token != "" {

@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
+	"net"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -91,5 +93,32 @@ func TestReplayRealTrace(t *testing.T) {
 func TestUnknownCommand(t *testing.T) {
 	if err := run(context.Background(), []string{"frobnicate"}, nil, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), "usage") {
 		t.Fatalf("error %v", err)
+	}
+}
+
+// TestCommandsHideEndpointSecrets: a bad or unreachable endpoint given to bench or fakellm,
+// with a password, a token as its user or a key in its query, is never shown with them: not
+// in an error, the output or the saved result.
+func TestCommandsHideEndpointSecrets(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close()
+	for _, endpoint := range []string{"ftp://user:sk-secret@h:4318", "https://sk-secret@h:port", "ftp://h/?token=sk-secret", "user:sk-secret@h:4318"} {
+		err := runFakeLLM(context.Background(), []string{"-addr", "127.0.0.1:0", "-otlp-endpoint", endpoint}, nil, io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "-otlp-endpoint") || strings.Contains(err.Error(), "sk-secret") {
+			t.Errorf("fakellm -otlp-endpoint %s: error %v: want one naming the flag without the secret", endpoint, err)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "r.json")
+	var out, stderr bytes.Buffer
+	err = run(context.Background(), []string{"bench", "-url", "http://user:sk-secret@" + closed + "/v1?api_key=sk-secret", "-publish=false",
+		"-requests", "1", "-prompts", "short=4", "-max-tokens", "2", "-timeout", "2s", "-out", path}, nil, &out, &stderr)
+	saved, _ := os.ReadFile(path)
+	all := fmt.Sprint(err) + out.String() + stderr.String() + string(saved)
+	if !strings.Contains(string(saved), closed) || strings.Contains(all, "sk-secret") {
+		t.Fatalf("bench against an unreachable endpoint: %v\n%s\n%s\n%s", err, out.String(), stderr.String(), saved)
 	}
 }

@@ -340,6 +340,11 @@ func TestConfigErrorsHideSecrets(t *testing.T) {
 		{"no host", "EMITTER_UPSTREAM_URL", "https:///v1?api_key=sk-secret"},
 		{"bad route", "EMITTER_UPSTREAMS", "claude-=ftp://user:sk-secret@host"},
 		{"route that does not parse", "EMITTER_UPSTREAMS", "claude-=https://u:sk-secret@h:1%zz"},
+		{"a token as the user", "EMITTER_UPSTREAM_URL", "ftp://sk-secret@host/v1"},
+		{"a token in a query that does not parse", "EMITTER_UPSTREAM_URL", "https://h:port/v1?token=sk-secret"},
+		{"no scheme", "EMITTER_UPSTREAM_URL", "user:sk-secret@host"},
+		{"the @host left out", "EMITTER_UPSTREAM_URL", "https://apikey:sk-secret"},
+		{"a route with the @host left out", "EMITTER_UPSTREAMS", "claude-=https://apikey:sk-secret"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

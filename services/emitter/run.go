@@ -140,7 +140,7 @@ func serve(ctx context.Context, environ map[string]string, stderr io.Writer) err
 	otlpSrv.LimitConns(conns)
 
 	logger.Info("serving", "addr", srv.Addr(), "probes", srv.ProbesAddr(), "otlp_http", otlpSrv.HTTPAddr(), "otlp_grpc", otlpSrv.GRPCAddr(),
-		"upstream", proxy.Redact(cfg.UpstreamURL), "nats", nc.ConnectedUrlRedacted())
+		"upstream", ops.RedactURL(cfg.UpstreamURL), "nats", nc.ConnectedUrlRedacted())
 	// The publisher outlives the listeners, so the events of requests finishing during the
 	// shutdown grace are still flushed. One listener failing stops the others.
 	pubCtx, stopPub := context.WithCancel(context.Background())

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/pkg/ops"
 )
 
 // amAlert is one alert in Alertmanager's /api/v2/alerts format (postableAlert).
@@ -32,7 +34,7 @@ type amAlert struct {
 // alerts wait in a bounded queue; past it the oldest are dropped and counted.
 type Alertmanager struct {
 	url     string
-	shown   string // url with its password hidden, for errors and logs
+	shown   string // url redacted (ops.RedactURL), for errors and logs
 	client  *http.Client
 	resend  time.Duration
 	in      chan []events.Alert
@@ -49,9 +51,10 @@ func NewAlertmanager(base string, timeout, resend time.Duration, reg prometheus.
 	c := func(name, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "alerter", Name: name, Help: help})
 	}
+	u := strings.TrimRight(base, "/") + "/api/v2/alerts"
 	a := &Alertmanager{
-		url:     strings.TrimRight(base, "/") + "/api/v2/alerts",
-		shown:   "Alertmanager",
+		url:     u,
+		shown:   ops.RedactURL(u),
 		client:  &http.Client{Timeout: timeout},
 		resend:  resend,
 		in:      make(chan []events.Alert, 1024),
@@ -59,9 +62,6 @@ func NewAlertmanager(base string, timeout, resend time.Duration, reg prometheus.
 		posted:  c("alertmanager_alerts_posted_total", "Alerts Alertmanager accepted."),
 		failed:  c("alertmanager_post_errors_total", "Posts to Alertmanager that failed (and were retried)."),
 		dropped: c("alertmanager_alerts_dropped_total", "Alerts dropped because Alertmanager was away too long."),
-	}
-	if u, err := url.Parse(a.url); err == nil {
-		a.shown = u.Redacted()
 	}
 	reg.MustRegister(a.posted, a.failed, a.dropped)
 	return a
@@ -187,12 +187,12 @@ func (a *Alertmanager) post(ctx context.Context, alerts []events.Alert) error {
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.url, bytes.NewReader(body))
 	if err != nil {
-		return fmt.Errorf("cannot make a request to %s: %w", a.shown, err)
+		return fmt.Errorf("cannot make a request to %s: %w", a.shown, withoutURL(err))
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := a.client.Do(req)
 	if err != nil {
-		return fmt.Errorf("cannot post to %s: %w", a.shown, err)
+		return fmt.Errorf("cannot post to %s: %w", a.shown, withoutURL(err))
 	}
 	defer resp.Body.Close()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
@@ -200,4 +200,13 @@ func (a *Alertmanager) post(ctx context.Context, alerts []events.Alert) error {
 		return fmt.Errorf("cannot post to %s: %s: %s", a.shown, resp.Status, bytes.TrimSpace(msg))
 	}
 	return nil
+}
+
+// withoutURL returns err without the URL net/http puts in it, which shows the query (where
+// a token may be): the message names a.shown instead.
+func withoutURL(err error) error {
+	if ue, ok := errors.AsType[*url.Error](err); ok {
+		return ue.Err
+	}
+	return err
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -218,6 +219,44 @@ func TestAlertmanagerEngineCause(t *testing.T) {
 	}
 	if _, ok := got[1].Annotations["engine_cause"]; ok {
 		t.Errorf("an alert without a cause has one: %v", got[1].Annotations)
+	}
+}
+
+// TestAlertmanagerUnreachableSecretsNotLogged: an Alertmanager that cannot be reached,
+// behind a URL with a password, a token as its user name or a token in its query: neither
+// the log of the failed posts nor the error of a post shows them.
+func TestAlertmanagerUnreachableSecretsNotLogged(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	for _, base := range []string{
+		"http://am:s3cret@" + addr,
+		"http://s3cret@" + addr,
+		"http://" + addr + "/?token=s3cret",
+		"http://" + addr + "/?api_key=s3cret&x=1",
+	} {
+		var log syncBuffer
+		am := NewAlertmanager(base, time.Second, time.Hour, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(&log, nil)))
+		err := am.post(context.Background(), []events.Alert{alert(events.AlertFiring)})
+		if err == nil || strings.Contains(err.Error(), "s3cret") || !strings.Contains(err.Error(), addr) {
+			t.Errorf("%s: post error %v: want one naming %s without the secret", base, err, addr)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() { done <- am.Run(ctx) }()
+		am.Enqueue([]events.Alert{alert(events.AlertFiring)})
+		deadline := time.Now().Add(10 * time.Second)
+		for testutil.ToFloat64(am.failed) < 1 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		cancel()
+		<-done
+		if out := log.String(); !strings.Contains(out, "cannot post") || strings.Contains(out, "s3cret") {
+			t.Errorf("%s: log %s", base, out)
+		}
 	}
 }
 

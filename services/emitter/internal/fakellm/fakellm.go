@@ -61,6 +61,40 @@ const (
 	ModeSilent     = "silent"     // never answer
 )
 
+var modes = []string{ModeError, ModeRateLimit, ModeStall, ModeDisconnect, ModeMalformed, ModeSSEError, ModeGzip, ModeSilent}
+
+// The bounds of the X-Fakellm-* headers; a value outside them is answered 400, as a value
+// that does not parse is. The flags are the operator's and are not bounded.
+const (
+	MaxHeaderTokens = 1_000_000        // X-Fakellm-Tokens and X-Fakellm-Cached
+	MaxHeaderTTFT   = 10 * time.Minute // X-Fakellm-TTFT
+	MaxHeaderTPOT   = 10 * time.Second // X-Fakellm-TPOT
+	MaxHeaderAnswer = time.Hour        // TTFT + (tokens-1) × TPOT, when a header sets one of them
+)
+
+// header returns the value of the control header name; an empty one is no header. A
+// header given twice is refused as a bad value, since which one counts would be a guess.
+func header(h http.Header, name string) (string, bool) {
+	vs := h.Values(name)
+	switch {
+	case len(vs) == 0 || len(vs) == 1 && vs[0] == "":
+		return "", false
+	case len(vs) == 1:
+		return vs[0], true
+	}
+	return strings.Join(vs, ", "), true
+}
+
+// maxQuoted is how much of a bad header value an error quotes.
+const maxQuoted = 64
+
+func badHeader(name, v, want string) error {
+	if len(v) > maxQuoted {
+		v = strings.ToValidUTF8(v[:maxQuoted], "") + "…"
+	}
+	return fmt.Errorf("%s: %q must be %s", name, v, want)
+}
+
 // Server is the fake LLM's HTTP handler.
 type Server struct {
 	opts Options
@@ -211,10 +245,12 @@ func (s *Server) plan(r *http.Request, a api, body []byte) (*plan, error) {
 		limit = req.MaxCompletion
 	}
 	forced := false
-	if v := hdr.Get("X-Fakellm-Tokens"); v != "" {
-		if n, err := strconv.Atoi(v); err == nil && n > 0 {
-			p.output, forced = n, true
+	if v, ok := header(hdr, "X-Fakellm-Tokens"); ok {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > MaxHeaderTokens {
+			return nil, badHeader("X-Fakellm-Tokens", v, fmt.Sprintf("a whole number from 1 to %d", MaxHeaderTokens))
 		}
+		p.output, forced = n, true
 	}
 	if limit != nil {
 		p.maxTokens = *limit
@@ -225,19 +261,40 @@ func (s *Server) plan(r *http.Request, a api, body []byte) (*plan, error) {
 			p.output = max(*limit, 1)
 		}
 	}
-	if v := hdr.Get("X-Fakellm-Cached"); v != "" {
-		if n, err := strconv.Atoi(v); err == nil && n >= 0 {
-			p.cached = min(n, p.input)
+	if v, ok := header(hdr, "X-Fakellm-Cached"); ok {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > MaxHeaderTokens {
+			return nil, badHeader("X-Fakellm-Cached", v, fmt.Sprintf("a whole number from 0 to %d", MaxHeaderTokens))
 		}
+		p.cached = min(n, p.input)
 	}
-	for name, d := range map[string]*time.Duration{"X-Fakellm-Ttft": &p.ttft, "X-Fakellm-Tpot": &p.tpot} {
-		if v := hdr.Get(name); v != "" {
-			if x, err := time.ParseDuration(v); err == nil && x >= 0 {
-				*d = x
+	paced := forced
+	for _, d := range []struct {
+		name string
+		max  time.Duration
+		to   *time.Duration
+	}{{"X-Fakellm-TTFT", MaxHeaderTTFT, &p.ttft}, {"X-Fakellm-TPOT", MaxHeaderTPOT, &p.tpot}} {
+		if v, ok := header(hdr, d.name); ok {
+			x, err := time.ParseDuration(v)
+			if err != nil || x < 0 || x > d.max {
+				return nil, badHeader(d.name, v, fmt.Sprintf("a duration from 0s to %v", d.max))
 			}
+			*d.to, paced = x, true
 		}
 	}
-	p.mode = hdr.Get("X-Fakellm-Mode")
+	// Each bound alone still lets a million tokens at 10 s each stream for months.
+	// (In seconds: -tokens may be large enough to overflow a Duration.)
+	if took := p.ttft.Seconds() + float64(p.output-1)*p.tpot.Seconds(); paced && took > MaxHeaderAnswer.Seconds() {
+		return nil, fmt.Errorf("X-Fakellm-Tokens, X-Fakellm-TTFT and X-Fakellm-TPOT make an answer of %d tokens that takes %.0fs, over the %v maximum", p.output, took, MaxHeaderAnswer)
+	}
+	if v, ok := header(hdr, "X-Fakellm-Mode"); ok {
+		switch v {
+		case ModeError, ModeRateLimit, ModeStall, ModeDisconnect, ModeMalformed, ModeSSEError, ModeGzip, ModeSilent:
+			p.mode = v
+		default:
+			return nil, badHeader("X-Fakellm-Mode", v, "one of "+strings.Join(modes, ", "))
+		}
+	}
 	if p.mode == "" {
 		switch x := s.roll(); {
 		case x < s.opts.ErrorRate:
@@ -458,11 +515,13 @@ func sleep(r *http.Request, d time.Duration) bool {
 func writeError(w http.ResponseWriter, a api, status int, typ, msg string) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
+	// JSON's escapes, not Go's: a message may quote a client's bytes.
+	m, _ := json.Marshal(msg)
 	if a == messages {
-		_, _ = fmt.Fprintf(w, `{"type":"error","error":{"type":%q,"message":%q}}`, typ, msg)
+		_, _ = fmt.Fprintf(w, `{"type":"error","error":{"type":%q,"message":%s}}`, typ, m)
 		return
 	}
-	_, _ = fmt.Fprintf(w, `{"error":{"message":%q,"type":%q,"param":null,"code":%q}}`, msg, typ, typ)
+	_, _ = fmt.Fprintf(w, `{"error":{"message":%s,"type":%q,"param":null,"code":%q}}`, m, typ, typ)
 }
 
 func (s *Server) whole(w http.ResponseWriter, p *plan) {

@@ -1,6 +1,7 @@
 package fakellm
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -202,4 +203,98 @@ func (zeros) Read(p []byte) (int, error) {
 		p[i] = 'a'
 	}
 	return len(p), nil
+}
+
+// TestControlHeadersBounded: a control header outside its bound, or one that does not
+// parse, is answered 400 naming the header and quoting (the start of) its value, in the
+// protocol's error shape, before anything is streamed or allocated for it.
+func TestControlHeadersBounded(t *testing.T) {
+	s := New(Options{Tokens: 2})
+	long := strings.Repeat("9", 10_000)
+	tests := []struct {
+		name  string
+		path  string
+		hdr   map[string]string
+		quote string // what the message must quote; "" when it is the value itself
+	}{
+		{"tokens over the maximum", "/v1/chat/completions", map[string]string{"X-Fakellm-Tokens": "1000001"}, ""},
+		{"tokens far over", "/v1/messages", map[string]string{"X-Fakellm-Tokens": "9223372036854775807"}, ""},
+		{"tokens overflowing int", "/v1/chat/completions", map[string]string{"X-Fakellm-Tokens": long}, strings.Repeat("9", maxQuoted) + "…"},
+		{"tokens zero", "/v1/completions", map[string]string{"X-Fakellm-Tokens": "0"}, ""},
+		{"tokens negative", "/v1/chat/completions", map[string]string{"X-Fakellm-Tokens": "-5"}, ""},
+		{"tokens not a number", "/v1/chat/completions", map[string]string{"X-Fakellm-Tokens": "lots"}, ""},
+		{"cached negative", "/v1/chat/completions", map[string]string{"X-Fakellm-Cached": "-1"}, ""},
+		{"cached over", "/v1/messages", map[string]string{"X-Fakellm-Cached": "1000001"}, ""},
+		{"ttft over", "/v1/chat/completions", map[string]string{"X-Fakellm-TTFT": "11m"}, ""},
+		{"ttft negative", "/v1/chat/completions", map[string]string{"X-Fakellm-TTFT": "-1s"}, ""},
+		{"tpot over", "/v1/chat/completions", map[string]string{"X-Fakellm-TPOT": "2562047h"}, ""},
+		{"tpot not a duration", "/v1/messages", map[string]string{"X-Fakellm-TPOT": "fast"}, ""},
+		{"mode unknown", "/v1/chat/completions", map[string]string{"X-Fakellm-Mode": "explode"}, ""},
+		{"mode with invalid UTF-8", "/v1/chat/completions", map[string]string{"X-Fakellm-Mode": "\xff\xfe" + strings.Repeat("x", 100)}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := post(t, s, tt.path, `{"model":"m","stream":true,"messages":[]}`, tt.hdr)
+			body := rec.Body.String()
+			if rec.Code != http.StatusBadRequest {
+				t.Fatalf("status %d, want 400: %.200s", rec.Code, body)
+			}
+			var e struct {
+				Type  string `json:"type"`
+				Error struct {
+					Type, Message string
+				} `json:"error"`
+			}
+			if err := json.Unmarshal(rec.Body.Bytes(), &e); err != nil {
+				t.Fatalf("the error body is not JSON: %v: %s", err, body)
+			}
+			if e.Error.Type != "invalid_request_error" {
+				t.Fatalf("error type %q", e.Error.Type)
+			}
+			for name, v := range tt.hdr {
+				if !strings.Contains(e.Error.Message, name) {
+					t.Fatalf("the message does not name %s: %s", name, e.Error.Message)
+				}
+				quote := tt.quote
+				if quote == "" && len(v) <= maxQuoted {
+					quote = v
+				}
+				if quote != "" && !strings.Contains(e.Error.Message, quote) {
+					t.Fatalf("the message does not quote %q: %s", quote, e.Error.Message)
+				}
+			}
+			if len(body) > 512 {
+				t.Fatalf("a %d-byte error body: the value is not cut short", len(body))
+			}
+		})
+	}
+	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[]}`))
+	req.Header.Add("X-Fakellm-Tokens", "2")
+	req.Header.Add("X-Fakellm-Tokens", "900000")
+	rec := httptest.NewRecorder()
+	s.ServeHTTP(rec, req)
+	if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), `\"2, 900000\"`) {
+		t.Fatalf("a header given twice: %d %s", rec.Code, rec.Body)
+	}
+}
+
+// TestAnswerDurationBounded: headers that each stay within their bound but together would
+// keep a stream open for days are refused; the flags alone are the operator's choice.
+func TestAnswerDurationBounded(t *testing.T) {
+	s := New(Options{Tokens: 2, TPOT: 10 * time.Second})
+	f := func(hdr map[string]string, want int) {
+		t.Helper()
+		rec := post(t, s, "/v1/chat/completions", `{"model":"m","messages":[]}`, hdr)
+		if rec.Code != want {
+			t.Fatalf("%v: status %d, want %d: %s", hdr, rec.Code, want, rec.Body)
+		}
+		if want == 400 && !strings.Contains(rec.Body.String(), "over the 1h0m0s maximum") {
+			t.Fatalf("%v: %s", hdr, rec.Body)
+		}
+	}
+	f(map[string]string{"X-Fakellm-Tokens": "1000000", "X-Fakellm-TPOT": "10s"}, 400)
+	f(map[string]string{"X-Fakellm-Tokens": "362"}, 400) // with -tpot 10s: 3610 s
+	f(map[string]string{"X-Fakellm-TTFT": "10m", "X-Fakellm-Tokens": "400", "X-Fakellm-TPOT": "8s"}, 400)
+	f(map[string]string{"X-Fakellm-Tokens": "3", "X-Fakellm-TPOT": "0s", "X-Fakellm-TTFT": "0s"}, 200)
+	f(map[string]string{"X-Fakellm-Mode": "", "X-Fakellm-TPOT": "0s"}, 200) // empty: no header
 }

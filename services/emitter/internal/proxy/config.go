@@ -1,12 +1,13 @@
 package proxy
 
 import (
-	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"strings"
 	"time"
 
+	"github.com/tokenscope/tokenscope/pkg/ops"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/reqbody"
 )
 
@@ -69,30 +70,17 @@ func ParseRoutes(s string) ([]Route, error) {
 func ParseUpstream(raw string) (*url.URL, error) {
 	u, err := url.Parse(strings.TrimSpace(raw))
 	if err != nil {
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err // without the URL, which may hold a key
-		}
-		return nil, fmt.Errorf("cannot parse upstream URL: %w", err)
+		// Not url.Parse's reason: it quotes the part that does not parse, a password
+		// (https://user:sk-…, its @host left out) as well as any.
+		return nil, fmt.Errorf("upstream URL %q does not parse as a URL", ops.RedactURL(raw))
 	}
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fmt.Errorf("upstream URL %q must be http:// or https:// with a host", Redact(raw))
+		return nil, fmt.Errorf("upstream URL %q must be http:// or https:// with a host", ops.RedactURL(raw))
 	}
 	u.Path = strings.TrimSuffix(u.Path, "/")
 	// A base URL written the SDK way (…/v1) must not double the /v1 of the request path.
 	u.Path = strings.TrimSuffix(u.Path, "/v1")
 	return u, nil
-}
-
-// Redact returns an upstream URL as logs and errors may show it: without its user
-// information and its query, where API keys are put.
-func Redact(raw string) string {
-	u, err := url.Parse(strings.TrimSpace(raw))
-	if err != nil {
-		return "(a URL that does not parse)"
-	}
-	u.User, u.RawQuery, u.ForceQuery, u.Fragment, u.RawFragment = nil, "", false, "", ""
-	return u.String()
 }
 
 func (c *Config) upstream(model string) *url.URL {
@@ -102,4 +90,33 @@ func (c *Config) upstream(model string) *url.URL {
 		}
 	}
 	return c.Upstream
+}
+
+// route is where a request goes: by its model when the proxy knows it (model not empty),
+// by its API otherwise (a model list, a batch, a body too large to read), so that neither
+// provider gets the other's key: where that API's models go, the first route whose prefix
+// begins with "claude" for Anthropic's, with "gpt" for OpenAI's (every other request), and
+// the default upstream when there is none.
+func (c *Config) route(model string, anthropic bool) *url.URL {
+	if model != "" {
+		return c.upstream(model)
+	}
+	family := "gpt"
+	if anthropic {
+		family = "claude"
+	}
+	for _, r := range c.Routes {
+		if strings.HasPrefix(r.Prefix, family) {
+			return r.URL
+		}
+	}
+	return c.Upstream
+}
+
+// anthropicRequest reports whether a request belongs to Anthropic's API: its
+// path is under /v1/messages, or it carries Anthropic's version or key header, as every
+// request of Anthropic's SDKs and Claude Code does (OpenAI's SDKs send neither).
+func anthropicRequest(r *http.Request) bool {
+	return r.URL.Path == "/v1/messages" || strings.HasPrefix(r.URL.Path, "/v1/messages/") ||
+		r.Header.Get("Anthropic-Version") != "" || r.Header.Get("X-Api-Key") != ""
 }

@@ -233,6 +233,7 @@ type exchange struct {
 	stream bool
 	strip  bool
 	model  string
+	named  bool // model is the body's, not unknownModel
 	body   []byte
 	rest   io.Reader
 	unread bool  // the body goes upstream unparsed, from rest
@@ -258,7 +259,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, proto meter.Protoc
 	if head != nil && isIdentity(r.Header.Get("Content-Encoding")) {
 		if info, ok := readRequest(head); ok {
 			if info.Model != "" {
-				x.model = info.Model
+				x.model, x.named = info.Model, true
 			}
 			x.stream = info.Stream
 			if info.Stream && proto != meter.Anthropic {
@@ -288,7 +289,8 @@ func isIdentity(enc string) bool { return enc == "" || strings.EqualFold(enc, "i
 
 // passthrough forwards any other /v1/ request unmeasured: to the upstream the model in its
 // body routes to (Anthropic's /v1/messages/count_tokens names one), so that the client's key
-// for that provider goes where its measured requests go; to the default upstream otherwise.
+// for that provider goes where its measured requests go; by its API when it names none
+// (Config.route).
 func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 	path, ok := p.checkPath(w, r, meter.OpenAIChat)
 	if !ok {
@@ -304,15 +306,17 @@ func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		held = h
+		model := ""
 		switch {
 		case head != nil:
 			if info, ok := readRequest(head); ok && isIdentity(r.Header.Get("Content-Encoding")) {
-				base = p.cfg.upstream(info.Model)
+				model = info.Model
 			}
 			body, length = bytes.NewReader(head), int64(len(head))
 		case rest != nil:
 			body = rest
 		}
+		base = p.cfg.route(model, anthropicRequest(r))
 	}
 	out, cancel := p.outgoing(r.Context(), r, base, path, body, length)
 	defer cancel(nil)
@@ -455,7 +459,11 @@ type flight struct {
 }
 
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
-	base := p.cfg.upstream(x.model)
+	model := x.model
+	if !x.named {
+		model = ""
+	}
+	base := p.cfg.route(model, anthropicRequest(r))
 	c := &flight{p: p, start: x.start, proto: x.proto, stream: x.stream, input: x.input}
 	c.ev = events.RequestEvent{V: events.Version, EventID: events.NewEventID(), TS: x.start.UTC(),
 		Model: x.model, Provider: x.proto.Provider(), Instance: base.Host, Stream: x.stream}

@@ -877,3 +877,58 @@ func TestGzipStreamWithOpenAISDK(t *testing.T) {
 		t.Fatalf("event %+v", ev)
 	}
 }
+
+// TestModelListsWithSDKs: the OpenAI and Anthropic SDKs list models through a proxy whose
+// routes send one provider's models to one upstream and the rest to the other, either way
+// round, and each SDK gets its own provider's list, its key going to that provider only.
+func TestModelListsWithSDKs(t *testing.T) {
+	needNode(t)
+	keys := make(chan string, 16)
+	upstream := func(name, body string) *url.URL {
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			keys <- name + " " + r.Header.Get("Authorization") + "|" + r.Header.Get("X-Api-Key")
+			w.Header().Set("Content-Type", "application/json")
+			answer := body
+			if strings.HasPrefix(r.URL.Path, "/v1/models/") {
+				answer = `{"type":"model","id":"` + strings.TrimPrefix(r.URL.Path, "/v1/models/") + `","display_name":"x","created_at":"2025-01-01T00:00:00Z"}`
+			}
+			_, _ = io.WriteString(w, answer)
+		}))
+		t.Cleanup(up.Close)
+		u, _ := ParseUpstream(up.URL)
+		return u
+	}
+	openai := upstream("openai", `{"object":"list","data":[{"id":"gpt-4o","object":"model","created":1700000000,"owned_by":"openai"}]}`)
+	anthropic := upstream("anthropic", `{"data":[{"type":"model","id":"claude-sonnet-4-5","display_name":"Claude Sonnet 4.5","created_at":"2025-09-29T00:00:00Z"}],"has_more":false,"first_id":"claude-sonnet-4-5","last_id":"claude-sonnet-4-5"}`)
+	for _, cf := range []struct {
+		name     string
+		upstream *url.URL
+		routes   []Route
+	}{
+		{"OpenAI by default, claude- routed", openai, []Route{{Prefix: "claude-", URL: anthropic}}},
+		{"Anthropic by default, gpt- routed", anthropic, []Route{{Prefix: "gpt-", URL: openai}}},
+	} {
+		t.Run(cf.name, func(t *testing.T) {
+			r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream, c.Routes = cf.upstream, cf.routes })
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, "node", "models.mjs", r.proxy.URL)
+			cmd.Dir = sdkDir
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatalf("node models.mjs: %v\n%s", err, stderr.String())
+			}
+			if want := `{"openai":["gpt-4o"],"anthropic":["claude-sonnet-4-5"],"anthropic_one":"claude-sonnet-4-5"}`; strings.TrimSpace(string(out)) != want {
+				t.Fatalf("the SDKs listed %s, want %s", out, want)
+			}
+			for n := 0; n < 3; n++ {
+				k := <-keys
+				if name, key, _ := strings.Cut(k, " "); !strings.Contains(key, map[string]string{"openai": "sk-openai-test", "anthropic": "sk-ant-test"}[name]) {
+					t.Fatalf("an upstream got another provider's key: %s", k)
+				}
+			}
+		})
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -33,12 +34,13 @@ func testRequestFieldsReadExactly(t *testing.T, transport bool) {
 		t.Cleanup(up.Close)
 		return up
 	}
+	// No route is a gpt… or claude… one: a request naming no model goes to the default.
 	def, cheap, expensive := upstream("default"), upstream("cheap"), upstream("expensive")
 	r := newRig(t, fakellm.Options{}, func(c *Config) {
 		c.Upstream, _ = ParseUpstream(def.URL)
 		cu, _ := ParseUpstream(cheap.URL)
 		eu, _ := ParseUpstream(expensive.URL)
-		c.Routes = []Route{{Prefix: "gpt-cheap", URL: cu}, {Prefix: "gpt-expensive", URL: eu}}
+		c.Routes = []Route{{Prefix: "llama-cheap", URL: cu}, {Prefix: "llama-expensive", URL: eu}}
 	})
 	if transport {
 		r.viaTransport()
@@ -48,11 +50,11 @@ func testRequestFieldsReadExactly(t *testing.T, transport bool) {
 		name, body, model, upstream string
 		usageAdded                  bool
 	}{
-		{"MODEL is not the model", `{"model":"gpt-expensive","MODEL":"gpt-cheap"}`, "gpt-expensive", "expensive", false},
-		{"Model alone is no model", `{"Model":"gpt-cheap"}`, unknownModel, "default", false},
-		{"the last model", `{"model":"gpt-cheap","model":"gpt-expensive"}`, "gpt-expensive", "expensive", false},
-		{"an escaped name is the name", `{"mod\u0065l":"gpt-cheap"}`, "gpt-cheap", "cheap", false},
-		{"a model that is not a string", `{"model":["gpt-cheap"]}`, unknownModel, "default", false},
+		{"MODEL is not the model", `{"model":"llama-expensive","MODEL":"llama-cheap"}`, "llama-expensive", "expensive", false},
+		{"Model alone is no model", `{"Model":"llama-cheap"}`, unknownModel, "default", false},
+		{"the last model", `{"model":"llama-cheap","model":"llama-expensive"}`, "llama-expensive", "expensive", false},
+		{"an escaped name is the name", `{"mod\u0065l":"llama-cheap"}`, "llama-cheap", "cheap", false},
+		{"a model that is not a string", `{"model":["llama-cheap"]}`, unknownModel, "default", false},
 		{"Stream asks for no stream", `{"model":"gpt-4o","Stream":true}`, "gpt-4o", "default", false},
 		{"the last stream: false", `{"model":"gpt-4o","stream":true,"stream":false}`, "gpt-4o", "default", false},
 		{"the last stream: true", `{"model":"gpt-4o","stream":false,"stream":true}`, "gpt-4o", "default", true},
@@ -100,7 +102,8 @@ func testAnthropicCutShortEstimated(t *testing.T, transport bool) {
 
 // TestPassthroughRoutedByModel: an unmeasured request whose body names a model (Anthropic's
 // /v1/messages/count_tokens) goes where that model's requests go, so the client's key for
-// that provider never reaches the default upstream's host.
+// that provider never reaches the default upstream's host; one that names none goes by its
+// API (TestRoutedByAPI).
 func TestPassthroughRoutedByModel(t *testing.T) {
 	got := make(chan string, 1)
 	upstream := func(name string) *httptest.Server {
@@ -122,8 +125,9 @@ func TestPassthroughRoutedByModel(t *testing.T) {
 	tests := []struct{ name, body, want string }{
 		{"a routed model", `{"model":"claude-sonnet-4-5","messages":[]}`, "claude"},
 		{"another model", `{"model":"gpt-4o","messages":[]}`, "default"},
-		{"no model", `{"messages":[]}`, "default"},
-		{"not JSON", `model=claude-x`, "default"},
+		// Naming none, it goes by its API: /v1/messages/… is Anthropic's.
+		{"no model", `{"messages":[]}`, "claude"},
+		{"not JSON", `model=claude-x`, "claude"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -254,5 +258,78 @@ func TestPassthroughUpstreamTimeout(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusGatewayTimeout {
 		t.Fatalf("status %d, want 504", resp.StatusCode)
+	}
+}
+
+// TestRoutedByAPI: a request whose model the proxy does not know (a model list, a batch, a
+// measured body too large to read) goes by the API it belongs to: Anthropic's (under
+// /v1/messages, or with anthropic-version or x-api-key) where the claude route goes,
+// OpenAI's (any other) where the gpt route goes, each to the default upstream without its
+// route.
+func TestRoutedByAPI(t *testing.T) {
+	got := make(chan string, 1)
+	upstream := func(name string) *url.URL {
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			got <- name
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"data":[]}`)
+		}))
+		t.Cleanup(up.Close)
+		u, _ := ParseUpstream(up.URL)
+		return u
+	}
+	def, claude, gpt := upstream("default"), upstream("claude"), upstream("gpt")
+	configs := []struct {
+		name   string
+		routes []Route
+	}{
+		{"claude route", []Route{{Prefix: "claude-", URL: claude}}},
+		{"gpt route", []Route{{Prefix: "gpt-", URL: gpt}}},
+		{"both", []Route{{Prefix: "llama", URL: def}, {Prefix: "gpt-4", URL: gpt}, {Prefix: "claude", URL: claude}}},
+	}
+	large := `{"model":"gpt-4o","messages":[{"role":"user","content":"` + strings.Repeat("a", 8<<10) + `"}]}`
+	largeClaude := strings.Replace(large, "gpt-4o", "claude-sonnet-4-5", 1)
+	anthropic := map[string]string{"Anthropic-Version": "2023-06-01"}
+	tests := []struct {
+		name, method, path, body string
+		hdr                      map[string]string
+		want                     [3]string // per config
+	}{
+		{"Anthropic's model list", "GET", "/v1/models", "", map[string]string{"Anthropic-Version": "2023-06-01", "X-Api-Key": "sk-ant"}, [3]string{"claude", "default", "claude"}},
+		{"a model list with Anthropic's key only", "GET", "/v1/models", "", map[string]string{"X-Api-Key": "sk-ant"}, [3]string{"claude", "default", "claude"}},
+		{"one model, Anthropic's", "GET", "/v1/models/claude-sonnet-4-5", "", anthropic, [3]string{"claude", "default", "claude"}},
+		{"OpenAI's model list", "GET", "/v1/models", "", map[string]string{"Authorization": "Bearer sk-openai"}, [3]string{"default", "gpt", "gpt"}},
+		{"Anthropic's batches", "GET", "/v1/messages/batches", "", nil, [3]string{"claude", "default", "claude"}},
+		{"a path beginning like messages", "GET", "/v1/messagesx", "", nil, [3]string{"default", "gpt", "gpt"}},
+		{"OpenAI's files", "DELETE", "/v1/files/f-1", "", nil, [3]string{"default", "gpt", "gpt"}},
+		{"a model in the body still wins", "POST", "/v1/messages/count_tokens", `{"model":"gpt-4o"}`, anthropic, [3]string{"default", "gpt", "gpt"}},
+		{"a model no route takes", "POST", "/v1/embeddings", `{"model":"text-embedding-3"}`, nil, [3]string{"default", "default", "default"}},
+		{"Anthropic's body too large to read", "POST", messagesPath, largeClaude, anthropic, [3]string{"claude", "default", "claude"}},
+		{"OpenAI's body too large to read", "POST", chatPath, large, nil, [3]string{"default", "gpt", "gpt"}},
+		{"a measured model routed", "POST", messagesPath, `{"model":"claude-x","max_tokens":1,"messages":[]}`, nil, [3]string{"claude", "default", "claude"}},
+	}
+	for i, cf := range configs {
+		r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream, c.MaxParseBytes, c.Routes = def, 4<<10, cf.routes })
+		for _, tt := range tests {
+			t.Run(cf.name+"/"+tt.name, func(t *testing.T) {
+				req, _ := http.NewRequest(tt.method, r.proxy.URL+tt.path, strings.NewReader(tt.body))
+				if tt.body == "" {
+					req.Body = http.NoBody
+				}
+				for k, v := range tt.hdr {
+					req.Header.Set(k, v)
+				}
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if s := <-got; s != tt.want[i] {
+					t.Fatalf("went to the %s upstream, want %s", s, tt.want[i])
+				}
+			})
+		}
 	}
 }

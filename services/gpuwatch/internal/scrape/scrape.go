@@ -11,6 +11,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"sync"
@@ -21,6 +22,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/pkg/ops"
 )
 
 // publisher queues a message without blocking; bus.Publisher is one.
@@ -203,7 +205,7 @@ func (s *Scraper) scrapeTarget(ctx context.Context, t *target, now time.Time) {
 		s.m.failed.WithLabelValues(t.Name, reason).Inc()
 		s.m.up.WithLabelValues(t.Name).Set(0)
 		if msg := reason + ": " + err.Error(); msg != t.lastErr {
-			s.logger.Warn("cannot scrape engine; reported down", "engine", t.Name, "url", redactURL(t.URL), "reason", reason, "err", err)
+			s.logger.Warn("cannot scrape engine; reported down", "engine", t.Name, "url", ops.RedactURL(t.URL), "reason", reason, "err", err)
 			t.lastErr = msg
 		}
 		t.out = append(t.out, events.EngineSample{V: events.Version, TS: now, Host: s.opts.Host,
@@ -244,12 +246,12 @@ func (s *Scraper) fetch(ctx context.Context, t *target) (reason string, err erro
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.URL, nil)
 	if err != nil {
-		return "connect", err
+		return "connect", withoutURL(err)
 	}
 	req.Header.Set("Accept", "text/plain;version=0.0.4")
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return netReason(ctx, err), err
+		return netReason(ctx, err), withoutURL(err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
@@ -264,6 +266,15 @@ func (s *Scraper) fetch(ctx context.Context, t *target) (reason string, err erro
 		return "too_large", fmt.Errorf("exposition over %d bytes", s.opts.MaxBytes)
 	}
 	return "", nil
+}
+
+// withoutURL returns err without the URL net/http puts in it, which shows the query (where
+// a token may be): the log line names the target's URL redacted.
+func withoutURL(err error) error {
+	if ue, ok := errors.AsType[*url.Error](err); ok {
+		return fmt.Errorf("%s: %w", ue.Op, ue.Err)
+	}
+	return err
 }
 
 func netReason(ctx context.Context, err error) string {

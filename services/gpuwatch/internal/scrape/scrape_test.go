@@ -544,15 +544,21 @@ vllm:time_to_first_token_seconds_sum{engine="%s",model_name="m"} 1
 }
 
 // TestPasswordNotShown: an engine behind basic auth has its password in GPUWATCH_ENGINES'
-// URL; neither a configuration error nor the log of a failed scrape shows it.
+// URL, one behind a gateway a token in its query or as its user name; neither a
+// configuration error nor the log of a failed scrape shows them.
 func TestPasswordNotShown(t *testing.T) {
 	for _, in := range []string{
-		"vllm:a.b=http://scraper:s3cret@h/metrics",  // bad name
-		"ollama=http://scraper:s3cret@h/metrics",    // bad kind
-		"vllm=ftp://scraper:s3cret@h/metrics",       // bad scheme
-		"http://scraper:s3cret@h/metrics",           // no kind
-		"vllm=scraper:s3cret@h/metrics",             // no scheme
-		"vllm=http://scraper:s3cret@h:port/metrics", // not a URL
+		"vllm:a.b=http://h/metrics?token=s3cret",         // bad name, a token in the query
+		"ollama=http://s3cret@h/metrics",                 // bad kind, a token as the user
+		"vllm=ftp://h/metrics?api_key=s3cret",            // bad scheme
+		"vllm=http://h:port/metrics?access_token=s3cret", // not a URL
+		"vllm=http://scraper:s3cret/metrics",             // not a URL: the @host left out
+		"vllm:a.b=http://scraper:s3cret@h/metrics",       // bad name
+		"ollama=http://scraper:s3cret@h/metrics",         // bad kind
+		"vllm=ftp://scraper:s3cret@h/metrics",            // bad scheme
+		"http://scraper:s3cret@h/metrics",                // no kind
+		"vllm=scraper:s3cret@h/metrics",                  // no scheme
+		"vllm=http://scraper:s3cret@h:port/metrics",      // not a URL
 	} {
 		_, err := ParseTargets(in)
 		if err == nil || strings.Contains(err.Error(), "s3cret") {
@@ -560,14 +566,14 @@ func TestPasswordNotShown(t *testing.T) {
 		}
 	}
 	var log bytes.Buffer
-	targets, err := ParseTargets("vllm=http://scraper:s3cret@127.0.0.1:1/metrics")
+	targets, err := ParseTargets("vllm=http://scraper:s3cret@127.0.0.1:1/metrics?token=s3cret,vllm:b=http://s3cret@127.0.0.1:1/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := New(targets, &fakePublisher{}, Options{Host: "gpu-node-3", Interval: time.Second, Timeout: 300 * time.Millisecond,
 		MaxBytes: 1 << 20, MaxModels: 16}, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(&log, nil)))
 	s.Tick(context.Background(), t0)
-	if !strings.Contains(log.String(), "cannot scrape") || strings.Contains(log.String(), "s3cret") {
+	if strings.Count(log.String(), "cannot scrape") != 2 || strings.Contains(log.String(), "s3cret") {
 		t.Errorf("log %s", log.String())
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/pkg/ops"
 )
 
 // Target is one engine endpoint to scrape.
@@ -31,11 +32,11 @@ func ParseTargets(s string) ([]Target, error) {
 		entry = strings.TrimSpace(entry)
 		key, raw, ok := strings.Cut(entry, "=")
 		if !ok || key == "" || raw == "" {
-			return nil, fmt.Errorf("GPUWATCH_ENGINES entry %q must be kind=URL or kind:name=URL", redactURL(entry))
+			return nil, fmt.Errorf("GPUWATCH_ENGINES entry %q must be kind=URL or kind:name=URL", ops.RedactURL(entry))
 		}
-		// Errors show the entry with its URL's password hidden: an engine behind basic
-		// auth has it in the URL.
-		shown := key + "=" + redactURL(raw)
+		// Errors show the entry with its URL's secrets hidden: an engine behind basic auth
+		// has its password in the URL, one behind a gateway may have a token in its query.
+		shown := key + "=" + ops.RedactURL(raw)
 		kind, name, named := strings.Cut(key, ":")
 		if !named {
 			name = kind
@@ -54,7 +55,7 @@ func ParseTargets(s string) ([]Target, error) {
 		seen[name] = true
 		u, err := url.Parse(raw)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return nil, fmt.Errorf("GPUWATCH_ENGINES entry %q: %q must be an http:// or https:// URL", shown, redactURL(raw))
+			return nil, fmt.Errorf("GPUWATCH_ENGINES entry %q: %q must be an http:// or https:// URL", shown, ops.RedactURL(raw))
 		}
 		out = append(out, Target{Engine: kind, Name: name, URL: raw})
 	}
@@ -62,18 +63,4 @@ func ParseTargets(s string) ([]Target, error) {
 		return nil, fmt.Errorf("GPUWATCH_ENGINES has %d engines, at most %d", len(out), MaxTargets)
 	}
 	return out, nil
-}
-
-// redactURL returns raw with the password of its user info replaced by "xxxxx", for logs and
-// errors; a value that does not parse as a URL is not shown at all, since where its secret
-// lies is unknown.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(a value that is not a URL)"
-	}
-	if u.User == nil && strings.Contains(raw, "@") {
-		return "(a URL that is not shown: it may hold a password)" // opaque, such as user:pass@host
-	}
-	return u.Redacted()
 }
