@@ -155,7 +155,7 @@ func redact(urls string) string {
 			start = j + len("://")
 		}
 		if at := strings.LastIndexByte(p[start:], '@'); at >= 0 {
-			parts[i] = p[:start] + "redacted" + p[start+at:]
+			parts[i] = p[:start] + "xxxxx" + p[start+at:]
 		}
 	}
 	return strings.Join(parts, ",")

@@ -4,12 +4,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
-	"strings"
 	"time"
 
 	"github.com/tokenscope/tokenscope/pkg/bus"
 	"github.com/tokenscope/tokenscope/pkg/chdb"
 	"github.com/tokenscope/tokenscope/pkg/envconf"
+	"github.com/tokenscope/tokenscope/pkg/ops"
 	"github.com/tokenscope/tokenscope/services/alerter/internal/baseline"
 )
 
@@ -97,16 +97,7 @@ func (c Config) Validate() error {
 	if c.AlertmanagerURL != "" {
 		u, err := url.Parse(c.AlertmanagerURL)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			// The value is shown with its password hidden, or not at all where it may hold
-			// one that does not parse as user info.
-			shown := c.AlertmanagerURL
-			switch {
-			case err == nil && u.User != nil:
-				shown = u.Redacted()
-			case err != nil || strings.Contains(shown, "@"):
-				shown = "(not shown: it may hold a password)"
-			}
-			return fmt.Errorf("ALERTER_ALERTMANAGER_URL=%q is not a URL such as http://127.0.0.1:9093", shown)
+			return fmt.Errorf("ALERTER_ALERTMANAGER_URL=%q is not a URL such as http://127.0.0.1:9093", ops.RedactURL(c.AlertmanagerURL))
 		}
 	}
 	return nil

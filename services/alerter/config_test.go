@@ -49,7 +49,7 @@ func TestConfigNamesTheBadVariable(t *testing.T) {
 // TestConfigHidesTheAlertmanagerPassword: a bad ALERTER_ALERTMANAGER_URL is named without
 // the password it may hold.
 func TestConfigHidesTheAlertmanagerPassword(t *testing.T) {
-	for _, v := range []string{"ftp://am:s3cret@am:9093", "am:s3cret@am:9093", "http://am:s3cret@am:port", "http://am:s3cret@"} {
+	for _, v := range []string{"ftp://am:s3cret@am:9093", "am:s3cret@am:9093", "http://am:s3cret@am:port", "http://am:s3cret@", "ftp://am/?api_key=s3cret"} {
 		_, err := parseConfig(func(k string) string { return map[string]string{"ALERTER_ALERTMANAGER_URL": v}[k] })
 		if err == nil || !strings.Contains(err.Error(), "ALERTER_ALERTMANAGER_URL") || strings.Contains(err.Error(), "s3cret") {
 			t.Errorf("%s: err = %v", v, err)
