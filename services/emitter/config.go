@@ -24,7 +24,8 @@ type Config struct {
 	NATS      bus.Config `envPrefix:"NATS_"`
 
 	UpstreamURL       string        `env:"EMITTER_UPSTREAM_URL" envDefault:"http://127.0.0.1:8081"`
-	Upstreams         string        `env:"EMITTER_UPSTREAMS"` // model-prefix routes: claude-=https://api.anthropic.com,gpt-=https://api.openai.com
+	Upstreams         string        `env:"EMITTER_UPSTREAMS"`    // model-prefix routes: claude-=https://api.anthropic.com,gpt-=https://api.openai.com
+	UpstreamAPI       string        `env:"EMITTER_UPSTREAM_API"` // the API EMITTER_UPSTREAM_URL serves: openai or anthropic; empty: anthropic for api.anthropic.com
 	UpstreamTimeout   time.Duration `env:"EMITTER_UPSTREAM_TIMEOUT" envDefault:"600s"`
 	StreamIdleTimeout time.Duration `env:"EMITTER_STREAM_IDLE_TIMEOUT" envDefault:"60s"`
 	ClientIdleTimeout time.Duration `env:"EMITTER_CLIENT_IDLE_TIMEOUT" envDefault:"2m"`
@@ -73,6 +74,9 @@ func (c Config) Validate() error {
 	}
 	if _, err := proxy.ParseRoutes(c.Upstreams); err != nil {
 		return fmt.Errorf("EMITTER_UPSTREAMS: %w", err)
+	}
+	if c.UpstreamAPI != "" && c.UpstreamAPI != proxy.APIOpenAI && c.UpstreamAPI != proxy.APIAnthropic {
+		return fmt.Errorf("EMITTER_UPSTREAM_API=%q must be openai or anthropic", c.UpstreamAPI)
 	}
 	switch {
 	case c.UpstreamTimeout <= 0:
@@ -155,7 +159,7 @@ func (c Config) publisherOptions() bus.PublisherOptions {
 func (c Config) proxyConfig(budget *reqbody.Budget) proxy.Config {
 	up, _ := proxy.ParseUpstream(c.UpstreamURL)
 	routes, _ := proxy.ParseRoutes(c.Upstreams)
-	return proxy.Config{Upstream: up, Routes: routes, UpstreamTimeout: c.UpstreamTimeout, IdleTimeout: c.StreamIdleTimeout,
+	return proxy.Config{Upstream: up, Routes: routes, UpstreamAPI: c.UpstreamAPI, UpstreamTimeout: c.UpstreamTimeout, IdleTimeout: c.StreamIdleTimeout,
 		DefaultScene: c.DefaultScene, DefaultEnv: c.DefaultEnv, MaxParseBytes: c.MaxParseBytes, Budget: budget, MaxLabels: c.MaxLabels,
 		MaxEventBytes: c.MaxSSEEventBytes, Loops: c.RelayLoops, ClientIdleTimeout: c.ClientIdleTimeout}
 }

@@ -38,6 +38,7 @@ func TestConfig(t *testing.T) {
 	}{
 		{"bad upstream", "EMITTER_UPSTREAM_URL", "ftp://x", "EMITTER_UPSTREAM_URL"},
 		{"bad routes", "EMITTER_UPSTREAMS", "claude-", "EMITTER_UPSTREAMS"},
+		{"unknown upstream API", "EMITTER_UPSTREAM_API", "gemini", "EMITTER_UPSTREAM_API"},
 		{"zero timeout", "EMITTER_UPSTREAM_TIMEOUT", "0s", "EMITTER_UPSTREAM_TIMEOUT"},
 		{"negative idle", "EMITTER_STREAM_IDLE_TIMEOUT", "-1s", "EMITTER_STREAM_IDLE_TIMEOUT"},
 		{"not a duration", "EMITTER_STREAM_IDLE_TIMEOUT", "soon", "EMITTER_STREAM_IDLE_TIMEOUT"},

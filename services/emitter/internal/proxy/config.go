@@ -19,8 +19,11 @@ type Route struct {
 
 // Config is what the proxy needs; the service fills it from EMITTER_* variables.
 type Config struct {
-	Upstream        *url.URL      // where a model no route matches goes
-	Routes          []Route       // tried in order; the first prefix that matches wins
+	Upstream *url.URL // where a model no route matches goes
+	Routes   []Route  // tried in order; the first prefix that matches wins
+	// UpstreamAPI is the API Upstream serves, APIOpenAI or APIAnthropic (see route); empty:
+	// DefaultAPI of Upstream.
+	UpstreamAPI     string
 	UpstreamTimeout time.Duration // until the upstream's response headers
 	IdleTimeout     time.Duration // longest silence inside a response body
 	DefaultScene    string
@@ -92,31 +95,53 @@ func (c *Config) upstream(model string) *url.URL {
 	return c.Upstream
 }
 
-// route is where a request goes: by its model when the proxy knows it (model not empty),
-// by its API otherwise (a model list, a batch, a body too large to read), so that neither
-// provider gets the other's key: where that API's models go, the first route whose prefix
-// begins with "claude" for Anthropic's, with "gpt" for OpenAI's (every other request), and
-// the default upstream when there is none.
+// The APIs a request can belong to, and an upstream serve.
+const (
+	APIOpenAI    = "openai" // OpenAI's, which OpenAI-compatible servers (vLLM, SGLang, TGI, …) serve too
+	APIAnthropic = "anthropic"
+)
+
+// DefaultAPI is the API an upstream is taken to serve unless told: Anthropic's for
+// api.anthropic.com, OpenAI's for any other.
+func DefaultAPI(u *url.URL) string {
+	if u != nil && strings.EqualFold(u.Hostname(), "api.anthropic.com") {
+		return APIAnthropic
+	}
+	return APIOpenAI
+}
+
+// route is where a request goes: by its model when the proxy read one, by its API otherwise
+// (a model list, a batch, a body it did not read), so that neither provider gets the
+// other's key. A request of the API the default upstream serves goes there; one of the other
+// API goes to the first route whose prefix begins with "claude" (Anthropic's) or "gpt"
+// (OpenAI's), and to the default upstream when there is none.
 func (c *Config) route(model string, anthropic bool) *url.URL {
 	if model != "" {
 		return c.upstream(model)
 	}
-	family := "gpt"
+	api, family := APIOpenAI, "gpt"
 	if anthropic {
-		family = "claude"
+		api, family = APIAnthropic, "claude"
 	}
-	for _, r := range c.Routes {
-		if strings.HasPrefix(r.Prefix, family) {
-			return r.URL
+	served := c.UpstreamAPI
+	if served == "" {
+		served = DefaultAPI(c.Upstream)
+	}
+	if served != api {
+		for _, r := range c.Routes {
+			if strings.HasPrefix(r.Prefix, family) {
+				return r.URL
+			}
 		}
 	}
 	return c.Upstream
 }
 
-// anthropicRequest reports whether a request belongs to Anthropic's API: its
-// path is under /v1/messages, or it carries Anthropic's version or key header, as every
-// request of Anthropic's SDKs and Claude Code does (OpenAI's SDKs send neither).
+// anthropicRequest reports whether a request belongs to Anthropic's API: its path is under
+// /v1/messages, or it carries Anthropic's version header, as every request of Anthropic's
+// SDKs and Claude Code does (OpenAI's SDKs do not; an X-Api-Key header alone tells nothing,
+// other gateways take keys in it too).
 func anthropicRequest(r *http.Request) bool {
 	return r.URL.Path == "/v1/messages" || strings.HasPrefix(r.URL.Path, "/v1/messages/") ||
-		r.Header.Get("Anthropic-Version") != "" || r.Header.Get("X-Api-Key") != ""
+		r.Header.Get("Anthropic-Version") != ""
 }

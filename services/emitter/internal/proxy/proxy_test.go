@@ -909,7 +909,12 @@ func TestModelListsWithSDKs(t *testing.T) {
 		{"Anthropic by default, gpt- routed", anthropic, []Route{{Prefix: "gpt-", URL: openai}}},
 	} {
 		t.Run(cf.name, func(t *testing.T) {
-			r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream, c.Routes = cf.upstream, cf.routes })
+			r := newRig(t, fakellm.Options{}, func(c *Config) {
+				c.Upstream, c.Routes = cf.upstream, cf.routes
+				if cf.upstream == anthropic {
+					c.UpstreamAPI = APIAnthropic // what api.anthropic.com is taken for
+				}
+			})
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			cmd := exec.CommandContext(ctx, "node", "models.mjs", r.proxy.URL)

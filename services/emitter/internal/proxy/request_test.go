@@ -9,8 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/tokenscope/tokenscope/pkg/events"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/fakellm"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/reqbody"
 )
 
 // TestRequestFieldsReadExactly: the proxy reads model, stream and stream_options as the
@@ -262,10 +265,10 @@ func TestPassthroughUpstreamTimeout(t *testing.T) {
 }
 
 // TestRoutedByAPI: a request whose model the proxy does not know (a model list, a batch, a
-// measured body too large to read) goes by the API it belongs to: Anthropic's (under
-// /v1/messages, or with anthropic-version or x-api-key) where the claude route goes,
-// OpenAI's (any other) where the gpt route goes, each to the default upstream without its
-// route.
+// body too large to read, or read while the parse memory is full) goes by the API it
+// belongs to, Anthropic's (under /v1/messages, or with anthropic-version) or OpenAI's (any
+// other): to the default upstream when it serves that API, else where the claude or the gpt
+// route goes.
 func TestRoutedByAPI(t *testing.T) {
 	got := make(chan string, 1)
 	upstream := func(name string) *url.URL {
@@ -282,35 +285,47 @@ func TestRoutedByAPI(t *testing.T) {
 	def, claude, gpt := upstream("default"), upstream("claude"), upstream("gpt")
 	configs := []struct {
 		name   string
+		api    string // what the default upstream serves
 		routes []Route
+		budget int64 // parse memory; 0: plenty
 	}{
-		{"claude route", []Route{{Prefix: "claude-", URL: claude}}},
-		{"gpt route", []Route{{Prefix: "gpt-", URL: gpt}}},
-		{"both", []Route{{Prefix: "llama", URL: def}, {Prefix: "gpt-4", URL: gpt}, {Prefix: "claude", URL: claude}}},
+		{"claude route", "", []Route{{Prefix: "claude-", URL: claude}}, 0},
+		{"gpt route", "", []Route{{Prefix: "gpt-", URL: gpt}}, 0},
+		{"both", "", []Route{{Prefix: "llama", URL: def}, {Prefix: "gpt-4", URL: gpt}, {Prefix: "claude", URL: claude}}, 0},
+		{"Anthropic's by default, gpt route", APIAnthropic, []Route{{Prefix: "gpt-", URL: gpt}}, 0},
+		{"both, parse memory full", "", []Route{{Prefix: "gpt-4", URL: gpt}, {Prefix: "claude", URL: claude}}, 1},
 	}
 	large := `{"model":"gpt-4o","messages":[{"role":"user","content":"` + strings.Repeat("a", 8<<10) + `"}]}`
 	largeClaude := strings.Replace(large, "gpt-4o", "claude-sonnet-4-5", 1)
+	largeLlama := strings.Replace(large, "gpt-4o", "llama-3.1-70b", 1)
 	anthropic := map[string]string{"Anthropic-Version": "2023-06-01"}
 	tests := []struct {
 		name, method, path, body string
 		hdr                      map[string]string
-		want                     [3]string // per config
+		want                     [5]string // per config
 	}{
-		{"Anthropic's model list", "GET", "/v1/models", "", map[string]string{"Anthropic-Version": "2023-06-01", "X-Api-Key": "sk-ant"}, [3]string{"claude", "default", "claude"}},
-		{"a model list with Anthropic's key only", "GET", "/v1/models", "", map[string]string{"X-Api-Key": "sk-ant"}, [3]string{"claude", "default", "claude"}},
-		{"one model, Anthropic's", "GET", "/v1/models/claude-sonnet-4-5", "", anthropic, [3]string{"claude", "default", "claude"}},
-		{"OpenAI's model list", "GET", "/v1/models", "", map[string]string{"Authorization": "Bearer sk-openai"}, [3]string{"default", "gpt", "gpt"}},
-		{"Anthropic's batches", "GET", "/v1/messages/batches", "", nil, [3]string{"claude", "default", "claude"}},
-		{"a path beginning like messages", "GET", "/v1/messagesx", "", nil, [3]string{"default", "gpt", "gpt"}},
-		{"OpenAI's files", "DELETE", "/v1/files/f-1", "", nil, [3]string{"default", "gpt", "gpt"}},
-		{"a model in the body still wins", "POST", "/v1/messages/count_tokens", `{"model":"gpt-4o"}`, anthropic, [3]string{"default", "gpt", "gpt"}},
-		{"a model no route takes", "POST", "/v1/embeddings", `{"model":"text-embedding-3"}`, nil, [3]string{"default", "default", "default"}},
-		{"Anthropic's body too large to read", "POST", messagesPath, largeClaude, anthropic, [3]string{"claude", "default", "claude"}},
-		{"OpenAI's body too large to read", "POST", chatPath, large, nil, [3]string{"default", "gpt", "gpt"}},
-		{"a measured model routed", "POST", messagesPath, `{"model":"claude-x","max_tokens":1,"messages":[]}`, nil, [3]string{"claude", "default", "claude"}},
+		{"Anthropic's model list", "GET", "/v1/models", "", map[string]string{"Anthropic-Version": "2023-06-01", "X-Api-Key": "sk-ant"}, [5]string{"claude", "default", "claude", "default", "claude"}},
+		{"an X-Api-Key alone tells no API", "GET", "/v1/models", "", map[string]string{"X-Api-Key": "sk-other"}, [5]string{"default", "default", "default", "gpt", "default"}},
+		{"one model, Anthropic's", "GET", "/v1/models/claude-sonnet-4-5", "", anthropic, [5]string{"claude", "default", "claude", "default", "claude"}},
+		{"OpenAI's model list", "GET", "/v1/models", "", map[string]string{"Authorization": "Bearer sk-openai"}, [5]string{"default", "default", "default", "gpt", "default"}},
+		{"Anthropic's batches", "GET", "/v1/messages/batches", "", nil, [5]string{"claude", "default", "claude", "default", "claude"}},
+		{"a path beginning like messages", "GET", "/v1/messagesx", "", nil, [5]string{"default", "default", "default", "gpt", "default"}},
+		{"OpenAI's files", "DELETE", "/v1/files/f-1", "", nil, [5]string{"default", "default", "default", "gpt", "default"}},
+		{"a model in the body still wins", "POST", "/v1/messages/count_tokens", `{"model":"gpt-4o"}`, anthropic, [5]string{"default", "gpt", "gpt", "gpt", "claude"}},
+		{"a model no route takes", "POST", "/v1/embeddings", `{"model":"text-embedding-3"}`, nil, [5]string{"default", "default", "default", "default", "default"}},
+		{"Anthropic's body too large to read", "POST", messagesPath, largeClaude, anthropic, [5]string{"claude", "default", "claude", "default", "claude"}},
+		{"OpenAI's body too large to read", "POST", chatPath, large, nil, [5]string{"default", "default", "default", "gpt", "default"}},
+		{"an inference server's body too large to read", "POST", chatPath, largeLlama, nil, [5]string{"default", "default", "default", "gpt", "default"}},
+		{"a measured model routed", "POST", messagesPath, `{"model":"claude-x","max_tokens":1,"messages":[]}`, nil, [5]string{"claude", "default", "claude", "default", "claude"}},
+		{"a measured OpenAI model routed", "POST", chatPath, `{"model":"gpt-4o","messages":[]}`, nil, [5]string{"default", "gpt", "gpt", "gpt", "default"}},
 	}
 	for i, cf := range configs {
-		r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream, c.MaxParseBytes, c.Routes = def, 4<<10, cf.routes })
+		r := newRig(t, fakellm.Options{}, func(c *Config) {
+			c.Upstream, c.UpstreamAPI, c.MaxParseBytes, c.Routes = def, cf.api, 4<<10, cf.routes
+			if cf.budget > 0 {
+				c.Budget = reqbody.NewBudget(cf.budget, prometheus.NewRegistry())
+			}
+		})
 		for _, tt := range tests {
 			t.Run(cf.name+"/"+tt.name, func(t *testing.T) {
 				req, _ := http.NewRequest(tt.method, r.proxy.URL+tt.path, strings.NewReader(tt.body))

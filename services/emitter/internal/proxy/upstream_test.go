@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -199,5 +200,42 @@ func TestUpstreamAnswersEarly(t *testing.T) {
 	}
 	if ev := r.cap.next(t); ev.Status != events.StatusError || ev.ErrorCode != "413" {
 		t.Fatalf("event %s %s", ev.Status, ev.ErrorCode)
+	}
+}
+
+// TestRouteByDefaultAPI: api.anthropic.com as the default upstream is taken to serve
+// Anthropic's API unless told otherwise, so a request that names no model and is not
+// Anthropic's goes to the gpt route; any other host serves OpenAI's.
+func TestRouteByDefaultAPI(t *testing.T) {
+	parse := func(s string) *url.URL {
+		u, err := ParseUpstream(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u
+	}
+	ant, oai, vllm := parse("https://API.Anthropic.com"), parse("https://api.openai.com"), parse("http://vllm:8000")
+	for _, tt := range []struct {
+		name      string
+		def       *url.URL
+		api       string
+		routes    []Route
+		anthropic bool
+		want      *url.URL
+	}{
+		{"Anthropic's host, OpenAI's request", ant, "", []Route{{"gpt-", oai}}, false, oai},
+		{"Anthropic's host, Anthropic's request", ant, "", []Route{{"gpt-", oai}}, true, ant},
+		{"Anthropic's host told it serves OpenAI's", ant, APIOpenAI, []Route{{"gpt-", oai}}, false, ant},
+		{"a gateway told it serves Anthropic's", vllm, APIAnthropic, []Route{{"gpt-", oai}}, false, oai},
+		{"an inference server beside OpenAI", vllm, "", []Route{{"gpt-", oai}}, false, vllm},
+		{"an inference server beside Anthropic", vllm, "", []Route{{"claude-", ant}}, true, ant},
+		{"no route of that API", ant, "", []Route{{"llama", vllm}}, false, ant},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := Config{Upstream: tt.def, UpstreamAPI: tt.api, Routes: tt.routes}
+			if got := c.route("", tt.anthropic); got != tt.want {
+				t.Fatalf("went to %s, want %s", got, tt.want)
+			}
+		})
 	}
 }
