@@ -18,14 +18,17 @@ var secretWords = []string{"key", "token", "secret", "pass", "pwd", "auth", "sig
 // name holds key, token, secret, pass, pwd, auth, sig, cred, session, code or jwt replaced
 // by xxxxx, and its fragment dropped. Its scheme, host, path and other parameters are kept.
 //
-// A value that does not parse as a URL (http://user:pass@host:port) shows only its scheme
-// and host, with xxxxx@ in front when it has an @ and a port that is not a number as
+// A value that does not parse as a URL (http://user:pass@host:port), or has an @ that is not
+// its user information's (http://user:2024/pass@host), shows only its scheme and host, with xxxxx@ in front when it has an @ and a port that is not a number as
 // xxxxx, since where its secrets are cannot be told; one with no scheme
 // (user:password@host, or a key given by mistake) is not shown.
 func RedactURL(raw string) string {
 	raw = strings.TrimSpace(raw)
 	u, err := url.Parse(raw)
-	if err != nil || u.Opaque != "" || u.Scheme == "" || (u.Host == "" && strings.Contains(raw, "@")) {
+	// An @ that did not make user information may still end one: url.Parse reads
+	// http://user:2024/s3cret@host as host user:2024 and a path, the password in it.
+	_, afterScheme, _ := strings.Cut(raw, "://")
+	if err != nil || u.Opaque != "" || u.Scheme == "" || (u.User == nil && strings.Contains(afterScheme, "@")) {
 		return redactUnparsed(raw)
 	}
 	if u.User != nil {

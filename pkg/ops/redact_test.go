@@ -38,6 +38,11 @@ func TestRedactURL(t *testing.T) {
 	f("https://u:s3cret@h:1%zz", "https://xxxxx@h:1/…")
 	f("http://h:port/metrics?token=s3cret", "http://h:xxxxx/…")
 	f("http://h:bad/x?email=a@b&token=s3cret", "http://xxxxx@b/…")
+	// An @ past what url.Parse took for the host: a password with /, ? or # in it.
+	f("http://user:2024/s3cret@vllm:8000/metrics", "http://xxxxx@vllm:8000/…")
+	f("http://admin:8/xK3q@am:9093", "http://xxxxx@am:9093")
+	f("https://user:12?s3cret@host/x", "https://xxxxx@host/…")
+	f("https://user:123#s3cret@host", "https://xxxxx@host")
 	f("http://u:s3c/ret@h:1/x", "http://xxxxx@h:1/…")
 	// No scheme: not shown.
 	f("scraper:s3cret@h/metrics", notShown)
