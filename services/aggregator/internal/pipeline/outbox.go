@@ -136,10 +136,9 @@ func (p *Pipeline) saveMark(ctx context.Context) {
 // JetStream has acknowledged its flush's rollups (its flush_seq at or below the acked mark
 // of its consumer and stream), and a daily partition whose every row is so, and whose newest
 // row is older than OutboxKeep, is dropped whole (ALTER TABLE … DROP PARTITION, as cheap as
-// deleting a folder). 18.16 has no TTL, and without this the table would grow for good; a
-// current server's TTL (7 days) removes rows later anyway. A partition holding a flush not
-// yet acknowledged is kept, however old, until its aggregator has started again and
-// published it: a flush is never dropped before its rollups are on ROLLUPS. The table is
+// deleting a folder). The table has no TTL, and without this it would grow for good. A
+// partition holding a flush not yet acknowledged is kept, however old, until its aggregator
+// has started again and published it: a flush is never dropped before its rollups are on ROLLUPS. The table is
 // shared by every aggregator writing to this database, so the sweep judges every
 // consumer's rows by that consumer's mark, read from FloorBucket.
 type OutboxSweeper struct {
