@@ -4,7 +4,8 @@
 -- aggregator stopped (killed, or NATS away) is published again from here at the next start,
 -- under the same message ids. flush_seq numbers a consumer's flushes of one stream in order;
 -- the aggregator keeps the last one JetStream acknowledged in its NATS bucket. Rows are
--- needed only until that start: a current server keeps them 7 days, 18.16 has no TTL.
+-- needed only until then: the aggregator drops a day's partition once every flush in it is
+-- acknowledged. No TTL: it would drop a flush still waiting for its aggregator to start.
 CREATE TABLE IF NOT EXISTS rollup_outbox
 (
     consumer    LowCardinality(String),
@@ -20,4 +21,3 @@ CREATE TABLE IF NOT EXISTS rollup_outbox
 ENGINE = MergeTree
 PARTITION BY toYYYYMMDD(written_at)
 ORDER BY (consumer, stream, flush_seq)
-TTL toDateTime(written_at) + INTERVAL 7 DAY
