@@ -130,7 +130,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		logger.Info("resuming from the last watermark published", "through", through)
 	}
 	for _, p := range pipes {
-		p.PublishWatermarks(marks)
+		if err := p.PublishWatermarks(ctx, marks); err != nil {
+			return err
+		}
 	}
 
 	srv.AddCheck("nats", func(context.Context) error {

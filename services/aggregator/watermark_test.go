@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -193,4 +195,83 @@ func TestWatermarkNeverGoesBackAcrossRestart(t *testing.T) {
 		before.Add(-time.Minute).Unix())); n != uint64(len(old)) {
 		t.Errorf("%d requests in corrections, want the %d events of windows the watermark had passed", n, len(old))
 	}
+}
+
+// TestWatermarkWaitsForBacklogAtStart: GPU samples of minutes ago, behind 30,000 invalid
+// messages, wait in GPU_SAMPLES when the aggregator starts, beside live request events. The
+// token pipeline reports its windows closed within a flush, well before the GPU pipeline has
+// reached its first sample; the watermark must not pass the backlog's windows before their
+// rollups are on ROLLUPS, or they would come after a watermark that covers them.
+func TestWatermarkWaitsForBacklogAtStart(t *testing.T) {
+	b := newBed(t)
+	hosts := make([]string, 8)
+	for i := range hosts {
+		hosts[i] = fmt.Sprintf("gpu-node-%d", i)
+	}
+	now := time.Now().UTC()
+	// Ahead of the samples, invalid messages the GPU pipeline dead-letters one by one.
+	b.publishInvalidGPU(t, 30_000)
+	samples := gpuSamples(hosts, 4, now.Add(-5*time.Minute).Truncate(2*time.Second), 200) // 100 windows × 32 GPUs
+	b.publishGPU(t, samples)
+	b.publish(t, spreadEvents(10, now.Add(-3*time.Second)))
+	sent := uint64(10)
+	startAggregator(t, b.env(envVars{"AGG_CONSUMER": "agg-b", "AGG_ENGINE": "false", "AGG_FEEDBACK": "false",
+		"AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "100ms", "AGG_LOG_LEVEL": "warn"}))
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		b.publish(t, spreadEvents(10, time.Now().UTC().Add(-100*time.Millisecond)))
+		sent += 10
+	}
+	b.waitRows(t, time.Minute, uint64(len(samples)), "SELECT sum(samples) FROM gpu_rollups")
+	b.waitRows(t, time.Minute, sent, "SELECT sum(requests) FROM token_rollups")
+	checkPublished(t, b, "agg-b", gpuRollups, uint64(len(samples)))
+	checkRollupsPublished(t, b, "agg-b", sent)
+}
+
+// TestWatermarkPassesInvalidBacklog: a backlog at start of nothing but invalid messages,
+// all dead-lettered, holds the watermark only until they are read: it then moves with the
+// live request events, and the GPU pipeline no longer shows it held.
+func TestWatermarkPassesInvalidBacklog(t *testing.T) {
+	b := newBed(t)
+	b.publishInvalidGPU(t, 100)
+	addr := freeAddr(t)
+	startAggregator(t, b.env(envVars{"HTTP_ADDR": addr, "AGG_CONSUMER": "agg-i", "AGG_ENGINE": "false", "AGG_FEEDBACK": "false",
+		"AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "100ms", "AGG_LOG_LEVEL": "warn"}))
+	start := time.Now().UTC()
+	for deadline := start.Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		b.publish(t, spreadEvents(10, time.Now().UTC().Add(-100*time.Millisecond)))
+		var w events.Watermark
+		if msgs := b.rollupsStream(t); len(msgs) > 0 {
+			for i := len(msgs) - 1; i >= 0; i-- {
+				if msgs[i].subject == events.WatermarkSubject("agg-i") {
+					if err := json.Unmarshal(msgs[i].data, &w); err != nil {
+						t.Fatal(err)
+					}
+					break
+				}
+			}
+		}
+		if w.Through.After(start) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no watermark past %s in 30 s: the invalid backlog held it (through %s)", start, w.Through)
+		}
+	}
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if want := `aggregator_watermark_held{stream="gpu"} 0`; !strings.Contains(string(body), want) {
+		t.Errorf("/metrics does not say %s once the backlog was read", want)
+	}
+}
+
+// publishInvalidGPU publishes n messages on a GPU subject that are no valid sample.
+func (b *bed) publishInvalidGPU(t *testing.T, n int) {
+	t.Helper()
+	publishAll(t, b.js, make([]int, n), func(*int) (string, string, []byte, error) {
+		return events.GPUSampleSubject("gpu-node-0"), "", []byte(`{"v":1}`), nil
+	})
 }

@@ -14,7 +14,7 @@ type metrics struct {
 	flushDuration, writeDelay                                                prometheus.Observer
 	paused, ackFloor, buffered, openWindows, activeKeys, watermarkDelay, lag prometheus.Gauge
 	folded, restarts, republished                                            prometheus.Counter
-	writeStalled, publishStalled                                             prometheus.Gauge
+	writeStalled, publishStalled, watermarkHeld                              prometheus.Gauge
 }
 
 // Metrics are shared by the pipelines of one aggregator.
@@ -26,7 +26,7 @@ type Metrics struct {
 	paused, ackFloor, buffered, openWindows, activeKeys, wmDelay *prometheus.GaugeVec
 	lag                                                          *prometheus.GaugeVec
 	folded, restarts, republished                                *prometheus.CounterVec
-	writeStalled, publishStalled                                 *prometheus.GaugeVec
+	writeStalled, publishStalled, watermarkHeld                  *prometheus.GaugeVec
 }
 
 // NewMetrics registers the aggregator's pipeline metrics on reg.
@@ -61,10 +61,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		writeStalled:   gv("write_stalled_seconds", "How long the flush being written has waited to be stored so far; 0 when none is. Past 10 s (or 3 flush intervals) it is logged and /readyz fails."),
 		publishStalled: gv("publish_stalled_seconds", "How long the stored flush being published has waited for JetStream to acknowledge all its rollups so far; 0 when none is. Past 10 s (or 3 flush intervals) it is logged and /readyz fails."),
 		republished:    cv("rollups_republished_total", "Rollups published again at start from rollup_outbox: stored by the last process, not acknowledged by JetStream when it stopped."),
+		watermarkHeld:  gv("watermark_held", "1 while the pipeline holds the published watermark: it publishes again, at start, rollups stored before the last stop, or reads the messages its stream held past its floor at start."),
 		restarts:       cv("consumer_restarts_total", "Times delivery started again from the last message processed: after a gap in the delivery sequence, a missed heartbeat or a reconnect to NATS."),
 	}
 	reg.MustRegister(m.events, m.invalid, m.consumeErrors, m.flushErrors, m.ackErrors, m.deadLetterErrors, m.rowsWritten,
-		m.flushDuration, m.writeDelay, m.paused, m.ackFloor, m.buffered, m.openWindows, m.activeKeys, m.wmDelay, m.lag, m.folded, m.restarts, m.writeStalled, m.publishStalled, m.republished)
+		m.flushDuration, m.writeDelay, m.paused, m.ackFloor, m.buffered, m.openWindows, m.activeKeys, m.wmDelay, m.lag, m.folded, m.restarts, m.writeStalled, m.publishStalled, m.republished, m.watermarkHeld)
 	return m
 }
 
@@ -101,5 +102,6 @@ func (m *Metrics) forStream(stream string) *metrics {
 		republished:      m.republished.WithLabelValues(stream),
 		writeStalled:     m.writeStalled.WithLabelValues(stream),
 		publishStalled:   m.publishStalled.WithLabelValues(stream),
+		watermarkHeld:    m.watermarkHeld.WithLabelValues(stream),
 	}
 }

@@ -31,6 +31,7 @@ type outbox struct {
 
 	replay  []sink.OutboxMsg // read at start: the rollups to publish again
 	flushes int              // how many flushes they are
+	holds   bool             // the watermark waits for them (PublishWatermarks)
 }
 
 // openOutbox loads the acked mark of the pipeline whose floor is floor.
@@ -108,8 +109,9 @@ func (p *Pipeline) replay(ctx context.Context) bool {
 	o.replay = nil
 	o.acked = o.next - 1
 	p.saveMark(ctx)
-	if p.marks != nil {
-		p.marks.release(p.opts.Stream)
+	if o.holds {
+		o.holds = false
+		p.releaseWatermark()
 	}
 	return true
 }

@@ -104,6 +104,14 @@ type Pipeline struct {
 	// Only the goroutine that runs cycle touches it, and outbox.
 	pending *cutFlush
 	outbox  outbox
+	// backlog is the stream position of the last message the stream held at start, zero once
+	// read (or when there was none); backlogAt is when its hold began; backlogGone tells that
+	// the stream no longer holds it (expired, purged). All are guarded by mu. holds counts
+	// the pipeline's holds on the watermark; only Run's goroutine touches it.
+	backlog     uint64
+	backlogAt   time.Time
+	backlogGone bool
+	holds       int
 }
 
 // resetConsumer returns an ordered consumer that delivers, in stream order, everything after
@@ -355,11 +363,13 @@ func (p *Pipeline) cycle(ctx context.Context) {
 	fl := p.pending
 	p.pending = nil
 	var closed time.Time // the windows this cut closes, for the watermark
+	caughtUp := false    // this cut takes the backlog at start through its last message
 	if fl == nil {
 		p.mu.Lock()
 		now := p.opts.Clock()
 		fl = &cutFlush{flush: p.stage.cut(now, p.lastSeq)}
 		closed = p.closedThrough(now)
+		caughtUp = p.backlog > 0 && (p.lastSeq >= p.backlog || p.backlogGone)
 		p.stage.observe(now)
 		p.mu.Unlock()
 		if !fl.empty() {
@@ -385,6 +395,9 @@ func (p *Pipeline) cycle(ctx context.Context) {
 		}
 	}
 	p.advanceWatermark(closed)
+	if caughtUp {
+		p.releaseBacklog()
+	}
 	p.mu.Lock()
 	floor := p.floorNow()
 	p.room.Broadcast()
@@ -535,15 +548,27 @@ func (p *Pipeline) write(ctx context.Context, f *cutFlush) bool {
 	}
 }
 
-// observeLag reads how far the consumer is behind the stream.
+// observeLag reads how far the consumer is behind the stream, and whether the backlog at
+// start is still in it.
 func (p *Pipeline) observeLag(ctx context.Context) {
 	ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	info, err := p.cons.Info(ictx)
-	if err != nil {
+	if info, err := p.cons.Info(ictx); err == nil {
+		p.m.lag.Set(float64(info.NumPending))
+	}
+	p.mu.Lock()
+	backlog := p.backlog
+	p.mu.Unlock()
+	if backlog == 0 {
 		return
 	}
-	p.m.lag.Set(float64(info.NumPending))
+	// The backlog's last message deleted before it was read (past the stream's max age,
+	// purged) never comes: its hold ends once the stream starts after it.
+	if s, err := p.js.Stream(ictx, p.opts.Stream); err == nil && s.CachedInfo().State.FirstSeq > backlog {
+		p.mu.Lock()
+		p.backlogGone = true
+		p.mu.Unlock()
+	}
 }
 
 // floorNow returns the position before the oldest one still held, or the last processed

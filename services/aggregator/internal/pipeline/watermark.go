@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -25,8 +26,12 @@ import (
 // whose rollups JetStream has acknowledged (a flush still being written or waiting for its
 // acks reports nothing). The aggregator's watermark is the lowest over its pipelines that have seen a
 // message since start: a pipeline that has seen none holds no window and owes no rollup.
-// It is published once the rollup publisher holds nothing unacknowledged, so JetStream has
-// stored every rollup it covers ahead of it, and it never goes back.
+// A pipeline whose stream held messages past its floor at start holds the watermark until
+// it has processed through the last of them and reported the windows that flush closed,
+// whatever became of those messages (added, late, dead-lettered): without that, another
+// pipeline's progress would carry the watermark past windows its backlog still holds before
+// it has read them. It is published once the rollup publisher holds nothing unacknowledged,
+// so JetStream has stored every rollup it covers ahead of it, and it never goes back.
 type Watermarks struct {
 	js       watermarkPublisher
 	rollups  interface{ Buffered() int }
@@ -39,7 +44,7 @@ type Watermarks struct {
 
 	mu      sync.Mutex
 	through map[string]time.Time // per pipeline (stream): windows closed through
-	holding map[string]bool      // pipelines publishing again what an earlier process stored
+	holding map[string]int       // per pipeline: holds (outbox replay, backlog at start) not yet released
 	sent    time.Time
 	failing bool
 
@@ -58,7 +63,7 @@ type watermarkPublisher interface {
 func NewWatermarks(js watermarkPublisher, rollups interface{ Buffered() int }, consumer string, window time.Duration, reg prometheus.Registerer, logger *slog.Logger) *Watermarks {
 	w := &Watermarks{
 		js: js, rollups: rollups, consumer: consumer, window: window, every: 200 * time.Millisecond,
-		logger: logger.With("component", "watermark"), through: map[string]time.Time{}, holding: map[string]bool{},
+		logger: logger.With("component", "watermark"), through: map[string]time.Time{}, holding: map[string]int{},
 		published: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "aggregator", Name: "watermarks_published_total",
 			Help: "Watermarks JetStream stored on rollup.watermark.<consumer>."}),
 		errors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "aggregator", Name: "watermark_publish_errors_total",
@@ -120,19 +125,77 @@ func (w *Watermarks) Resume(ctx context.Context, rollups lastMessages, now time.
 // resumed from the watermark an earlier process published (Resume), p's windows ending at or
 // before it are closed: what comes for them is a correction, so no ordinary window rollup
 // follows a watermark that covers it, across restarts too. While p publishes again what
-// an earlier process stored (outbox), it holds the watermark.
-func (p *Pipeline) PublishWatermarks(w *Watermarks) {
+// an earlier process stored (outbox), it holds the watermark; and while it reads the
+// messages its stream held past its floor at start (see Watermarks), too.
+func (p *Pipeline) PublishWatermarks(ctx context.Context, w *Watermarks) error {
 	p.marks = w
 	s, ok := p.stage.(watermarked)
 	if !ok || !s.inWatermark() {
-		return
+		return nil
 	}
 	if !w.resumed.IsZero() {
 		s.resume(w.resumed)
 	}
 	if len(p.outbox.replay) > 0 {
-		w.hold(p.opts.Stream)
+		p.outbox.holds = true
+		p.holdWatermark()
 	}
+	last, err := lastPosition(ctx, p.js, p.opts.Stream, p.opts.Filter)
+	if err != nil {
+		return err
+	}
+	if last > p.lastSeq {
+		p.mu.Lock()
+		p.backlog, p.backlogAt = last, time.Now()
+		p.mu.Unlock()
+		p.holdWatermark()
+		p.logger.Info("holding the watermark until the messages the stream held at start are read", "from", p.lastSeq+1, "through", last)
+	}
+	return nil
+}
+
+// lastPosition returns the stream position of the last message of stream matching filter,
+// zero when there is none.
+func lastPosition(ctx context.Context, js jetstream.JetStream, stream, filter string) (uint64, error) {
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return 0, fmt.Errorf("cannot look up stream %s: %w", stream, err)
+	}
+	m, err := s.GetLastMsgForSubject(ctx, cmp.Or(filter, ">"))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("cannot read the last message of %s on %s: %w", stream, filter, err)
+	}
+	return m.Sequence, nil
+}
+
+// holdWatermark and releaseWatermark pair each hold of the pipeline with its release, and
+// show in the watermark_held gauge whether it holds any.
+func (p *Pipeline) holdWatermark() {
+	p.holds++
+	p.marks.hold(p.opts.Stream)
+	p.m.watermarkHeld.Set(1)
+}
+
+func (p *Pipeline) releaseWatermark() {
+	p.holds--
+	p.marks.release(p.opts.Stream)
+	if p.holds == 0 {
+		p.m.watermarkHeld.Set(0)
+	}
+}
+
+// releaseBacklog ends the hold of the backlog at start once a cut that took its last
+// message has been published and its closed windows reported (cycle).
+func (p *Pipeline) releaseBacklog() {
+	p.mu.Lock()
+	at := p.backlogAt
+	p.backlog, p.backlogAt, p.backlogGone = 0, time.Time{}, false
+	p.mu.Unlock()
+	p.releaseWatermark()
+	p.logger.Info("read the messages the stream held at start; the watermark moves again", "after", time.Since(at).Round(time.Millisecond).String())
 }
 
 // closedThrough returns the end of the latest window the stage has closed as of now, or the
@@ -188,18 +251,21 @@ func (w *Watermarks) advance(stream string, through time.Time) {
 }
 
 // hold keeps the watermark where it is while the pipeline of stream publishes again the
-// rollups an earlier process stored (outbox): another pipeline's progress must not carry a
-// watermark past them before they are on ROLLUPS. release ends it.
+// rollups an earlier process stored (outbox), or reads the backlog it had at start: another
+// pipeline's progress must not carry a watermark past them before they are on ROLLUPS.
+// Each hold is ended by one release.
 func (w *Watermarks) hold(stream string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.holding[stream] = true
+	w.holding[stream]++
 }
 
 func (w *Watermarks) release(stream string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	delete(w.holding, stream)
+	if w.holding[stream]--; w.holding[stream] <= 0 {
+		delete(w.holding, stream)
+	}
 }
 
 // current returns the watermark to publish: the lowest of the pipelines that reported, or

@@ -10,6 +10,10 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tokenscope/tokenscope/pkg/bus"
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/pkg/testbed"
 )
 
 func TestWindowsClosedThrough(t *testing.T) {
@@ -137,5 +141,58 @@ func TestWatermarkResumes(t *testing.T) {
 	w.release("GPU_SAMPLES")
 	if !w.publish(context.Background(), now) || len(js.msgs) != 1 {
 		t.Fatalf("%d published after the hold, want 1", len(js.msgs))
+	}
+}
+
+// TestWatermarkHoldsCount: a pipeline can hold the watermark twice at start (rollups to
+// publish again, a backlog to read); ending one hold leaves the other in force.
+func TestWatermarkHoldsCount(t *testing.T) {
+	js := &jsRecorder{}
+	w := NewWatermarks(js, &rollupQueue{}, "agg-a", 15*time.Second, prometheus.NewRegistry(), discardLogger())
+	t0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	w.hold("GPU_SAMPLES") // outbox
+	w.hold("GPU_SAMPLES") // backlog
+	w.advance("LLM_EVENTS", t0.Add(30*time.Second))
+	w.release("GPU_SAMPLES")
+	if w.publish(context.Background(), t0.Add(time.Minute)) {
+		t.Fatal("published while the backlog still held the watermark")
+	}
+	w.release("GPU_SAMPLES")
+	if !w.publish(context.Background(), t0.Add(time.Minute)) || len(js.msgs) != 1 {
+		t.Fatalf("%d published once both holds ended, want 1", len(js.msgs))
+	}
+}
+
+// TestLastPosition: the backlog a pipeline holds the watermark for ends at the last message
+// matching its filter, a wildcard one included; an empty stream holds none.
+func TestLastPosition(t *testing.T) {
+	_, js := testbed.JetStream(t)
+	ctx := context.Background()
+	if err := bus.EnsureStreams(ctx, js, bus.StreamLimits{}, events.StreamEvents); err != nil {
+		t.Fatal(err)
+	}
+	if last, err := lastPosition(ctx, js, events.StreamEvents, events.SubjectRequestsAll); err != nil || last != 0 {
+		t.Fatalf("empty stream: %d, %v; want 0", last, err)
+	}
+	for _, subj := range []string{"llm.req.prod.chat", "llm.req.prod.code", "llm.req.dev.chat"} {
+		if _, err := js.Publish(ctx, subj, []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		filter string
+		want   uint64
+	}{
+		{events.SubjectRequestsAll, 3},
+		{"llm.req.prod.>", 2},
+		{"llm.req.staging.>", 0},
+		{"", 3},
+	} {
+		if last, err := lastPosition(ctx, js, events.StreamEvents, c.filter); err != nil || last != c.want {
+			t.Errorf("filter %q: %d, %v; want %d", c.filter, last, err, c.want)
+		}
+	}
+	if _, err := lastPosition(ctx, js, "NO_SUCH_STREAM", ">"); err == nil {
+		t.Error("a missing stream gave no error")
 	}
 }
