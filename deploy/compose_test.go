@@ -203,14 +203,7 @@ func TestComposeVariables(t *testing.T) {
 		if s.Build == nil || s.Build.Dockerfile != "deploy/docker/"+svc+".Dockerfile" {
 			t.Errorf("%s: image tokenscope/%s is not built from deploy/docker/%s.Dockerfile", name, svc, svc)
 		}
-		prog, err := src.Program("services/" + svc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		known, err := prog.EnvVars()
-		if err != nil {
-			t.Fatal(err)
-		}
+		known := envVars(t, src, svc)
 		for k, v := range s.Environment {
 			if _, ok := known[k]; !ok {
 				t.Errorf("%s sets %s, which services/%s does not read", name, k, svc)

@@ -129,6 +129,20 @@ type code struct {
 	metrics map[string]string // metric -> where it is defined
 }
 
+// envVars returns the variables services/<svc> reads, with the code's defaults.
+func envVars(t *testing.T, src *srcconfig.Reader, svc string) map[string]string {
+	t.Helper()
+	prog, err := src.Program("services/" + svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars, err := prog.EnvVars()
+	if err != nil {
+		t.Fatalf("services/%s: %v", svc, err)
+	}
+	return vars
+}
+
 func readCode(t *testing.T, src *srcconfig.Reader, svc string) code {
 	t.Helper()
 	prog, err := src.Program("services/" + svc)
@@ -616,14 +630,7 @@ func TestComposeOverrideExample(t *testing.T) {
 		if svc == "" || !strings.Contains(example, "\n  "+name+":") {
 			continue
 		}
-		prog, err := src.Program("services/" + svc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		known, err := prog.EnvVars()
-		if err != nil {
-			t.Fatal(err)
-		}
+		known := envVars(t, src, svc)
 		for k := range s.Environment {
 			if !strings.Contains(example, k+":") {
 				continue
@@ -644,14 +651,7 @@ func TestComposeOverrideExample(t *testing.T) {
 // compose file or the code's default, and the publisher's 5s flush after it.
 func TestComposeStopGrace(t *testing.T) {
 	p := loadCompose(t, nil)
-	prog, err := srcconfig.NewReader(repoRoot).Program("services/emitter")
-	if err != nil {
-		t.Fatal(err)
-	}
-	vars, err := prog.EnvVars()
-	if err != nil {
-		t.Fatal(err)
-	}
+	vars := envVars(t, srcconfig.NewReader(repoRoot), "emitter")
 	s := p.Services["emitter"]
 	grace := vars["EMITTER_SHUTDOWN_GRACE"]
 	if v := s.Environment["EMITTER_SHUTDOWN_GRACE"]; v != nil {
