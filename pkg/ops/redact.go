@@ -25,10 +25,7 @@ var secretWords = []string{"key", "token", "secret", "pass", "pwd", "auth", "sig
 func RedactURL(raw string) string {
 	raw = strings.TrimSpace(raw)
 	u, err := url.Parse(raw)
-	// An @ that did not make user information may still end one: url.Parse reads
-	// http://user:2024/s3cret@host as host user:2024 and a path, the password in it.
-	_, afterScheme, _ := strings.Cut(raw, "://")
-	if err != nil || u.Opaque != "" || u.Scheme == "" || (u.User == nil && strings.Contains(afterScheme, "@")) {
+	if err != nil || u.Opaque != "" || u.Scheme == "" || strayAt(raw, u) {
 		return redactUnparsed(raw)
 	}
 	if u.User != nil {
@@ -53,6 +50,26 @@ func RedactURL(raw string) string {
 		u.RawQuery = strings.Join(parts, "&")
 	}
 	return u.String()
+}
+
+// strayAt reports whether raw has an @ other than the one that ends its user information,
+// which may belong to a password url.Parse took for a host, a path or a query:
+// http://user:2024/s3cret@host (host user:2024), https:/user:key@host (a path),
+// http://user:pa@ss/s3cret@host (user information user:pa).
+func strayAt(raw string, u *url.URL) bool {
+	n := strings.Count(raw, "@")
+	if n == 0 {
+		return false
+	}
+	if u.User == nil || n > 1 {
+		return true
+	}
+	_, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return true
+	}
+	end := strings.IndexAny(rest, "/?#")
+	return end >= 0 && strings.IndexByte(rest, '@') > end
 }
 
 func secretName(name string) bool {

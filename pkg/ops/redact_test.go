@@ -43,6 +43,10 @@ func TestRedactURL(t *testing.T) {
 	f("http://admin:8/xK3q@am:9093", "http://xxxxx@am:9093")
 	f("https://user:12?s3cret@host/x", "https://xxxxx@host/…")
 	f("https://user:123#s3cret@host", "https://xxxxx@host")
+	f("https:/user:sk-s3cret@api.openai.com", notShown) // one slash: all of it a path
+	f("http:/s3cret@h/x", notShown)
+	f("http://user:pa@ss/s3cret@host", "http://xxxxx@host") // an @ in the password too
+	f("http://u:s3cret@h/?email=a@b", "http://xxxxx@b")
 	f("http://u:s3c/ret@h:1/x", "http://xxxxx@h:1/…")
 	// No scheme: not shown.
 	f("scraper:s3cret@h/metrics", notShown)

@@ -236,36 +236,73 @@ func TestWatermarkPassesInvalidBacklog(t *testing.T) {
 	addr := freeAddr(t)
 	startAggregator(t, b.env(envVars{"HTTP_ADDR": addr, "AGG_CONSUMER": "agg-i", "AGG_ENGINE": "false", "AGG_FEEDBACK": "false",
 		"AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "100ms", "AGG_LOG_LEVEL": "warn"}))
-	start := time.Now().UTC()
-	for deadline := start.Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		b.publish(t, spreadEvents(10, time.Now().UTC().Add(-100*time.Millisecond)))
-		var w events.Watermark
-		if msgs := b.rollupsStream(t); len(msgs) > 0 {
-			for i := len(msgs) - 1; i >= 0; i-- {
-				if msgs[i].subject == events.WatermarkSubject("agg-i") {
-					if err := json.Unmarshal(msgs[i].data, &w); err != nil {
-						t.Fatal(err)
-					}
-					break
-				}
-			}
-		}
-		if w.Through.After(start) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no watermark past %s in 30 s: the invalid backlog held it (through %s)", start, w.Through)
-		}
+	b.waitWatermarkPast(t, "agg-i", time.Now().UTC(), 30*time.Second)
+	if want := `aggregator_watermark_held{stream="gpu"} 0`; !strings.Contains(metricsText(t, addr), want) {
+		t.Errorf("/metrics does not say %s once the backlog was read", want)
 	}
-	resp, err := http.Get("http://" + addr + "/metrics")
+}
+
+// TestWatermarkPassesDeletedBacklog: the last message of the backlog at start is removed
+// from the stream before the aggregator reads it (by hand, as a poison message would be):
+// the hold does not wait for it, and the watermark moves again once the rest is read.
+func TestWatermarkPassesDeletedBacklog(t *testing.T) {
+	b := newBed(t)
+	b.publishInvalidGPU(t, 60000)
+	ctx := context.Background()
+	gpu, err := b.js.Stream(ctx, events.StreamGPU)
 	if err != nil {
 		t.Fatal(err)
 	}
+	last := gpu.CachedInfo().State.LastSeq
+	addr := freeAddr(t)
+	startAggregator(t, b.env(envVars{"HTTP_ADDR": addr, "AGG_CONSUMER": "agg-d", "AGG_ENGINE": "false", "AGG_FEEDBACK": "false",
+		"AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "100ms", "AGG_LOG_LEVEL": "warn"}))
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(metricsText(t, addr), `aggregator_watermark_held{stream="gpu"} 1`); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the GPU pipeline never held the watermark for its backlog")
+		}
+	}
+	if err := gpu.DeleteMsg(ctx, last); err != nil {
+		t.Fatal(err)
+	}
+	b.waitWatermarkPast(t, "agg-d", time.Now().UTC(), 40*time.Second)
+}
+
+// waitWatermarkPast publishes live request events until consumer's watermark on ROLLUPS is
+// past start, failing after within.
+func (b *bed) waitWatermarkPast(t *testing.T, consumer string, start time.Time, within time.Duration) {
+	t.Helper()
+	for deadline := time.Now().Add(within); ; time.Sleep(100 * time.Millisecond) {
+		b.publish(t, spreadEvents(10, time.Now().UTC().Add(-100*time.Millisecond)))
+		var w events.Watermark
+		msgs := b.rollupsStream(t)
+		for i := len(msgs) - 1; i >= 0; i-- {
+			if msgs[i].subject == events.WatermarkSubject(consumer) {
+				if err := json.Unmarshal(msgs[i].data, &w); err != nil {
+					t.Fatal(err)
+				}
+				break
+			}
+		}
+		if w.Through.After(start) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no watermark past %s in %s: the backlog held it (through %s)", start, within, w.Through)
+		}
+	}
+}
+
+// metricsText returns the aggregator's /metrics, empty while it does not answer yet.
+func metricsText(t *testing.T, addr string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return ""
+	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
-	if want := `aggregator_watermark_held{stream="gpu"} 0`; !strings.Contains(string(body), want) {
-		t.Errorf("/metrics does not say %s once the backlog was read", want)
-	}
+	return string(body)
 }
 
 // publishInvalidGPU publishes n messages on a GPU subject that are no valid sample.

@@ -553,8 +553,10 @@ func (p *Pipeline) write(ctx context.Context, f *cutFlush) bool {
 func (p *Pipeline) observeLag(ctx context.Context) {
 	ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
+	var delivered uint64 // the stream position of the last message delivered to the pipeline
 	if info, err := p.cons.Info(ictx); err == nil {
 		p.m.lag.Set(float64(info.NumPending))
+		delivered = info.Delivered.Stream
 	}
 	p.mu.Lock()
 	backlog := p.backlog
@@ -563,12 +565,22 @@ func (p *Pipeline) observeLag(ctx context.Context) {
 		return
 	}
 	// The backlog's last message deleted before it was read (past the stream's max age,
-	// purged) never comes: its hold ends once the stream starts after it.
-	if s, err := p.js.Stream(ictx, p.opts.Stream); err == nil && s.CachedInfo().State.FirstSeq > backlog {
-		p.mu.Lock()
-		p.backlogGone = true
-		p.mu.Unlock()
+	// purged, removed by hand) never comes: the hold then waits for what the stream still
+	// holds of the backlog, and for what was delivered already, and ends once both are read.
+	pos, err := lastPosition(ictx, p.js, p.opts.Stream, p.opts.Filter)
+	if err != nil || pos >= backlog {
+		return
 	}
+	target := max(pos, delivered)
+	p.mu.Lock()
+	if p.backlog != 0 {
+		if target <= p.lastSeq {
+			p.backlogGone = true
+		} else {
+			p.backlog = target
+		}
+	}
+	p.mu.Unlock()
 }
 
 // floorNow returns the position before the oldest one still held, or the last processed

@@ -181,10 +181,10 @@ func (p *Pipeline) holdWatermark() {
 
 func (p *Pipeline) releaseWatermark() {
 	p.holds--
-	p.marks.release(p.opts.Stream)
 	if p.holds == 0 {
 		p.m.watermarkHeld.Set(0)
 	}
+	p.marks.release(p.opts.Stream)
 }
 
 // releaseBacklog ends the hold of the backlog at start once a cut that took its last

@@ -113,8 +113,8 @@ func DefaultAPI(u *url.URL) string {
 // route is where a request goes: by its model when the proxy read one, by its API otherwise
 // (a model list, a batch, a body it did not read), so that neither provider gets the
 // other's key. A request of the API the default upstream serves goes there; one of the other
-// API goes to the first route whose prefix begins with "claude" (Anthropic's) or "gpt"
-// (OpenAI's), and to the default upstream when there is none.
+// API goes where a model named claude-… (Anthropic's) or gpt-… (OpenAI's) goes, which is the
+// default upstream when no route takes it.
 func (c *Config) route(model string, anthropic bool) *url.URL {
 	if model != "" {
 		return c.upstream(model)
@@ -128,11 +128,7 @@ func (c *Config) route(model string, anthropic bool) *url.URL {
 		served = DefaultAPI(c.Upstream)
 	}
 	if served != api {
-		for _, r := range c.Routes {
-			if strings.HasPrefix(r.Prefix, family) {
-				return r.URL
-			}
-		}
+		return c.upstream(family + "-") // where a plain gpt-… or claude-… model goes
 	}
 	return c.Upstream
 }

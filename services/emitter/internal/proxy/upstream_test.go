@@ -230,6 +230,8 @@ func TestRouteByDefaultAPI(t *testing.T) {
 		{"an inference server beside OpenAI", vllm, "", []Route{{"gpt-", oai}}, false, vllm},
 		{"an inference server beside Anthropic", vllm, "", []Route{{"claude-", ant}}, true, ant},
 		{"no route of that API", ant, "", []Route{{"llama", vllm}}, false, ant},
+		{"a narrower gpt route first", ant, "", []Route{{"gpt-oss-", vllm}, {"gpt-", oai}}, false, oai},
+		{"a narrower claude route first", oai, "", []Route{{"claude-3-", vllm}, {"claude", ant}}, true, ant},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c := Config{Upstream: tt.def, UpstreamAPI: tt.api, Routes: tt.routes}
