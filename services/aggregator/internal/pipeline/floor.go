@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokenscope/tokenscope/pkg/bus"
@@ -40,9 +42,28 @@ func openFloor(ctx context.Context, js jetstream.JetStream, stream, consumer str
 	return &floorStore{kv: kv, key: stream + "." + consumer}, nil
 }
 
+// unreadyWait is how long a read at start waits for a bucket or stream that answers no one:
+// one just made on a NATS cluster does until its replicas have elected a leader.
+const unreadyWait = 30 * time.Second
+
+// whenReady calls read until it returns anything but nats.ErrNoResponders, for up to
+// unreadyWait, and returns what it returned last.
+func whenReady[T any](ctx context.Context, read func() (T, error)) (T, error) {
+	v, err := read()
+	for deadline := time.Now().Add(unreadyWait); errors.Is(err, nats.ErrNoResponders) && time.Now().Before(deadline); {
+		select {
+		case <-ctx.Done():
+			return v, ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+		v, err = read()
+	}
+	return v, err
+}
+
 // load returns the stored floor, 0 when none is stored.
 func (f *floorStore) load(ctx context.Context) (uint64, error) {
-	e, err := f.kv.Get(ctx, f.key)
+	e, err := whenReady(ctx, func() (jetstream.KeyValueEntry, error) { return f.kv.Get(ctx, f.key) })
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return 0, nil
 	}

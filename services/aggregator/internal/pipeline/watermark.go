@@ -97,7 +97,7 @@ type lastMessages interface {
 // zero when there is none.
 func (w *Watermarks) Resume(ctx context.Context, rollups lastMessages, now time.Time) (time.Time, error) {
 	subject := events.WatermarkSubject(w.consumer)
-	m, err := rollups.GetLastMsgForSubject(ctx, subject)
+	m, err := whenReady(ctx, func() (*jetstream.RawStreamMsg, error) { return rollups.GetLastMsgForSubject(ctx, subject) })
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return time.Time{}, nil
 	}
@@ -161,7 +161,7 @@ func lastPosition(ctx context.Context, js jetstream.JetStream, stream, filter st
 	if err != nil {
 		return 0, fmt.Errorf("cannot look up stream %s: %w", stream, err)
 	}
-	m, err := s.GetLastMsgForSubject(ctx, cmp.Or(filter, ">"))
+	m, err := whenReady(ctx, func() (*jetstream.RawStreamMsg, error) { return s.GetLastMsgForSubject(ctx, cmp.Or(filter, ">")) })
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return 0, nil
 	}
