@@ -137,22 +137,12 @@ func TestKillBeforeRollupAcks(t *testing.T) {
 	bin := buildBinary(t)
 	vars := b.env(envVars{"AGG_CONSUMER": "agg-k", "AGG_GPU": "false", "AGG_ENGINE": "false", "AGG_FEEDBACK": "false",
 		"AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "100ms", "AGG_LOG_LEVEL": "warn"})
-	ctx := t.Context()
 	cmd := startProcess(t, bin, vars)
 	start := time.Now().UTC().Add(-90 * time.Second)
 	b.publish(t, spreadEvents(1000, start))
 	b.waitRows(t, time.Minute, 1000, "SELECT sum(requests) FROM token_rollups")
 
-	s, err := b.js.Stream(ctx, events.StreamRollups)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := s.CachedInfo().Config
-	held := cfg
-	held.Subjects = []string{"held.rollups"}
-	if _, err := b.js.UpdateStream(ctx, held); err != nil {
-		t.Fatal(err)
-	}
+	restore := b.divertStream(t, events.StreamRollups)
 	b.publish(t, spreadEvents(1000, start.Add(10*time.Second)))
 	// The first flush of these is stored, then the pipeline holds for its acks.
 	for deadline := time.Now().Add(time.Minute); b.scalar(t, "SELECT sum(requests) FROM token_rollups") <= 1000; time.Sleep(100 * time.Millisecond) {
@@ -172,9 +162,7 @@ func TestKillBeforeRollupAcks(t *testing.T) {
 		t.Fatalf("all %d rollups on ROLLUPS before the kill: the test cut nothing off", len(ids))
 	}
 
-	if _, err := b.js.UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	restore()
 	startProcess(t, bin, vars)
 	b.publish(t, spreadEvents(1000, start.Add(20*time.Second)))
 	b.waitRows(t, time.Minute, 3000, "SELECT sum(requests) FROM token_rollups")

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -214,22 +215,7 @@ func TestStalledPublishShows(t *testing.T) {
 		}
 	}
 
-	s, err := b.js.Stream(ctx, events.StreamRollups)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := s.CachedInfo().Config
-	held := cfg
-	held.Subjects = []string{"held.rollups"}
-	if _, err := b.js.UpdateStream(ctx, held); err != nil {
-		t.Fatal(err)
-	}
-	restored := false
-	defer func() {
-		if !restored {
-			_, _ = b.js.UpdateStream(context.WithoutCancel(ctx), cfg)
-		}
-	}()
+	restore := b.divertStream(t, events.StreamRollups)
 	b.publish(t, spreadEvents(1000, start.Add(10*time.Second)))
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -256,10 +242,7 @@ func TestStalledPublishShows(t *testing.T) {
 	if now := metricValue(addr, "aggregator_ack_floor", `stream="tokens"`); now != floor {
 		t.Fatalf("the floor moved from %v to %v past rollups JetStream does not hold", floor, now)
 	}
-	if _, err := b.js.UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
-	restored = true
+	restore()
 	b.waitRows(t, time.Minute, 2000, "SELECT sum(requests) FROM token_rollups")
 	checkRollupsPublished(t, b, "agg-s", 2000)
 	for deadline := time.Now().Add(15 * time.Second); metricValue(addr, "aggregator_publish_stalled_seconds", `stream="tokens"`) != 0; time.Sleep(100 * time.Millisecond) {
@@ -281,22 +264,12 @@ func TestRollupsTwicePastTheDuplicateWindow(t *testing.T) {
 	b := newBed(t)
 	vars := b.env(envVars{"AGG_CONSUMER": "agg-d", "AGG_GPU": "false", "AGG_ENGINE": "false", "AGG_FEEDBACK": "false",
 		"AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "100ms", "AGG_LOG_LEVEL": "warn", "NATS_STREAM_DUPLICATE_WINDOW": "1s"})
-	ctx := t.Context()
 	stop := startAggregator(t, vars)
 	start := time.Now().UTC().Add(-90 * time.Second)
 	b.publish(t, spreadEvents(1000, start))
 	b.waitRows(t, time.Minute, 1000, "SELECT sum(requests) FROM token_rollups")
 
-	kv, err := b.js.Stream(ctx, "KV_"+pipeline.FloorBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := kv.CachedInfo().Config
-	held := cfg
-	held.Subjects = []string{"held.kv"}
-	if _, err := b.js.UpdateStream(ctx, held); err != nil {
-		t.Fatal(err)
-	}
+	restore := b.divertStream(t, "KV_"+pipeline.FloorBucket)
 	b.publish(t, spreadEvents(1000, start.Add(10*time.Second)))
 	b.waitRows(t, time.Minute, 2000, "SELECT sum(requests) FROM token_rollups")
 	stored := b.scalar(t, "SELECT count() FROM token_rollups")
@@ -309,9 +282,7 @@ func TestRollupsTwicePastTheDuplicateWindow(t *testing.T) {
 		}
 	}
 	stop()
-	if _, err := b.js.UpdateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	restore()
 	time.Sleep(1500 * time.Millisecond) // past the duplicate window
 	startAggregator(t, vars)
 
@@ -364,4 +335,31 @@ func TestRollupsTwicePastTheDuplicateWindow(t *testing.T) {
 		t.Errorf("%d rollups by id on ROLLUPS with %d requests; ClickHouse stores %d with 2000", len(copies), requests, stored)
 	}
 	t.Logf("%d of %d rollups on ROLLUPS twice, under the same id and data", twice, len(copies))
+}
+
+// divertStream moves stream's subjects elsewhere, so that JetStream refuses what is
+// published on them (no responders), until restore, which the test's end also calls.
+func (b *bed) divertStream(t *testing.T, stream string) (restore func()) {
+	t.Helper()
+	ctx := context.Background()
+	s, err := b.js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	held := cfg
+	held.Subjects = []string{"held." + strings.ToLower(stream)}
+	if _, err := b.js.UpdateStream(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	restore = func() {
+		once.Do(func() {
+			if _, err := b.js.UpdateStream(ctx, cfg); err != nil {
+				t.Errorf("cannot give %s its subjects back: %v", stream, err)
+			}
+		})
+	}
+	t.Cleanup(restore)
+	return restore
 }
