@@ -285,10 +285,13 @@ func netReason(ctx context.Context, err error) string {
 }
 
 // read sums what the families say per model: across the other labels (vLLM's engine
-// core index under data parallelism) additive readings add and usage ratios take the
-// highest. Series of a parallel rank other than 0 (SGLang's tp_rank, pp_rank,
-// moe_ep_rank) repeat what rank 0 says of the same scheduler and are skipped, or
-// they would be counted once per rank.
+// core index under data parallelism, SGLang's dp_rank) additive readings add and usage
+// ratios take the highest. SGLang labels each scheduler's series with its ranks: a
+// data-parallel rank (dp_rank) is a scheduler of its own, with its own queue, while the
+// other ranks of one (tp_rank, pp_rank, moe_ep_rank) repeat its figures when every
+// scheduler exports. So only the lowest ranks of each model and dp_rank are read, or the
+// same requests would be counted once per rank. The lowest, not 0: under DP attention
+// the scheduler of dp_rank 3 is tp_rank 3 (and moe_ep_rank 3 with expert parallelism).
 func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily) map[string]*state {
 	cur := map[string]*state{}
 	byName := names[t.Engine]
@@ -296,6 +299,7 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily) map[string]
 	if label == "" {
 		label = "\x00" // no label has this name: TGI's samples have no model
 	}
+	leaders := leadingRanks(fams, byName, label)
 	overLimit := false
 	for name, fam := range fams {
 		mp, ok := byName[name]
@@ -307,17 +311,9 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily) map[string]
 			prio = 1
 		}
 		for _, m := range fam.GetMetric() {
-			mdl, otherRank := "", false
-			for _, lp := range m.GetLabel() {
-				switch lp.GetName() {
-				case label:
-					mdl = lp.GetValue()
-				case "tp_rank", "pp_rank", "moe_ep_rank":
-					otherRank = otherRank || lp.GetValue() != "0"
-				}
-			}
-			if otherRank {
-				continue
+			mdl, group, r := seriesRanks(m, label)
+			if r.has && r != leaders[group] {
+				continue // another rank's copy of the same scheduler's figures
 			}
 			st := cur[mdl]
 			if st == nil {
@@ -363,6 +359,76 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily) map[string]
 		cur[""] = &state{} // up, and exporting nothing tokenscope reads
 	}
 	return cur
+}
+
+// ranks are the parallel ranks of the SGLang scheduler a series is from, below its
+// data-parallel rank.
+type ranks struct {
+	has           bool // the series carries at least one of them
+	pp, tp, moeEP string
+}
+
+// less orders ranks by pp_rank, then tp_rank, then moe_ep_rank, each as a number (a
+// shorter decimal is the smaller), a missing one first.
+func (r ranks) less(o ranks) bool {
+	for _, p := range [...][2]string{{r.pp, o.pp}, {r.tp, o.tp}, {r.moeEP, o.moeEP}} {
+		a, b := p[0], p[1]
+		if len(a) != len(b) {
+			return len(a) < len(b)
+		}
+		if a != b {
+			return a < b
+		}
+	}
+	return false
+}
+
+// seriesRanks returns the series' model, the scheduler group it belongs to (model and
+// dp_rank; only made when it has ranks) and its ranks in that group.
+func seriesRanks(m *dto.Metric, label string) (mdl, group string, r ranks) {
+	dp := ""
+	for _, lp := range m.GetLabel() {
+		switch lp.GetName() {
+		case label:
+			mdl = lp.GetValue()
+		case "dp_rank":
+			dp = lp.GetValue()
+		case "pp_rank":
+			r.pp, r.has = lp.GetValue(), true
+		case "tp_rank":
+			r.tp, r.has = lp.GetValue(), true
+		case "moe_ep_rank":
+			r.moeEP, r.has = lp.GetValue(), true
+		}
+	}
+	if r.has {
+		group = mdl + "\x00" + dp
+	}
+	return mdl, group, r
+}
+
+// leadingRanks returns, per model and dp_rank, the lowest ranks any series read has: the
+// scheduler whose series are read.
+func leadingRanks(fams map[string]*dto.MetricFamily, byName map[string]mapping, label string) map[string]ranks {
+	var leaders map[string]ranks
+	for name, fam := range fams {
+		if _, ok := byName[name]; !ok {
+			continue
+		}
+		for _, m := range fam.GetMetric() {
+			_, group, r := seriesRanks(m, label)
+			if !r.has {
+				continue
+			}
+			if leaders == nil {
+				leaders = map[string]ranks{}
+			}
+			if l, ok := leaders[group]; !ok || r.less(l) {
+				leaders[group] = r
+			}
+		}
+	}
+	return leaders
 }
 
 // value is a gauge's or counter's value; untyped families count as either.

@@ -509,6 +509,40 @@ sglang:num_queue_reqs{engine_type="unified",model_name="m",pp_rank="1",tp_rank="
 	}
 }
 
+// TestDataParallelRanks: under DP attention every data-parallel rank is a scheduler of its
+// own, exported by its first TP rank (tp_rank 0, 1, 2, 3 for dp_rank 0 to 3 at one GPU
+// each; moe_ep_rank follows tp_rank under expert parallelism): the queues of all add up.
+// With every scheduler exporting (--enable-metrics-for-all-schedulers), the further TP
+// ranks of one DP rank repeat its figures and are skipped.
+func TestDataParallelRanks(t *testing.T) {
+	series := func(dp, tp, v int) string {
+		return fmt.Sprintf("sglang:num_queue_reqs{dp_rank=\"%d\",engine_type=\"unified\",model_name=\"m\",moe_ep_rank=\"%d\",pp_rank=\"0\",tp_rank=\"%d\"} %d\n"+
+			"sglang:num_running_reqs{dp_rank=\"%d\",engine_type=\"unified\",model_name=\"m\",moe_ep_rank=\"%d\",pp_rank=\"0\",tp_rank=\"%d\"} %d\n",
+			dp, tp, tp, v, dp, tp, tp, 10*v)
+	}
+	head := "# TYPE sglang:num_queue_reqs gauge\n# TYPE sglang:num_running_reqs gauge\n"
+	for _, tc := range []struct {
+		name                     string
+		body                     string
+		wantWaiting, wantRunning float64
+	}{
+		{"dp attention, 4 ranks", head + series(0, 0, 1) + series(1, 1, 2) + series(2, 2, 3) + series(3, 3, 4), 10, 100},
+		{"every scheduler exports, attention TP 2", head + series(0, 0, 1) + series(0, 1, 1) + series(1, 2, 2) + series(1, 3, 2), 3, 30},
+		{"dp rank 10 beside 9", head + series(9, 9, 1) + series(10, 10, 2), 3, 30},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eng := newEngine(t, tc.body)
+			pub := &fakePublisher{}
+			s, _ := newScraper(t, []Target{{Engine: "sglang", Name: "sglang", URL: eng.URL}}, pub, 4)
+			s.Tick(context.Background(), t0)
+			smp := one(t, pub.take(t))
+			if smp.Waiting == nil || *smp.Waiting != tc.wantWaiting || smp.Running == nil || *smp.Running != tc.wantRunning {
+				t.Errorf("waiting %s running %s, want %v and %v", jsonOf(smp.Waiting), jsonOf(smp.Running), tc.wantWaiting, tc.wantRunning)
+			}
+		})
+	}
+}
+
 // TestHistogramBounds: two cores of one model with different bounds cannot be added, and a
 // histogram whose bounds changed between two scrapes has no delta that tick. The first is
 // counted; the second is an engine upgrade, not an error.
