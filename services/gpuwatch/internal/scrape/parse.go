@@ -19,7 +19,8 @@ import (
 // _count and _sum series. Every other series is parsed and let go without being kept, which
 // is where the time goes in an engine's exposition: expfmt builds every family it meets.
 // What the labels of each series kept say is remembered in c for the next scrape of the
-// same endpoint.
+// same endpoint. A series exposed twice is read once, as its first copy (what Prometheus
+// stores of a scrape that repeats a series); c.dups counts the copies left out.
 func families(body []byte, byName map[string]mapping, c *seriesCache) (map[string]*dto.MetricFamily, error) {
 	p := textparse.NewPromParser(body, labels.NewSymbolTable(), false)
 	types := map[string]dto.MetricType{}
@@ -29,6 +30,7 @@ func families(body []byte, byName map[string]mapping, c *seriesCache) (map[strin
 	var slab []bucket
 	var mtype model.MetricType // of the last TYPE line, as textparse reads the labels under it
 	c.gen++
+	c.dups = 0
 	for {
 		entry, err := p.Next()
 		if errors.Is(err, io.EOF) {
@@ -59,6 +61,10 @@ func families(body []byte, byName map[string]mapping, c *seriesCache) (map[strin
 			p.Labels(&lset)
 			e = newSeriesEntry(lset, mtype)
 			c.entries[string(series)] = e
+		}
+		if e.gen == c.gen {
+			c.dups++ // a copy of a series this exposition already had: added, it would count twice
+			continue
 		}
 		e.gen = c.gen
 		if _, ok := byName[e.name]; ok {
@@ -131,6 +137,7 @@ func families(body []byte, byName map[string]mapping, c *seriesCache) (map[strin
 type seriesCache struct {
 	entries map[string]*seriesEntry
 	gen     uint64
+	dups    int // series of the last scrape left out as copies of one before them
 }
 
 func newSeriesCache() *seriesCache { return &seriesCache{entries: map[string]*seriesEntry{}} }

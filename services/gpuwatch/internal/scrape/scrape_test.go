@@ -440,6 +440,52 @@ vllm:time_to_first_token_seconds_sum{model_name="m"} 1
 	}
 }
 
+// TestDuplicateSeries: an exposition that repeats a series (two collectors registered for
+// one name, a sidecar that concatenates expositions) is read as its first copy, as
+// Prometheus stores it, and the copies are counted: a gauge is not doubled, a counter's
+// delta is not doubled, and a histogram with a bucket line twice is still read.
+func TestDuplicateSeries(t *testing.T) {
+	body := func(tokens, ttft int) string {
+		return fmt.Sprintf(`# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 3
+vllm:num_requests_running{model_name="m"} 3
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{model_name="m"} %[1]d
+vllm:prompt_tokens_total{model_name="m"} %[1]d
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{le="0.5",model_name="m"} %[2]d
+vllm:time_to_first_token_seconds_bucket{le="0.5",model_name="m"} %[2]d
+vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} %[2]d
+vllm:time_to_first_token_seconds_count{model_name="m"} %[2]d
+vllm:time_to_first_token_seconds_count{model_name="m"} %[2]d
+vllm:time_to_first_token_seconds_sum{model_name="m"} 1
+`, tokens, ttft)
+	}
+	eng := newEngine(t, body(100, 2))
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 4)
+	s.Tick(context.Background(), t0)
+	eng.set(body(150, 5))
+	s.Tick(context.Background(), t0.Add(time.Second))
+	got := pub.take(t)
+	if len(got) != 2 {
+		t.Fatalf("%d samples", len(got))
+	}
+	smp := got[1]
+	if smp.Running == nil || *smp.Running != 3 {
+		t.Errorf("running %s, want 3", jsonOf(smp.Running))
+	}
+	if smp.PromptTokens == nil || *smp.PromptTokens != 50 {
+		t.Errorf("prompt_tokens %s, want 50", jsonOf(smp.PromptTokens))
+	}
+	if w := (&events.HistogramDelta{Le: []float64{0.5}, Counts: []float64{3, 0}, Sum: 0, Count: 3}); !reflect.DeepEqual(smp.TTFT, w) {
+		t.Errorf("ttft %s, want %s", jsonOf(smp.TTFT), jsonOf(w))
+	}
+	if v := testutil.ToFloat64(s.m.dropped.WithLabelValues("vllm", "duplicate_series")); v != 8 {
+		t.Errorf("duplicate_series = %v, want 8 (4 per scrape)", v)
+	}
+}
+
 // TestLegacyKVName: vLLM before kv_cache_usage_perc exported gpu_cache_usage_perc; the
 // current name wins when both are there.
 func TestLegacyKVName(t *testing.T) {
