@@ -206,9 +206,17 @@ func (s *Scraper) scrapeTarget(ctx context.Context, t *target, now time.Time) {
 	if err != nil {
 		s.m.failed.WithLabelValues(t.Name, reason).Inc()
 		s.m.up.WithLabelValues(t.Name).Set(0)
-		if msg := reason + ": " + err.Error(); msg != t.lastErr {
+		// Logged when the failure changes, not at every tick: the error's text also holds
+		// what differs between two attempts of one failure (the local port of a connection
+		// the engine reset, the line a malformed exposition broke at), so the reason is
+		// what is compared, and the status of an engine that answers with another.
+		key := reason
+		if reason == "http_status" {
+			key += ": " + err.Error()
+		}
+		if key != t.lastErr {
 			s.logger.Warn("cannot scrape engine; reported down", "engine", t.Name, "url", ops.RedactURL(t.URL), "reason", reason, "err", err)
-			t.lastErr = msg
+			t.lastErr = key
 		}
 		t.out = append(t.out, events.EngineSample{V: events.Version, TS: now, Host: s.opts.Host,
 			Engine: t.Engine, Name: t.Name, Up: false, Error: reason})

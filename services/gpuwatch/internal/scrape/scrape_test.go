@@ -8,6 +8,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -374,6 +375,51 @@ func TestEngineFails(t *testing.T) {
 	}
 	if v := testutil.ToFloat64(s.m.up.WithLabelValues("good")); v != 1 {
 		t.Errorf("engine_up{good} = %v", v)
+	}
+}
+
+// TestFailureLoggedOnce: an engine that keeps failing the same way is logged once, not at
+// every tick, though the error's text changes from one attempt to the next: the local port
+// of each connection it resets, the line of each malformed exposition.
+func TestFailureLoggedOnce(t *testing.T) {
+	var resets atomic.Bool
+	resets.Store(true)
+	var n atomic.Int64
+	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if resets.Load() {
+			c, _, err := w.(http.Hijacker).Hijack()
+			if err != nil {
+				return
+			}
+			_ = c.(*net.TCPConn).SetLinger(0) // close with a reset
+			_ = c.Close()
+			return
+		}
+		fmt.Fprintf(w, "vllm:num_requests_running{model_name=\"m\"} %d oops\n", n.Add(1)) // a broken line, each time another
+	}))
+	t.Cleanup(eng.Close)
+	var log bytes.Buffer
+	s := New([]Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, &fakePublisher{}, Options{Host: "gpu-node-3",
+		Interval: time.Second, Timeout: 2 * time.Second, MaxBytes: 1 << 20, MaxModels: 16}, prometheus.NewRegistry(),
+		slog.New(slog.NewTextHandler(&log, nil)))
+	tick := 0
+	for range 3 {
+		s.Tick(context.Background(), t0.Add(time.Duration(tick)*time.Second))
+		tick++
+	}
+	resets.Store(false)
+	for range 3 {
+		s.Tick(context.Background(), t0.Add(time.Duration(tick)*time.Second))
+		tick++
+	}
+	if got := strings.Count(log.String(), "cannot scrape engine"); got != 2 {
+		t.Errorf("%d failures logged over 3 resets and 3 malformed expositions, want 2 (one per change):\n%s", got, log.String())
+	}
+	if v := testutil.ToFloat64(s.m.failed.WithLabelValues("vllm", "connect")); v != 3 {
+		t.Errorf("engine_scrape_errors_total{connect} = %v, want 3", v)
+	}
+	if v := testutil.ToFloat64(s.m.failed.WithLabelValues("vllm", "malformed")); v != 3 {
+		t.Errorf("engine_scrape_errors_total{malformed} = %v, want 3", v)
 	}
 }
 
