@@ -192,8 +192,13 @@ func msgID(s *events.EngineSample) string {
 func (s *Scraper) scrapeTarget(ctx context.Context, t *target, now time.Time) {
 	began := time.Now()
 	t.out = t.out[:0]
-	s.m.scrapes.WithLabelValues(t.Name).Inc()
 	reason, err := s.fetch(ctx, t)
+	if err != nil && ctx.Err() != nil {
+		// gpuwatch is stopping: a scrape it cut short says nothing of the engine, and an
+		// up=false sample would report every engine down at each restart.
+		return
+	}
+	s.m.scrapes.WithLabelValues(t.Name).Inc()
 	var fams map[string]*dto.MetricFamily
 	if err == nil {
 		fams, err = families(t.body.Bytes(), names[t.Engine], t.cache)

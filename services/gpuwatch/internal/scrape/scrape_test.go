@@ -423,6 +423,33 @@ func TestFailureLoggedOnce(t *testing.T) {
 	}
 }
 
+// TestShutdownIsNoOutage: a scrape that gpuwatch's own shutdown cuts short says nothing of
+// the engine: no up=false sample is published for it, no failure counted or logged, so a
+// restart of gpuwatch does not read as an outage of the engines it was scraping.
+func TestShutdownIsNoOutage(t *testing.T) {
+	slow := newEngine(t, fixture(t, "vllm.prom"))
+	slow.delay.Store(int64(10 * time.Second))
+	pub := &fakePublisher{}
+	var log bytes.Buffer
+	s := New([]Target{{Engine: "vllm", Name: "vllm", URL: slow.URL}}, pub, Options{Host: "gpu-node-3",
+		Interval: 5 * time.Second, Timeout: 4 * time.Second, MaxBytes: 1 << 20, MaxModels: 16}, prometheus.NewRegistry(),
+		slog.New(slog.NewTextHandler(&log, nil)))
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel) // SIGTERM while the engine is being read
+	s.Tick(ctx, t0)
+	if got := pub.take(t); len(got) != 0 {
+		t.Errorf("a scrape cut short by shutdown published %s", jsonOf(got))
+	}
+	for _, r := range scrapeReasons {
+		if v := testutil.ToFloat64(s.m.failed.WithLabelValues("vllm", r)); v != 0 {
+			t.Errorf("engine_scrape_errors_total{%s} = %v, want 0", r, v)
+		}
+	}
+	if strings.Contains(log.String(), "cannot scrape") {
+		t.Errorf("logged: %s", log.String())
+	}
+}
+
 // TestModelLimit: an exposition with more models than the limit gives samples for the
 // limit only and counts what it left out.
 func TestModelLimit(t *testing.T) {
