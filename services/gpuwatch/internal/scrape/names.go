@@ -48,6 +48,12 @@ func counter(m map[string]mapping, name string, f field) {
 	m[name+"_total"] = mapping{f: f}
 }
 
+// legacyCounter is counter for an older name, read only where the current one is absent.
+func legacyCounter(m map[string]mapping, name string, f field) {
+	m[name] = mapping{f: f, legacy: true}
+	m[name+"_total"] = mapping{f: f, legacy: true}
+}
+
 // names maps each engine's exported families to fields; these are the names the engines
 // document (vLLM v1 metrics, SGLang's --enable-metrics, TGI's /metrics).
 var names = func() map[string]map[string]mapping {
@@ -64,6 +70,9 @@ var names = func() map[string]map[string]mapping {
 	}
 	counter(vllm, "vllm:prefix_cache_queries", fPrefixQueries)
 	counter(vllm, "vllm:prefix_cache_hits", fPrefixHits)
+	// vLLM 0.8's names of the same counters; 0.9 exports both, 0.10 only the new ones
+	legacyCounter(vllm, "vllm:gpu_prefix_cache_queries", fPrefixQueries)
+	legacyCounter(vllm, "vllm:gpu_prefix_cache_hits", fPrefixHits)
 	counter(vllm, "vllm:num_preemptions", fPreemptions)
 	counter(vllm, "vllm:prompt_tokens", fPromptTokens)
 	counter(vllm, "vllm:generation_tokens", fGenTokens)
@@ -75,6 +84,7 @@ var names = func() map[string]map[string]mapping {
 		"sglang:cache_hit_rate":              {f: fHitRate},
 		"sglang:gen_throughput":              {f: fGenThroughput},
 		"sglang:time_to_first_token_seconds": {f: fTTFT},
+		"sglang:queue_time_seconds":          {f: fQueueTime},
 	}
 	counter(sglang, "sglang:prompt_tokens", fPromptTokens)
 	counter(sglang, "sglang:generation_tokens", fGenTokens)

@@ -580,6 +580,58 @@ func TestLegacyKVName(t *testing.T) {
 	f(current+legacy, 0.7)
 }
 
+// TestOtherVersionsNames: vLLM 0.8 named its prefix-cache counters gpu_prefix_cache_*
+// (0.9 exports both names, the new one read); SGLang exports its queueing delay as
+// sglang:queue_time_seconds.
+func TestOtherVersionsNames(t *testing.T) {
+	prefix := func(name string, q, h int) string {
+		return fmt.Sprintf("# TYPE %[1]s_queries_total counter\n%[1]s_queries_total{engine=\"0\",model_name=\"m\"} %[2]d\n"+
+			"# TYPE %[1]s_hits_total counter\n%[1]s_hits_total{engine=\"0\",model_name=\"m\"} %[3]d\n", name, q, h)
+	}
+	two := func(t *testing.T, engine, a, b string) events.EngineSample {
+		t.Helper()
+		eng := newEngine(t, a)
+		pub := &fakePublisher{}
+		s, _ := newScraper(t, []Target{{Engine: engine, Name: engine, URL: eng.URL}}, pub, 4)
+		s.Tick(context.Background(), t0)
+		eng.set(b)
+		s.Tick(context.Background(), t0.Add(time.Second))
+		got := pub.take(t)
+		if len(got) != 2 {
+			t.Fatalf("%d samples", len(got))
+		}
+		return got[1]
+	}
+	t.Run("vllm 0.8", func(t *testing.T) {
+		smp := two(t, "vllm", prefix("vllm:gpu_prefix_cache", 100, 10), prefix("vllm:gpu_prefix_cache", 300, 60))
+		if smp.PrefixCacheQueries == nil || *smp.PrefixCacheQueries != 200 || smp.PrefixCacheHits == nil || *smp.PrefixCacheHits != 50 {
+			t.Errorf("prefix cache queries %s hits %s, want 200 and 50", jsonOf(smp.PrefixCacheQueries), jsonOf(smp.PrefixCacheHits))
+		}
+	})
+	t.Run("vllm 0.9", func(t *testing.T) {
+		smp := two(t, "vllm", prefix("vllm:gpu_prefix_cache", 1, 1)+prefix("vllm:prefix_cache", 100, 10),
+			prefix("vllm:gpu_prefix_cache", 1000, 1000)+prefix("vllm:prefix_cache", 300, 60))
+		if smp.PrefixCacheQueries == nil || *smp.PrefixCacheQueries != 200 || smp.PrefixCacheHits == nil || *smp.PrefixCacheHits != 50 {
+			t.Errorf("prefix cache queries %s hits %s, want 200 and 50 (the current names)", jsonOf(smp.PrefixCacheQueries), jsonOf(smp.PrefixCacheHits))
+		}
+	})
+	t.Run("sglang queue time", func(t *testing.T) {
+		hist := func(n int) string {
+			return fmt.Sprintf(`# TYPE sglang:queue_time_seconds histogram
+sglang:queue_time_seconds_bucket{le="0.0",model_name="m",tp_rank="0"} 0
+sglang:queue_time_seconds_bucket{le="0.1",model_name="m",tp_rank="0"} %[1]d
+sglang:queue_time_seconds_bucket{le="+Inf",model_name="m",tp_rank="0"} %[1]d
+sglang:queue_time_seconds_count{model_name="m",tp_rank="0"} %[1]d
+sglang:queue_time_seconds_sum{model_name="m",tp_rank="0"} 0.05
+`, n)
+		}
+		smp := two(t, "sglang", hist(1), hist(4))
+		if w := (&events.HistogramDelta{Le: []float64{0, 0.1}, Counts: []float64{0, 3, 0}, Sum: 0, Count: 3}); !reflect.DeepEqual(smp.QueueTime, w) {
+			t.Errorf("queue_time_seconds %s, want %s", jsonOf(smp.QueueTime), jsonOf(w))
+		}
+	})
+}
+
 func TestParseTargets(t *testing.T) {
 	for _, tc := range []struct {
 		name, in string
