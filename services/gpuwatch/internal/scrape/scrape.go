@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -314,7 +315,8 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily) map[string]
 	if label == "" {
 		label = "\x00" // no label has this name: TGI's samples have no model
 	}
-	leaders := leadingRanks(fams, byName, label)
+	leaders, models := survey(fams, byName, label)
+	kept := s.keep(t, models) // nil: every model is read
 	overLimit := false
 	for name, fam := range fams {
 		mp, ok := byName[name]
@@ -332,7 +334,7 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily) map[string]
 			}
 			st := cur[mdl]
 			if st == nil {
-				if len(cur) >= s.opts.MaxModels {
+				if kept != nil && !kept[mdl] {
 					overLimit = true
 					continue
 				}
@@ -422,16 +424,19 @@ func seriesRanks(m *dto.Metric, label string) (mdl, group string, r ranks) {
 	return mdl, group, r
 }
 
-// leadingRanks returns, per model and dp_rank, the lowest ranks any series read has: the
-// scheduler whose series are read.
-func leadingRanks(fams map[string]*dto.MetricFamily, byName map[string]mapping, label string) map[string]ranks {
-	var leaders map[string]ranks
+// survey returns, per model and dp_rank, the lowest ranks any series read has (the
+// scheduler whose series are read), and per model how many of the families read name it.
+func survey(fams map[string]*dto.MetricFamily, byName map[string]mapping, label string) (leaders map[string]ranks, models map[string]named) {
+	models = map[string]named{}
 	for name, fam := range fams {
 		if _, ok := byName[name]; !ok {
 			continue
 		}
 		for _, m := range fam.GetMetric() {
-			_, group, r := seriesRanks(m, label)
+			mdl, group, r := seriesRanks(m, label)
+			if n := models[mdl]; n.last != fam {
+				models[mdl] = named{families: n.families + 1, last: fam}
+			}
 			if !r.has {
 				continue
 			}
@@ -443,7 +448,47 @@ func leadingRanks(fams map[string]*dto.MetricFamily, byName map[string]mapping, 
 			}
 		}
 	}
-	return leaders
+	return leaders, models
+}
+
+// named is how many families name a model, and the last of them.
+type named struct {
+	families int
+	last     *dto.MetricFamily
+}
+
+// keep returns the models read when the families name more than MaxModels, or nil when
+// every model fits. Those kept are the ones the most families name (an engine's model is
+// in every family it exports; a value flooding the model label of one family is in one),
+// then the ones read at the previous scrape, then by name: the same models from one scrape
+// to the next, whatever order the families come in.
+func (s *Scraper) keep(t *target, models map[string]named) map[string]bool {
+	if len(models) <= s.opts.MaxModels {
+		return nil
+	}
+	all := make([]string, 0, len(models))
+	for mdl := range models {
+		all = append(all, mdl)
+	}
+	slices.SortFunc(all, func(a, b string) int {
+		if c := models[b].families - models[a].families; c != 0 {
+			return c
+		}
+		_, ka := t.models[a]
+		_, kb := t.models[b]
+		switch {
+		case ka && !kb:
+			return -1
+		case kb && !ka:
+			return 1
+		}
+		return strings.Compare(a, b)
+	})
+	kept := make(map[string]bool, s.opts.MaxModels)
+	for _, mdl := range all[:s.opts.MaxModels] {
+		kept[mdl] = true
+	}
+	return kept
 }
 
 // value is a gauge's or counter's value; untyped families count as either.

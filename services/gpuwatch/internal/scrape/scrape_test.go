@@ -470,6 +470,53 @@ func TestModelLimit(t *testing.T) {
 	}
 }
 
+// TestModelFlood: a label flood in the model label of one family (50 made-up models beside
+// the engine's own, in one family of three) does not push the engine's model out: the
+// models kept are those the most families name, and the same at every scrape, whatever
+// order the families come in.
+func TestModelFlood(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("# TYPE vllm:num_requests_running gauge\n")
+	for i := range 50 {
+		fmt.Fprintf(&b, "vllm:num_requests_running{model_name=\"junk%02d\"} 1\n", i)
+	}
+	b.WriteString(`vllm:num_requests_running{model_name="llama"} 7
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="llama"} 2
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{model_name="llama"} 100
+`)
+	eng := newEngine(t, b.String())
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 4)
+	var first []string
+	for i := range 20 {
+		s.Tick(context.Background(), t0.Add(time.Duration(i)*time.Second))
+		var models []string
+		var llama *events.EngineSample
+		for _, smp := range pub.take(t) {
+			models = append(models, smp.Model)
+			if smp.Model == "llama" {
+				llama = &smp
+			}
+		}
+		if llama == nil || llama.Running == nil || *llama.Running != 7 || llama.Waiting == nil || *llama.Waiting != 2 {
+			t.Fatalf("scrape %d: the engine's model pushed out or incomplete: models %q", i, models)
+		}
+		if i > 0 && (llama.PromptTokens == nil || *llama.PromptTokens != 0) {
+			t.Fatalf("scrape %d: prompt_tokens delta %s, want 0", i, jsonOf(llama.PromptTokens))
+		}
+		if first == nil {
+			first = models
+		} else if !reflect.DeepEqual(models, first) {
+			t.Fatalf("scrape %d kept %q, the first %q", i, models, first)
+		}
+	}
+	if v := testutil.ToFloat64(s.m.dropped.WithLabelValues("vllm", "models_over_limit")); v != 20 {
+		t.Errorf("models_over_limit = %v, want 20", v)
+	}
+}
+
 // TestHostileValues: values no engine can mean are left out and counted; the rest of the
 // sample is kept.
 func TestHostileValues(t *testing.T) {
