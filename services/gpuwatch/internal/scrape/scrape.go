@@ -466,27 +466,31 @@ func (s *Scraper) keep(t *target, models map[string]named) map[string]bool {
 	if len(models) <= s.opts.MaxModels {
 		return nil
 	}
-	all := make([]string, 0, len(models))
-	for mdl := range models {
-		all = append(all, mdl)
+	type candidate struct {
+		model    string
+		families int
+		known    bool // read at the previous scrape
 	}
-	slices.SortFunc(all, func(a, b string) int {
-		if c := models[b].families - models[a].families; c != 0 {
-			return c
-		}
-		_, ka := t.models[a]
-		_, kb := t.models[b]
+	all := make([]candidate, 0, len(models))
+	for mdl, n := range models {
+		_, known := t.models[mdl]
+		all = append(all, candidate{mdl, n.families, known})
+	}
+	slices.SortFunc(all, func(a, b candidate) int {
 		switch {
-		case ka && !kb:
-			return -1
-		case kb && !ka:
+		case a.families != b.families:
+			return b.families - a.families
+		case a.known != b.known:
+			if a.known {
+				return -1
+			}
 			return 1
 		}
-		return strings.Compare(a, b)
+		return strings.Compare(a.model, b.model)
 	})
 	kept := make(map[string]bool, s.opts.MaxModels)
-	for _, mdl := range all[:s.opts.MaxModels] {
-		kept[mdl] = true
+	for _, c := range all[:s.opts.MaxModels] {
+		kept[c.model] = true
 	}
 	return kept
 }

@@ -517,6 +517,28 @@ vllm:prompt_tokens_total{model_name="llama"} 100
 	}
 }
 
+// TestModelLimitKeepsKnown: over the limit, a model already read keeps its place before
+// a new one as often named, so its deltas go on.
+func TestModelLimitKeepsKnown(t *testing.T) {
+	running := func(models ...string) string {
+		b := "# TYPE vllm:prompt_tokens_total counter\n"
+		for i, m := range models {
+			b += fmt.Sprintf("vllm:prompt_tokens_total{model_name=%q} %d\n", m, 10*(i+1))
+		}
+		return b
+	}
+	eng := newEngine(t, running("b"))
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 1)
+	s.Tick(context.Background(), t0)
+	eng.set(running("a", "b"))
+	s.Tick(context.Background(), t0.Add(time.Second))
+	got := pub.take(t)
+	if len(got) != 2 || got[1].Model != "b" || got[1].PromptTokens == nil {
+		t.Fatalf("second scrape %s, want model b with its delta", jsonOf(got))
+	}
+}
+
 // TestHostileValues: values no engine can mean are left out and counted; the rest of the
 // sample is kept.
 func TestHostileValues(t *testing.T) {
