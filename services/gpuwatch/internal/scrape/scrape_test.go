@@ -2,6 +2,7 @@ package scrape
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -447,6 +448,30 @@ func TestShutdownIsNoOutage(t *testing.T) {
 	}
 	if strings.Contains(log.String(), "cannot scrape") {
 		t.Errorf("logged: %s", log.String())
+	}
+}
+
+// TestGzipBomb: an engine that answers a few KiB of gzip that inflate past
+// GPUWATCH_ENGINE_MAX_BYTES fails the scrape as too_large: the limit is on what is read
+// after decompression, which stops there.
+func TestGzipBomb(t *testing.T) {
+	var zipped bytes.Buffer
+	zw := gzip.NewWriter(&zipped)
+	line := []byte("# padding padding padding padding padding padding padding padding\n")
+	for range (16 << 20) / len(line) { // 16 MiB inflated, the limit is 1 MiB
+		_, _ = zw.Write(line)
+	}
+	_ = zw.Close()
+	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Encoding", "gzip")
+		_, _ = w.Write(zipped.Bytes())
+	}))
+	t.Cleanup(eng.Close)
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 16)
+	s.Tick(context.Background(), t0)
+	if smp := one(t, pub.take(t)); smp.Up || smp.Error != "too_large" {
+		t.Errorf("sample %s, want up=false error too_large (%d bytes of gzip)", jsonOf(smp), zipped.Len())
 	}
 }
 
