@@ -2,6 +2,7 @@ package sampler
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -59,8 +60,10 @@ type Sampler struct {
 	id       []byte
 	energy   map[string]energyReading // per GPU UUID: its last published energy counter
 	lastTick atomic.Int64             // unix nanoseconds of the last finished tick
-	lastErr  string                   // reason of the last invalid sample, to log only changes
-	hostErr  string                   // likewise for host samples
+	// per GPU and field, why its reading or sample broke the contract at the last tick and
+	// at this one: logged when it starts or changes, not at every tick
+	logged, logging map[string]string
+	hostErr         string // the last error of a host sample or reading, to log only changes
 }
 
 // New returns a Sampler of src that publishes through pub and shows samples through exp.
@@ -72,6 +75,8 @@ func New(src source, pub publisher, exp exporter, opts Options, reg prometheus.R
 		m:           newMetrics(reg),
 		logger:      logger,
 		energy:      map[string]energyReading{},
+		logged:      map[string]string{},
+		logging:     map[string]string{},
 	}
 }
 
@@ -124,18 +129,17 @@ func (s *Sampler) Tick(ctx context.Context, now time.Time) {
 		// A bad reading (a driver's glitch) is left out, not the GPU's sample with it.
 		dropped, err := events.DropBadReadings(smp, now)
 		for _, derr := range dropped {
-			s.m.dropped.WithLabelValues(events.Reason(derr)).Inc()
-			if msg := derr.Error(); msg != s.lastErr {
+			reason := events.Reason(derr)
+			s.m.dropped.WithLabelValues(reason).Inc()
+			if s.changed(smp, derr, reason) {
 				s.logger.Warn("GPU reading breaks the contract; left out of the sample", "gpu", smp.GPUIndex, "err", derr)
-				s.lastErr = msg
 			}
 		}
 		if err != nil {
 			reason := events.Reason(err)
 			s.m.invalid.WithLabelValues(reason).Inc()
-			if msg := err.Error(); msg != s.lastErr {
+			if s.changed(smp, err, reason) {
 				s.logger.Warn("GPU sample breaks the contract; not published", "gpu", smp.GPUIndex, "err", err)
-				s.lastErr = msg
 			}
 			continue
 		}
@@ -149,6 +153,8 @@ func (s *Sampler) Tick(ctx context.Context, now time.Time) {
 		}
 		s.valid = append(s.valid, *smp)
 	}
+	s.logged, s.logging = s.logging, s.logged // what broke at this tick is what the next compares with
+	clear(s.logging)
 	s.exp.Update(s.valid)
 	if s.opts.HostReader != nil {
 		s.publishHost(now)
@@ -157,6 +163,20 @@ func (s *Sampler) Tick(ctx context.Context, now time.Time) {
 	s.m.ticks.Inc()
 	s.m.duration.Observe(time.Since(began).Seconds())
 	s.lastTick.Store(time.Now().UnixNano())
+}
+
+// changed records that err (with its reason) broke smp's GPU's field at this tick and
+// reports whether that is news: the field was fine at the previous tick, or broke for
+// another reason. The error's text is not compared: it holds the value, which a sick
+// sensor changes at every tick.
+func (s *Sampler) changed(smp *events.GPUSample, err error, reason string) bool {
+	field := ""
+	if fe, ok := errors.AsType[*events.FieldError](err); ok {
+		field = fe.Field
+	}
+	key := smp.GPUUUID + "\x00" + field
+	s.logging[key] = reason
+	return s.logged[key] != reason
 }
 
 // setEnergyUsed sets the energy the GPU used since its last published sample that carried the

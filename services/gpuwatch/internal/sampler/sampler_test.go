@@ -185,6 +185,40 @@ func TestTickEnergyUsed(t *testing.T) {
 	}
 }
 
+// TestBadReadingsLoggedOnce: a sick GPU whose temperature and power read as garbage at
+// every tick, another whose power does, each with values that change, are logged once per
+// GPU and reading, not at every tick; a reading that breaks again after a good tick is
+// logged again.
+func TestBadReadingsLoggedOnce(t *testing.T) {
+	src := &fakeSource{}
+	var log bytes.Buffer
+	s := New(src, &fakePublisher{}, &fakeExporter{}, Options{Host: "h", Interval: time.Second}, prometheus.NewRegistry(),
+		slog.New(slog.NewTextHandler(&log, nil)))
+	tick := func(i int, sick bool) {
+		a, b := h200(0), h200(1)
+		if sick {
+			a.TempC, a.PowerW = ptr(4.29e9+float64(i)), ptr(4.29e6+float64(i))
+		}
+		b.PowerW = ptr(2e5 + float64(i))
+		src.samples = []events.GPUSample{a, b}
+		s.Tick(context.Background(), t0.Add(time.Duration(i)*time.Second))
+	}
+	for i := range 5 {
+		tick(i, true)
+	}
+	if got := strings.Count(log.String(), "left out of the sample"); got != 3 {
+		t.Errorf("%d lines over 5 ticks, want 3 (GPU 0's temperature and power, GPU 1's power):\n%s", got, log.String())
+	}
+	tick(5, false) // GPU 0 well again
+	tick(6, true)  // and sick again
+	if got := strings.Count(log.String(), "left out of the sample"); got != 5 {
+		t.Errorf("%d lines, want 5: GPU 0's two readings logged again once they broke again:\n%s", got, log.String())
+	}
+	if v := testutil.ToFloat64(s.m.dropped.WithLabelValues("out_of_range")); v != 5*3+1+3 {
+		t.Errorf("readings_dropped_total{out_of_range} = %v, want %d", v, 5*3+1+3)
+	}
+}
+
 // TestEncode checks the hand-written encoder against encoding/json, the Go decoder and the
 // JSON Schema other languages read.
 func TestEncode(t *testing.T) {
