@@ -69,6 +69,10 @@ type state struct {
 	has      [numFields]bool
 	counters [numFields]float64
 	hists    [numFields]*cumHist
+	// how many series each field adds up: a delta is taken only between two scrapes that
+	// add as many, for a series gone (a core's value refused, a core gone) makes the sum
+	// fall without any restart
+	series [numFields]int
 	// while reading: which name set each field (0 none, 1 legacy, 2 current) and the
 	// fields dropped for a conflict this scrape
 	from     [numFields]uint8
@@ -346,7 +350,7 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily) map[string]
 				continue
 			}
 			if st.from[f] < prio { // a current name replaces a legacy one
-				st.has[f], st.counters[f], st.hists[f] = false, 0, nil
+				st.has[f], st.counters[f], st.hists[f], st.series[f] = false, 0, nil, 0
 				st.from[f] = prio
 			}
 			if f >= firstHistogram {
@@ -367,6 +371,7 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily) map[string]
 				st.counters[f] += v
 			}
 			st.has[f] = true
+			st.series[f]++
 		}
 	}
 	if overLimit {
@@ -557,12 +562,14 @@ func (s *Scraper) addHist(t *target, st *state, f field, h *dto.Histogram) {
 	switch {
 	case old == nil:
 		st.hists[f] = ch
+		st.series[f]++
 	case slices.Equal(old.le, ch.le):
 		for i := range old.cum {
 			old.cum[i] += ch.cum[i]
 		}
 		old.count += ch.count
 		old.sum += ch.sum
+		st.series[f]++
 	default:
 		s.m.dropped.WithLabelValues(t.Name, "histogram_bounds_mismatch").Inc()
 		st.hists[f], st.conflict[f] = nil, true
@@ -571,7 +578,8 @@ func (s *Scraper) addHist(t *target, st *state, f field, h *dto.Histogram) {
 
 // fill writes st's gauges and its deltas from prev (the model's previous scrape, or nil)
 // into smp. A counter below its previous value means the engine restarted: the delta is
-// the new value, counted from zero.
+// the new value, counted from zero. A field that adds up another number of series than
+// at prev has no delta: its sum may have fallen or jumped by a series alone.
 func (s *Scraper) fill(t *target, smp *events.EngineSample, st, prev *state) {
 	for f := range firstCounter {
 		if st.has[f] {
@@ -584,7 +592,7 @@ func (s *Scraper) fill(t *target, smp *events.EngineSample, st, prev *state) {
 	d := st.ts.Sub(prev.ts).Seconds()
 	smp.DeltaSeconds = &d
 	for f := firstCounter; f < firstHistogram; f++ {
-		if st.has[f] && prev.has[f] {
+		if st.has[f] && prev.has[f] && st.series[f] == prev.series[f] {
 			cur, old := st.counters[f], prev.counters[f]
 			if cur < old {
 				old = 0
@@ -594,7 +602,7 @@ func (s *Scraper) fill(t *target, smp *events.EngineSample, st, prev *state) {
 	}
 	for f := firstHistogram; f < numFields; f++ {
 		h, old := st.hists[f], prev.hists[f]
-		if h == nil || old == nil || !slices.Equal(h.le, old.le) {
+		if h == nil || old == nil || !slices.Equal(h.le, old.le) || st.series[f] != prev.series[f] {
 			continue
 		}
 		if dh, ok := histDelta(h, old); ok {

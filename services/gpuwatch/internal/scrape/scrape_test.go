@@ -317,6 +317,53 @@ func TestCounterReset(t *testing.T) {
 	}
 }
 
+// TestSeriesGoneNoOvercount: when one of the series a reading adds up goes (an engine core's
+// counter turned NaN, a histogram of one core malformed, a core gone), the sum falls
+// without any restart: that tick has no delta, where taking the fall for a restart
+// published the other core's whole count since it started as one tick's.
+func TestSeriesGoneNoOvercount(t *testing.T) {
+	body := func(core0, core1 string, h0, h1 int) string {
+		hist := func(core string, n int) string {
+			if n < 0 { // malformed: a bucket above the count
+				return fmt.Sprintf("vllm:time_to_first_token_seconds_bucket{engine=%q,le=\"0.5\",model_name=\"m\"} 9\n"+
+					"vllm:time_to_first_token_seconds_bucket{engine=%q,le=\"+Inf\",model_name=\"m\"} 1\n"+
+					"vllm:time_to_first_token_seconds_count{engine=%q,model_name=\"m\"} 1\n"+
+					"vllm:time_to_first_token_seconds_sum{engine=%q,model_name=\"m\"} 1\n", core, core, core, core)
+			}
+			return fmt.Sprintf("vllm:time_to_first_token_seconds_bucket{engine=%q,le=\"0.5\",model_name=\"m\"} %d\n"+
+				"vllm:time_to_first_token_seconds_bucket{engine=%q,le=\"+Inf\",model_name=\"m\"} %d\n"+
+				"vllm:time_to_first_token_seconds_count{engine=%q,model_name=\"m\"} %d\n"+
+				"vllm:time_to_first_token_seconds_sum{engine=%q,model_name=\"m\"} %d\n", core, n, core, n, core, n, core, n)
+		}
+		return "# TYPE vllm:prompt_tokens_total counter\n" +
+			"vllm:prompt_tokens_total{engine=\"0\",model_name=\"m\"} " + core0 + "\n" +
+			"vllm:prompt_tokens_total{engine=\"1\",model_name=\"m\"} " + core1 + "\n" +
+			"# TYPE vllm:time_to_first_token_seconds histogram\n" + hist("0", h0) + hist("1", h1)
+	}
+	eng := newEngine(t, body("1000000", "2000000", 500000, 600000))
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 4)
+	s.Tick(context.Background(), t0)
+	eng.set(body("1000100", "NaN", 500010, -1)) // core 1's counter NaN, its histogram malformed
+	s.Tick(context.Background(), t0.Add(time.Second))
+	eng.set(body("1000200", "2000200", 500020, 600020))
+	s.Tick(context.Background(), t0.Add(2*time.Second))
+	eng.set(body("1000300", "2000300", 500030, 600030))
+	s.Tick(context.Background(), t0.Add(3*time.Second))
+	got := pub.take(t)
+	if len(got) != 4 {
+		t.Fatalf("%d samples", len(got))
+	}
+	for i, smp := range got[1:3] {
+		if smp.PromptTokens != nil || smp.TTFT != nil {
+			t.Errorf("tick %d, a series of the sum gone or back: prompt_tokens %s ttft %s, want none", i+1, jsonOf(smp.PromptTokens), jsonOf(smp.TTFT))
+		}
+	}
+	if smp := got[3]; smp.PromptTokens == nil || *smp.PromptTokens != 200 || smp.TTFT == nil || smp.TTFT.Count != 20 {
+		t.Errorf("tick 3: prompt_tokens %s ttft %s, want 200 and a count of 20", jsonOf(smp.PromptTokens), jsonOf(smp.TTFT))
+	}
+}
+
 // TestEngineFails: an engine that disappears, hangs, errors, sends too much or sends a
 // malformed exposition is reported down with its reason and counted, and the engine beside
 // it is still read.
