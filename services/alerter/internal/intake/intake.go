@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -618,6 +619,19 @@ func decode(data []byte, v any) error {
 	return nil
 }
 
+// checkLabels bounds the labels a rollup's alerts would carry as the event contract bounds
+// them (events.MaxLabelLen): a longer one, which no aggregator writes, put on the stream by
+// hand, made an alert with it in its labels and its summary over the server's payload
+// limit, a publish no retry could make, which held its window and every later one.
+func checkLabels(labels ...string) error {
+	for i := 0; i+1 < len(labels); i += 2 {
+		if v := labels[i+1]; len(v) > events.MaxLabelLen || !utf8.ValidString(v) {
+			return fmt.Errorf("%w: %s of %d bytes is not a label (UTF-8, at most %d bytes)", errInvalidRollup, labels[i], len(v), events.MaxLabelLen)
+		}
+	}
+	return nil
+}
+
 func checkKind(kind string) error {
 	if kind != events.KindWindow && kind != events.KindCorrection {
 		return fmt.Errorf("%w: kind %q is neither %s nor %s", errInvalidRollup, kind, events.KindWindow, events.KindCorrection)
@@ -643,6 +657,9 @@ func checkToken(r *events.TokenRollup) error {
 	default:
 		return fmt.Errorf("%w: unknown layer %.64q", errInvalidRollup, r.Layer)
 	}
+	if err := checkLabels("env", r.Env, "scene", r.Scene, "model", r.Model, "instance", r.Instance, "bucket", r.Bucket); err != nil {
+		return err
+	}
 	return checkKind(r.Kind)
 }
 
@@ -657,6 +674,9 @@ func checkFeedback(r *events.FeedbackRollup) error {
 	case r.Positive > r.Count:
 		return fmt.Errorf("%w: positive %d exceeds count %d", errInvalidRollup, r.Positive, r.Count)
 	}
+	if err := checkLabels("env", r.Env, "scene", r.Scene, "model", r.Model, "name", r.Name, "source", r.Source); err != nil {
+		return err
+	}
 	return checkKind(r.Kind)
 }
 
@@ -670,6 +690,9 @@ func checkGPU(r *events.GPURollup) error {
 		return fmt.Errorf("%w: host is required", errInvalidRollup)
 	case r.UtilAvg < 0 || r.UtilAvg > 100 || r.EnergyJ < 0:
 		return fmt.Errorf("%w: util_avg %v or energy_j %v out of range", errInvalidRollup, r.UtilAvg, r.EnergyJ)
+	}
+	if err := checkLabels("host", r.Host); err != nil {
+		return err
 	}
 	return checkKind(r.Kind)
 }
@@ -703,6 +726,9 @@ func checkEngine(r *events.EngineRollup) error {
 		if len(h.h.Counts) != 0 && len(h.h.Counts) != len(h.h.Le)+1 {
 			return fmt.Errorf("%w: %s has %d counts for %d bounds", errInvalidRollup, h.name, len(h.h.Counts), len(h.h.Le))
 		}
+	}
+	if err := checkLabels("host", r.Host, "engine", r.Engine, "name", r.Name, "model", r.Model); err != nil {
+		return err
 	}
 	return checkKind(r.Kind)
 }

@@ -533,3 +533,49 @@ func TestRollupWindowSecondsBounded(t *testing.T) {
 		t.Fatalf("a 15 s window terminated %v; %d dead letters", day.termd, len(dl.msgs))
 	}
 }
+
+// TestRollupLabelsBounded: a label longer than the event contract allows (which no
+// aggregator writes) makes a rollup invalid, dead-lettered with its field named, in every
+// kind of rollup; one at the limit is taken.
+func TestRollupLabelsBounded(t *testing.T) {
+	dl := &dead{}
+	in := New(nil, &recorder{}, &sink{}, &memCheckpoint{}, dl, Options{Settle: time.Second}, prometheus.NewRegistry(), discard)
+	start := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	now := start.Add(20 * time.Second)
+	long, limit := strings.Repeat("x", events.MaxLabelLen+1), strings.Repeat("x", events.MaxLabelLen)
+	rollup := func(kind, label string) any {
+		switch kind {
+		case "tokens":
+			return events.TokenRollup{V: 1, WindowStart: start, WindowSeconds: 15, Kind: events.KindWindow, Env: "prod", Scene: "chat", Model: label, Bucket: "0-499", Requests: 1}
+		case "gpu":
+			return events.GPURollup{V: 1, WindowStart: start, WindowSeconds: 15, Kind: events.KindWindow, Host: label}
+		case "engine":
+			return events.EngineRollup{V: 1, WindowStart: start, WindowSeconds: 15, Kind: events.KindWindow, Host: "h", Name: label}
+		default:
+			return events.FeedbackRollup{V: 1, WindowStart: start, WindowSeconds: 15, Kind: events.KindWindow, Env: "prod", Scene: label, Name: "thumbs"}
+		}
+	}
+	field := map[string]string{"tokens": "model", "gpu": "host", "engine": "name", "feedback": "scene"}
+	for _, kind := range []string{"tokens", "gpu", "engine", "feedback"} {
+		for _, label := range []string{long, limit} {
+			data, err := json.Marshal(rollup(kind, label))
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := &msg{subject: "rollup." + kind + ".x.y", data: data}
+			before := len(dl.msgs)
+			in.Add(m, now)
+			switch {
+			case label == limit && m.termd:
+				t.Errorf("%s rollup with a %s of %d bytes terminated: %v", kind, field[kind], len(label), dl.msgs[len(dl.msgs)-1].Header)
+			case label == long && (!m.termd || len(dl.msgs) != before+1):
+				t.Errorf("%s rollup with a %s of %d bytes taken", kind, field[kind], len(label))
+			case label == long:
+				h := dl.msgs[before].Header
+				if h.Get("Tokenscope-Reason") != "invalid" || !strings.Contains(h.Get("Tokenscope-Error"), field[kind]+" of 257 bytes") {
+					t.Errorf("%s dead letter headers %v", kind, h)
+				}
+			}
+		}
+	}
+}
