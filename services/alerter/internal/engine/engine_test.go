@@ -217,3 +217,38 @@ func TestLayersAreSeparateSeries(t *testing.T) {
 		t.Errorf("evaluated %d series, want 4", c.Series)
 	}
 }
+
+// TestHugeValueDoesNotBlindTheBaseline: one rollup of the history with an absurd TTFT
+// p95, finite as a float64 but past what a baseline cell (float32) holds or squares, is
+// not learned; before, it made the slot's baseline mean or σ infinite or NaN for the
+// whole week, no value ever breached its threshold, and a real surge at that time of day
+// did not fire.
+func TestHugeValueDoesNotBlindTheBaseline(t *testing.T) {
+	for _, huge := range []float64{1e39, -1e39, 1e25, 1e300} {
+		t.Run(fmt.Sprint(huge), func(t *testing.T) {
+			e := newEngine(t, rules.NewSet())
+			now := time.Date(2026, 3, 4, 3, 0, 0, 0, time.UTC) // Wednesday night
+			for d := 1; d <= 7; d++ {
+				for m := -30; m <= 30; m++ {
+					start := now.AddDate(0, 0, -d).Add(time.Duration(m) * time.Minute)
+					p95 := 300 + float64((m+d)%5)*10
+					if d == 1 && m == 0 {
+						p95 = huge
+					}
+					e.Learn(engine.Window{Start: start, Seconds: 60, Tokens: []events.TokenRollup{row(start, "", 200, events.Latency{Count: 200, P95: p95})}})
+				}
+			}
+			var sent []events.Alert
+			for i := range 3 {
+				start := now.Add(time.Duration(i) * time.Minute)
+				sent = append(sent, e.Evaluate(engine.Window{Start: start, Seconds: 60, Tokens: []events.TokenRollup{row(start, "", 200, events.Latency{Count: 200, P95: 900})}})...)
+			}
+			if got := rulesOf(sent); len(got) != 1 || got[0] != "firing warning ttft_p95_dynamic" {
+				t.Fatalf("sent %v, want ttft_p95_dynamic firing", got)
+			}
+			if a := sent[0]; a.BaselineCenter < 300 || a.BaselineCenter > 340 || a.Threshold >= 900 {
+				t.Errorf("baseline %v ± %v threshold %v", a.BaselineCenter, a.BaselineSpread, a.Threshold)
+			}
+		})
+	}
+}
