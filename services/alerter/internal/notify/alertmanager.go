@@ -53,9 +53,15 @@ func NewAlertmanager(base string, timeout, resend time.Duration, reg prometheus.
 	}
 	u := strings.TrimRight(base, "/") + "/api/v2/alerts"
 	a := &Alertmanager{
-		url:     u,
-		shown:   ops.RedactURL(u),
-		client:  &http.Client{Timeout: timeout},
+		url:   u,
+		shown: ops.RedactURL(u),
+		client: &http.Client{
+			Timeout: timeout,
+			// Alertmanager's API never redirects; a proxy in front of it may (to a login
+			// page), and following that turned the POST into a GET whose answer counted as
+			// posted, or sent the alerts to another host. A redirect is a failed post.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		},
 		resend:  resend,
 		in:      make(chan []events.Alert, 1024),
 		logger:  logger.With("component", "alertmanager"),
@@ -196,6 +202,10 @@ func (a *Alertmanager) post(ctx context.Context, alerts []events.Alert) error {
 	}
 	defer resp.Body.Close()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	if resp.StatusCode/100 == 3 {
+		return fmt.Errorf("cannot post to %s: %s: redirected to %s, which is not followed (set ALERTER_ALERTMANAGER_URL to Alertmanager itself)",
+			a.shown, resp.Status, ops.RedactURL(resp.Header.Get("Location")))
+	}
 	if resp.StatusCode/100 != 2 {
 		return fmt.Errorf("cannot post to %s: %s: %s", a.shown, resp.Status, bytes.TrimSpace(msg))
 	}

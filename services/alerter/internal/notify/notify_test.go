@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -311,4 +312,52 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestAlertmanagerRedirectNotFollowed: Alertmanager's API never redirects, but a proxy in
+// front of it may: a 302 or 303 to a login page turned the POST into a GET whose 200 was
+// counted as posted while Alertmanager got nothing, and a 307 sent the alerts to another
+// host. A redirect is a failed post, retried, and its destination shows redacted.
+func TestAlertmanagerRedirectNotFollowed(t *testing.T) {
+	var mu sync.Mutex
+	var elsewhere []string
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		elsewhere = append(elsewhere, r.Method+" "+r.URL.Path)
+		mu.Unlock()
+	}))
+	defer other.Close()
+	for _, code := range []int{http.StatusFound, http.StatusSeeOther, http.StatusTemporaryRedirect, http.StatusPermanentRedirect} {
+		proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, other.URL+"/login?token=s3cret", code)
+		}))
+		var log syncBuffer
+		am := NewAlertmanager(proxy.URL, 5*time.Second, time.Hour, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(&log, nil)))
+		err := am.post(context.Background(), []events.Alert{alert(events.AlertFiring)})
+		if err == nil || !strings.Contains(err.Error(), strconv.Itoa(code)) || !strings.Contains(err.Error(), other.URL+"/login") || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("%d: post error %v, want one naming the status and the redirect redacted", code, err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() { done <- am.Run(ctx) }()
+		am.Enqueue([]events.Alert{alert(events.AlertFiring)})
+		deadline := time.Now().Add(10 * time.Second)
+		for testutil.ToFloat64(am.failed) < 1 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		cancel()
+		<-done
+		proxy.Close()
+		if f, p := testutil.ToFloat64(am.failed), testutil.ToFloat64(am.posted); f < 1 || p != 0 {
+			t.Errorf("%d: %v failed posts, %v alerts counted posted; want failures and none posted", code, f, p)
+		}
+		if out := log.String(); strings.Contains(out, "s3cret") {
+			t.Errorf("%d: log %s", code, out)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(elsewhere) > 0 {
+		t.Errorf("the redirect's host got %v", elsewhere)
+	}
 }
