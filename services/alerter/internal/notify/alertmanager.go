@@ -73,13 +73,22 @@ func NewAlertmanager(base string, timeout, resend time.Duration, reg prometheus.
 	return a
 }
 
-// Enqueue queues alerts for posting; it never blocks.
+// Enqueue queues alerts for posting; it never blocks. A full queue drops its oldest batch,
+// so the latest state changes (a resolve, the newest re-send) are the ones kept; one
+// goroutine enqueues.
 func (a *Alertmanager) Enqueue(alerts []events.Alert) {
 	batch := append([]events.Alert(nil), alerts...)
-	select {
-	case a.in <- batch:
-	default:
-		a.dropped.Add(float64(len(batch)))
+	for {
+		select {
+		case a.in <- batch:
+			return
+		default:
+		}
+		select {
+		case old := <-a.in:
+			a.dropped.Add(float64(len(old)))
+		default:
+		}
 	}
 }
 

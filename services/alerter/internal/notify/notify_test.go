@@ -361,3 +361,67 @@ func TestAlertmanagerRedirectNotFollowed(t *testing.T) {
 		t.Errorf("the redirect's host got %v", elsewhere)
 	}
 }
+
+// TestAlertmanagerQueueKeepsTheNewest: while Alertmanager is away the queue fills; past it
+// the oldest batches are dropped, so what it gets once back ends with the latest state
+// changes (a resolve sent last is not the one lost, which left the alert firing there until
+// its endsAt).
+func TestAlertmanagerQueueKeepsTheNewest(t *testing.T) {
+	var mu sync.Mutex
+	up := false
+	var got []string // annotations' window_start of the alerts posted, in order
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !up {
+			http.Error(w, "away", http.StatusServiceUnavailable)
+			return
+		}
+		var body []struct {
+			Annotations map[string]string `json:"annotations"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		for _, a := range body {
+			got = append(got, a.Annotations["window_start"])
+		}
+	}))
+	defer srv.Close()
+	am := NewAlertmanager(srv.URL, 5*time.Second, time.Hour, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- am.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	batch := func(i int) []events.Alert {
+		a := alert(events.AlertFiring)
+		a.WindowStart = at.Add(time.Duration(i) * time.Minute)
+		return []events.Alert{a}
+	}
+	am.Enqueue(batch(0)) // taken, failing, retried
+	deadline := time.Now().Add(10 * time.Second)
+	for testutil.ToFloat64(am.failed) < 1 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	const queued, over = 1024, 5
+	for i := 1; i <= queued+over; i++ {
+		am.Enqueue(batch(i))
+	}
+	if d := testutil.ToFloat64(am.dropped); d != over {
+		t.Fatalf("%v alerts dropped, want %d", d, over)
+	}
+	mu.Lock()
+	up = true
+	mu.Unlock()
+	deadline = time.Now().Add(60 * time.Second)
+	for testutil.ToFloat64(am.posted) < queued+1 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	last := at.Add((queued + over) * time.Minute).UTC().Format(time.RFC3339)
+	if len(got) != queued+1 || got[len(got)-1] != last || got[1] != at.Add((over+1)*time.Minute).UTC().Format(time.RFC3339) {
+		t.Fatalf("Alertmanager got %d alerts, ending with %v, want %d ending with the latest (%s)", len(got), got[max(len(got)-2, 0):], queued+1, last)
+	}
+}
