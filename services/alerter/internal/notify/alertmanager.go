@@ -92,7 +92,13 @@ func (a *Alertmanager) Enqueue(alerts []events.Alert) {
 	}
 }
 
-// Run posts queued alerts until ctx ends, then makes one last attempt, under a timeout of
+// maxPostAlerts bounds the alerts of one post, as Prometheus's notifier does (64): a window
+// in which thousands of alerts change (an outage of every series) made one post of
+// megabytes, which a proxy's body limit (413) or the timeout refused on every retry, and
+// every later alert waited behind it.
+const maxPostAlerts = 64
+
+// Run posts queued alerts, at most maxPostAlerts a post, until ctx ends, then makes one last attempt, under a timeout of
 // its own, at the batch it was posting (a post cut short by ctx is not lost) and at what
 // is queued.
 func (a *Alertmanager) Run(ctx context.Context) error {
@@ -106,16 +112,18 @@ func (a *Alertmanager) Run(ctx context.Context) error {
 			a.drain(nil)
 			return nil
 		}
-		for {
-			err := a.post(ctx, batch)
+		for len(batch) > 0 {
+			n := min(len(batch), maxPostAlerts)
+			err := a.post(ctx, batch[:n])
 			if err == nil {
-				a.posted.Add(float64(len(batch)))
+				a.posted.Add(float64(n))
+				batch = batch[n:]
 				if failing {
 					a.logger.Info("posting to Alertmanager again")
 					failing = false
 				}
 				backoff = 0
-				break
+				continue
 			}
 			if ctx.Err() != nil {
 				a.drain(batch)
@@ -142,10 +150,14 @@ func (a *Alertmanager) drain(first []events.Alert) {
 	ctx, cancel := context.WithTimeout(context.Background(), a.client.Timeout)
 	defer cancel()
 	send := func(batch []events.Alert) {
-		if err := a.post(ctx, batch); err != nil {
-			a.dropped.Add(float64(len(batch)))
-		} else {
-			a.posted.Add(float64(len(batch)))
+		for len(batch) > 0 {
+			n := min(len(batch), maxPostAlerts)
+			if err := a.post(ctx, batch[:n]); err != nil {
+				a.dropped.Add(float64(n))
+			} else {
+				a.posted.Add(float64(n))
+			}
+			batch = batch[n:]
 		}
 	}
 	if len(first) > 0 {

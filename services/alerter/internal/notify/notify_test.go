@@ -425,3 +425,54 @@ func TestAlertmanagerQueueKeepsTheNewest(t *testing.T) {
 		t.Fatalf("Alertmanager got %d alerts, ending with %v, want %d ending with the latest (%s)", len(got), got[max(len(got)-2, 0):], queued+1, last)
 	}
 }
+
+// TestAlertmanagerPostsBounded: a window in which hundreds of alerts change is posted in
+// posts of at most 64 alerts, as Prometheus posts them; one post of them all was refused
+// on every retry by a proxy's body limit (413 here past 64 alerts), and nothing after it
+// got through either.
+func TestAlertmanagerPostsBounded(t *testing.T) {
+	var mu sync.Mutex
+	got := map[string]bool{}
+	biggest := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body []struct {
+			Annotations map[string]string `json:"annotations"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		biggest = max(biggest, len(body))
+		if len(body) > 64 {
+			http.Error(w, "request entity too large", http.StatusRequestEntityTooLarge)
+			return
+		}
+		for _, a := range body {
+			got[a.Annotations["fingerprint"]] = true
+		}
+	}))
+	defer srv.Close()
+	am := NewAlertmanager(srv.URL, 5*time.Second, time.Hour, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- am.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	var alerts []events.Alert
+	for i := range 200 {
+		a := alert(events.AlertFiring)
+		a.Fingerprint = strconv.Itoa(i)
+		alerts = append(alerts, a)
+	}
+	am.Enqueue(alerts)
+	deadline := time.Now().Add(10 * time.Second)
+	for testutil.ToFloat64(am.posted) < 200 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 200 || biggest > 64 || testutil.ToFloat64(am.posted) != 200 {
+		t.Fatalf("Alertmanager got %d distinct alerts, %v counted posted, the biggest post %d alerts; want 200 in posts of at most 64", len(got), testutil.ToFloat64(am.posted), biggest)
+	}
+}
