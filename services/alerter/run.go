@@ -131,7 +131,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return err
 	}
 	// A consumer gone while the alerter runs (deleted, or with its stream) is made again.
-	reopener, err := intake.NewReopener(ctx, js, rollupsCfg, cfg.NATS.Streams)
+	reopener, err := intake.NewReopener(ctx, js, rollupsCfg, cfg.NATS.Streams, events.StreamAlerts)
 	if err != nil {
 		return err
 	}

@@ -50,17 +50,20 @@ type Reopener struct {
 	js      jetstream.JetStream
 	cfg     bus.ConsumerConfig
 	limits  bus.StreamLimits
+	streams []string  // made again with limits when missing, as at start
 	created time.Time // the stream's creation time when last seen
 }
 
-// NewReopener returns a Reopener of the consumer cfg describes, on its stream as it is now;
-// a stream gone is made again with limits, as at start.
-func NewReopener(ctx context.Context, js jetstream.JetStream, cfg bus.ConsumerConfig, limits bus.StreamLimits) (*Reopener, error) {
+// NewReopener returns a Reopener of the consumer cfg describes, on its stream as it is now.
+// Before making the consumer again it makes its stream, and the other streams named (those
+// the service ensures at start: a NATS that lost its store lost them all), with limits
+// where they are missing.
+func NewReopener(ctx context.Context, js jetstream.JetStream, cfg bus.ConsumerConfig, limits bus.StreamLimits, streams ...string) (*Reopener, error) {
 	s, err := js.Stream(ctx, cfg.Stream)
 	if err != nil {
 		return nil, fmt.Errorf("cannot read stream %s: %w", cfg.Stream, err)
 	}
-	return &Reopener{js: js, cfg: cfg, limits: limits, created: s.CachedInfo().Created}, nil
+	return &Reopener{js: js, cfg: cfg, limits: limits, streams: append([]string{cfg.Stream}, streams...), created: s.CachedInfo().Created}, nil
 }
 
 // Reopen returns the consumer, made again where it is gone, reading from stream sequence
@@ -69,7 +72,7 @@ func NewReopener(ctx context.Context, js jetstream.JetStream, cfg bus.ConsumerCo
 // seen is the highest sequence read from the stream before: a stream whose last message is
 // below it is another one too.
 func (r *Reopener) Reopen(ctx context.Context, from, seen uint64) (jetstream.Consumer, bool, error) {
-	if err := bus.EnsureStreams(ctx, r.js, r.limits, r.cfg.Stream); err != nil {
+	if err := bus.EnsureStreams(ctx, r.js, r.limits, r.streams...); err != nil {
 		return nil, false, err
 	}
 	s, err := r.js.Stream(ctx, r.cfg.Stream)

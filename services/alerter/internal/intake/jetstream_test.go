@@ -405,8 +405,8 @@ func TestConsumerMadeAgainWhenGone(t *testing.T) {
 // TestConsumerMadeAgainAfterStoreLost: NATS restarted without its store (a server whose
 // data was not on a volume): the consumer and the ROLLUPS stream are gone, and the
 // subscription, reconnected, gets no "consumer deleted", only pulls that go unanswered.
-// The intake finds the consumer gone, makes the stream and the consumer again, and the
-// rollups published on it from then on are evaluated.
+// The intake finds the consumer gone, makes the streams (ALERTS too) and the consumer
+// again, and the rollups published on it from then on are evaluated.
 func TestConsumerMadeAgainAfterStoreLost(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -421,7 +421,7 @@ func TestConsumerMadeAgainAfterStoreLost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := bus.EnsureStreams(ctx, js, limits, events.StreamRollups); err != nil {
+	if err := bus.EnsureStreams(ctx, js, limits, events.StreamRollups, events.StreamAlerts); err != nil {
 		t.Fatal(err)
 	}
 	b := &bed{ctx: ctx, nc: nc, js: js}
@@ -434,7 +434,7 @@ func TestConsumerMadeAgainAfterStoreLost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	re, err := NewReopener(ctx, js, cfg, limits)
+	re, err := NewReopener(ctx, js, cfg, limits, events.StreamAlerts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -471,6 +471,9 @@ func TestConsumerMadeAgainAfterStoreLost(t *testing.T) {
 		_, err := js.Consumer(ctx, events.StreamRollups, "alerter")
 		return err == nil && in.Reading()
 	})
+	if _, err := js.Stream(ctx, events.StreamAlerts); err != nil {
+		t.Errorf("ALERTS not made again: %v", err)
+	}
 	b.publishToken(t, w(1), "a")
 	last := b.publishToken(t, w(2), "a")
 	waitUntil(t, "w1 and w2 evaluated", func() bool { return strings.Join(rec.starts(), " ") == "12:00:00:1 12:00:15:1 12:00:30:1" })
