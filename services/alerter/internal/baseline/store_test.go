@@ -254,3 +254,25 @@ func TestValuesBeyondACellNotLearned(t *testing.T) {
 		t.Errorf("a large value within bounds: %+v", st)
 	}
 }
+
+// TestDaylightSaving: the baseline is the same time of day on the wall clock across a
+// daylight-saving change: 09:00 in Paris on the Monday after clocks went forward compares
+// with 09:00 on the days before, which were an hour later in UTC.
+func TestDaylightSaving(t *testing.T) {
+	paris, err := time.LoadLocation("Europe/Paris")
+	if err != nil {
+		t.Skipf("no time zone database: %v", err)
+	}
+	o := opts()
+	o.Location = paris
+	s, _ := New[string](o, 1)
+	h := s.Series("x")
+	for _, d := range []int{23, 24, 25, 26, 27} { // the weekdays before 2026-03-29, clocks forward
+		s.Add(h, s.StepOf(time.Date(2026, 3, d, 9, 0, 0, 0, paris)), 0, 100) // 08:00 UTC
+		s.Add(h, s.StepOf(time.Date(2026, 3, d, 8, 0, 0, 0, paris)), 0, 1)   // an hour earlier on the wall clock
+	}
+	mon := time.Date(2026, 3, 30, 9, 0, 0, 0, paris) // 07:00 UTC
+	if st := s.Stats(h, s.Plan(mon), 0, false); st.N != 5 || st.Mean != 100 {
+		t.Errorf("N %d mean %v, want the five 09:00 values", st.N, st.Mean)
+	}
+}

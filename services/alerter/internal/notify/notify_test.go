@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"math"
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -474,5 +476,53 @@ func TestAlertmanagerPostsBounded(t *testing.T) {
 	defer mu.Unlock()
 	if len(got) != 200 || biggest > 64 || testutil.ToFloat64(am.posted) != 200 {
 		t.Fatalf("Alertmanager got %d distinct alerts, %v counted posted, the biggest post %d alerts; want 200 in posts of at most 64", len(got), testutil.ToFloat64(am.posted), biggest)
+	}
+}
+
+// failOnce fails the publish numbered fail (from 1), once, and passes the others on.
+type failOnce struct {
+	js   jetstream.JetStream
+	n    int
+	fail int
+}
+
+func (f *failOnce) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	f.n++
+	if f.n == f.fail {
+		return nil, errors.New("nats: timeout")
+	}
+	return f.js.PublishMsg(ctx, m, opts...)
+}
+
+// TestRetryPublishesOnlyWhatWasNotTaken: a publish that fails part way through a window's
+// alerts is retried with the alerts JetStream did not take; before, the retry published
+// the ones it had taken again, and past the stream's duplicate window (an outage longer
+// than it) JetStream kept them twice: subscribers of alerts.> saw a state change twice.
+func TestRetryPublishesOnlyWhatWasNotTaken(t *testing.T) {
+	_, js := testbed.JetStream(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := bus.EnsureStreams(ctx, js, bus.StreamLimits{MaxBytes: 1 << 30, DuplicateWindow: 200 * time.Millisecond, Replicas: 1}, events.StreamAlerts); err != nil {
+		t.Fatal(err)
+	}
+	n := New(&failOnce{js: js, fail: 2}, nil, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	alerts := []events.Alert{alert(events.AlertFiring), alert(events.AlertResolved)}
+	if err := n.Publish(ctx, alerts); err == nil {
+		t.Fatal("the failed publish was not reported")
+	}
+	time.Sleep(500 * time.Millisecond) // past the duplicate window
+	if err := n.Publish(ctx, alerts); err != nil {
+		t.Fatal(err)
+	}
+	msgs := streamMsgs(t, js)
+	var ids []string
+	for _, m := range msgs {
+		ids = append(ids, m.Header.Get(jetstream.MsgIDHeader))
+	}
+	if len(msgs) != 2 || ids[0] == ids[1] {
+		t.Fatalf("ALERTS holds %v, want each state change once", ids)
+	}
+	if got := testutil.ToFloat64(n.sent.WithLabelValues("firing", "warning")) + testutil.ToFloat64(n.sent.WithLabelValues("resolved", "warning")); got != 2 {
+		t.Errorf("sent %v, want 2", got)
 	}
 }
