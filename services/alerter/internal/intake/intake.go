@@ -128,13 +128,21 @@ type Intake struct {
 	cpErrors  prometheus.Counter
 	heldGauge prometheus.Gauge
 	gone      prometheus.Counter
+	cut       prometheus.Counter
+	cutLogged bool // a window cut short was logged, and none has settled since
 }
 
 type pendingWindow struct {
 	w       engine.Window
 	msgs    messages
-	arrived time.Time
+	first   time.Time // when its first rollup arrived
+	arrived time.Time // when its latest rollup arrived
 }
+
+// maxGather bounds, past Settle and WatermarkTimeout, how long after its first rollup a
+// window waits to settle: rollups that keep coming for it (put on the stream by hand, one
+// every few seconds) would hold it, and every later window, for good.
+const maxGather = 2 * time.Minute
 
 // delivery is an evaluated window on its way out: publish, checkpoint, ack.
 type delivery struct {
@@ -231,6 +239,7 @@ func New(cons jetstream.Consumer, eval Evaluator, sink Sink, cp Checkpoint, dead
 		}),
 		cpErrors: counter("checkpoint_errors_total", "Checkpoint saves that failed (the window's rollups stay unacknowledged; retried)."),
 		gone:     counter("consumer_gone_total", "Times the ROLLUPS consumer stopped delivering (deleted, or its stream deleted) and was made again."),
+		cut:      counter("windows_gathering_cut_total", "Windows evaluated while rollups still arrived for them, 2 minutes past their settle and watermark wait after their first rollup."),
 	}
 	in.heldGauge = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: "alerter", Name: "windows_undelivered",
@@ -245,7 +254,7 @@ func New(cons jetstream.Consumer, eval Evaluator, sink Sink, cp Checkpoint, dead
 	for _, r := range reasons {
 		in.skipped.WithLabelValues(r)
 	}
-	reg.MustRegister(in.received, in.skipped, in.windows, in.evalTime, in.ackErrors, in.lastEval, in.cpErrors, in.heldGauge, in.gone)
+	reg.MustRegister(in.received, in.skipped, in.windows, in.evalTime, in.ackErrors, in.lastEval, in.cpErrors, in.heldGauge, in.gone, in.cut)
 	reg.MustRegister(in.wm.collectors()...)
 	return in
 }
@@ -533,7 +542,7 @@ func (in *Intake) Add(m jetstream.Msg, now time.Time) {
 		key := start.Unix()
 		p := in.pending[key]
 		if p == nil {
-			p = &pendingWindow{w: engine.Window{Start: start.UTC(), Seconds: seconds}}
+			p = &pendingWindow{w: engine.Window{Start: start.UTC(), Seconds: seconds}, first: now}
 			in.pending[key] = p
 		}
 		switch p.msgs.add(m, seq) { // acknowledged with its window
@@ -611,8 +620,21 @@ func (in *Intake) oldestSettled(now time.Time) *pendingWindow {
 			oldest = p
 		}
 	}
-	if oldest == nil || now.Sub(oldest.arrived) < in.opts.Settle || in.waitForWatermarks(oldest, now) {
+	if oldest == nil {
 		return nil
+	}
+	if now.Sub(oldest.arrived) >= in.opts.Settle && !in.waitForWatermarks(oldest, now) {
+		in.cutLogged = false
+		return oldest
+	}
+	if now.Sub(oldest.first) < in.opts.Settle+in.opts.WatermarkTimeout+maxGather {
+		return nil
+	}
+	in.cut.Inc()
+	if !in.cutLogged {
+		in.logger.Warn("a window kept receiving rollups past its settle and watermark wait; evaluated with what it has, later rollups of it are late",
+			"window_start", oldest.w.Start, "rollups", len(oldest.msgs.list), "gathering", now.Sub(oldest.first).Round(time.Second))
+		in.cutLogged = true
 	}
 	return oldest
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -578,4 +579,61 @@ func TestRollupLabelsBounded(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestWindowKeptOpenByATrickle: rollups that keep coming for one window (put on the stream
+// by hand, one every second, each a new message) never let it settle; before, it and every
+// later window waited for good, their rollups unacknowledged until the consumer stopped
+// delivering. A window is evaluated 2 minutes past its settle and watermark wait after its
+// first rollup whatever still arrives, counted and logged once.
+func TestWindowKeptOpenByATrickle(t *testing.T) {
+	rec := &recorder{}
+	var log syncBuffer
+	in := New(nil, rec, &sink{}, &memCheckpoint{}, &dead{}, Options{Settle: 2 * time.Second, WatermarkTimeout: time.Minute},
+		prometheus.NewRegistry(), slog.New(slog.NewTextHandler(&log, nil)))
+	w0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	w1 := w0.Add(15 * time.Second)
+	t0 := w1.Add(20 * time.Second)
+	in.Add(tokenMsg(t, w1, events.KindWindow), t0)
+	evaluatedAt := time.Duration(-1)
+	for s := time.Duration(0); s <= 10*time.Minute; s += time.Second {
+		in.Add(tokenMsg(t, w0, events.KindWindow), t0.Add(s))
+		if in.Flush(context.Background(), t0.Add(s)) > 0 {
+			evaluatedAt = s
+			break
+		}
+	}
+	if evaluatedAt < 0 {
+		t.Fatal("a window receiving a rollup every second was never evaluated, nor any after it")
+	}
+	if want := 2*time.Second + time.Minute + 2*time.Minute; evaluatedAt < want || evaluatedAt > want+time.Second {
+		t.Errorf("evaluated %s after its first rollup, want %s", evaluatedAt, want)
+	}
+	if len(rec.windows) != 2 || !rec.windows[0].Start.Equal(w0) || !rec.windows[1].Start.Equal(w1) {
+		t.Fatalf("evaluated %d windows, want w0 then w1", len(rec.windows))
+	}
+	if got := testutil.ToFloat64(in.cut); got != 1 {
+		t.Errorf("windows_gathering_cut_total = %v, want 1", got)
+	}
+	if n := strings.Count(log.String(), "kept receiving rollups"); n != 1 {
+		t.Errorf("logged %d times: %s", n, log.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger writing from another goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
