@@ -3,6 +3,7 @@ package notify
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -34,7 +36,8 @@ type amAlert struct {
 // alerts wait in a bounded queue; past it the oldest are dropped and counted.
 type Alertmanager struct {
 	url     string
-	shown   string // url redacted (ops.RedactURL), for errors and logs
+	shown   string   // url redacted (ops.RedactURL), for errors and logs
+	secrets []string // the URL's user information and query values, hidden in answers shown
 	client  *http.Client
 	resend  time.Duration
 	in      chan []events.Alert
@@ -51,7 +54,7 @@ func NewAlertmanager(base string, timeout, resend time.Duration, reg prometheus.
 	c := func(name, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "alerter", Name: name, Help: help})
 	}
-	u := strings.TrimRight(base, "/") + "/api/v2/alerts"
+	u := alertsURL(base)
 	a := &Alertmanager{
 		url:   u,
 		shown: ops.RedactURL(u),
@@ -69,8 +72,63 @@ func NewAlertmanager(base string, timeout, resend time.Duration, reg prometheus.
 		failed:  c("alertmanager_post_errors_total", "Posts to Alertmanager that failed (and were retried)."),
 		dropped: c("alertmanager_alerts_dropped_total", "Alerts dropped because Alertmanager was away too long."),
 	}
+	a.secrets = urlSecrets(u)
 	reg.MustRegister(a.posted, a.failed, a.dropped)
 	return a
+}
+
+// alertsURL returns the /api/v2/alerts URL of the Alertmanager at base, keeping base's
+// query (a token a proxy before it wants): appended after the query, the path became part
+// of a query value, and the alerts went to base's own path.
+func alertsURL(base string) string {
+	u, err := url.Parse(base)
+	if err != nil {
+		return strings.TrimRight(base, "/") + "/api/v2/alerts" // refused by Validate; shown redacted
+	}
+	u.Path = strings.TrimRight(u.Path, "/") + "/api/v2/alerts"
+	u.RawPath = ""
+	u.Fragment, u.RawFragment = "", ""
+	return u.String()
+}
+
+// urlSecrets returns what of raw may be a secret, as it may be echoed in an answer: the
+// user name and password (and their basic-auth encoding) and every query value, escaped
+// and not.
+func urlSecrets(raw string) []string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	add := func(v string) {
+		if len(v) >= 4 {
+			out = append(out, v, url.QueryEscape(v), url.PathEscape(v))
+		}
+	}
+	if u.User != nil {
+		add(u.User.Username())
+		if p, ok := u.User.Password(); ok {
+			add(p)
+			out = append(out, base64.StdEncoding.EncodeToString([]byte(u.User.Username()+":"+p)))
+		}
+	}
+	for _, vs := range u.Query() {
+		for _, v := range vs {
+			add(v)
+		}
+	}
+	// Longest first, so that a secret holding another is hidden whole.
+	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
+	return out
+}
+
+// scrub hides the URL's secrets in an answer Alertmanager, or a proxy before it, gave:
+// one that echoes the request ("Cannot POST /api/v2/alerts?token=…") would show them.
+func (a *Alertmanager) scrub(out string) string {
+	for _, s := range a.secrets {
+		out = strings.ReplaceAll(out, s, "xxxxx")
+	}
+	return out
 }
 
 // Enqueue queues alerts for posting; it never blocks. A full queue drops its oldest batch,
@@ -224,11 +282,11 @@ func (a *Alertmanager) post(ctx context.Context, alerts []events.Alert) error {
 	defer resp.Body.Close()
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 	if resp.StatusCode/100 == 3 {
-		return fmt.Errorf("cannot post to %s: %s: redirected to %s, which is not followed (set ALERTER_ALERTMANAGER_URL to Alertmanager itself)",
-			a.shown, resp.Status, ops.RedactURL(resp.Header.Get("Location")))
+		return errors.New(a.scrub(fmt.Sprintf("cannot post to %s: %s: redirected to %s, which is not followed (set ALERTER_ALERTMANAGER_URL to Alertmanager itself)",
+			a.shown, resp.Status, ops.RedactURL(resp.Header.Get("Location")))))
 	}
 	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("cannot post to %s: %s: %s", a.shown, resp.Status, bytes.TrimSpace(msg))
+		return errors.New(a.scrub(fmt.Sprintf("cannot post to %s: %s: %s", a.shown, resp.Status, bytes.TrimSpace(msg))))
 	}
 	return nil
 }

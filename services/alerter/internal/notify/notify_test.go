@@ -3,6 +3,7 @@ package notify
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"io"
@@ -524,5 +525,76 @@ func TestRetryPublishesOnlyWhatWasNotTaken(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(n.sent.WithLabelValues("firing", "warning")) + testutil.ToFloat64(n.sent.WithLabelValues("resolved", "warning")); got != 2 {
 		t.Errorf("sent %v, want 2", got)
+	}
+}
+
+// TestAlertmanagerAnswerSecretsNotLogged: a proxy before Alertmanager that echoes the
+// request in its error (Express's "Cannot POST /api/v2/alerts?token=…", a debug page
+// showing the credentials) put the URL's token or password into the post error and the
+// log; they are hidden there.
+func TestAlertmanagerAnswerSecretsNotLogged(t *testing.T) {
+	for _, tc := range []struct{ base, answer string }{
+		{"?token=s3cret-t0ken", "Cannot POST /api/v2/alerts?token=s3cret-t0ken"},
+		{"?t=s3cret-t0ken&x=1", "Cannot POST /api/v2/alerts?t=s3cret-t0ken&x=1"},
+		{"am:s3cret-pw@", "no such user am with password s3cret-pw"},
+		{"am:s3cret-pw@", "Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte("am:s3cret-pw"))},
+		{"s3cret-t0ken@", "unknown key s3cret-t0ken"},
+	} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Error(w, tc.answer, http.StatusNotFound)
+		}))
+		base := srv.URL
+		if strings.HasSuffix(tc.base, "@") {
+			base = strings.Replace(srv.URL, "http://", "http://"+tc.base, 1)
+		} else {
+			base += "/" + tc.base
+		}
+		var log syncBuffer
+		am := NewAlertmanager(base, 5*time.Second, time.Hour, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(&log, nil)))
+		err := am.post(context.Background(), []events.Alert{alert(events.AlertFiring)})
+		basic := base64.StdEncoding.EncodeToString([]byte("am:s3cret-pw"))
+		if err == nil || strings.Contains(err.Error(), "s3cret") || strings.Contains(err.Error(), basic) || !strings.Contains(err.Error(), "404") {
+			t.Errorf("%s: post error %v, want the 404 without the secret", tc.base, err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() { done <- am.Run(ctx) }()
+		am.Enqueue([]events.Alert{alert(events.AlertFiring)})
+		deadline := time.Now().Add(10 * time.Second)
+		for testutil.ToFloat64(am.failed) < 1 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		cancel()
+		<-done
+		srv.Close()
+		if out := log.String(); !strings.Contains(out, "cannot post") || strings.Contains(out, "s3cret") || strings.Contains(out, basic) {
+			t.Errorf("%s: log %s", tc.base, out)
+		}
+	}
+}
+
+// TestAlertmanagerURLWithQuery: an ALERTER_ALERTMANAGER_URL with a path and a query (a
+// token a proxy before Alertmanager wants) posts to <path>/api/v2/alerts with the query
+// kept; the API path used to be appended after the query, so the posts went to the base
+// path with a garbled token and failed for good.
+func TestAlertmanagerURLWithQuery(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.URL.Path+" token="+r.URL.Query().Get("token"))
+		mu.Unlock()
+		if r.URL.Path != "/am/api/v2/alerts" || r.URL.Query().Get("token") != "abc" {
+			http.Error(w, "not found", http.StatusNotFound)
+		}
+	}))
+	defer srv.Close()
+	for _, base := range []string{srv.URL + "/am/?token=abc", srv.URL + "/am?token=abc"} {
+		am := NewAlertmanager(base, 5*time.Second, time.Hour, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err := am.post(context.Background(), []events.Alert{alert(events.AlertFiring)}); err != nil {
+			mu.Lock()
+			t.Errorf("%s: %v (requests %v)", base, err, got)
+			mu.Unlock()
+		}
 	}
 }
