@@ -328,8 +328,8 @@ func (r *syncRecorder) starts() []string {
 }
 
 // TestConsumerMadeAgainWhenGone: the rollups consumer deleted while the intake runs (with a
-// window still gathering), and later the ROLLUPS stream deleted and made again: each time
-// the consumer is made again and every rollup published since is evaluated, each window
+// window still gathering), and later the ROLLUPS stream deleted: each time the stream and
+// the consumer are made again and every rollup published since is evaluated, each window
 // once and with each of its rollups once, and acknowledged. Before, the subscription ended
 // with the consumer and the alerter read nothing more, alerting on nothing, until restarted.
 func TestConsumerMadeAgainWhenGone(t *testing.T) {
@@ -390,9 +390,11 @@ func TestConsumerMadeAgainWhenGone(t *testing.T) {
 	if err := b.js.DeleteStream(b.ctx, events.StreamRollups); err != nil {
 		t.Fatal(err)
 	}
-	if err := bus.EnsureStreams(b.ctx, b.js, limits, events.StreamRollups); err != nil {
-		t.Fatal(err)
-	}
+	// The intake makes the stream again itself, as an aggregator starting would.
+	waitUntil(t, "ROLLUPS made again and read", func() bool {
+		_, err := b.js.Consumer(b.ctx, events.StreamRollups, "alerter")
+		return err == nil && in.Reading()
+	})
 	b.publishToken(t, w(3), "a")
 	last = b.publishToken(t, w(4), "a")
 	evaluated("12:00:00:1", "12:00:15:2", "12:00:30:1", "12:00:45:1", "12:01:00:1")
