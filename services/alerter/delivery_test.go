@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -224,4 +225,49 @@ func TestRollupsAckedOnlyAfterAlertsPublished(t *testing.T) {
 	// The alerts table is written from the stream made again.
 	waitFor(t, "the alert's row", 30*time.Second, func() bool { return b.alertRows(t)[alertKey(got[0])] == 1 })
 	a.stop(t)
+}
+
+// TestOversizedLabelDoesNotBlockAlerting: a rollup put on ROLLUPS by hand with a model
+// name of 5 MB breaches its SLA beside a real series breaching its baseline. Its alert,
+// which carries the model in its labels and in its summary, would be over the server's
+// payload limit (8 MB here, 1 MB by default), so no retry could publish it: taken, it held its window, and every later
+// one, unacknowledged for good, and the real alert was never delivered. It is dead-lettered
+// as invalid instead, and the real alert is delivered and its window acknowledged.
+func TestOversizedLabelDoesNotBlockAlerting(t *testing.T) {
+	b := newDeliveryBed(t)
+	a := startAlerter(t, b.environ)
+	waitFor(t, "the alerter's consumer", 30*time.Second, func() bool { return b.consumer(t) != nil })
+	var last uint64
+	for i := range 2 { // two breaching windows: both series fire at the second
+		b.publish(t, i, 3000+float64(i)*100)
+		r := tokenRollup(b.window(i), 9000)
+		r.Model = strings.Repeat("m", 5<<20)
+		data, err := json.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ack, err := b.js.Publish(b.ctx, events.TokenRollupSubject(r.Env, r.Scene), data, jetstream.WithMsgID("huge"+strconv.Itoa(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = ack.Sequence
+	}
+	// Decoding megabytes of JSON is slow under the race detector on a loaded machine.
+	waitFor(t, "every window delivered and acknowledged", 2*time.Minute, func() bool {
+		c := b.consumer(t)
+		return c != nil && c.NumAckPending == 0 && c.AckFloor.Stream == last
+	})
+	a.stop(t)
+	got := b.alerts(t)
+	if len(got) != 1 || got[0].Rule != "ttft_p95_dynamic" || got[0].Labels["model"] != "llama-3.1-70b" {
+		t.Fatalf("ALERTS holds %d alerts (%v), want the real series' ttft_p95_dynamic firing alone", len(got), rulesOfAlerts(got))
+	}
+}
+
+func rulesOfAlerts(alerts []events.Alert) []string {
+	var out []string
+	for _, a := range alerts {
+		out = append(out, a.State+" "+a.Rule+" model of "+strconv.Itoa(len(a.Labels["model"]))+" bytes")
+	}
+	return out
 }

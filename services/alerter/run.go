@@ -117,7 +117,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	} else if err != nil {
 		return err
 	}
-	cons, replayed, err := intake.ResumeConsumer(ctx, js, bus.ConsumerConfig{
+	rollupsCfg := bus.ConsumerConfig{
 		Stream:        events.StreamRollups,
 		Durable:       cfg.Consumer,
 		FilterSubject: events.SubjectRollupsAll,
@@ -125,7 +125,13 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		AckWait:       cfg.Settle + cfg.WatermarkTimeout + 2*time.Minute,
 		MaxAckPending: cfg.MaxAckPending,
 		DeliverPolicy: jetstream.DeliverNewPolicy,
-	})
+	}
+	cons, replayed, err := intake.ResumeConsumer(ctx, js, rollupsCfg)
+	if err != nil {
+		return err
+	}
+	// A consumer gone while the alerter runs (deleted, or with its stream) is made again.
+	reopener, err := intake.NewReopener(ctx, js, rollupsCfg, cfg.NATS.Streams, events.StreamAlerts)
 	if err != nil {
 		return err
 	}
@@ -155,7 +161,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	// replays is one the table has or lacks, by key.
 	reopen := func(ctx context.Context) (jetstream.Consumer, error) { return bus.EnsureConsumer(ctx, js, rowsCfg) }
 	rec := record.New(rowsCons, record.NewStore(db.Conn()), nc, record.Options{Reopen: reopen}, reg, logger)
-	in := intake.New(cons, eng, sink, cp, nc, intake.Options{Settle: cfg.Settle, WatermarkTimeout: cfg.WatermarkTimeout, Evaluated: evaluated, Replayed: replayed}, reg, logger)
+	in := intake.New(cons, eng, sink, cp, nc, intake.Options{Settle: cfg.Settle, WatermarkTimeout: cfg.WatermarkTimeout, Evaluated: evaluated, Replayed: replayed, Reopen: reopener.Reopen}, reg, logger)
 	registerEngineMetrics(reg, eng)
 
 	srv.AddCheck("nats", func(context.Context) error {
@@ -165,6 +171,12 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return nil
 	})
 	srv.AddCheck("clickhouse", db.Ping)
+	srv.AddCheck("rollups", func(context.Context) error {
+		if !in.Reading() {
+			return errors.New("the ROLLUPS consumer is not delivering (being made again)")
+		}
+		return nil
+	})
 
 	// Alertmanager and the alerts table outlive the intake, so what its last window sends
 	// still goes out. The intake publishes to JetStream itself, waiting for each

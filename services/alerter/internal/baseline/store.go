@@ -219,9 +219,20 @@ func (s *Store[K]) cellAt(h *History, step int64, create bool) []cell {
 	return b.cells[off : off+s.metrics]
 }
 
-// Add records one window's value of metric m at step.
+// maxValue bounds the values a cell learns. A cell keeps float32 sums: a value finite as
+// a float64 but past float32's range, or whose square is (beyond about 1e19), would make
+// the cell's mean or σ infinite, and every baseline it is part of (that time of day, for
+// the whole history) NaN or infinite, a threshold nothing breaches. No watched figure
+// comes near it: 1e12 ms is thirty years.
+const maxValue = 1e12
+
+// learnable reports whether v is a value a cell can learn.
+func learnable(v float64) bool { return v >= -maxValue && v <= maxValue }
+
+// Add records one window's value of metric m at step; a value beyond ±1e12 (or NaN) is
+// not learned.
 func (s *Store[K]) Add(h *History, step int64, m int, v float64) {
-	if math.IsNaN(v) || math.IsInf(v, 0) {
+	if !learnable(v) {
 		return
 	}
 	addCell(&s.cellAt(h, step, true)[m], v, uint64(step)*31+uint64(m))
@@ -232,7 +243,7 @@ func (s *Store[K]) Add(h *History, step int64, m int, v float64) {
 func (s *Store[K]) AddAll(h *History, step int64, vals []float64, ok []bool) {
 	cs := s.cellAt(h, step, true)
 	for m := range cs {
-		if m >= len(vals) || !ok[m] || math.IsNaN(vals[m]) || math.IsInf(vals[m], 0) {
+		if m >= len(vals) || !ok[m] || !learnable(vals[m]) {
 			continue
 		}
 		addCell(&cs[m], vals[m], uint64(step)*31+uint64(m))
@@ -254,9 +265,10 @@ func addCell(c *cell, v float64, seed uint64) {
 }
 
 // Merge records a cell aggregated elsewhere (loaded from ClickHouse): n windows with this
-// mean, population variance and a sample of their values.
+// mean, population variance and a sample of their values. A cell whose mean, spread or
+// sample is beyond what Add learns is left out whole.
 func (s *Store[K]) Merge(h *History, step int64, m int, n uint64, mean, variance float64, sample []float64) {
-	if n == 0 || math.IsNaN(mean) || math.IsNaN(variance) {
+	if n == 0 || !learnable(mean) || !(math.Abs(variance) <= maxValue*maxValue) || slices.ContainsFunc(sample, func(v float64) bool { return !learnable(v) }) {
 		return
 	}
 	c := &s.cellAt(h, step, true)[m]

@@ -216,3 +216,63 @@ func TestMaxSeries(t *testing.T) {
 		t.Errorf("err = %v, want it to name ALERTER_MAX_SERIES", err)
 	}
 }
+
+// TestValuesBeyondACellNotLearned: a value, or a cell loaded from ClickHouse, past what a
+// float32 cell holds or squares is left out, so the baseline stays that of the others
+// instead of becoming infinite or NaN.
+func TestValuesBeyondACellNotLearned(t *testing.T) {
+	at := time.Date(2026, 3, 4, 12, 0, 0, 0, time.UTC)
+	prev := at.AddDate(0, 0, -1)
+	for _, tc := range []struct {
+		name  string
+		write func(s *Store[string], h *History, step int64)
+	}{
+		{"add beyond float32", func(s *Store[string], h *History, step int64) { s.Add(h, step, 0, 1e39) }},
+		{"add whose square is beyond float32", func(s *Store[string], h *History, step int64) { s.Add(h, step, 0, -1e25) }},
+		{"add all", func(s *Store[string], h *History, step int64) { s.AddAll(h, step, []float64{1e300}, []bool{true}) }},
+		{"merge of a huge mean", func(s *Store[string], h *History, step int64) { s.Merge(h, step, 0, 3, 1e30, 0, []float64{1e30}) }},
+		{"merge of a huge variance", func(s *Store[string], h *History, step int64) { s.Merge(h, step, 0, 3, 100, 1e40, []float64{100}) }},
+		{"merge of a huge sample", func(s *Store[string], h *History, step int64) { s.Merge(h, step, 0, 3, 100, 1, []float64{100, 1e39}) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _ := New[string](opts(), 1)
+			h := s.Series("x")
+			for m := -30; m <= 30; m++ {
+				s.Add(h, s.StepOf(prev.Add(time.Duration(m)*time.Minute)), 0, 100+float64(m%2))
+			}
+			tc.write(s, h, s.StepOf(prev))
+			st := s.Stats(h, s.Plan(at), 0, true)
+			if st.N != 61 || math.Abs(st.Mean-100) > 1 || st.Std > 1 || math.Abs(st.Median-100) > 1 || st.MAD > 2 {
+				t.Errorf("baseline %+v, want the 61 values near 100", st)
+			}
+		})
+	}
+	s, _ := New[string](opts(), 1)
+	h := s.Series("x")
+	s.Add(h, s.StepOf(prev), 0, 1e11)
+	if st := s.Stats(h, s.Plan(at), 0, false); st.N != 1 || math.Abs(st.Mean-1e11) > 1e5 {
+		t.Errorf("a large value within bounds: %+v", st)
+	}
+}
+
+// TestDaylightSaving: the baseline is the same time of day on the wall clock across a
+// daylight-saving change: 09:00 in Paris on the Monday after clocks went forward compares
+// with 09:00 on the days before, which were an hour later in UTC.
+func TestDaylightSaving(t *testing.T) {
+	paris, err := time.LoadLocation("Europe/Paris")
+	if err != nil {
+		t.Skipf("no time zone database: %v", err)
+	}
+	o := opts()
+	o.Location = paris
+	s, _ := New[string](o, 1)
+	h := s.Series("x")
+	for _, d := range []int{23, 24, 25, 26, 27} { // the weekdays before 2026-03-29, clocks forward
+		s.Add(h, s.StepOf(time.Date(2026, 3, d, 9, 0, 0, 0, paris)), 0, 100) // 08:00 UTC
+		s.Add(h, s.StepOf(time.Date(2026, 3, d, 8, 0, 0, 0, paris)), 0, 1)   // an hour earlier on the wall clock
+	}
+	mon := time.Date(2026, 3, 30, 9, 0, 0, 0, paris) // 07:00 UTC
+	if st := s.Stats(h, s.Plan(mon), 0, false); st.N != 5 || st.Mean != 100 {
+		t.Errorf("N %d mean %v, want the five 09:00 values", st.N, st.Mean)
+	}
+}

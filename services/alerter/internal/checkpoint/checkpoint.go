@@ -21,8 +21,10 @@ var ErrInvalid = errors.New("invalid checkpoint")
 
 // KV is a checkpoint in a JetStream key-value bucket.
 type KV struct {
-	kv  jetstream.KeyValue
-	key string
+	kv       jetstream.KeyValue
+	key      string
+	js       jetstream.JetStream
+	replicas int
 }
 
 type value struct {
@@ -33,11 +35,15 @@ type value struct {
 // Open creates or updates the bucket and returns the checkpoint stored under key (the
 // consumer's name: letters, digits, - and _).
 func Open(ctx context.Context, js jetstream.JetStream, key string, replicas int) (*KV, error) {
-	kv, err := bus.EnsureKeyValue(ctx, js, Bucket, "tokenscope alerter: latest window evaluated and delivered, per consumer", replicas)
+	kv, err := ensure(ctx, js, replicas)
 	if err != nil {
 		return nil, err
 	}
-	return &KV{kv: kv, key: key}, nil
+	return &KV{kv: kv, key: key, js: js, replicas: replicas}, nil
+}
+
+func ensure(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.KeyValue, error) {
+	return bus.EnsureKeyValue(ctx, js, Bucket, "tokenscope alerter: latest window evaluated and delivered, per consumer", replicas)
 }
 
 // Load returns the stored window start, or the zero time when none is stored.
@@ -62,10 +68,27 @@ func (c *KV) Save(ctx context.Context, windowStart time.Time) error {
 	if err != nil {
 		return fmt.Errorf("cannot encode checkpoint: %w", err)
 	}
-	if _, err := c.kv.Put(ctx, c.key, data); err != nil {
+	_, err = c.kv.Put(ctx, c.key, data)
+	if err != nil && c.gone(ctx) {
+		// The bucket was deleted, or lost with a NATS store: every save would fail, and the
+		// window held for it, and every later one, would wait until a restart.
+		kv, kerr := ensure(ctx, c.js, c.replicas)
+		if kerr != nil {
+			return fmt.Errorf("cannot save checkpoint %s/%s: the bucket is gone: %w", Bucket, c.key, kerr)
+		}
+		c.kv = kv
+		_, err = c.kv.Put(ctx, c.key, data)
+	}
+	if err != nil {
 		return fmt.Errorf("cannot save checkpoint %s/%s: %w", Bucket, c.key, err)
 	}
 	return nil
+}
+
+// gone reports whether the bucket is known to be missing.
+func (c *KV) gone(ctx context.Context) bool {
+	_, err := c.js.KeyValue(ctx, Bucket)
+	return errors.Is(err, jetstream.ErrBucketNotFound)
 }
 
 func truncate(b []byte) string {

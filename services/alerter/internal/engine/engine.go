@@ -149,10 +149,11 @@ func (e *Engine) Counts() Counts {
 }
 
 // Restore brings back the alerts that were firing before a restart, so they are not fired
-// again.
+// again, each resolving after its scene's keep_firing_for (host and engine alerts: the
+// defaults').
 func (e *Engine) Restore(alerts []events.Alert) {
 	for _, a := range alerts {
-		e.life.Restore(a)
+		e.life.Restore(a, e.rules.For(a.Labels["scene"]).KeepFiringFor)
 	}
 }
 

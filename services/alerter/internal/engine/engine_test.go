@@ -217,3 +217,78 @@ func TestLayersAreSeparateSeries(t *testing.T) {
 		t.Errorf("evaluated %d series, want 4", c.Series)
 	}
 }
+
+// TestHugeValueDoesNotBlindTheBaseline: one rollup of the history with an absurd TTFT
+// p95, finite as a float64 but past what a baseline cell (float32) holds or squares, is
+// not learned; before, it made the slot's baseline mean or σ infinite or NaN for the
+// whole week, no value ever breached its threshold, and a real surge at that time of day
+// did not fire.
+func TestHugeValueDoesNotBlindTheBaseline(t *testing.T) {
+	for _, huge := range []float64{1e39, -1e39, 1e25, 1e300} {
+		t.Run(fmt.Sprint(huge), func(t *testing.T) {
+			e := newEngine(t, rules.NewSet())
+			now := time.Date(2026, 3, 4, 3, 0, 0, 0, time.UTC) // Wednesday night
+			for d := 1; d <= 7; d++ {
+				for m := -30; m <= 30; m++ {
+					start := now.AddDate(0, 0, -d).Add(time.Duration(m) * time.Minute)
+					p95 := 300 + float64((m+d)%5)*10
+					if d == 1 && m == 0 {
+						p95 = huge
+					}
+					e.Learn(engine.Window{Start: start, Seconds: 60, Tokens: []events.TokenRollup{row(start, "", 200, events.Latency{Count: 200, P95: p95})}})
+				}
+			}
+			var sent []events.Alert
+			for i := range 3 {
+				start := now.Add(time.Duration(i) * time.Minute)
+				sent = append(sent, e.Evaluate(engine.Window{Start: start, Seconds: 60, Tokens: []events.TokenRollup{row(start, "", 200, events.Latency{Count: 200, P95: 900})}})...)
+			}
+			if got := rulesOf(sent); len(got) != 1 || got[0] != "firing warning ttft_p95_dynamic" {
+				t.Fatalf("sent %v, want ttft_p95_dynamic firing", got)
+			}
+			if a := sent[0]; a.BaselineCenter < 300 || a.BaselineCenter > 340 || a.Threshold >= 900 {
+				t.Errorf("baseline %v ± %v threshold %v", a.BaselineCenter, a.BaselineSpread, a.Threshold)
+			}
+		})
+	}
+}
+
+// TestRestoredAlertKeepsFiringFor: a firing alert restored at start resolves after its
+// scene's keep_firing_for windows without it, as it would have without the restart. It
+// resolved after one: a restart followed by a window without the series (sparse traffic)
+// sent a resolve, and the incident still going on fired it again, a second page.
+func TestRestoredAlertKeepsFiringFor(t *testing.T) {
+	rs, err := rules.Parse([]byte("scenes:\n  chat:\n    keep_firing_for: 3\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newEngine(t, rs)
+	t0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	labels := map[string]string{"alertname": "ttft_p95_sla", "severity": "warning", "env": "prod", "scene": "chat", "model": "m", "bucket": "0-499"}
+	e.Restore([]events.Alert{{V: 1, Fingerprint: "f", Rule: "ttft_p95_sla", Severity: "warning", State: events.AlertFiring, Labels: labels,
+		Value: 2500, Threshold: 2000, StartsAt: t0.Add(-time.Hour), At: t0.Add(-time.Minute)}})
+	other := func(start time.Time) events.TokenRollup {
+		r := row(start, "", 100, events.Latency{Count: 100, P95: 300})
+		r.Model = "other"
+		return r
+	}
+	var sent []events.Alert
+	for i, p95 := range []float64{-1, -1, 2500, 2600} { // -1: the series has no rollup in the window
+		start := t0.Add(time.Duration(i) * time.Minute)
+		w := engine.Window{Start: start, Seconds: 60, Tokens: []events.TokenRollup{other(start)}}
+		if p95 >= 0 {
+			w.Tokens = append(w.Tokens, row(start, "", 100, events.Latency{Count: 100, P95: p95}))
+		}
+		sent = append(sent, e.Evaluate(w)...)
+	}
+	if len(sent) != 0 {
+		t.Fatalf("sent %v, want nothing: the restored alert keeps firing through two windows without its series", rulesOf(sent))
+	}
+	for i := 4; i < 7; i++ {
+		start := t0.Add(time.Duration(i) * time.Minute)
+		sent = append(sent, e.Evaluate(engine.Window{Start: start, Seconds: 60, Tokens: []events.TokenRollup{other(start)}})...)
+	}
+	if got := rulesOf(sent); len(got) != 1 || got[0] != "resolved warning ttft_p95_sla" || !sent[0].At.Equal(t0.Add(7*time.Minute)) {
+		t.Fatalf("sent %v, want ttft_p95_sla resolved once, after three windows without the series", got)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -39,4 +40,64 @@ func ResumeConsumer(ctx context.Context, js jetstream.JetStream, cfg bus.Consume
 		return nil, 0, err
 	}
 	return cons, delivered, nil
+}
+
+// Reopener makes the intake's consumer again once it is gone: deleted, or deleted with its
+// stream and the stream made again (an operator recreating ROLLUPS with other limits, a
+// NATS store lost). Without it the subscription ended and the alerter read nothing more,
+// alerting on nothing, until restarted.
+type Reopener struct {
+	js      jetstream.JetStream
+	cfg     bus.ConsumerConfig
+	limits  bus.StreamLimits
+	streams []string  // made again with limits when missing, as at start
+	created time.Time // the stream's creation time when last seen
+}
+
+// NewReopener returns a Reopener of the consumer cfg describes, on its stream as it is now.
+// Before making the consumer again it makes its stream, and the other streams named (those
+// the service ensures at start: a NATS that lost its store lost them all), with limits
+// where they are missing.
+func NewReopener(ctx context.Context, js jetstream.JetStream, cfg bus.ConsumerConfig, limits bus.StreamLimits, streams ...string) (*Reopener, error) {
+	s, err := js.Stream(ctx, cfg.Stream)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read stream %s: %w", cfg.Stream, err)
+	}
+	return &Reopener{js: js, cfg: cfg, limits: limits, streams: append([]string{cfg.Stream}, streams...), created: s.CachedInfo().Created}, nil
+}
+
+// Reopen returns the consumer, made again where it is gone, reading from stream sequence
+// from (0: as cfg says), and whether the stream is another one than before (made again
+// since): then its sequences start again, and the consumer reads it from its first message.
+// seen is the highest sequence read from the stream before: a stream whose last message is
+// below it is another one too.
+func (r *Reopener) Reopen(ctx context.Context, from, seen uint64) (jetstream.Consumer, bool, error) {
+	if err := bus.EnsureStreams(ctx, r.js, r.limits, r.streams...); err != nil {
+		return nil, false, err
+	}
+	s, err := r.js.Stream(ctx, r.cfg.Stream)
+	if err != nil {
+		return nil, false, fmt.Errorf("cannot read stream %s: %w", r.cfg.Stream, err)
+	}
+	info := s.CachedInfo()
+	another := !info.Created.Equal(r.created) || info.State.LastSeq < seen
+	if c, err := s.Consumer(ctx, r.cfg.Durable); err == nil {
+		r.created = info.Created
+		return c, another, nil
+	} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil, false, fmt.Errorf("cannot look up consumer %s on %s: %w", r.cfg.Durable, r.cfg.Stream, err)
+	}
+	cfg := r.cfg
+	switch {
+	case another:
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverAllPolicy, 0
+	case from > 0:
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
+	}
+	c, err := bus.EnsureConsumer(ctx, r.js, cfg)
+	if err != nil {
+		return nil, false, err
+	}
+	r.created = info.Created
+	return c, another, nil
 }

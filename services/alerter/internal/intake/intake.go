@@ -8,7 +8,9 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -62,6 +64,12 @@ type Options struct {
 	// ShutdownTimeout is how long, once Run's context ends, the window being delivered and
 	// the windows already settled may take to be delivered (default 10 s).
 	ShutdownTimeout time.Duration
+	// Reopen makes the consumer again when it stops delivering (deleted, or its stream
+	// deleted and made again), reading from stream sequence from (0: as it was made at
+	// start); seen is the highest sequence read. It reports whether the stream is another
+	// one, whose sequences start again (*Reopener.Reopen is one). Without it Run returns an
+	// error when its consumer is gone.
+	Reopen func(ctx context.Context, from, seen uint64) (jetstream.Consumer, bool, error)
 }
 
 // The reasons a rollup is not evaluated.
@@ -103,6 +111,10 @@ type Intake struct {
 	// acknowledged only then.
 	held    *delivery
 	failing string // the step whose failure was logged last, "" when delivering
+	// seen is the highest stream sequence read; reading is false while the consumer is
+	// gone and not yet made again.
+	seen    uint64
+	reading atomic.Bool
 	// aggregators are the aggregators whose watermark was read, by consumer name.
 	aggregators map[string]*aggregator
 	wm          watermarkMetrics
@@ -115,13 +127,22 @@ type Intake struct {
 	lastEval  prometheus.Gauge
 	cpErrors  prometheus.Counter
 	heldGauge prometheus.Gauge
+	gone      prometheus.Counter
+	cut       prometheus.Counter
+	cutLogged bool // a window cut short was logged, and none has settled since
 }
 
 type pendingWindow struct {
 	w       engine.Window
 	msgs    messages
-	arrived time.Time
+	first   time.Time // when its first rollup arrived
+	arrived time.Time // when its latest rollup arrived
 }
+
+// maxGather bounds, past Settle and WatermarkTimeout, how long after its first rollup a
+// window waits to settle: rollups that keep coming for it (put on the stream by hand, one
+// every few seconds) would hold it, and every later window, for good.
+const maxGather = 2 * time.Minute
 
 // delivery is an evaluated window on its way out: publish, checkpoint, ack.
 type delivery struct {
@@ -217,6 +238,8 @@ func New(cons jetstream.Consumer, eval Evaluator, sink Sink, cp Checkpoint, dead
 			Namespace: "alerter", Name: "last_evaluated_window_timestamp_seconds", Help: "Start of the latest window evaluated.",
 		}),
 		cpErrors: counter("checkpoint_errors_total", "Checkpoint saves that failed (the window's rollups stay unacknowledged; retried)."),
+		gone:     counter("consumer_gone_total", "Times the ROLLUPS consumer stopped delivering (deleted, or its stream deleted) and was made again."),
+		cut:      counter("windows_gathering_cut_total", "Windows evaluated while rollups still arrived for them, 2 minutes past their settle and watermark wait after their first rollup."),
 	}
 	in.heldGauge = prometheus.NewGauge(prometheus.GaugeOpts{
 		Namespace: "alerter", Name: "windows_undelivered",
@@ -231,7 +254,7 @@ func New(cons jetstream.Consumer, eval Evaluator, sink Sink, cp Checkpoint, dead
 	for _, r := range reasons {
 		in.skipped.WithLabelValues(r)
 	}
-	reg.MustRegister(in.received, in.skipped, in.windows, in.evalTime, in.ackErrors, in.lastEval, in.cpErrors, in.heldGauge)
+	reg.MustRegister(in.received, in.skipped, in.windows, in.evalTime, in.ackErrors, in.lastEval, in.cpErrors, in.heldGauge, in.gone, in.cut)
 	reg.MustRegister(in.wm.collectors()...)
 	return in
 }
@@ -243,15 +266,30 @@ func New(cons jetstream.Consumer, eval Evaluator, sink Sink, cp Checkpoint, dead
 func (in *Intake) Run(ctx context.Context) error {
 	msgs := make(chan jetstream.Msg, 4096)
 	done := make(chan struct{})
-	cc, err := in.cons.Consume(func(m jetstream.Msg) {
+	handler := func(m jetstream.Msg) {
 		select {
 		case msgs <- m:
 		case <-done: // shutting down: left unacknowledged, redelivered after restart
 		}
-	}, jetstream.PullMaxMessages(1024))
+	}
+	// A consumer deleted while the connection was down sends no "consumer deleted": the
+	// subscription only reports pulls that go unanswered, and is stopped here once the
+	// consumer is found gone.
+	errs := make(chan struct{}, 1)
+	opts := []jetstream.PullConsumeOpt{jetstream.PullMaxMessages(1024), jetstream.ConsumeErrHandler(func(jetstream.ConsumeContext, error) {
+		select {
+		case errs <- struct{}{}:
+		default:
+		}
+	})}
+	cc, err := in.cons.Consume(handler, opts...)
 	if err != nil {
 		return fmt.Errorf("cannot consume rollups: %w", err)
 	}
+	in.reading.Store(true)
+	closed := cc.Closed()
+	var re reopening
+	var checked time.Time
 	// Deliveries run under work, which outlives ctx by ShutdownTimeout: a window whose
 	// delivery is under way when shutdown begins is still published, stored and
 	// acknowledged instead of failing on a cancelled context.
@@ -269,16 +307,46 @@ loop:
 			in.Add(m, time.Now())
 		case now := <-tick.C:
 			in.Flush(work, now)
+			if cc == nil && !now.Before(re.at) {
+				cc = in.reopen(ctx, &re, now, handler, opts)
+				if cc != nil {
+					closed = cc.Closed()
+				}
+			}
+		case <-errs:
+			if cc != nil && time.Since(checked) >= 5*time.Second {
+				checked = time.Now()
+				if in.consumerGone(ctx) {
+					cc.Stop() // closed follows
+				}
+			}
+		case <-closed:
+			if ctx.Err() != nil {
+				break loop
+			}
+			// The consumer is gone (deleted, or with its stream): the subscription ended.
+			if in.opts.Reopen == nil {
+				return errors.New("cannot consume rollups: the consumer stopped delivering")
+			}
+			in.reading.Store(false)
+			in.gone.Inc()
+			in.logger.Warn("the rollups consumer stopped delivering (deleted, or its stream deleted); making it again")
+			cc, closed = nil, nil
+			re = reopening{at: time.Now()}
 		case <-ctx.Done():
 			break loop
 		}
 	}
-	cc.Drain()
+	if cc != nil {
+		cc.Drain()
+	}
 	close(done)
-	select {
-	case <-cc.Closed():
-	case <-work.Done():
-	case <-time.After(5 * time.Second):
+	if cc != nil {
+		select {
+		case <-cc.Closed():
+		case <-work.Done():
+		case <-time.After(5 * time.Second):
+		}
 	}
 	in.flush(work, time.Now(), true)
 	if n := len(in.pending) + in.undelivered(); n > 0 {
@@ -288,8 +356,95 @@ loop:
 	return nil
 }
 
+// reopening is the state of making a gone consumer again: when to try next, and the
+// backoff.
+type reopening struct {
+	at      time.Time
+	backoff time.Duration
+	failed  bool
+}
+
+// reopen makes the gone consumer again and consumes it; on failure it schedules the next
+// attempt and returns nil. The consumer reads from the oldest rollup of the windows still
+// held, so their rollups come again with their sequences (each counts once) and are
+// acknowledged on it; rollups of windows evaluated already that come again are skipped as
+// redelivered. On a stream made again, whose sequences start afresh, it reads from the
+// first message, and the windows held keep what they gathered.
+func (in *Intake) reopen(ctx context.Context, re *reopening, now time.Time, handler jetstream.MessageHandler, opts []jetstream.PullConsumeOpt) jetstream.ConsumeContext {
+	from := in.resumeFrom()
+	actx, cancel := context.WithTimeout(ctx, in.opts.AttemptTimeout)
+	defer cancel()
+	cons, another, err := in.opts.Reopen(actx, from, in.seen)
+	var cc jetstream.ConsumeContext
+	if err == nil {
+		cc, err = cons.Consume(handler, opts...)
+	}
+	if err != nil {
+		re.backoff = min(max(2*re.backoff, 250*time.Millisecond), 10*time.Second)
+		re.at = now.Add(re.backoff)
+		if !re.failed {
+			in.logger.Warn("cannot make the rollups consumer again; retrying", "err", err)
+			re.failed = true
+		}
+		return nil
+	}
+	if another {
+		for _, p := range in.pending {
+			p.msgs.seqs = nil
+		}
+		if in.held != nil {
+			in.held.msgs.seqs = nil
+		}
+		in.seen, in.opts.Replayed = 0, 0
+	} else {
+		in.opts.Replayed = max(in.opts.Replayed, in.seen)
+	}
+	in.cons = cons
+	in.reading.Store(true)
+	in.logger.Info("reading rollups again", "from_seq", from, "stream_made_again", another)
+	return cc
+}
+
+// consumerGone reports whether the consumer is known to be gone, with its stream or alone.
+func (in *Intake) consumerGone(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, in.opts.AttemptTimeout)
+	defer cancel()
+	_, err := in.cons.Info(ctx)
+	return errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound)
+}
+
+// resumeFrom is the stream sequence a consumer made again reads from: the oldest rollup of
+// the windows held, else the one after the last read (0 when none was read).
+func (in *Intake) resumeFrom() uint64 {
+	var from uint64
+	oldest := func(ms *messages) {
+		for seq := range ms.seqs {
+			if from == 0 || seq < from {
+				from = seq
+			}
+		}
+	}
+	for _, p := range in.pending {
+		oldest(&p.msgs)
+	}
+	if in.held != nil {
+		oldest(&in.held.msgs)
+	}
+	if from == 0 && in.seen > 0 {
+		from = in.seen + 1
+	}
+	return from
+}
+
+// Reading reports whether the intake has a consumer delivering rollups (false before Run,
+// and while a gone consumer is not made again yet); safe from any goroutine.
+func (in *Intake) Reading() bool { return in.reading.Load() }
+
 // Add takes one rollup message that arrived at now.
 func (in *Intake) Add(m jetstream.Msg, now time.Time) {
+	if meta, err := m.Metadata(); err == nil && meta != nil && meta.Sequence.Stream > in.seen {
+		in.seen = meta.Sequence.Stream
+	}
 	subj := m.Subject()
 	var start time.Time
 	var seconds int
@@ -387,7 +542,7 @@ func (in *Intake) Add(m jetstream.Msg, now time.Time) {
 		key := start.Unix()
 		p := in.pending[key]
 		if p == nil {
-			p = &pendingWindow{w: engine.Window{Start: start.UTC(), Seconds: seconds}}
+			p = &pendingWindow{w: engine.Window{Start: start.UTC(), Seconds: seconds}, first: now}
 			in.pending[key] = p
 		}
 		switch p.msgs.add(m, seq) { // acknowledged with its window
@@ -465,8 +620,21 @@ func (in *Intake) oldestSettled(now time.Time) *pendingWindow {
 			oldest = p
 		}
 	}
-	if oldest == nil || now.Sub(oldest.arrived) < in.opts.Settle || in.waitForWatermarks(oldest, now) {
+	if oldest == nil {
 		return nil
+	}
+	if now.Sub(oldest.arrived) >= in.opts.Settle && !in.waitForWatermarks(oldest, now) {
+		in.cutLogged = false
+		return oldest
+	}
+	if now.Sub(oldest.first) < in.opts.Settle+in.opts.WatermarkTimeout+maxGather {
+		return nil
+	}
+	in.cut.Inc()
+	if !in.cutLogged {
+		in.logger.Warn("a window kept receiving rollups past its settle and watermark wait; evaluated with what it has, later rollups of it are late",
+			"window_start", oldest.w.Start, "rollups", len(oldest.msgs.list), "gathering", now.Sub(oldest.first).Round(time.Second))
+		in.cutLogged = true
 	}
 	return oldest
 }
@@ -618,6 +786,19 @@ func decode(data []byte, v any) error {
 	return nil
 }
 
+// checkLabels bounds the labels a rollup's alerts would carry as the event contract bounds
+// them (events.MaxLabelLen): a longer one, which no aggregator writes, put on the stream by
+// hand, made an alert with it in its labels and its summary over the server's payload
+// limit, a publish no retry could make, which held its window and every later one.
+func checkLabels(labels ...string) error {
+	for i := 0; i+1 < len(labels); i += 2 {
+		if v := labels[i+1]; len(v) > events.MaxLabelLen || !utf8.ValidString(v) {
+			return fmt.Errorf("%w: %s of %d bytes is not a label (UTF-8, at most %d bytes)", errInvalidRollup, labels[i], len(v), events.MaxLabelLen)
+		}
+	}
+	return nil
+}
+
 func checkKind(kind string) error {
 	if kind != events.KindWindow && kind != events.KindCorrection {
 		return fmt.Errorf("%w: kind %q is neither %s nor %s", errInvalidRollup, kind, events.KindWindow, events.KindCorrection)
@@ -643,6 +824,9 @@ func checkToken(r *events.TokenRollup) error {
 	default:
 		return fmt.Errorf("%w: unknown layer %.64q", errInvalidRollup, r.Layer)
 	}
+	if err := checkLabels("env", r.Env, "scene", r.Scene, "model", r.Model, "instance", r.Instance, "bucket", r.Bucket); err != nil {
+		return err
+	}
 	return checkKind(r.Kind)
 }
 
@@ -657,6 +841,9 @@ func checkFeedback(r *events.FeedbackRollup) error {
 	case r.Positive > r.Count:
 		return fmt.Errorf("%w: positive %d exceeds count %d", errInvalidRollup, r.Positive, r.Count)
 	}
+	if err := checkLabels("env", r.Env, "scene", r.Scene, "model", r.Model, "name", r.Name, "source", r.Source); err != nil {
+		return err
+	}
 	return checkKind(r.Kind)
 }
 
@@ -670,6 +857,9 @@ func checkGPU(r *events.GPURollup) error {
 		return fmt.Errorf("%w: host is required", errInvalidRollup)
 	case r.UtilAvg < 0 || r.UtilAvg > 100 || r.EnergyJ < 0:
 		return fmt.Errorf("%w: util_avg %v or energy_j %v out of range", errInvalidRollup, r.UtilAvg, r.EnergyJ)
+	}
+	if err := checkLabels("host", r.Host); err != nil {
+		return err
 	}
 	return checkKind(r.Kind)
 }
@@ -703,6 +893,9 @@ func checkEngine(r *events.EngineRollup) error {
 		if len(h.h.Counts) != 0 && len(h.h.Counts) != len(h.h.Le)+1 {
 			return fmt.Errorf("%w: %s has %d counts for %d bounds", errInvalidRollup, h.name, len(h.h.Counts), len(h.h.Le))
 		}
+	}
+	if err := checkLabels("host", r.Host, "engine", r.Engine, "name", r.Name, "model", r.Model); err != nil {
+		return err
 	}
 	return checkKind(r.Kind)
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -532,4 +533,107 @@ func TestRollupWindowSecondsBounded(t *testing.T) {
 	if day.termd || len(dl.msgs) != 4 {
 		t.Fatalf("a 15 s window terminated %v; %d dead letters", day.termd, len(dl.msgs))
 	}
+}
+
+// TestRollupLabelsBounded: a label longer than the event contract allows (which no
+// aggregator writes) makes a rollup invalid, dead-lettered with its field named, in every
+// kind of rollup; one at the limit is taken.
+func TestRollupLabelsBounded(t *testing.T) {
+	dl := &dead{}
+	in := New(nil, &recorder{}, &sink{}, &memCheckpoint{}, dl, Options{Settle: time.Second}, prometheus.NewRegistry(), discard)
+	start := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	now := start.Add(20 * time.Second)
+	long, limit := strings.Repeat("x", events.MaxLabelLen+1), strings.Repeat("x", events.MaxLabelLen)
+	rollup := func(kind, label string) any {
+		switch kind {
+		case "tokens":
+			return events.TokenRollup{V: 1, WindowStart: start, WindowSeconds: 15, Kind: events.KindWindow, Env: "prod", Scene: "chat", Model: label, Bucket: "0-499", Requests: 1}
+		case "gpu":
+			return events.GPURollup{V: 1, WindowStart: start, WindowSeconds: 15, Kind: events.KindWindow, Host: label}
+		case "engine":
+			return events.EngineRollup{V: 1, WindowStart: start, WindowSeconds: 15, Kind: events.KindWindow, Host: "h", Name: label}
+		default:
+			return events.FeedbackRollup{V: 1, WindowStart: start, WindowSeconds: 15, Kind: events.KindWindow, Env: "prod", Scene: label, Name: "thumbs"}
+		}
+	}
+	field := map[string]string{"tokens": "model", "gpu": "host", "engine": "name", "feedback": "scene"}
+	for _, kind := range []string{"tokens", "gpu", "engine", "feedback"} {
+		for _, label := range []string{long, limit} {
+			data, err := json.Marshal(rollup(kind, label))
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := &msg{subject: "rollup." + kind + ".x.y", data: data}
+			before := len(dl.msgs)
+			in.Add(m, now)
+			switch {
+			case label == limit && m.termd:
+				t.Errorf("%s rollup with a %s of %d bytes terminated: %v", kind, field[kind], len(label), dl.msgs[len(dl.msgs)-1].Header)
+			case label == long && (!m.termd || len(dl.msgs) != before+1):
+				t.Errorf("%s rollup with a %s of %d bytes taken", kind, field[kind], len(label))
+			case label == long:
+				h := dl.msgs[before].Header
+				if h.Get("Tokenscope-Reason") != "invalid" || !strings.Contains(h.Get("Tokenscope-Error"), field[kind]+" of 257 bytes") {
+					t.Errorf("%s dead letter headers %v", kind, h)
+				}
+			}
+		}
+	}
+}
+
+// TestWindowKeptOpenByATrickle: rollups that keep coming for one window (put on the stream
+// by hand, one every second, each a new message) never let it settle; before, it and every
+// later window waited for good, their rollups unacknowledged until the consumer stopped
+// delivering. A window is evaluated 2 minutes past its settle and watermark wait after its
+// first rollup whatever still arrives, counted and logged once.
+func TestWindowKeptOpenByATrickle(t *testing.T) {
+	rec := &recorder{}
+	var log syncBuffer
+	in := New(nil, rec, &sink{}, &memCheckpoint{}, &dead{}, Options{Settle: 2 * time.Second, WatermarkTimeout: time.Minute},
+		prometheus.NewRegistry(), slog.New(slog.NewTextHandler(&log, nil)))
+	w0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	w1 := w0.Add(15 * time.Second)
+	t0 := w1.Add(20 * time.Second)
+	in.Add(tokenMsg(t, w1, events.KindWindow), t0)
+	evaluatedAt := time.Duration(-1)
+	for s := time.Duration(0); s <= 10*time.Minute; s += time.Second {
+		in.Add(tokenMsg(t, w0, events.KindWindow), t0.Add(s))
+		if in.Flush(context.Background(), t0.Add(s)) > 0 {
+			evaluatedAt = s
+			break
+		}
+	}
+	if evaluatedAt < 0 {
+		t.Fatal("a window receiving a rollup every second was never evaluated, nor any after it")
+	}
+	if want := 2*time.Second + time.Minute + 2*time.Minute; evaluatedAt < want || evaluatedAt > want+time.Second {
+		t.Errorf("evaluated %s after its first rollup, want %s", evaluatedAt, want)
+	}
+	if len(rec.windows) != 2 || !rec.windows[0].Start.Equal(w0) || !rec.windows[1].Start.Equal(w1) {
+		t.Fatalf("evaluated %d windows, want w0 then w1", len(rec.windows))
+	}
+	if got := testutil.ToFloat64(in.cut); got != 1 {
+		t.Errorf("windows_gathering_cut_total = %v, want 1", got)
+	}
+	if n := strings.Count(log.String(), "kept receiving rollups"); n != 1 {
+		t.Errorf("logged %d times: %s", n, log.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger writing from another goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

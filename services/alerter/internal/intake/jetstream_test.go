@@ -4,6 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -298,4 +301,186 @@ func TestShutdownLeavesUndeliveredWindowForRestart(t *testing.T) {
 	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
 		t.Fatal(err)
 	}
+}
+
+// syncRecorder is a recorder safe to read while Run evaluates.
+type syncRecorder struct {
+	mu      sync.Mutex
+	windows []engine.Window
+}
+
+func (r *syncRecorder) Evaluate(w engine.Window) []events.Alert {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.windows = append(r.windows, w)
+	return nil
+}
+
+// starts returns the windows evaluated, as "start:rollups".
+func (r *syncRecorder) starts() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, w := range r.windows {
+		out = append(out, w.Start.Format("15:04:05")+":"+strconv.Itoa(len(w.Tokens)))
+	}
+	return out
+}
+
+// TestConsumerMadeAgainWhenGone: the rollups consumer deleted while the intake runs (with a
+// window still gathering), and later the ROLLUPS stream deleted: each time the stream and
+// the consumer are made again and every rollup published since is evaluated, each window
+// once and with each of its rollups once, and acknowledged. Before, the subscription ended
+// with the consumer and the alerter read nothing more, alerting on nothing, until restarted.
+func TestConsumerMadeAgainWhenGone(t *testing.T) {
+	b := newBed(t)
+	cfg := bus.ConsumerConfig{
+		Stream: events.StreamRollups, Durable: "alerter", FilterSubject: events.SubjectRollupsAll,
+		AckPolicy: jetstream.AckExplicitPolicy, AckWait: 10 * time.Minute, MaxAckPending: 1000,
+		DeliverPolicy: jetstream.DeliverNewPolicy,
+	}
+	cons, _, err := ResumeConsumer(b.ctx, b.js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	re, err := NewReopener(b.ctx, b.js, cfg, limits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &syncRecorder{}
+	reg := prometheus.NewRegistry()
+	in := New(cons, rec, &sink{}, &memCheckpoint{}, nil,
+		Options{Settle: 500 * time.Millisecond, Tick: 10 * time.Millisecond, Reopen: re.Reopen}, reg, discard)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- in.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	evaluated := func(want ...string) {
+		t.Helper()
+		waitUntil(t, "windows "+strings.Join(want, " ")+" evaluated", func() bool { return strings.Join(rec.starts(), " ") == strings.Join(want, " ") })
+	}
+	acked := func(last uint64) {
+		t.Helper()
+		waitUntil(t, "every rollup acknowledged", func() bool {
+			i := b.info(t)
+			return i.NumAckPending == 0 && i.AckFloor.Stream == last
+		})
+	}
+	w := func(i int) time.Time { return time.Date(2026, 3, 3, 12, 0, 15*i, 0, time.UTC) }
+
+	b.publishToken(t, w(0), "a")
+	b.publishToken(t, w(1), "a") // w1 gathers while the consumer goes
+	waitUntil(t, "w1 read", func() bool { return testutil.ToFloat64(in.received.WithLabelValues("tokens")) == 2 })
+	if err := b.js.DeleteConsumer(b.ctx, events.StreamRollups, "alerter"); err != nil {
+		t.Fatal(err)
+	}
+	b.publishToken(t, w(1), "b")
+	last := b.publishToken(t, w(2), "a")
+	evaluated("12:00:00:1", "12:00:15:2", "12:00:30:1")
+	acked(last)
+	if got := testutil.ToFloat64(in.gone); got != 1 {
+		t.Errorf("consumer_gone_total = %v, want 1", got)
+	}
+
+	if err := b.js.DeleteStream(b.ctx, events.StreamRollups); err != nil {
+		t.Fatal(err)
+	}
+	// The intake makes the stream again itself, as an aggregator starting would.
+	waitUntil(t, "ROLLUPS made again and read", func() bool {
+		_, err := b.js.Consumer(b.ctx, events.StreamRollups, "alerter")
+		return err == nil && in.Reading()
+	})
+	b.publishToken(t, w(3), "a")
+	last = b.publishToken(t, w(4), "a")
+	evaluated("12:00:00:1", "12:00:15:2", "12:00:30:1", "12:00:45:1", "12:01:00:1")
+	acked(last)
+	if !in.Reading() {
+		t.Error("not reading once the consumer is made again")
+	}
+}
+
+// TestConsumerMadeAgainAfterStoreLost: NATS restarted without its store (a server whose
+// data was not on a volume): the consumer and the ROLLUPS stream are gone, and the
+// subscription, reconnected, gets no "consumer deleted", only pulls that go unanswered.
+// The intake finds the consumer gone, makes the streams (ALERTS too) and the consumer
+// again, and the rollups published on it from then on are evaluated.
+func TestConsumerMadeAgainAfterStoreLost(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srv := testbed.StartNATS(t, t.TempDir(), -1)
+	port := srv.Addr().(*net.TCPAddr).Port
+	nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := bus.EnsureStreams(ctx, js, limits, events.StreamRollups, events.StreamAlerts); err != nil {
+		t.Fatal(err)
+	}
+	b := &bed{ctx: ctx, nc: nc, js: js}
+	cfg := bus.ConsumerConfig{
+		Stream: events.StreamRollups, Durable: "alerter", FilterSubject: events.SubjectRollupsAll,
+		AckPolicy: jetstream.AckExplicitPolicy, AckWait: 10 * time.Minute, MaxAckPending: 1000,
+		DeliverPolicy: jetstream.DeliverNewPolicy,
+	}
+	cons, _, err := ResumeConsumer(ctx, js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	re, err := NewReopener(ctx, js, cfg, limits, events.StreamAlerts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &syncRecorder{}
+	in := New(cons, rec, &sink{}, &memCheckpoint{}, nil,
+		Options{Settle: 200 * time.Millisecond, Tick: 10 * time.Millisecond, Reopen: re.Reopen, AttemptTimeout: 2 * time.Second}, prometheus.NewRegistry(), discard)
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- in.Run(rctx) }()
+	defer func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	w := func(i int) time.Time { return time.Date(2026, 3, 3, 12, 0, 15*i, 0, time.UTC) }
+	b.publishToken(t, w(0), "a")
+	waitUntil(t, "w0 evaluated", func() bool { return len(rec.starts()) == 1 })
+
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	testbed.StartNATS(t, t.TempDir(), port) // the same address, an empty store
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if _, err := js.Stream(ctx, events.StreamRollups); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("ROLLUPS was not made again")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	waitUntil(t, "the consumer made again", func() bool {
+		_, err := js.Consumer(ctx, events.StreamRollups, "alerter")
+		return err == nil && in.Reading()
+	})
+	if _, err := js.Stream(ctx, events.StreamAlerts); err != nil {
+		t.Errorf("ALERTS not made again: %v", err)
+	}
+	b.publishToken(t, w(1), "a")
+	last := b.publishToken(t, w(2), "a")
+	waitUntil(t, "w1 and w2 evaluated", func() bool { return strings.Join(rec.starts(), " ") == "12:00:00:1 12:00:15:1 12:00:30:1" })
+	waitUntil(t, "every rollup acknowledged", func() bool {
+		i := b.info(t)
+		return i.NumAckPending == 0 && i.AckFloor.Stream == last
+	})
 }

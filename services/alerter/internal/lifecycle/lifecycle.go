@@ -301,8 +301,9 @@ func (s *state) summary(st string) string {
 }
 
 // Restore makes a firing alert read back after a restart firing again without sending it:
-// it will be re-sent at its resend time and resolved once. A resolved alert clears its key.
-func (t *Tracker) Restore(a events.Alert) {
+// it will be re-sent at its resend time and resolved once, after keepFiringFor normal
+// windows (its rule's, as before the restart). A resolved alert clears its key.
+func (t *Tracker) Restore(a events.Alert, keepFiringFor int) {
 	k := KeyOf(&a)
 	if a.State != events.AlertFiring {
 		delete(t.states, k)
@@ -322,7 +323,7 @@ func (t *Tracker) Restore(a events.Alert) {
 		startsAt: a.StartsAt,
 		lastSent: a.At,
 		window:   a.WindowStart,
-		keepFor:  1,
+		keepFor:  keepFiringFor,
 		last: Observation{
 			Value: a.Value, Threshold: a.Threshold, Method: a.BaselineMethod,
 			Center: a.BaselineCenter, Spread: a.BaselineSpread,

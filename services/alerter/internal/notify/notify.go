@@ -34,6 +34,10 @@ type Notifier struct {
 	publishErrors prometheus.Counter
 	encodeErrors  prometheus.Counter
 	publishFailed bool
+	// taken holds the Nats-Msg-Ids JetStream acknowledged in a Publish that then failed:
+	// its retry skips them, instead of relying on the stream's duplicate window, which an
+	// outage can outlast. Cleared once a Publish succeeds.
+	taken map[string]struct{}
 }
 
 // New returns a notifier publishing on js; am may be nil. Its metrics are registered on reg.
@@ -70,8 +74,9 @@ func MsgID(a *events.Alert) string {
 // Publish publishes the alerts to the ALERTS stream one by one, waiting (up to 5 s each)
 // for JetStream to acknowledge each, and then queues them for Alertmanager. It returns an
 // error, and counts it, when one was not acknowledged; the caller retries with the same
-// alerts, and the ones JetStream holds already are dropped as duplicates by their
-// Nats-Msg-Id.
+// alerts, and the ones JetStream acknowledged already are not published again (a copy
+// published anyway, after a restart, is dropped as a duplicate by its Nats-Msg-Id within
+// the stream's duplicate window).
 func (n *Notifier) Publish(ctx context.Context, alerts []events.Alert) error {
 	for i := range alerts {
 		a := &alerts[i]
@@ -82,8 +87,12 @@ func (n *Notifier) Publish(ctx context.Context, alerts []events.Alert) error {
 			n.logger.Warn("cannot encode alert; it is not published", "fingerprint", a.Fingerprint, "err", err)
 			continue
 		}
+		id := MsgID(a)
+		if _, ok := n.taken[id]; ok {
+			continue
+		}
 		m := &nats.Msg{Subject: events.AlertSubject(a.Severity, a.Rule), Data: data, Header: nats.Header{}}
-		m.Header.Set(jetstream.MsgIDHeader, MsgID(a))
+		m.Header.Set(jetstream.MsgIDHeader, id)
 		pctx, cancel := context.WithTimeout(ctx, publishTimeout)
 		ack, err := n.js.PublishMsg(pctx, m, jetstream.WithExpectStream(events.StreamAlerts))
 		cancel()
@@ -95,12 +104,17 @@ func (n *Notifier) Publish(ctx context.Context, alerts []events.Alert) error {
 			}
 			return fmt.Errorf("cannot publish alert %s on %s: %w", a.Fingerprint, m.Subject, err)
 		}
+		if n.taken == nil {
+			n.taken = make(map[string]struct{})
+		}
+		n.taken[id] = struct{}{}
 		if ack.Duplicate {
 			n.duplicates.Inc()
 			continue
 		}
 		n.sent.WithLabelValues(a.State, a.Severity).Inc()
 	}
+	clear(n.taken)
 	if n.publishFailed {
 		n.logger.Info("publishing alerts again")
 		n.publishFailed = false

@@ -3,18 +3,22 @@ package notify
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -311,4 +315,286 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestAlertmanagerRedirectNotFollowed: Alertmanager's API never redirects, but a proxy in
+// front of it may: a 302 or 303 to a login page turned the POST into a GET whose 200 was
+// counted as posted while Alertmanager got nothing, and a 307 sent the alerts to another
+// host. A redirect is a failed post, retried, and its destination shows redacted.
+func TestAlertmanagerRedirectNotFollowed(t *testing.T) {
+	var mu sync.Mutex
+	var elsewhere []string
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		elsewhere = append(elsewhere, r.Method+" "+r.URL.Path)
+		mu.Unlock()
+	}))
+	defer other.Close()
+	for _, code := range []int{http.StatusFound, http.StatusSeeOther, http.StatusTemporaryRedirect, http.StatusPermanentRedirect} {
+		proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, other.URL+"/login?token=s3cret", code)
+		}))
+		var log syncBuffer
+		am := NewAlertmanager(proxy.URL, 5*time.Second, time.Hour, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(&log, nil)))
+		err := am.post(context.Background(), []events.Alert{alert(events.AlertFiring)})
+		if err == nil || !strings.Contains(err.Error(), strconv.Itoa(code)) || !strings.Contains(err.Error(), other.URL+"/login") || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("%d: post error %v, want one naming the status and the redirect redacted", code, err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() { done <- am.Run(ctx) }()
+		am.Enqueue([]events.Alert{alert(events.AlertFiring)})
+		deadline := time.Now().Add(10 * time.Second)
+		for testutil.ToFloat64(am.failed) < 1 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		cancel()
+		<-done
+		proxy.Close()
+		if f, p := testutil.ToFloat64(am.failed), testutil.ToFloat64(am.posted); f < 1 || p != 0 {
+			t.Errorf("%d: %v failed posts, %v alerts counted posted; want failures and none posted", code, f, p)
+		}
+		if out := log.String(); strings.Contains(out, "s3cret") {
+			t.Errorf("%d: log %s", code, out)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(elsewhere) > 0 {
+		t.Errorf("the redirect's host got %v", elsewhere)
+	}
+}
+
+// TestAlertmanagerQueueKeepsTheNewest: while Alertmanager is away the queue fills; past it
+// the oldest batches are dropped, so what it gets once back ends with the latest state
+// changes (a resolve sent last is not the one lost, which left the alert firing there until
+// its endsAt).
+func TestAlertmanagerQueueKeepsTheNewest(t *testing.T) {
+	var mu sync.Mutex
+	up := false
+	var got []string // annotations' window_start of the alerts posted, in order
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !up {
+			http.Error(w, "away", http.StatusServiceUnavailable)
+			return
+		}
+		var body []struct {
+			Annotations map[string]string `json:"annotations"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		for _, a := range body {
+			got = append(got, a.Annotations["window_start"])
+		}
+	}))
+	defer srv.Close()
+	am := NewAlertmanager(srv.URL, 5*time.Second, time.Hour, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- am.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	batch := func(i int) []events.Alert {
+		a := alert(events.AlertFiring)
+		a.WindowStart = at.Add(time.Duration(i) * time.Minute)
+		return []events.Alert{a}
+	}
+	am.Enqueue(batch(0)) // taken, failing, retried
+	deadline := time.Now().Add(10 * time.Second)
+	for testutil.ToFloat64(am.failed) < 1 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	const queued, over = 1024, 5
+	for i := 1; i <= queued+over; i++ {
+		am.Enqueue(batch(i))
+	}
+	if d := testutil.ToFloat64(am.dropped); d != over {
+		t.Fatalf("%v alerts dropped, want %d", d, over)
+	}
+	mu.Lock()
+	up = true
+	mu.Unlock()
+	deadline = time.Now().Add(60 * time.Second)
+	for testutil.ToFloat64(am.posted) < queued+1 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	last := at.Add((queued + over) * time.Minute).UTC().Format(time.RFC3339)
+	if len(got) != queued+1 || got[len(got)-1] != last || got[1] != at.Add((over+1)*time.Minute).UTC().Format(time.RFC3339) {
+		t.Fatalf("Alertmanager got %d alerts, ending with %v, want %d ending with the latest (%s)", len(got), got[max(len(got)-2, 0):], queued+1, last)
+	}
+}
+
+// TestAlertmanagerPostsBounded: a window in which hundreds of alerts change is posted in
+// posts of at most 64 alerts, as Prometheus posts them; one post of them all was refused
+// on every retry by a proxy's body limit (413 here past 64 alerts), and nothing after it
+// got through either.
+func TestAlertmanagerPostsBounded(t *testing.T) {
+	var mu sync.Mutex
+	got := map[string]bool{}
+	biggest := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body []struct {
+			Annotations map[string]string `json:"annotations"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		biggest = max(biggest, len(body))
+		if len(body) > 64 {
+			http.Error(w, "request entity too large", http.StatusRequestEntityTooLarge)
+			return
+		}
+		for _, a := range body {
+			got[a.Annotations["fingerprint"]] = true
+		}
+	}))
+	defer srv.Close()
+	am := NewAlertmanager(srv.URL, 5*time.Second, time.Hour, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- am.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	var alerts []events.Alert
+	for i := range 200 {
+		a := alert(events.AlertFiring)
+		a.Fingerprint = strconv.Itoa(i)
+		alerts = append(alerts, a)
+	}
+	am.Enqueue(alerts)
+	deadline := time.Now().Add(10 * time.Second)
+	for testutil.ToFloat64(am.posted) < 200 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 200 || biggest > 64 || testutil.ToFloat64(am.posted) != 200 {
+		t.Fatalf("Alertmanager got %d distinct alerts, %v counted posted, the biggest post %d alerts; want 200 in posts of at most 64", len(got), testutil.ToFloat64(am.posted), biggest)
+	}
+}
+
+// failOnce fails the publish numbered fail (from 1), once, and passes the others on.
+type failOnce struct {
+	js   jetstream.JetStream
+	n    int
+	fail int
+}
+
+func (f *failOnce) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	f.n++
+	if f.n == f.fail {
+		return nil, errors.New("nats: timeout")
+	}
+	return f.js.PublishMsg(ctx, m, opts...)
+}
+
+// TestRetryPublishesOnlyWhatWasNotTaken: a publish that fails part way through a window's
+// alerts is retried with the alerts JetStream did not take; before, the retry published
+// the ones it had taken again, and past the stream's duplicate window (an outage longer
+// than it) JetStream kept them twice: subscribers of alerts.> saw a state change twice.
+func TestRetryPublishesOnlyWhatWasNotTaken(t *testing.T) {
+	_, js := testbed.JetStream(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := bus.EnsureStreams(ctx, js, bus.StreamLimits{MaxBytes: 1 << 30, DuplicateWindow: 200 * time.Millisecond, Replicas: 1}, events.StreamAlerts); err != nil {
+		t.Fatal(err)
+	}
+	n := New(&failOnce{js: js, fail: 2}, nil, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	alerts := []events.Alert{alert(events.AlertFiring), alert(events.AlertResolved)}
+	if err := n.Publish(ctx, alerts); err == nil {
+		t.Fatal("the failed publish was not reported")
+	}
+	time.Sleep(500 * time.Millisecond) // past the duplicate window
+	if err := n.Publish(ctx, alerts); err != nil {
+		t.Fatal(err)
+	}
+	msgs := streamMsgs(t, js)
+	var ids []string
+	for _, m := range msgs {
+		ids = append(ids, m.Header.Get(jetstream.MsgIDHeader))
+	}
+	if len(msgs) != 2 || ids[0] == ids[1] {
+		t.Fatalf("ALERTS holds %v, want each state change once", ids)
+	}
+	if got := testutil.ToFloat64(n.sent.WithLabelValues("firing", "warning")) + testutil.ToFloat64(n.sent.WithLabelValues("resolved", "warning")); got != 2 {
+		t.Errorf("sent %v, want 2", got)
+	}
+}
+
+// TestAlertmanagerAnswerSecretsNotLogged: a proxy before Alertmanager that echoes the
+// request in its error (Express's "Cannot POST /api/v2/alerts?token=…", a debug page
+// showing the credentials) put the URL's token or password into the post error and the
+// log; they are hidden there.
+func TestAlertmanagerAnswerSecretsNotLogged(t *testing.T) {
+	for _, tc := range []struct{ base, answer string }{
+		{"?token=s3cret-t0ken", "Cannot POST /api/v2/alerts?token=s3cret-t0ken"},
+		{"?t=s3cret-t0ken&x=1", "Cannot POST /api/v2/alerts?t=s3cret-t0ken&x=1"},
+		{"am:s3cret-pw@", "no such user am with password s3cret-pw"},
+		{"am:s3cret-pw@", "Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte("am:s3cret-pw"))},
+		{"s3cret-t0ken@", "unknown key s3cret-t0ken"},
+	} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Error(w, tc.answer, http.StatusNotFound)
+		}))
+		base := srv.URL
+		if strings.HasSuffix(tc.base, "@") {
+			base = strings.Replace(srv.URL, "http://", "http://"+tc.base, 1)
+		} else {
+			base += "/" + tc.base
+		}
+		var log syncBuffer
+		am := NewAlertmanager(base, 5*time.Second, time.Hour, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(&log, nil)))
+		err := am.post(context.Background(), []events.Alert{alert(events.AlertFiring)})
+		basic := base64.StdEncoding.EncodeToString([]byte("am:s3cret-pw"))
+		if err == nil || strings.Contains(err.Error(), "s3cret") || strings.Contains(err.Error(), basic) || !strings.Contains(err.Error(), "404") {
+			t.Errorf("%s: post error %v, want the 404 without the secret", tc.base, err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error)
+		go func() { done <- am.Run(ctx) }()
+		am.Enqueue([]events.Alert{alert(events.AlertFiring)})
+		deadline := time.Now().Add(10 * time.Second)
+		for testutil.ToFloat64(am.failed) < 1 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		cancel()
+		<-done
+		srv.Close()
+		if out := log.String(); !strings.Contains(out, "cannot post") || strings.Contains(out, "s3cret") || strings.Contains(out, basic) {
+			t.Errorf("%s: log %s", tc.base, out)
+		}
+	}
+}
+
+// TestAlertmanagerURLWithQuery: an ALERTER_ALERTMANAGER_URL with a path and a query (a
+// token a proxy before Alertmanager wants) posts to <path>/api/v2/alerts with the query
+// kept; the API path used to be appended after the query, so the posts went to the base
+// path with a garbled token and failed for good.
+func TestAlertmanagerURLWithQuery(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.URL.Path+" token="+r.URL.Query().Get("token"))
+		mu.Unlock()
+		if r.URL.Path != "/am/api/v2/alerts" || r.URL.Query().Get("token") != "abc" {
+			http.Error(w, "not found", http.StatusNotFound)
+		}
+	}))
+	defer srv.Close()
+	for _, base := range []string{srv.URL + "/am/?token=abc", srv.URL + "/am?token=abc"} {
+		am := NewAlertmanager(base, 5*time.Second, time.Hour, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+		if err := am.post(context.Background(), []events.Alert{alert(events.AlertFiring)}); err != nil {
+			mu.Lock()
+			t.Errorf("%s: %v (requests %v)", base, err, got)
+			mu.Unlock()
+		}
+	}
 }

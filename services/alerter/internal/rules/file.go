@@ -43,8 +43,8 @@ type fileRules struct {
 }
 
 type fileSection struct {
-	For           *int                    `yaml:"for"`
-	KeepFiringFor *int                    `yaml:"keep_firing_for"`
+	For           *count                  `yaml:"for"`
+	KeepFiringFor *count                  `yaml:"keep_firing_for"`
 	Hysteresis    *float64                `yaml:"hysteresis"`
 	Dynamic       map[string]*fileDynamic `yaml:"dynamic"`
 	Static        map[string]*fileStatic  `yaml:"static"`
@@ -76,16 +76,31 @@ type fileDynamic struct {
 	Severity    *string  `yaml:"severity"`
 	MinChange   *float64 `yaml:"min_change"`
 	MinDelta    *float64 `yaml:"min_delta"`
-	MinPoints   *int     `yaml:"min_points"`
-	MinRequests *int64   `yaml:"min_requests"`
+	MinPoints   *count   `yaml:"min_points"`
+	MinRequests *count   `yaml:"min_requests"`
 }
 
 type fileStatic struct {
 	Enabled     *bool    `yaml:"enabled"`
 	Warning     *float64 `yaml:"warning"`
 	Critical    *float64 `yaml:"critical"`
-	MinRequests *int64   `yaml:"min_requests"`
+	MinRequests *count   `yaml:"min_requests"`
 	Always      *bool    `yaml:"always"`
+}
+
+// count is a number of windows or requests in the rules file: a whole number. yaml.v3
+// decodes 2.9 into an int as 2, so `for: 2.9` would silently mean 2 and `for: 0.5` be
+// reported as 0.
+type count int64
+
+func (c *count) UnmarshalYAML(n *yaml.Node) error {
+	var f float64
+	if n.Kind == yaml.ScalarNode && (n.ShortTag() == "!!int" || n.ShortTag() == "!!float") && n.Decode(&f) == nil &&
+		f == math.Trunc(f) && math.Abs(f) <= 1<<53 {
+		*c = count(f)
+		return nil
+	}
+	return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: cannot unmarshal %s `%s` into a whole number", n.Line, n.ShortTag(), n.Value)}}
 }
 
 type fileSaturation struct {
@@ -171,13 +186,13 @@ func (sec *fileSection) apply(r *Rules, at string, scene bool) error {
 		if *sec.For < 1 || *sec.For > 1000 {
 			return invalid(at, "for", "must be 1 to 1000 windows (got %d)", *sec.For)
 		}
-		r.For = *sec.For
+		r.For = int(*sec.For)
 	}
 	if sec.KeepFiringFor != nil {
 		if *sec.KeepFiringFor < 1 || *sec.KeepFiringFor > 1000 {
 			return invalid(at, "keep_firing_for", "must be 1 to 1000 windows (got %d)", *sec.KeepFiringFor)
 		}
-		r.KeepFiringFor = *sec.KeepFiringFor
+		r.KeepFiringFor = int(*sec.KeepFiringFor)
 	}
 	if sec.Hysteresis != nil {
 		if !(*sec.Hysteresis >= 0 && *sec.Hysteresis < 1) {
@@ -342,7 +357,7 @@ func (d *fileDynamic) apply(r *Dynamic, at string) error {
 		if *d.MinPoints < 1 {
 			return invalid(at, "min_points", "must be at least 1 (got %d)", *d.MinPoints)
 		}
-		r.MinPoints = *d.MinPoints
+		r.MinPoints = int(*d.MinPoints)
 	}
 	if d.MinRequests != nil {
 		if *d.MinRequests < 0 {

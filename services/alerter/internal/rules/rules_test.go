@@ -107,6 +107,13 @@ func TestParseErrors(t *testing.T) {
 		{"host rule per scene", "scenes:\n  chat:\n    dynamic:\n      gpu_efficiency: {k: 3}\n", "scenes.chat.dynamic.gpu_efficiency: is a per-host rule"},
 		{"saturation per scene", "scenes:\n  chat:\n    saturation: {util_pct: 90}\n", "scenes.chat.saturation"},
 		{"for zero", "defaults:\n  for: 0\n", "defaults.for"},
+		// yaml.v3 alone reads 2.9 into an int as 2: a fractional count is an error, not truncated.
+		{"fractional for", "defaults:\n  for: 2.9\n", "line 2: cannot unmarshal !!float `2.9` into a whole number"},
+		{"fractional keep_firing_for", "defaults:\n  keep_firing_for: 0.5\n", "line 2: cannot unmarshal !!float `0.5` into a whole number"},
+		{"fractional min_points", "defaults:\n  dynamic:\n    ttft_p95: {min_points: 59.5}\n", "line 3: cannot unmarshal !!float `59.5` into a whole number"},
+		{"fractional min_requests", "scenes:\n  chat:\n    static:\n      error_rate: {min_requests: 99.9}\n", "line 4: cannot unmarshal !!float `99.9` into a whole number"},
+		{"text for", "defaults:\n  for: two\n", "line 2: cannot unmarshal !!str `two` into a whole number"},
+		{"duplicate metric", "defaults:\n  dynamic:\n    ttft_p95: {k: 2}\n    ttft_p95: {k: 3}\n", "mapping key \"ttft_p95\" already defined"},
 		{"unknown field", "defaults:\n  dynamic:\n    ttft_p95: {kk: 2}\n", "field kk not found"},
 		{"not yaml", "defaults: [", "invalid rules"},
 		{"second document", "defaults:\n  for: 2\n---\nscenes:\n  chat:\n    static:\n      ttft_p95: {warning: 1000}\n", "a second YAML document at line 3"},
@@ -185,5 +192,16 @@ func TestBusinessRules(t *testing.T) {
 	}
 	if _, err := Parse([]byte("defaults:\n  static:\n    satisfaction: {warning: 0.5}\n")); !errors.Is(err, ErrInvalidRules) {
 		t.Errorf("a static satisfaction rule: %v, want invalid", err)
+	}
+}
+
+// TestWholeNumbers: counts are whole numbers, written as such or as 3.0.
+func TestWholeNumbers(t *testing.T) {
+	s, err := Parse([]byte("defaults:\n  for: 3.0\n  keep_firing_for: 4\n  dynamic:\n    ttft_p95: {min_points: 30, min_requests: 50}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := s.Default; d.For != 3 || d.KeepFiringFor != 4 || d.Dynamic[TTFTP95].MinPoints != 30 || d.Dynamic[TTFTP95].MinRequests != 50 {
+		t.Errorf("for %d keep_firing_for %d dynamic %+v", d.For, d.KeepFiringFor, d.Dynamic[TTFTP95])
 	}
 }
