@@ -195,13 +195,9 @@ func (h *Handler) ingest(body []byte, now time.Time) result {
 		return b.res
 	}
 	if trimmed[0] == '[' {
-		var items []json.RawMessage
-		if err := json.Unmarshal(trimmed, &items); err != nil {
+		if err := b.array(trimmed); err != nil {
 			b.res.Error = "the body is not a JSON array of events: " + err.Error()
 			return b.res
-		}
-		for i, raw := range items {
-			b.item(i, raw)
 		}
 		b.done()
 		return b.res
@@ -228,6 +224,32 @@ func (h *Handler) ingest(body []byte, now time.Time) result {
 	}
 	b.done()
 	return b.res
+}
+
+// array handles the items of a JSON array one at a time: a slice of every item beside the
+// body would hold ten times a body of millions of tiny items ("{}", numbers). The array is
+// checked whole first, so a malformed one publishes none of its events.
+func (b *batch) array(body []byte) error {
+	if !json.Valid(body) {
+		var v []struct{}
+		return json.Unmarshal(body, &v) // the syntax error, found before anything is decoded
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('[') {
+		var v []struct{}
+		return json.Unmarshal(body, &v) // valid JSON that is not an array cannot start with '['
+	}
+	// Each item is handled where it lies in the body, as NDJSON lines are: the strings an
+	// event holds alias memory nothing writes to while the batch runs.
+	var skip json.RawMessage
+	for i := 0; dec.More(); i++ {
+		start := dec.InputOffset()
+		if err := dec.Decode(&skip); err != nil {
+			return err // cannot happen in valid JSON
+		}
+		b.item(i, bytes.TrimLeft(body[start:dec.InputOffset()], " \t\r\n,"))
+	}
+	return nil
 }
 
 // batch is the work on one request's events.

@@ -458,3 +458,59 @@ func TestIngestHoldsNoBody(t *testing.T) {
 		}
 	}
 }
+
+// heapPub records the live heap when it is handed an event.
+type heapPub struct{ live []uint64 }
+
+func (p *heapPub) Publish(string, string, []byte) bool {
+	var m runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&m)
+	p.live = append(p.live, m.HeapAlloc)
+	return true
+}
+
+// TestIngestArrayHoldsItsBodyOnly: a JSON array of millions of tiny items (a 4 MiB body of
+// "{}" or numbers) is read one item at a time, never as a slice of every item beside the
+// body, which made such a body hold ten times its size and more. The items are rejected,
+// the good events beside them published, and a malformed array still publishes none.
+func TestIngestArrayHoldsItsBodyOnly(t *testing.T) {
+	const size = 4 << 20
+	h := New(Options{MaxBytes: 16 << 20}, &heapPub{}, func() time.Time { return now }, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	pub := h.pub.(*heapPub)
+	for _, item := range []string{"{}", "1"} {
+		n := size / (len(item) + 1)
+		body := "[" + event("first") + "," + strings.Repeat(item+",", n) + event("last") + "]"
+		pub.live = pub.live[:0]
+		var before runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		code, a := post(h, body)
+		if code != http.StatusAccepted || a.Accepted != 2 || a.Rejected != n || len(a.Errors) != MaxReportedErrors || a.Errors[0].Index != 1 {
+			t.Fatalf("items %s: %d accepted %d rejected %d (want %d), first error %+v", item, code, a.Accepted, a.Rejected, n, a.Errors[0])
+		}
+		if grown := int64(pub.live[1]) - int64(before.HeapAlloc); grown > 3*int64(len(body)) {
+			t.Fatalf("items %s: a body of %d MiB holds %d MiB as its last event is published", item, len(body)>>20, grown>>20)
+		}
+	}
+	// More envs than the decoder interns: each event's subject is its own env's.
+	var items []string
+	for i := range 100 {
+		items = append(items, strings.Replace(event(fmt.Sprint("env-", i)), `"env":"prod"`, fmt.Sprintf(`"env":"e%03d"`, i), 1))
+	}
+	mp := &memPub{}
+	if code, a := post(newHandler(mp), "[\n"+strings.Join(items, " ,\n")+"\n]"); code != http.StatusAccepted || a.Accepted != 100 {
+		t.Fatalf("100 envs: %d %+v", code, a)
+	}
+	for i, m := range mp.msgs {
+		if want := fmt.Sprintf("llm.req.e%03d.chat env-%d", i, i); m != want {
+			t.Fatalf("message %d: %s, want %s", i, m, want)
+		}
+	}
+	for _, body := range []string{"[" + event("a") + ",{}", "[" + event("a") + "] x", "[" + event("a") + ",]"} {
+		code, a := post(h, body)
+		if code != http.StatusBadRequest || a.Accepted != 0 || !strings.HasPrefix(a.Error, "the body is not a JSON array of events: ") {
+			t.Fatalf("%.40q: %d %+v", body, code, a)
+		}
+	}
+}
