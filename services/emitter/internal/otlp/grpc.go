@@ -20,10 +20,16 @@ type traceService struct {
 }
 
 // RegisterGRPC registers the receiver's TraceService on s. s must bound the messages it
-// receives (grpc.MaxRecvMsgSize, which bounds them decompressed too).
+// receives (grpc.MaxRecvMsgSize, which bounds them decompressed too) and their decoded
+// size (GRPCCodec).
 func (r *Receiver) RegisterGRPC(s *grpc.Server) {
 	ptraceotlp.RegisterGRPCServer(s, &traceService{r: r})
 }
+
+// GRPCCodec is the server option that makes s check a request's decoded size before
+// decoding it: one over decodedFactor times MaxBytes is refused (Internal, as for any
+// message the server cannot decode; an exporter does not send it again).
+func (r *Receiver) GRPCCodec() grpc.ServerOption { return grpc.ForceServerCodecV2(newCodec(r.maxDecoded())) }
 
 // tap runs before grpc-go reads an RPC's message (a grpc.InTapHandle). It refuses an RPC
 // without the token, so that a client without it cannot make the server read, decompress
@@ -54,6 +60,9 @@ func (r *Receiver) tap(ctx context.Context, info *tap.Info) (context.Context, er
 
 // maxRecv is the largest message grpc-go reads, compressed or once decompressed.
 func (r *Receiver) maxRecv() int64 { return min(r.opts.MaxBytes, 1<<31-1) }
+
+// maxDecoded is the most memory a request may take once decoded (estimated before it is).
+func (r *Receiver) maxDecoded() int64 { return decodedFactor * r.opts.MaxBytes }
 
 // Export takes one ExportTraceServiceRequest. The token, when set, comes as
 // "authorization: Bearer <token>" metadata, as the exporters' headers option sends it.

@@ -85,6 +85,22 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.fail(w, isJSON, http.StatusBadRequest, codes.InvalidArgument, "cannot read the body: "+err.Error())
 		return
 	}
+	var size int64
+	if isJSON {
+		size, err = jsonDecodedSize(body)
+	} else {
+		size = protoDecodedSize(body)
+	}
+	switch {
+	case err != nil:
+		r.fail(w, isJSON, http.StatusBadRequest, codes.InvalidArgument, "cannot decode the ExportTraceServiceRequest: "+cut(err.Error(), 256))
+		return
+	case size > r.maxDecoded():
+		r.fail(w, isJSON, http.StatusRequestEntityTooLarge, codes.InvalidArgument,
+			fmt.Sprintf("%v: about %d bytes, over %d (%d times the largest request): send fewer spans per request",
+				errTooManyElements, size, r.maxDecoded(), decodedFactor))
+		return
+	}
 	er := ptraceotlp.NewExportRequest()
 	if isJSON {
 		err = er.UnmarshalJSON(body)
