@@ -29,7 +29,9 @@ func (r *Receiver) RegisterGRPC(s *grpc.Server) {
 // GRPCCodec is the server option that makes s check a request's decoded size before
 // decoding it: one over decodedFactor times MaxBytes is refused (Internal, as for any
 // message the server cannot decode; an exporter does not send it again).
-func (r *Receiver) GRPCCodec() grpc.ServerOption { return grpc.ForceServerCodecV2(newCodec(r.maxDecoded())) }
+func (r *Receiver) GRPCCodec() grpc.ServerOption {
+	return grpc.ForceServerCodecV2(newCodec(r.maxDecoded()))
+}
 
 // tap runs before grpc-go reads an RPC's message (a grpc.InTapHandle). It refuses an RPC
 // without the token, so that a client without it cannot make the server read, decompress
