@@ -41,6 +41,9 @@ type Options struct {
 	// Budget is the memory the bodies being handled take, shared with the process's other
 	// request bodies; a body that does not fit gets 503. nil: one of its own.
 	Budget *reqbody.Budget
+	// BodyIdle is how long a body may send nothing before it is answered 408;
+	// 0: reqbody.IdleTimeout.
+	BodyIdle time.Duration
 }
 
 // Handler serves POST /v1/events (request events) or POST /v1/feedback (feedback events):
@@ -86,7 +89,7 @@ func build(opts Options, pub Publisher, now func() time.Time, reg prometheus.Reg
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "emitter", Subsystem: subsystem, Name: "events_rejected_total",
 			Help: "Events rejected by " + route + ", by reason (validation reasons, or dropped when the publish buffer is full)."}, []string{"reason"}),
 	}
-	for _, code := range []string{"202", "400", "401", "413", "415", "503"} {
+	for _, code := range []string{"202", "400", "401", "408", "413", "415", "503"} {
 		h.batches.WithLabelValues(code)
 	}
 	for _, r := range append(events.Reasons(), "dropped") {
@@ -125,7 +128,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			strconv.QuoteToASCII(cutString(enc, 64)))})
 		return
 	}
-	body, held, err := reqbody.Read(r.Body, r.ContentLength, h.opts.MaxBytes, h.opts.Budget)
+	body, held, err := reqbody.ReadRequest(w, r, h.opts.MaxBytes, h.opts.Budget, h.opts.BodyIdle)
 	defer h.opts.Budget.Release(held)
 	switch {
 	case errors.Is(err, reqbody.ErrTooLarge):
@@ -135,6 +138,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.refused.Inc()
 		w.Header().Set("Retry-After", "1")
 		h.reply(w, http.StatusServiceUnavailable, &Answer{Error: "the emitter is holding its limit of request bodies: send the request again"})
+		return
+	case errors.Is(err, reqbody.ErrStalled):
+		w.Header().Set("Connection", "close")
+		h.reply(w, http.StatusRequestTimeout, &Answer{Error: "cannot read the body: " + err.Error()})
 		return
 	case err != nil:
 		h.reply(w, http.StatusBadRequest, &Answer{Error: "cannot read the body: " + err.Error()})

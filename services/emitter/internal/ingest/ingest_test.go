@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"bufio"
 	"bytes"
 	"compress/gzip"
 	"encoding/json"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/reqbody"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/subject"
 )
 
@@ -512,5 +514,58 @@ func TestIngestArrayHoldsItsBodyOnly(t *testing.T) {
 		if code != http.StatusBadRequest || a.Accepted != 0 || !strings.HasPrefix(a.Error, "the body is not a JSON array of events: ") {
 			t.Fatalf("%.40q: %d %+v", body, code, a)
 		}
+	}
+}
+
+// TestIngestStalledBody: a client that stops sending its body, or a chunked body that never
+// ends, is answered 408 once nothing has arrived for the idle timeout, and gives its memory
+// back to the budget; before, its handler waited for ever, holding both. A body that keeps
+// arriving, however slowly, is read whole.
+func TestIngestStalledBody(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	budget := reqbody.NewBudget(64<<20, nil)
+	h := New(Options{MaxBytes: 1 << 20, Budget: budget, BodyIdle: idle}, &memPub{}, func() time.Time { return now }, nil, slog.New(slog.DiscardHandler))
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	ev := event("slow")
+	for _, tc := range []struct {
+		name   string
+		head   string
+		pieces []string
+		want   int
+	}{
+		{"stops sending", fmt.Sprintf("Content-Length: %d\r\n", len(ev)), []string{ev[:10]}, http.StatusRequestTimeout},
+		{"chunked, never ends", "Transfer-Encoding: chunked\r\n", []string{fmt.Sprintf("%x\r\n%s\r\n", len(ev), ev)}, http.StatusRequestTimeout},
+		{"slow but steady", fmt.Sprintf("Content-Length: %d\r\n", len(ev)), []string{ev[:10], ev[10:40], ev[40:80], ev[80:]}, http.StatusAccepted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", srv.Listener.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			fmt.Fprintf(c, "POST /v1/events HTTP/1.1\r\nHost: x\r\n%s\r\n", tc.head)
+			for _, p := range tc.pieces {
+				time.Sleep(idle / 3)
+				if _, err := io.WriteString(c, p); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_ = c.SetReadDeadline(time.Now().Add(idle + 5*time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("no answer: %v (held %d)", err, budget.Held())
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tc.want {
+				t.Fatalf("status %d, want %d", resp.StatusCode, tc.want)
+			}
+			for i := 0; budget.Held() != 0 && i < 100; i++ {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if budget.Held() != 0 {
+				t.Fatalf("%d bytes of the budget still held", budget.Held())
+			}
+		})
 	}
 }

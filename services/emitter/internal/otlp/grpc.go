@@ -3,6 +3,7 @@ package otlp
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"go.opentelemetry.io/collector/pdata/ptrace/ptraceotlp"
 	"google.golang.org/grpc"
@@ -11,6 +12,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
+
+	"github.com/tokenscope/tokenscope/services/emitter/internal/reqbody"
 )
 
 // traceService is OTLP/gRPC's opentelemetry.proto.collector.trace.v1.TraceService.
@@ -56,8 +59,30 @@ func (r *Receiver) tap(ctx context.Context, info *tap.Info) (context.Context, er
 		r.m.requests.WithLabelValues("grpc", codes.Unavailable.String()).Inc()
 		return ctx, status.Error(codes.Unavailable, errBusy)
 	}
-	context.AfterFunc(ctx, func() { r.opts.Budget.Release(n) })
-	return ctx, nil
+	// grpc-go waits for the message for as long as the client keeps the call open,
+	// holding that much all the while: a call whose message has not come in the idle
+	// timeout is canceled (the exporter sends it again). Export stops the clock.
+	ctx, cancel := context.WithCancel(ctx)
+	wait := time.AfterFunc(r.bodyIdle(), func() {
+		r.m.requests.WithLabelValues("grpc", codes.DeadlineExceeded.String()).Inc()
+		cancel()
+	})
+	context.AfterFunc(ctx, func() {
+		wait.Stop()
+		r.opts.Budget.Release(n)
+	})
+	return context.WithValue(ctx, messageWait{}, wait), nil
+}
+
+// messageWait is the context key of the timer that cancels a call whose message has not
+// come.
+type messageWait struct{}
+
+func (r *Receiver) bodyIdle() time.Duration {
+	if r.opts.BodyIdle > 0 {
+		return r.opts.BodyIdle
+	}
+	return reqbody.IdleTimeout
 }
 
 // maxRecv is the largest message grpc-go reads, compressed or once decompressed.
@@ -70,6 +95,10 @@ func (r *Receiver) maxDecoded() int64 { return decodedFactor * r.opts.MaxBytes }
 // "authorization: Bearer <token>" metadata, as the exporters' headers option sends it.
 func (t *traceService) Export(ctx context.Context, req ptraceotlp.ExportRequest) (ptraceotlp.ExportResponse, error) {
 	r := t.r
+	if wait, ok := ctx.Value(messageWait{}).(*time.Timer); ok && !wait.Stop() {
+		// Counted when the clock ran out.
+		return ptraceotlp.NewExportResponse(), status.Error(codes.DeadlineExceeded, "the message came after the call was given up")
+	}
 	if r.opts.Token != "" {
 		md, _ := metadata.FromIncomingContext(ctx)
 		auth := md.Get("authorization")

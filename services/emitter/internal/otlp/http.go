@@ -55,7 +55,7 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	// sending slowly holds what it has sent and delays no other; the slots bound what
 	// multiplies memory: decompressing and decoding. Nothing of the request outlives
 	// consume (the events are encoded apart): its memory goes back when it is answered.
-	raw, held, err := reqbody.Read(req.Body, req.ContentLength, r.opts.MaxBytes, r.opts.Budget)
+	raw, held, err := reqbody.ReadRequest(w, req, r.opts.MaxBytes, r.opts.Budget, r.opts.BodyIdle)
 	defer r.opts.Budget.Release(held)
 	if err == nil {
 		select {
@@ -80,6 +80,10 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.m.refusedHTTP.Inc()
 		w.Header().Set("Retry-After", "1")
 		r.fail(w, isJSON, http.StatusServiceUnavailable, codes.Unavailable, errBusy)
+		return
+	case errors.Is(err, reqbody.ErrStalled):
+		w.Header().Set("Connection", "close")
+		r.fail(w, isJSON, http.StatusRequestTimeout, codes.DeadlineExceeded, "cannot read the body: "+err.Error())
 		return
 	case err != nil:
 		r.fail(w, isJSON, http.StatusBadRequest, codes.InvalidArgument, "cannot read the body: "+err.Error())

@@ -39,6 +39,9 @@ type Options struct {
 	// gRPC message MaxBytes from before grpc-go reads it. A request that does not fit is
 	// refused as retryable (503, Unavailable). nil: one of its own.
 	Budget *reqbody.Budget
+	// BodyIdle is how long an HTTP body may send nothing, and a gRPC call wait for its
+	// message, before the request is given up; 0: reqbody.IdleTimeout.
+	BodyIdle time.Duration
 }
 
 // Receiver turns exported spans into request events and publishes them. Its ServeHTTP is
@@ -88,10 +91,10 @@ func New(opts Options, pub Publisher, now func() time.Time, reg prometheus.Regis
 			refusedGRPC: opts.Budget.Refusals("otlp_grpc"),
 		},
 	}
-	for _, code := range []string{"200", "400", "401", "413", "415", "503"} {
+	for _, code := range []string{"200", "400", "401", "408", "413", "415", "503"} {
 		r.m.requests.WithLabelValues("http", code)
 	}
-	for _, code := range []string{"OK", "InvalidArgument", "Unauthenticated", "Unavailable"} {
+	for _, code := range []string{"OK", "InvalidArgument", "Unauthenticated", "Unavailable", "DeadlineExceeded"} {
 		r.m.requests.WithLabelValues("grpc", code)
 	}
 	for _, l := range []string{"engine", "app"} {
