@@ -1,11 +1,9 @@
 package otlp
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
@@ -34,6 +32,7 @@ const (
 	costKeyValue      = 48 // an attribute, or an entry of a kvlist value
 	costAnyValue      = 24 // an element of an array value
 	costEntityRef     = 96
+	costString        = 16 // an element of an entity ref's repeated strings
 )
 
 // message is a protobuf message of the OTLP trace request that holds repeated messages.
@@ -52,6 +51,7 @@ const (
 	msgAnyValue
 	msgArray
 	msgKVList
+	msgEntityRef
 	msgLeaf // a message holding no repeated message: counted by its parent, not read
 )
 
@@ -66,7 +66,7 @@ func child(m message, num protowire.Number) (message, int64) {
 		switch num {
 		case 1:
 			return msgResource, 0
-		case 2:
+		case 2, 1000: // 1000: the deprecated instrumentation_library_spans, read as scope spans
 			return msgScopeSpans, costScopeSpans
 		}
 	case msgResource:
@@ -74,7 +74,11 @@ func child(m message, num protowire.Number) (message, int64) {
 		case 1:
 			return msgKeyValue, costKeyValue
 		case 3:
-			return msgLeaf, costEntityRef
+			return msgEntityRef, costEntityRef
+		}
+	case msgEntityRef:
+		if num == 3 || num == 4 {
+			return msgLeaf, costString
 		}
 	case msgScopeSpans:
 		switch num {
@@ -172,83 +176,92 @@ func protoCost(b []byte, m message, depth int) int64 {
 }
 
 // jsonElements are the JSON names of the OTLP arrays whose elements pdata decodes into
-// an allocation of their own, in both spellings the OTLP JSON encoding allows, and what
-// an element costs ("values" is an array value's or a kvlist's: the dearer is taken).
+// an allocation of their own, in both spellings pdata reads, and what an element costs
+// ("values" is an array value's or a kvlist's: the dearer is taken).
 var jsonElements = map[string]int64{
 	"resourceSpans": costResourceSpans, "resource_spans": costResourceSpans,
 	"scopeSpans": costScopeSpans, "scope_spans": costScopeSpans,
+	"deprecatedScopeSpans": costScopeSpans, "deprecated_scope_spans": costScopeSpans,
 	"spans": costSpan, "events": costEvent, "links": costLink,
 	"attributes": costKeyValue, "values": costKeyValue,
 	"entityRefs": costEntityRef, "entity_refs": costEntityRef,
+	"idKeys": costString, "id_keys": costString, "descriptionKeys": costString, "description_keys": costString,
 }
 
 // jsonDecodedSize estimates the memory an ExportTraceServiceRequest in the OTLP JSON
-// encoding takes once decoded, reading its tokens (encoding/json) without decoding it. The
-// error is the body's syntax error.
-func jsonDecodedSize(b []byte) (int64, error) {
-	type frame struct {
-		object, wantKey bool
-		key             string // an object's last key, naming the array that may follow
-		cost            int64  // an array's: what each object in it costs
-	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
+// encoding takes once decoded. It reads the structure only (strings, keys, brackets), so
+// it is many times faster than a tokenizer; the decoder then checks the syntax, and a body
+// that is not JSON is estimated as whatever its brackets say.
+func jsonDecodedSize(b []byte) int64 {
 	sum := int64(len(b))
-	var stack []frame
-	deeper := 0 // containers open past maxWalkDepth, where every object counts as an attribute
-	for {
-		tok, err := dec.Token()
-		if err == io.EOF {
-			return sum, nil
-		}
-		if err != nil {
-			return 0, err
-		}
-		var top *frame
-		if len(stack) > 0 {
-			top = &stack[len(stack)-1]
-		}
-		d, isDelim := tok.(json.Delim)
-		switch {
-		case deeper > 0:
-			switch d {
-			case '{':
-				sum += costKeyValue
-				deeper++
-			case '[':
-				deeper++
-			case '}', ']':
-				if deeper--; deeper == 0 && top.object {
-					top.wantKey = true
+	var stack [maxWalkDepth]int64 // per open array: what each object in it costs; objects 0
+	depth, deeper := 0, 0         // deeper: open past maxWalkDepth, every object an attribute
+	keyStart, keyEnd := -1, -1    // the last string, while it may be the key of what follows
+	afterColon := false
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; c {
+		case '"':
+			start := i + 1
+			escaped := false
+			for i++; i < len(b) && b[i] != '"'; i++ {
+				if b[i] == '\\' {
+					escaped = true
+					i++
 				}
 			}
-		case top != nil && top.object && top.wantKey && !isDelim:
-			top.key, top.wantKey = tok.(string), false
-		case d == '{' || d == '[':
-			f := frame{object: d == '{', wantKey: d == '{'}
-			if top != nil && !top.object && d == '{' {
-				sum += top.cost
+			if escaped {
+				keyStart, keyEnd = -start, i // unescaped when it names an array
+			} else {
+				keyStart, keyEnd = start, i
 			}
-			if top != nil && top.object && d == '[' {
-				f.cost = jsonElements[top.key]
+			afterColon = false
+			continue
+		case ':':
+			afterColon = keyEnd >= 0
+			continue
+		case ' ', '\t', '\r', '\n':
+			continue
+		case '[', '{':
+			var cost int64
+			if c == '[' && afterColon {
+				cost = jsonElements[jsonKey(b, keyStart, keyEnd)]
 			}
-			if len(stack) == maxWalkDepth {
-				if d == '{' {
+			if c == '{' {
+				switch {
+				case deeper > 0:
 					sum += costKeyValue
+				case depth > 0:
+					sum += stack[depth-1]
 				}
-				deeper = 1
-				break
 			}
-			stack = append(stack, f)
-		case d == '}' || d == ']':
-			stack = stack[:len(stack)-1]
-			if len(stack) > 0 && stack[len(stack)-1].object {
-				stack[len(stack)-1].wantKey = true
+			if deeper > 0 || depth == maxWalkDepth {
+				deeper++
+			} else {
+				stack[depth] = cost
+				depth++
 			}
-		case top != nil && top.object:
-			top.wantKey = true // a scalar value: a key comes next
+		case ']', '}':
+			if deeper > 0 {
+				deeper--
+			} else if depth > 0 {
+				depth--
+			}
 		}
+		keyStart, keyEnd, afterColon = -1, -1, false
 	}
+	return sum
+}
+
+// jsonKey returns the key b[start:end], or the escaped one at b[-start:end] unescaped.
+func jsonKey(b []byte, start, end int) string {
+	if start >= 0 {
+		return string(b[start:end]) // a map index of a conversion does not allocate
+	}
+	var key string
+	if end < len(b) {
+		_ = json.Unmarshal(b[-start-1:end+1], &key)
+	}
+	return key
 }
 
 // otelEncoder is pdata's request, which decodes itself.

@@ -1,6 +1,7 @@
 package otlp
 
 import (
+	"bytes"
 	"context"
 	"runtime"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 	"go.opentelemetry.io/collector/pdata/ptrace/ptraceotlp"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // hostile builds a request of n empty elements of one kind: what decodes into a hundred
@@ -109,11 +111,7 @@ func TestDecodedSizeBounded(t *testing.T) {
 				if !isJSON {
 					return protoDecodedSize(b)
 				}
-				size, err := jsonDecodedSize(b)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return size
+				return jsonDecodedSize(b)
 			}
 			const n = 128 << 10
 			body := encode(hostile(kind, n))
@@ -145,15 +143,34 @@ func TestDecodedSizeBounded(t *testing.T) {
 		t.Errorf("%d of the hostile requests refused", refused)
 	}
 
+	// The names pdata also reads: an escaped key, the deprecated scope spans (field 1000).
+	js, _ := hostile("spans", 64<<10).MarshalJSON()
+	escaped := bytes.Replace(js, []byte(`"spans"`), []byte(`"\u0073pans"`), 1)
+	if a, b := jsonDecodedSize(js), jsonDecodedSize(escaped); b < a {
+		t.Errorf("spans under an escaped key: %d bytes estimated, %d unescaped", b, a)
+	}
+	if live := liveAfterDecoding(t, escaped, true); jsonDecodedSize(escaped) < live {
+		t.Errorf("spans under an escaped key: %d bytes estimated, %d taken", jsonDecodedSize(escaped), live)
+	}
+	var rs []byte
+	for range 64 << 10 {
+		rs = protowire.AppendTag(rs, 1000, protowire.BytesType)
+		rs = protowire.AppendBytes(rs, nil)
+	}
+	deprecated := protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), rs)
+	if live := liveAfterDecoding(t, deprecated, false); protoDecodedSize(deprecated) < live {
+		t.Errorf("deprecated scope spans: %d bytes estimated, %d taken", protoDecodedSize(deprecated), live)
+	}
+
 	// Real spans: the estimate is a few times the wire size, and such a request at the limit
 	// goes through.
 	real := protoOf(t, batchOf(1000, nil))
 	if size := protoDecodedSize(real); size > 3*int64(len(real)) {
 		t.Errorf("1000 real spans: %d bytes estimated for %d on the wire", size, len(real))
 	}
-	js, _ := batchOf(1000, nil).MarshalJSON()
-	if size, err := jsonDecodedSize(js); err != nil || size > 2*int64(len(js)) {
-		t.Errorf("1000 real spans in JSON: %d bytes estimated for %d, %v", size, len(js), err)
+	js, _ = batchOf(1000, nil).MarshalJSON()
+	if size := jsonDecodedSize(js); size > 2*int64(len(js)) {
+		t.Errorf("1000 real spans in JSON: %d bytes estimated for %d", size, len(js))
 	}
 	n := 1000 * maxBytes / len(real)
 	pub := &pubRecorder{}

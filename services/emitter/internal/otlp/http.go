@@ -89,17 +89,11 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.fail(w, isJSON, http.StatusBadRequest, codes.InvalidArgument, "cannot read the body: "+err.Error())
 		return
 	}
-	var size int64
+	estimate := protoDecodedSize
 	if isJSON {
-		size, err = jsonDecodedSize(body)
-	} else {
-		size = protoDecodedSize(body)
+		estimate = jsonDecodedSize
 	}
-	switch {
-	case err != nil:
-		r.fail(w, isJSON, http.StatusBadRequest, codes.InvalidArgument, "cannot decode the ExportTraceServiceRequest: "+cut(err.Error(), 256))
-		return
-	case size > r.maxDecoded():
+	if size := estimate(body); size > r.maxDecoded() {
 		r.fail(w, isJSON, http.StatusRequestEntityTooLarge, codes.InvalidArgument,
 			fmt.Sprintf("%v: about %d bytes, over %d (%d times the largest request): send fewer spans per request",
 				errTooManyElements, size, r.maxDecoded(), decodedFactor))
