@@ -190,3 +190,33 @@ func TestDecodedSizeBounded(t *testing.T) {
 		t.Fatalf("gRPC, real spans: %v, %d published", err, len(pub.msgs))
 	}
 }
+
+// FuzzDecodedSize: the estimates read any bytes without failing, never below their length,
+// and never below what pdata takes for a request it decodes.
+func FuzzDecodedSize(f *testing.F) {
+	for _, kind := range []string{"spans", "attributes", "array values"} {
+		pb, _ := hostile(kind, 8).MarshalProto()
+		js, _ := hostile(kind, 8).MarshalJSON()
+		f.Add(pb)
+		f.Add(js)
+	}
+	pb, _ := batchOf(4, nil).MarshalProto()
+	f.Add(pb)
+	f.Add([]byte(`{"resourceSpans":[{"scopeSpans":[{"\u0073pans":[{},{"a":"\"[{"}]}]}]}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p, j := protoDecodedSize(b), jsonDecodedSize(b)
+		if p < int64(len(b)) || j < int64(len(b)) {
+			t.Fatalf("estimates %d and %d below the %d bytes", p, j, len(b))
+		}
+		if er := ptraceotlp.NewExportRequest(); er.UnmarshalProto(b) == nil {
+			if spans := int64(er.Traces().SpanCount()); p < int64(len(b))+spans*costSpan {
+				t.Fatalf("%d spans decoded, %d bytes estimated", spans, p)
+			}
+		}
+		if er := ptraceotlp.NewExportRequest(); er.UnmarshalJSON(b) == nil {
+			if spans := int64(er.Traces().SpanCount()); j < int64(len(b))+spans*costSpan {
+				t.Fatalf("%d spans decoded from JSON, %d bytes estimated", spans, j)
+			}
+		}
+	})
+}
