@@ -157,6 +157,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// Valid events the buffer had no room for: the client should send them again,
 		// which a 400 would tell it not to.
 		status = http.StatusServiceUnavailable
+		w.Header().Set("Retry-After", "1")
 	case ans.Rejected == 0:
 		status, ans.Error = http.StatusBadRequest, "no events in the body"
 	default:

@@ -107,9 +107,15 @@ func TestIngestBufferFills(t *testing.T) {
 	if a.Errors[1].Index != 3 || !strings.Contains(a.Errors[1].Error, "publish buffer full") || a.Errors[2].Index != 4 {
 		t.Fatalf("errors %+v", a.Errors)
 	}
-	code, a = post(newHandler(pub), body)
-	if code != 503 || a.Accepted != 0 || a.Rejected != 5 {
-		t.Fatalf("%d %+v", code, a)
+	rec := httptest.NewRecorder()
+	newHandler(pub).ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/events", strings.NewReader(body)))
+	_ = json.Unmarshal(rec.Body.Bytes(), &a)
+	if rec.Code != 503 || a.Accepted != 0 || a.Rejected != 5 {
+		t.Fatalf("%d %+v", rec.Code, a)
+	}
+	// Sent again after a second, as every other 503 of the emitter says.
+	if got := rec.Header().Get("Retry-After"); got != "1" {
+		t.Fatalf("Retry-After %q", got)
 	}
 }
 
