@@ -3,6 +3,7 @@ package otlp
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"go.opentelemetry.io/collector/pdata/ptrace/ptraceotlp"
@@ -106,13 +107,31 @@ func (t *traceService) Export(ctx context.Context, req ptraceotlp.ExportRequest)
 			return t.fail(codes.Unauthenticated, "missing or wrong bearer token")
 		}
 	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	var ack string
+	if v := md.Get(strings.ToLower(AckHeader)); len(v) > 0 {
+		ack = v[0]
+	}
+	wait, err := r.storeWait(ack)
+	if err != nil {
+		return t.fail(codes.InvalidArgument, err.Error())
+	}
 	select {
 	case r.slots <- struct{}{}:
 		defer func() { <-r.slots }()
 	case <-ctx.Done():
 		return t.fail(codes.Unavailable, "canceled while waiting for a slot")
 	}
-	res := r.consume(req.Traces())
+	wctx, cancel := context.WithTimeout(ctx, r.opts.StoreWait)
+	defer cancel()
+	res := r.consume(wctx, req.Traces(), wait)
+	if res.storeErr != nil {
+		msg, retry := res.storeFailure()
+		if !retry {
+			return t.fail(codes.Internal, msg)
+		}
+		return t.fail(codes.Unavailable, msg)
+	}
 	if res.dropped > 0 {
 		// Unavailable is retryable: the exporter sends the whole request again.
 		return t.fail(codes.Unavailable, fmt.Sprintf("publish buffer full: %d spans not taken, send the request again", res.dropped))
