@@ -146,7 +146,7 @@ func (d *decodeState) requestFields(ev *RequestEvent) error {
 				return d.syntax("expected ':' after object key")
 			}
 			d.ws()
-			if err := d.once(&keys, requestKey(key), key); err != nil {
+			if err := d.known(&keys, requestKey(key), key, requestKeys); err != nil {
 				return err
 			}
 			if err := d.requestField(ev, key, &seen); err != nil {
@@ -193,6 +193,34 @@ func (d *decodeState) once(keys *uint64, bit uint64, key string) error {
 	*keys |= bit
 	return nil
 }
+
+// known is once for a key whose bit is bit, and refuses an unknown key that is one of
+// names in other letter case: encoding/json would take "Tenant" (or "\u017fcene", by Unicode
+// folding) for the field, where the schema, other languages and this decoder see another
+// property, so the readers of one stream would see different events. As checkKeys does for
+// the messages decoded with encoding/json, such a key is malformed.
+func (d *decodeState) known(keys *uint64, bit uint64, key string, names []string) error {
+	if bit != 0 {
+		return d.once(keys, bit, key)
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; 'A' <= c && c <= 'Z' || c >= utf8.RuneSelf {
+			for _, name := range names {
+				if strings.EqualFold(key, name) {
+					return d.syntax("key " + quoteBounded(key) + " is not " + strconv.Quote(name) + ": keys are case-sensitive")
+				}
+			}
+			return nil
+		}
+	}
+	return nil
+}
+
+// requestKeys are the keys requestKey knows.
+var requestKeys = []string{"v", "event_id", "ts", "model", "scene", "env", "instance", "tenant", "provider", "layer",
+	"trace_id", "error_code", "conversation_id", "status", "outcome", "input_tokens", "output_tokens",
+	"cached_input_tokens", "ttft_ms", "total_ms", "max_itl_ms", "queue_ms", "prefill_ms", "decode_ms", "stream",
+	"tokens_estimated", "http_status", "turn", "scores"}
 
 // requestKey returns the bit of a request event's known key, 0 for another.
 func requestKey(key string) uint64 {

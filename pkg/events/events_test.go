@@ -175,6 +175,14 @@ func TestDecodeRequest(t *testing.T) {
 	f("trace id zero", `{`+base+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3,"trace_id":"00000000000000000000000000000000"}`, events.ErrBadTraceID, nil)
 	f("prefill negative", `{`+base+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3,"prefill_ms":-0.5}`, events.ErrNegative, nil)
 	f("decode NaN-ish", `{`+base+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3,"decode_ms":1e400}`, events.ErrOutOfRange, nil)
+	// A key in other letter case than a field's: encoding/json would take it for the field
+	// (Unicode folding: \u017f is a long s), the schema and this decoder for another
+	// property, so readers of one stream would see different events; it is malformed, as
+	// in every other message.
+	f("cased optional key", `{`+base+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3,"Tenant":"acme"}`, events.ErrMalformed, nil)
+	f("cased key beside its own", `{`+base+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3,"MODEL":"n"}`, events.ErrMalformed, nil)
+	f("cased key by Unicode folding", `{`+base+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3,"\u017ftream":true}`, events.ErrMalformed, nil)
+	f("unknown key in capitals", `{`+base+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3,"Region":"eu","X-Id":1}`, nil, nil)
 	f("itl above total", `{`+base+`,"input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":3,"max_itl_ms":4}`, events.ErrOutOfRange, nil)
 }
 

@@ -51,9 +51,9 @@ type FeedbackEvent struct {
 }
 
 // UnmarshalFeedback decodes one feedback event from JSON into ev, replacing its contents,
-// with the request decoder's rules: keys match exactly, the last of a repeated key wins,
-// unknown fields are skipped (nested at most 64 deep), null counts as absent, and name and
-// value must be present. It does not validate: call ValidateAt.
+// with the request decoder's rules: keys match exactly (a known key given twice, or in
+// other letter case, is malformed), unknown fields are skipped (nested at most 64 deep),
+// null counts as absent, and name and value must be present. It does not validate: call ValidateAt.
 func UnmarshalFeedback(data []byte, ev *FeedbackEvent) error {
 	d := decodeState{s: string(data)}
 	return d.feedback(ev)
@@ -102,7 +102,7 @@ func (d *decodeState) feedbackFields(ev *FeedbackEvent) error {
 				return d.syntax("expected ':' after object key")
 			}
 			d.ws()
-			if err := d.once(&keys, feedbackKey(key), key); err != nil {
+			if err := d.known(&keys, feedbackKey(key), key, feedbackKeys); err != nil {
 				return err
 			}
 			if err := d.feedbackField(ev, key, &seen); err != nil {
@@ -130,6 +130,10 @@ func (d *decodeState) feedbackFields(ev *FeedbackEvent) error {
 	}
 	return nil
 }
+
+// feedbackKeys are the keys feedbackKey knows.
+var feedbackKeys = []string{"v", "event_id", "ts", "request_id", "conversation_id", "name", "value", "source",
+	"scene", "env", "model", "comment", "comment_length"}
 
 // feedbackKey returns the bit of a feedback event's known key, 0 for another.
 func feedbackKey(key string) uint64 {

@@ -24,7 +24,7 @@ func TestUnmarshalFeedback(t *testing.T) {
 		{name: "false is 0", in: `{` + head + `,"name":"thumbs","value":false}`, want: events.FeedbackEvent{Name: "thumbs", Value: 0}},
 		{name: "number", in: `{` + head + `,"name":"rating","value":4.5}`, want: events.FeedbackEvent{Name: "rating", Value: 4.5}},
 		{name: "a key given twice", in: `{` + head + `,"name":"a","value":1,"name":"thumbs","value":-1}`, wantErr: events.ErrMalformed},
-		{name: "keys match exactly", in: `{` + head + `,"name":"thumbs","Value":1}`, wantErr: events.ErrMissingField, field: "value"},
+		{name: "keys match exactly", in: `{` + head + `,"name":"thumbs","Value":1}`, wantErr: events.ErrMalformed},
 		{name: "comment kept as its length only", in: `{` + head + `,"name":"thumbs","value":1,"comment":"héllo"}`, want: events.FeedbackEvent{Name: "thumbs", Value: 1, CommentLength: 5}},
 		{name: "value string", in: `{` + head + `,"name":"thumbs","value":"1"}`, wantErr: events.ErrWrongType, field: "value"},
 		{name: "value object", in: `{` + head + `,"name":"thumbs","value":{"a":1}}`, wantErr: events.ErrWrongType, field: "value"},

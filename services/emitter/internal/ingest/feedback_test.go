@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -161,7 +162,7 @@ func BenchmarkFeedbackNDJSON(b *testing.B) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(body)))
 	for b.Loop() {
-		if r := h.ingest(body, now); r.Accepted != 1000 {
+		if r := h.ingest(context.Background(), body, now, nil); r.Accepted != 1000 {
 			b.Fatal(r.Answer)
 		}
 	}

@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"bytes"
+	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tokenscope/tokenscope/pkg/bus"
 	"github.com/tokenscope/tokenscope/pkg/events"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/reqbody"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/subject"
@@ -33,6 +35,23 @@ type Publisher interface {
 	Publish(subject, msgID string, data []byte) bool
 }
 
+// storer is a Publisher that can also say when JetStream has stored what it published,
+// for the requests that ask to be answered only then; bus.Publisher is one.
+type storer interface {
+	NewBatch() *bus.Batch
+}
+
+// AckHeader asks for the answer once JetStream has stored the accepted events (its value
+// AckStored), not once the publisher holds them.
+const (
+	AckHeader = "X-Tokenscope-Ack"
+	AckStored = "stored"
+)
+
+// DefaultStoreWait is how long a request asking for AckStored waits for room in the
+// publisher and for JetStream's acks.
+const DefaultStoreWait = 10 * time.Second
+
 // Options configure the handler.
 type Options struct {
 	MaxBytes int64          // largest body accepted; larger ones get 413
@@ -41,6 +60,11 @@ type Options struct {
 	// Budget is the memory the bodies being handled take, shared with the process's other
 	// request bodies; a body that does not fit gets 503. nil: one of its own.
 	Budget *reqbody.Budget
+	// BodyIdle is how long a body may send nothing before it is answered 408;
+	// 0: reqbody.IdleTimeout.
+	BodyIdle time.Duration
+	// StoreWait bounds the wait of a request asking for AckStored; 0: DefaultStoreWait.
+	StoreWait time.Duration
 }
 
 // Handler serves POST /v1/events (request events) or POST /v1/feedback (feedback events):
@@ -78,6 +102,9 @@ func build(opts Options, pub Publisher, now func() time.Time, reg prometheus.Reg
 	if opts.Budget == nil {
 		opts.Budget = reqbody.NewBudget(reqbody.DefaultLimit, nil)
 	}
+	if opts.StoreWait <= 0 {
+		opts.StoreWait = DefaultStoreWait
+	}
 	h := &Handler{refused: opts.Budget.Refusals(subsystem), opts: opts, pub: pub, now: now, logger: logger.With("component", subsystem), decode: decode,
 		batches: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "emitter", Subsystem: subsystem, Name: "requests_total",
 			Help: route + " requests by HTTP status code."}, []string{"code"}),
@@ -86,7 +113,7 @@ func build(opts Options, pub Publisher, now func() time.Time, reg prometheus.Reg
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "emitter", Subsystem: subsystem, Name: "events_rejected_total",
 			Help: "Events rejected by " + route + ", by reason (validation reasons, or dropped when the publish buffer is full)."}, []string{"reason"}),
 	}
-	for _, code := range []string{"202", "400", "401", "413", "415", "503"} {
+	for _, code := range []string{"200", "202", "400", "401", "408", "413", "415", "500", "503"} {
 		h.batches.WithLabelValues(code)
 	}
 	for _, r := range append(events.Reasons(), "dropped") {
@@ -107,6 +134,7 @@ type ItemError struct {
 // Answer is the JSON body of every reply.
 type Answer struct {
 	Accepted int         `json:"accepted"`
+	Stored   int         `json:"stored,omitempty"` // with AckStored: the accepted events JetStream has stored
 	Rejected int         `json:"rejected"`
 	Errors   []ItemError `json:"errors,omitempty"`
 	Error    string      `json:"error,omitempty"` // why the whole request was refused
@@ -118,6 +146,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.reply(w, http.StatusUnauthorized, &Answer{Error: "missing or wrong bearer token"})
 		return
 	}
+	var wait *bus.Batch
+	if ack := r.Header.Get(AckHeader); ack != "" {
+		st, ok := h.pub.(storer)
+		switch {
+		case !strings.EqualFold(strings.TrimSpace(ack), AckStored):
+			h.reply(w, http.StatusBadRequest, &Answer{Error: fmt.Sprintf("%s %s is not %s", AckHeader, strconv.QuoteToASCII(cutString(ack, 64)), AckStored)})
+			return
+		case !ok:
+			h.reply(w, http.StatusBadRequest, &Answer{Error: "this emitter's publisher cannot tell when events are stored: send the request without " + AckHeader})
+			return
+		}
+		wait = st.NewBatch()
+	}
 	// A compressed body would read as events that are all malformed, and a 400 would tell
 	// the client not to send them again: say what is wrong instead.
 	if enc := strings.TrimSpace(r.Header.Get("Content-Encoding")); enc != "" && !strings.EqualFold(enc, "identity") {
@@ -125,7 +166,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			strconv.QuoteToASCII(cutString(enc, 64)))})
 		return
 	}
-	body, held, err := reqbody.Read(r.Body, r.ContentLength, h.opts.MaxBytes, h.opts.Budget)
+	body, held, err := reqbody.ReadRequest(w, r, h.opts.MaxBytes, h.opts.Budget, h.opts.BodyIdle)
 	defer h.opts.Budget.Release(held)
 	switch {
 	case errors.Is(err, reqbody.ErrTooLarge):
@@ -136,20 +177,37 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", "1")
 		h.reply(w, http.StatusServiceUnavailable, &Answer{Error: "the emitter is holding its limit of request bodies: send the request again"})
 		return
+	case errors.Is(err, reqbody.ErrStalled):
+		w.Header().Set("Connection", "close")
+		h.reply(w, http.StatusRequestTimeout, &Answer{Error: "cannot read the body: " + err.Error()})
+		return
 	case err != nil:
 		h.reply(w, http.StatusBadRequest, &Answer{Error: "cannot read the body: " + err.Error()})
 		return
 	}
-	ans := h.ingest(body, h.now())
+	ctx, cancel := context.WithTimeout(r.Context(), h.opts.StoreWait)
+	defer cancel()
+	ans := h.ingest(ctx, body, h.now(), wait)
 	status := http.StatusAccepted
 	switch {
+	case errors.Is(ans.storeErr, bus.ErrRefused):
+		// Sending them again cannot store them: counted in emitter_publish_dropped_total.
+		status, ans.Error = http.StatusInternalServerError, "cannot store the accepted events: "+ans.storeErr.Error()
+	case ans.storeErr != nil:
+		status, ans.Error = http.StatusServiceUnavailable, fmt.Sprintf(
+			"JetStream has not confirmed that the %d accepted events are stored (%v): send the request again; what was stored is dropped as a duplicate by its event_id",
+			ans.Accepted, ans.storeErr)
+		w.Header().Set("Retry-After", "1")
 	case ans.Error != "":
 		status = http.StatusBadRequest
+	case ans.Accepted > 0 && wait != nil:
+		status, ans.Stored = http.StatusOK, ans.Accepted
 	case ans.Accepted > 0:
 	case ans.dropped > 0:
 		// Valid events the buffer had no room for: the client should send them again,
 		// which a 400 would tell it not to.
 		status = http.StatusServiceUnavailable
+		w.Header().Set("Retry-After", "1")
 	case ans.Rejected == 0:
 		status, ans.Error = http.StatusBadRequest, "no events in the body"
 	default:
@@ -183,25 +241,23 @@ func (h *Handler) reply(w http.ResponseWriter, status int, a *Answer) {
 
 type result struct {
 	Answer
-	dropped int
+	dropped  int
+	storeErr error // with AckStored: why JetStream's acks of the accepted events did not all come
 }
 
 // ingest decodes the body (one event, an array, or NDJSON), validates each event and
-// publishes the valid ones.
-func (h *Handler) ingest(body []byte, now time.Time) result {
-	b := batch{h: h, now: now, dec: events.NewDecoder(64)}
+// publishes the valid ones; through wait, when not nil, waiting as long as ctx lets it for
+// room in the publisher and then for JetStream to store them.
+func (h *Handler) ingest(ctx context.Context, body []byte, now time.Time, wait *bus.Batch) result {
+	b := batch{h: h, now: now, dec: events.NewDecoder(64), ctx: ctx, wait: wait}
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) == 0 {
 		return b.res
 	}
 	if trimmed[0] == '[' {
-		var items []json.RawMessage
-		if err := json.Unmarshal(trimmed, &items); err != nil {
+		if err := b.array(trimmed); err != nil {
 			b.res.Error = "the body is not a JSON array of events: " + err.Error()
 			return b.res
-		}
-		for i, raw := range items {
-			b.item(i, raw)
 		}
 		b.done()
 		return b.res
@@ -230,14 +286,42 @@ func (h *Handler) ingest(body []byte, now time.Time) result {
 	return b.res
 }
 
+// array handles the items of a JSON array one at a time: a slice of every item beside the
+// body would hold ten times a body of millions of tiny items ("{}", numbers). The array is
+// checked whole first, so a malformed one publishes none of its events.
+func (b *batch) array(body []byte) error {
+	if !json.Valid(body) {
+		var v []struct{}
+		return json.Unmarshal(body, &v) // the syntax error, found before anything is decoded
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('[') {
+		var v []struct{}
+		return json.Unmarshal(body, &v) // valid JSON that is not an array cannot start with '['
+	}
+	// Each item is handled where it lies in the body, as NDJSON lines are: the strings an
+	// event holds alias memory nothing writes to while the batch runs.
+	var skip json.RawMessage
+	for i := 0; dec.More(); i++ {
+		start := dec.InputOffset()
+		if err := dec.Decode(&skip); err != nil {
+			return err // cannot happen in valid JSON
+		}
+		b.item(i, bytes.TrimLeft(body[start:dec.InputOffset()], " \t\r\n,"))
+	}
+	return nil
+}
+
 // batch is the work on one request's events.
 type batch struct {
-	h   *Handler
-	now time.Time
-	dec *events.Decoder // interns the few label values; other strings alias the body
-	ev  events.RequestEvent
-	fb  events.FeedbackEvent
-	res result
+	h    *Handler
+	now  time.Time
+	ctx  context.Context
+	wait *bus.Batch      // the publisher's batch of a request asking for AckStored
+	dec  *events.Decoder // interns the few label values; other strings alias the body
+	ev   events.RequestEvent
+	fb   events.FeedbackEvent
+	res  result
 
 	canon []byte // the event encoded by events.AppendRequest
 	arena []byte // the published events' ids and payloads
@@ -257,12 +341,19 @@ func (b *batch) item(i int, raw []byte) {
 	}
 	// Once the buffer is full the rest of the batch is refused too, so that what was
 	// refused is every valid event from the first refused on, whatever room frees meanwhile.
-	if b.res.dropped > 0 || !b.h.pub.Publish(subj, id, payload) {
-		b.res.dropped++
-		b.reject(i, "dropped", fmt.Errorf("cannot publish event %s: %w", id, ErrDropped))
-		return
+	if b.res.dropped == 0 {
+		if b.wait == nil {
+			if b.h.pub.Publish(subj, id, payload) {
+				b.res.Accepted++
+				return
+			}
+		} else if err := b.wait.Publish(b.ctx, subj, id, payload); err == nil {
+			b.res.Accepted++
+			return
+		}
 	}
-	b.res.Accepted++
+	b.res.dropped++
+	b.reject(i, "dropped", fmt.Errorf("cannot publish event %s: %w", id, ErrDropped))
 }
 
 // request decodes and validates one request event and returns where and what to publish.
@@ -334,5 +425,11 @@ func (b *batch) reject(i int, reason string, err error) {
 	}
 }
 
-// done counts the accepted events once per request rather than once per event.
-func (b *batch) done() { b.h.accepted.Add(float64(b.res.Accepted)) }
+// done counts the accepted events once per request rather than once per event, and with
+// AckStored waits for JetStream to store them.
+func (b *batch) done() {
+	b.h.accepted.Add(float64(b.res.Accepted))
+	if b.wait != nil && b.res.Accepted > 0 {
+		b.res.storeErr = b.wait.Wait(b.ctx)
+	}
+}

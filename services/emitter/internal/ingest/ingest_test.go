@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"bufio"
 	"bytes"
 	"compress/gzip"
 	"encoding/json"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/reqbody"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/subject"
 )
 
@@ -105,9 +107,15 @@ func TestIngestBufferFills(t *testing.T) {
 	if a.Errors[1].Index != 3 || !strings.Contains(a.Errors[1].Error, "publish buffer full") || a.Errors[2].Index != 4 {
 		t.Fatalf("errors %+v", a.Errors)
 	}
-	code, a = post(newHandler(pub), body)
-	if code != 503 || a.Accepted != 0 || a.Rejected != 5 {
-		t.Fatalf("%d %+v", code, a)
+	rec := httptest.NewRecorder()
+	newHandler(pub).ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/events", strings.NewReader(body)))
+	_ = json.Unmarshal(rec.Body.Bytes(), &a)
+	if rec.Code != 503 || a.Accepted != 0 || a.Rejected != 5 {
+		t.Fatalf("%d %+v", rec.Code, a)
+	}
+	// Sent again after a second, as every other 503 of the emitter says.
+	if got := rec.Header().Get("Retry-After"); got != "1" {
+		t.Fatalf("Retry-After %q", got)
 	}
 }
 
@@ -456,5 +464,114 @@ func TestIngestHoldsNoBody(t *testing.T) {
 		if want := fmt.Sprintf("held-%d", i); id != want || !strings.Contains(string(pub.data[i]), want) {
 			t.Fatalf("message %d: id %q, data %s", i, id, pub.data[i])
 		}
+	}
+}
+
+// heapPub records the live heap when it is handed an event.
+type heapPub struct{ live []uint64 }
+
+func (p *heapPub) Publish(string, string, []byte) bool {
+	var m runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&m)
+	p.live = append(p.live, m.HeapAlloc)
+	return true
+}
+
+// TestIngestArrayHoldsItsBodyOnly: a JSON array of millions of tiny items (a 4 MiB body of
+// "{}" or numbers) is read one item at a time, never as a slice of every item beside the
+// body, which made such a body hold ten times its size and more. The items are rejected,
+// the good events beside them published, and a malformed array still publishes none.
+func TestIngestArrayHoldsItsBodyOnly(t *testing.T) {
+	const size = 4 << 20
+	h := New(Options{MaxBytes: 16 << 20}, &heapPub{}, func() time.Time { return now }, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	pub := h.pub.(*heapPub)
+	for _, item := range []string{"{}", "1"} {
+		n := size / (len(item) + 1)
+		body := "[" + event("first") + "," + strings.Repeat(item+",", n) + event("last") + "]"
+		pub.live = pub.live[:0]
+		var before runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		code, a := post(h, body)
+		if code != http.StatusAccepted || a.Accepted != 2 || a.Rejected != n || len(a.Errors) != MaxReportedErrors || a.Errors[0].Index != 1 {
+			t.Fatalf("items %s: %d accepted %d rejected %d (want %d), first error %+v", item, code, a.Accepted, a.Rejected, n, a.Errors[0])
+		}
+		if grown := int64(pub.live[1]) - int64(before.HeapAlloc); grown > 3*int64(len(body)) {
+			t.Fatalf("items %s: a body of %d MiB holds %d MiB as its last event is published", item, len(body)>>20, grown>>20)
+		}
+	}
+	// More envs than the decoder interns: each event's subject is its own env's.
+	var items []string
+	for i := range 100 {
+		items = append(items, strings.Replace(event(fmt.Sprint("env-", i)), `"env":"prod"`, fmt.Sprintf(`"env":"e%03d"`, i), 1))
+	}
+	mp := &memPub{}
+	if code, a := post(newHandler(mp), "[\n"+strings.Join(items, " ,\n")+"\n]"); code != http.StatusAccepted || a.Accepted != 100 {
+		t.Fatalf("100 envs: %d %+v", code, a)
+	}
+	for i, m := range mp.msgs {
+		if want := fmt.Sprintf("llm.req.e%03d.chat env-%d", i, i); m != want {
+			t.Fatalf("message %d: %s, want %s", i, m, want)
+		}
+	}
+	for _, body := range []string{"[" + event("a") + ",{}", "[" + event("a") + "] x", "[" + event("a") + ",]"} {
+		code, a := post(h, body)
+		if code != http.StatusBadRequest || a.Accepted != 0 || !strings.HasPrefix(a.Error, "the body is not a JSON array of events: ") {
+			t.Fatalf("%.40q: %d %+v", body, code, a)
+		}
+	}
+}
+
+// TestIngestStalledBody: a client that stops sending its body, or a chunked body that never
+// ends, is answered 408 once nothing has arrived for the idle timeout, and gives its memory
+// back to the budget; before, its handler waited for ever, holding both. A body that keeps
+// arriving, however slowly, is read whole.
+func TestIngestStalledBody(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	budget := reqbody.NewBudget(64<<20, nil)
+	h := New(Options{MaxBytes: 1 << 20, Budget: budget, BodyIdle: idle}, &memPub{}, func() time.Time { return now }, nil, slog.New(slog.DiscardHandler))
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	ev := event("slow")
+	for _, tc := range []struct {
+		name   string
+		head   string
+		pieces []string
+		want   int
+	}{
+		{"stops sending", fmt.Sprintf("Content-Length: %d\r\n", len(ev)), []string{ev[:10]}, http.StatusRequestTimeout},
+		{"chunked, never ends", "Transfer-Encoding: chunked\r\n", []string{fmt.Sprintf("%x\r\n%s\r\n", len(ev), ev)}, http.StatusRequestTimeout},
+		{"slow but steady", fmt.Sprintf("Content-Length: %d\r\n", len(ev)), []string{ev[:10], ev[10:40], ev[40:80], ev[80:]}, http.StatusAccepted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", srv.Listener.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			fmt.Fprintf(c, "POST /v1/events HTTP/1.1\r\nHost: x\r\n%s\r\n", tc.head)
+			for _, p := range tc.pieces {
+				time.Sleep(idle / 3)
+				if _, err := io.WriteString(c, p); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_ = c.SetReadDeadline(time.Now().Add(idle + 5*time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("no answer: %v (held %d)", err, budget.Held())
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tc.want {
+				t.Fatalf("status %d, want %d", resp.StatusCode, tc.want)
+			}
+			for i := 0; budget.Held() != 0 && i < 100; i++ {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if budget.Held() != 0 {
+				t.Fatalf("%d bytes of the budget still held", budget.Held())
+			}
+		})
 	}
 }

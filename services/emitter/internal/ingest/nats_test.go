@@ -2,10 +2,13 @@ package ingest
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -201,7 +204,7 @@ func BenchmarkFeedbackIngestNATS(b *testing.B) {
 		// A client resends what the full buffer refused: everything from the first refused on.
 		rest := sb.String()
 		for {
-			r := h.ingest([]byte(rest), time.Now())
+			r := h.ingest(context.Background(), []byte(rest), time.Now(), nil)
 			if r.Rejected == 0 {
 				break
 			}
@@ -228,4 +231,111 @@ func BenchmarkFeedbackIngestNATS(b *testing.B) {
 	}
 	// Until the last event is in the stream, not only handed to the publisher.
 	b.ReportMetric(float64(sent*batch)/time.Since(start).Seconds(), "events/s")
+}
+
+// TestIngestAckStored: with X-Tokenscope-Ack: stored, the answer comes once JetStream has
+// stored every accepted event (200, "stored"), and while NATS is away it is a retryable 503
+// once the wait is over, never a 2xx for events only the emitter holds: an emitter killed
+// after answering loses none of them. The same batch sent again once NATS is back is
+// stored once.
+func TestIngestAckStored(t *testing.T) {
+	dir := t.TempDir()
+	srv := testbed.StartNATS(t, filepath.Join(dir, "js"), -1)
+	port := srv.Addr().(*net.TCPAddr).Port
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if err := bus.EnsureStreams(ctx, js, bus.StreamLimits{MaxBytes: 64 << 20, DuplicateWindow: time.Minute, Replicas: 1}, events.StreamEvents); err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.DiscardHandler)
+	pub := bus.NewPublisher(js, bus.PublisherOptions{Buffer: 10000, Batch: 64, AckTimeout: 300 * time.Millisecond, Namespace: "t"}, prometheus.NewRegistry(), logger)
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- pub.Run(runCtx) }()
+	defer func() {
+		stop()
+		<-done
+	}()
+	h := New(Options{MaxBytes: 16 << 20, StoreWait: time.Second}, pub, time.Now, nil, logger)
+	ts := time.Now().UTC().Format(events.TimeLayout)
+	mk := func(k, n int) string {
+		var sb strings.Builder
+		for i := range n {
+			fmt.Fprintf(&sb, `{"v":1,"event_id":"s%d-%d","ts":%q,"model":"m","scene":"chat","env":"prod","input_tokens":1,"output_tokens":2,"ttft_ms":1,"total_ms":2,"status":"ok"}`+"\n", k, i, ts)
+		}
+		return sb.String()
+	}
+	postStored := func(body string) (int, Answer, http.Header) {
+		req := httptest.NewRequest(http.MethodPost, "/v1/events", strings.NewReader(body))
+		req.Header.Set("X-Tokenscope-Ack", "stored")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		var a Answer
+		_ = json.Unmarshal(rec.Body.Bytes(), &a)
+		return rec.Code, a, rec.Header()
+	}
+	stream, err := js.Stream(ctx, events.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := func() uint64 {
+		info, err := stream.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Msgs
+	}
+
+	code, a, _ := postStored(mk(1, 500) + "{oops\n")
+	if code != http.StatusOK || a.Accepted != 500 || a.Stored != 500 || a.Rejected != 1 {
+		t.Fatalf("NATS up: %d %+v", code, a)
+	}
+	if n := stored(); n != 500 { // at the answer, not later
+		t.Fatalf("answered stored with %d of 500 in the stream", n)
+	}
+
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	waitFor(t, func() bool { return !nc.IsConnected() })
+	second := mk(2, 300)
+	code, a, header := postStored(second)
+	if code != http.StatusServiceUnavailable || a.Stored != 0 || header.Get("Retry-After") != "1" || !strings.Contains(a.Error, "send the request again") {
+		t.Fatalf("NATS away: %d %+v", code, a)
+	}
+
+	testbed.StartNATS(t, filepath.Join(dir, "js"), port)
+	waitFor(t, func() bool { return nc.IsConnected() })
+	code, a, _ = postStored(second)
+	if code != http.StatusOK || a.Stored != 300 {
+		t.Fatalf("sent again: %d %+v", code, a)
+	}
+	if js, err = jetstream.New(nc); err != nil {
+		t.Fatal(err)
+	}
+	if stream, err = js.Stream(ctx, events.StreamEvents); err != nil {
+		t.Fatal(err)
+	}
+	if n := stored(); n != 800 {
+		t.Fatalf("%d events stored, want 800", n)
+	}
+
+	// A publisher that cannot say what is stored is not waited for: the client is told.
+	code, a = func() (int, Answer) {
+		req := httptest.NewRequest(http.MethodPost, "/v1/events", strings.NewReader(mk(3, 1)))
+		req.Header.Set("X-Tokenscope-Ack", "stored")
+		rec := httptest.NewRecorder()
+		newHandler(&memPub{}).ServeHTTP(rec, req)
+		var a Answer
+		_ = json.Unmarshal(rec.Body.Bytes(), &a)
+		return rec.Code, a
+	}()
+	if code != http.StatusBadRequest || a.Accepted != 0 {
+		t.Fatalf("memPub: %d %+v", code, a)
+	}
 }

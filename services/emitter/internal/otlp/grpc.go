@@ -3,6 +3,8 @@ package otlp
 import (
 	"context"
 	"fmt"
+	"strings"
+	"time"
 
 	"go.opentelemetry.io/collector/pdata/ptrace/ptraceotlp"
 	"google.golang.org/grpc"
@@ -11,6 +13,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
+
+	"github.com/tokenscope/tokenscope/services/emitter/internal/reqbody"
 )
 
 // traceService is OTLP/gRPC's opentelemetry.proto.collector.trace.v1.TraceService.
@@ -20,9 +24,17 @@ type traceService struct {
 }
 
 // RegisterGRPC registers the receiver's TraceService on s. s must bound the messages it
-// receives (grpc.MaxRecvMsgSize, which bounds them decompressed too).
+// receives (grpc.MaxRecvMsgSize, which bounds them decompressed too) and their decoded
+// size (GRPCCodec).
 func (r *Receiver) RegisterGRPC(s *grpc.Server) {
 	ptraceotlp.RegisterGRPCServer(s, &traceService{r: r})
+}
+
+// GRPCCodec is the server option that makes s check a request's decoded size before
+// decoding it: one over decodedFactor times MaxBytes is refused (Internal, as for any
+// message the server cannot decode; an exporter does not send it again).
+func (r *Receiver) GRPCCodec() grpc.ServerOption {
+	return grpc.ForceServerCodecV2(newCodec(r.maxDecoded()))
 }
 
 // tap runs before grpc-go reads an RPC's message (a grpc.InTapHandle). It refuses an RPC
@@ -48,17 +60,46 @@ func (r *Receiver) tap(ctx context.Context, info *tap.Info) (context.Context, er
 		r.m.requests.WithLabelValues("grpc", codes.Unavailable.String()).Inc()
 		return ctx, status.Error(codes.Unavailable, errBusy)
 	}
-	context.AfterFunc(ctx, func() { r.opts.Budget.Release(n) })
-	return ctx, nil
+	// grpc-go waits for the message for as long as the client keeps the call open,
+	// holding that much all the while: a call whose message has not come in the idle
+	// timeout is canceled (the exporter sends it again). Export stops the clock.
+	ctx, cancel := context.WithCancel(ctx)
+	wait := time.AfterFunc(r.bodyIdle(), func() {
+		r.m.requests.WithLabelValues("grpc", codes.DeadlineExceeded.String()).Inc()
+		cancel()
+	})
+	context.AfterFunc(ctx, func() {
+		wait.Stop()
+		r.opts.Budget.Release(n)
+	})
+	return context.WithValue(ctx, messageWait{}, wait), nil
+}
+
+// messageWait is the context key of the timer that cancels a call whose message has not
+// come.
+type messageWait struct{}
+
+func (r *Receiver) bodyIdle() time.Duration {
+	if r.opts.BodyIdle > 0 {
+		return r.opts.BodyIdle
+	}
+	return reqbody.IdleTimeout
 }
 
 // maxRecv is the largest message grpc-go reads, compressed or once decompressed.
 func (r *Receiver) maxRecv() int64 { return min(r.opts.MaxBytes, 1<<31-1) }
 
+// maxDecoded is the most memory a request may take once decoded (estimated before it is).
+func (r *Receiver) maxDecoded() int64 { return decodedFactor * r.opts.MaxBytes }
+
 // Export takes one ExportTraceServiceRequest. The token, when set, comes as
 // "authorization: Bearer <token>" metadata, as the exporters' headers option sends it.
 func (t *traceService) Export(ctx context.Context, req ptraceotlp.ExportRequest) (ptraceotlp.ExportResponse, error) {
 	r := t.r
+	if wait, ok := ctx.Value(messageWait{}).(*time.Timer); ok && !wait.Stop() {
+		// Counted when the clock ran out.
+		return ptraceotlp.NewExportResponse(), status.Error(codes.DeadlineExceeded, "the message came after the call was given up")
+	}
 	if r.opts.Token != "" {
 		md, _ := metadata.FromIncomingContext(ctx)
 		auth := md.Get("authorization")
@@ -66,13 +107,31 @@ func (t *traceService) Export(ctx context.Context, req ptraceotlp.ExportRequest)
 			return t.fail(codes.Unauthenticated, "missing or wrong bearer token")
 		}
 	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	var ack string
+	if v := md.Get(strings.ToLower(AckHeader)); len(v) > 0 {
+		ack = v[0]
+	}
+	wait, err := r.storeWait(ack)
+	if err != nil {
+		return t.fail(codes.InvalidArgument, err.Error())
+	}
 	select {
 	case r.slots <- struct{}{}:
 		defer func() { <-r.slots }()
 	case <-ctx.Done():
 		return t.fail(codes.Unavailable, "canceled while waiting for a slot")
 	}
-	res := r.consume(req.Traces())
+	wctx, cancel := context.WithTimeout(ctx, r.opts.StoreWait)
+	defer cancel()
+	res := r.consume(wctx, req.Traces(), wait)
+	if res.storeErr != nil {
+		msg, retry := res.storeFailure()
+		if !retry {
+			return t.fail(codes.Internal, msg)
+		}
+		return t.fail(codes.Unavailable, msg)
+	}
 	if res.dropped > 0 {
 		// Unavailable is retryable: the exporter sends the whole request again.
 		return t.fail(codes.Unavailable, fmt.Sprintf("publish buffer full: %d spans not taken, send the request again", res.dropped))

@@ -3,6 +3,7 @@ package otlp
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"errors"
 	"fmt"
 	"mime"
@@ -40,6 +41,11 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.fail(w, isJSON, http.StatusUnauthorized, codes.Unauthenticated, "missing or wrong bearer token")
 		return
 	}
+	wait, err := r.storeWait(req.Header.Get(AckHeader))
+	if err != nil {
+		r.fail(w, isJSON, http.StatusBadRequest, codes.InvalidArgument, err.Error())
+		return
+	}
 	if ct != contentProto && ct != contentJSON {
 		r.fail(w, false, http.StatusUnsupportedMediaType, codes.InvalidArgument,
 			fmt.Sprintf("content type %s is neither %s nor %s", strconv.Quote(cut(req.Header.Get("Content-Type"), 64)), contentProto, contentJSON))
@@ -55,7 +61,9 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	// sending slowly holds what it has sent and delays no other; the slots bound what
 	// multiplies memory: decompressing and decoding. Nothing of the request outlives
 	// consume (the events are encoded apart): its memory goes back when it is answered.
-	raw, held, err := reqbody.Read(req.Body, req.ContentLength, r.opts.MaxBytes, r.opts.Budget)
+	var raw []byte
+	var held int64
+	raw, held, err = reqbody.ReadRequest(w, req, r.opts.MaxBytes, r.opts.Budget, r.opts.BodyIdle)
 	defer r.opts.Budget.Release(held)
 	if err == nil {
 		select {
@@ -81,8 +89,22 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		w.Header().Set("Retry-After", "1")
 		r.fail(w, isJSON, http.StatusServiceUnavailable, codes.Unavailable, errBusy)
 		return
+	case errors.Is(err, reqbody.ErrStalled):
+		w.Header().Set("Connection", "close")
+		r.fail(w, isJSON, http.StatusRequestTimeout, codes.DeadlineExceeded, "cannot read the body: "+err.Error())
+		return
 	case err != nil:
 		r.fail(w, isJSON, http.StatusBadRequest, codes.InvalidArgument, "cannot read the body: "+err.Error())
+		return
+	}
+	estimate := protoDecodedSize
+	if isJSON {
+		estimate = jsonDecodedSize
+	}
+	if size := estimate(body); size > r.maxDecoded() {
+		r.fail(w, isJSON, http.StatusRequestEntityTooLarge, codes.InvalidArgument,
+			fmt.Sprintf("%v: about %d bytes, over %d (%d times the largest request): send fewer spans per request",
+				errTooManyElements, size, r.maxDecoded(), decodedFactor))
 		return
 	}
 	er := ptraceotlp.NewExportRequest()
@@ -95,7 +117,19 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.fail(w, isJSON, http.StatusBadRequest, codes.InvalidArgument, "cannot decode the ExportTraceServiceRequest: "+cut(err.Error(), 256))
 		return
 	}
-	res := r.consume(er.Traces())
+	ctx, cancel := context.WithTimeout(req.Context(), r.opts.StoreWait)
+	defer cancel()
+	res := r.consume(ctx, er.Traces(), wait)
+	if res.storeErr != nil {
+		msg, retry := res.storeFailure()
+		if !retry {
+			r.fail(w, isJSON, http.StatusInternalServerError, codes.Internal, msg)
+			return
+		}
+		w.Header().Set("Retry-After", "1")
+		r.fail(w, isJSON, http.StatusServiceUnavailable, codes.Unavailable, msg)
+		return
+	}
 	if res.dropped > 0 {
 		// OTLP exporters send the whole request again after a 503.
 		w.Header().Set("Retry-After", "1")

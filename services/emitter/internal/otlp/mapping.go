@@ -142,6 +142,7 @@ type spanAttrs struct {
 
 func (a *spanAttrs) read(l *Labels, attrs pcommon.Map) {
 	a.envRank, a.sceneRank, a.instanceRank, a.tenantRank = -1, -1, -1, -1
+	genAIKeys := l.genAIKeys()
 	for k, v := range attrs.All() {
 		switch k {
 		case attrResponseModel:
@@ -183,8 +184,8 @@ func (a *spanAttrs) read(l *Labels, attrs pcommon.Map) {
 		case attrFirstChunk:
 			a.firstChunk, a.hasFirstChunk = v, true
 		default:
-			if strings.HasPrefix(k, "gen_ai.") {
-				continue // the conventions' other attributes are never label keys here
+			if !genAIKeys && strings.HasPrefix(k, "gen_ai.") {
+				continue // the conventions' other attributes are no label's keys
 			}
 			rankLabel(&a.env, &a.envRank, l.Env, k, v)
 			rankLabel(&a.scene, &a.sceneRank, l.Scene, k, v)
@@ -192,6 +193,19 @@ func (a *spanAttrs) read(l *Labels, attrs pcommon.Map) {
 			rankLabel(&a.tenant, &a.tenantRank, l.Tenant, k, v)
 		}
 	}
+}
+
+// genAIKeys reports whether a label is read from a key of the GenAI conventions
+// (gen_ai.agent.name as the scene, say), which read otherwise skips.
+func (l *Labels) genAIKeys() bool {
+	for _, keys := range [...][]string{l.Env, l.Scene, l.Instance, l.Tenant} {
+		for _, k := range keys {
+			if strings.HasPrefix(k, "gen_ai.") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // other returns the token count under its other name.

@@ -239,6 +239,22 @@ func TestMapLabelsAndStatus(t *testing.T) {
 			t.Fatalf("env %q, want the default", ev.Env)
 		}
 	})
+	t.Run("a label key of the GenAI conventions' own", func(t *testing.T) {
+		// gen_ai.agent.name as the scene: read on the span, as any other key is, not only
+		// on the resource.
+		span := ptrace.NewSpan()
+		genaiSpan(span)
+		span.Attributes().PutStr("gen_ai.agent.name", "refunds")
+		labels := DefaultLabels()
+		labels.Scene = []string{"gen_ai.agent.name", "service.name"}
+		var ev events.RequestEvent
+		if err := labels.Map(labels.Resource(resource()), span, KindApp, &ev); err != nil {
+			t.Fatal(err)
+		}
+		if ev.Scene != "refunds" {
+			t.Fatalf("scene %q, want the span's gen_ai.agent.name", ev.Scene)
+		}
+	})
 	t.Run("older names", func(t *testing.T) {
 		span := ptrace.NewSpan()
 		genaiSpan(span)

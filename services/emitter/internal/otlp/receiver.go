@@ -1,7 +1,9 @@
 package otlp
 
 import (
+	"context"
 	"crypto/subtle"
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime"
@@ -13,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/collector/pdata/ptrace"
 
+	"github.com/tokenscope/tokenscope/pkg/bus"
 	"github.com/tokenscope/tokenscope/pkg/events"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/reqbody"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/subject"
@@ -28,6 +31,23 @@ type Publisher interface {
 	Publish(subject, msgID string, data []byte) bool
 }
 
+// storer is a Publisher that can also say when JetStream has stored what it published,
+// for the exports that ask to be answered only then; bus.Publisher is one.
+type storer interface {
+	NewBatch() *bus.Batch
+}
+
+// AckHeader (gRPC: its metadata, in lower case) asks for the answer once JetStream has
+// stored the events (its value AckStored), not once the publisher holds them.
+const (
+	AckHeader = "X-Tokenscope-Ack"
+	AckStored = "stored"
+)
+
+// DefaultStoreWait is how long an export asking for AckStored waits for room in the
+// publisher and for JetStream's acks: under the exporters' own timeout (10 s).
+const DefaultStoreWait = 5 * time.Second
+
 // Options configure the receiver.
 type Options struct {
 	Labels   Labels
@@ -39,6 +59,11 @@ type Options struct {
 	// gRPC message MaxBytes from before grpc-go reads it. A request that does not fit is
 	// refused as retryable (503, Unavailable). nil: one of its own.
 	Budget *reqbody.Budget
+	// BodyIdle is how long an HTTP body may send nothing, and a gRPC call wait for its
+	// message, before the request is given up; 0: reqbody.IdleTimeout.
+	BodyIdle time.Duration
+	// StoreWait bounds the wait of an export asking for AckStored; 0: DefaultStoreWait.
+	StoreWait time.Duration
 }
 
 // Receiver turns exported spans into request events and publishes them. Its ServeHTTP is
@@ -73,6 +98,9 @@ func New(opts Options, pub Publisher, now func() time.Time, reg prometheus.Regis
 	if opts.Budget == nil {
 		opts.Budget = reqbody.NewBudget(reqbody.DefaultLimit, nil)
 	}
+	if opts.StoreWait <= 0 {
+		opts.StoreWait = DefaultStoreWait
+	}
 	r := &Receiver{opts: opts, pub: pub, now: now, logger: logger.With("component", "otlp"),
 		slots: make(chan struct{}, 2*runtime.GOMAXPROCS(0)),
 		m: &metrics{
@@ -88,10 +116,10 @@ func New(opts Options, pub Publisher, now func() time.Time, reg prometheus.Regis
 			refusedGRPC: opts.Budget.Refusals("otlp_grpc"),
 		},
 	}
-	for _, code := range []string{"200", "400", "401", "413", "415", "503"} {
+	for _, code := range []string{"200", "400", "401", "408", "413", "415", "500", "503"} {
 		r.m.requests.WithLabelValues("http", code)
 	}
-	for _, code := range []string{"OK", "InvalidArgument", "Unauthenticated", "Unavailable"} {
+	for _, code := range []string{"OK", "InvalidArgument", "Unauthenticated", "Unavailable", "DeadlineExceeded", "Internal"} {
 		r.m.requests.WithLabelValues("grpc", code)
 	}
 	for _, l := range []string{"engine", "app"} {
@@ -125,6 +153,33 @@ type result struct {
 	dropped  int // valid, but the publisher had no room
 	reasons  []reasonCount
 	errs     []string // the first maxReported rejections
+	storeErr error    // with AckStored: why JetStream's acks of the accepted events did not all come
+}
+
+// storeWait returns the batch of an export asking for AckStored (ack is its header's
+// value), nil for another; the error says why the ask cannot be met.
+func (r *Receiver) storeWait(ack string) (*bus.Batch, error) {
+	if ack == "" {
+		return nil, nil
+	}
+	if !strings.EqualFold(strings.TrimSpace(ack), AckStored) {
+		return nil, fmt.Errorf("%s %s is not %s", AckHeader, strconv.QuoteToASCII(cut(ack, 64)), AckStored)
+	}
+	st, ok := r.pub.(storer)
+	if !ok {
+		return nil, fmt.Errorf("this emitter's publisher cannot tell when events are stored: send the request without %s", AckHeader)
+	}
+	return st.NewBatch(), nil
+}
+
+// storeFailure says why an export asking for AckStored was not stored, and whether
+// sending it again can store it.
+func (res *result) storeFailure() (msg string, retry bool) {
+	if errors.Is(res.storeErr, bus.ErrRefused) {
+		return "cannot store the spans' events: " + res.storeErr.Error(), false
+	}
+	return fmt.Sprintf("JetStream has not confirmed that the events of %d spans are stored (%v): send the request again",
+		res.accepted[KindEngine]+res.accepted[KindApp], res.storeErr), true
 }
 
 type reasonCount struct {
@@ -158,9 +213,11 @@ func (res *result) message() string {
 	return strings.ToValidUTF8(b.String(), "\uFFFD") // a protobuf string
 }
 
-// consume maps, validates and publishes every span of td.
-func (r *Receiver) consume(td ptrace.Traces) result {
-	b := batch{r: r, now: r.now()}
+// consume maps, validates and publishes every span of td; through wait, when not nil,
+// waiting as long as ctx lets it for room in the publisher and then for JetStream to store
+// the events.
+func (r *Receiver) consume(ctx context.Context, td ptrace.Traces, wait *bus.Batch) result {
+	b := batch{r: r, now: r.now(), ctx: ctx, wait: wait}
 	rss := td.ResourceSpans()
 	for i := 0; i < rss.Len(); i++ {
 		rs := rss.At(i)
@@ -187,15 +244,20 @@ func (r *Receiver) consume(td ptrace.Traces) result {
 	if b.res.dropped > 0 {
 		r.m.rejected.WithLabelValues("dropped").Add(float64(b.res.dropped))
 	}
+	if wait != nil && b.res.dropped == 0 && b.res.accepted[KindEngine]+b.res.accepted[KindApp] > 0 {
+		b.res.storeErr = wait.Wait(ctx)
+	}
 	return b.res
 }
 
 // batch is the work on one request's spans.
 type batch struct {
-	r   *Receiver
-	now time.Time
-	ev  events.RequestEvent
-	res result
+	r    *Receiver
+	now  time.Time
+	ctx  context.Context
+	wait *bus.Batch // the publisher's batch of an export asking for AckStored
+	ev   events.RequestEvent
+	res  result
 
 	arena []byte // the published payloads, never written again once handed over
 
@@ -221,11 +283,20 @@ func (b *batch) span(res Resource, span ptrace.Span) {
 	}
 	// Once the buffer is full the rest of the batch is refused too: the exporter is told
 	// to send the whole batch again, and JetStream drops what already got through by id.
-	if b.res.dropped > 0 || !b.r.pub.Publish(b.subjectOf(&b.ev), b.ev.EventID, b.payload(&b.ev)) {
+	if b.res.dropped > 0 || !b.publish(b.subjectOf(&b.ev), b.ev.EventID, b.payload(&b.ev)) {
 		b.res.dropped++
 		return
 	}
 	b.res.accepted[kind]++
+}
+
+// publish hands an event to the publisher, through the export's batch when it waits for
+// storage: that waits for room rather than refusing.
+func (b *batch) publish(subject, id string, data []byte) bool {
+	if b.wait != nil {
+		return b.wait.Publish(b.ctx, subject, id, data) == nil
+	}
+	return b.r.pub.Publish(subject, id, data)
 }
 
 func (b *batch) payload(ev *events.RequestEvent) []byte {

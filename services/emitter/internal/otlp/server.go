@@ -91,7 +91,7 @@ func (s *Server) Run(ctx context.Context, grace time.Duration) error {
 	if s.grpcLn != nil {
 		gs = grpc.NewServer(grpc.MaxRecvMsgSize(int(s.r.maxRecv())),
 			grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: s.idle}),
-			grpc.InTapHandle(s.r.tap))
+			grpc.InTapHandle(s.r.tap), s.r.GRPCCodec())
 		s.r.RegisterGRPC(gs)
 		go func() { errc <- fmt.Errorf("OTLP/gRPC server on %s stopped: %w", s.GRPCAddr(), gs.Serve(s.grpcLn)) }()
 	}

@@ -2,8 +2,12 @@ package reqbody
 
 import (
 	"errors"
+	"fmt"
 	"io"
+	"net/http"
+	"os"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -13,7 +17,14 @@ var (
 	ErrTooLarge = errors.New("request body over the limit")
 	// ErrBudgetFull is a body that does not fit in the budget beside those held.
 	ErrBudgetFull = errors.New("the request bodies held already take their memory limit")
+	// ErrStalled is a body whose client sent nothing for the idle timeout.
+	ErrStalled = errors.New("the request body stalled")
 )
+
+// IdleTimeout is how long a body ReadRequest reads may send nothing before it is given
+// up: a client that stops sending, or a chunked body that never ends, would hold its
+// connection and its memory of the budget for ever.
+const IdleTimeout = time.Minute
 
 // DefaultLimit is the budget of a handler given none.
 const DefaultLimit = 512 << 20
@@ -108,4 +119,41 @@ func Read(r io.Reader, declared, limit int64, b *Budget) (buf []byte, held int64
 		return buf, held, ErrTooLarge
 	}
 	return buf, held, nil
+}
+
+// ReadRequest reads req's body as Read does, giving it up with ErrStalled when nothing of it
+// arrives for idle (IdleTimeout when not positive): before each read it moves the
+// connection's read deadline idle ahead, and once the body is read whole it takes the
+// deadline off. Where w cannot set a deadline (a test's recorder) it is Read.
+func ReadRequest(w http.ResponseWriter, req *http.Request, limit int64, b *Budget, idle time.Duration) (buf []byte, held int64, err error) {
+	if idle <= 0 {
+		idle = IdleTimeout
+	}
+	rc := http.NewResponseController(w)
+	if rc.SetReadDeadline(time.Now().Add(idle)) != nil {
+		return Read(req.Body, req.ContentLength, limit, b)
+	}
+	buf, held, err = Read(&idleReader{r: req.Body, rc: rc, idle: idle}, req.ContentLength, limit, b)
+	if err == nil {
+		// On an error the deadline stays: what net/http may still read of the body after
+		// the answer is bounded too.
+		_ = rc.SetReadDeadline(time.Time{})
+	}
+	return buf, held, err
+}
+
+// idleReader moves the read deadline before each read.
+type idleReader struct {
+	r    io.Reader
+	rc   *http.ResponseController
+	idle time.Duration
+}
+
+func (ir *idleReader) Read(p []byte) (int, error) {
+	_ = ir.rc.SetReadDeadline(time.Now().Add(ir.idle))
+	n, err := ir.r.Read(p)
+	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		err = fmt.Errorf("%w: nothing of it arrived for %s", ErrStalled, ir.idle)
+	}
+	return n, err
 }

@@ -1,0 +1,123 @@
+package otlp
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/collector/pdata/ptrace"
+	"go.opentelemetry.io/collector/pdata/ptrace/ptraceotlp"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/tokenscope/tokenscope/pkg/bus"
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/pkg/testbed"
+)
+
+// TestAckStored: an export with X-Tokenscope-Ack: stored (gRPC: its metadata) is answered
+// once JetStream has stored its events, and while NATS is away with a retryable answer once
+// the wait is over, never a success for events only the emitter holds.
+func TestAckStored(t *testing.T) {
+	dir := t.TempDir()
+	srv := testbed.StartNATS(t, filepath.Join(dir, "js"), -1)
+	port := srv.Addr().(*net.TCPAddr).Port
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if err := bus.EnsureStreams(ctx, js, bus.StreamLimits{MaxBytes: 64 << 20, DuplicateWindow: time.Minute, Replicas: 1}, events.StreamEvents); err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.DiscardHandler)
+	pub := bus.NewPublisher(js, bus.PublisherOptions{Buffer: 10000, Batch: 64, AckTimeout: 300 * time.Millisecond, Namespace: "t"}, prometheus.NewRegistry(), logger)
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- pub.Run(runCtx) }()
+	defer func() {
+		stop()
+		<-done
+	}()
+	now := func() time.Time { return testStart.Add(time.Minute) }
+	r := New(Options{Labels: DefaultLabels(), MaxBytes: 1 << 20, StoreWait: time.Second}, pub, now, nil, logger)
+	stored := func() uint64 {
+		s, err := js.Stream(ctx, events.StreamEvents)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Msgs
+	}
+	traceOf := func(k byte) func(int, ptrace.Span) {
+		return func(_ int, s ptrace.Span) {
+			tid := testTID
+			tid[0] = k
+			s.SetTraceID(tid)
+		}
+	}
+
+	w := post(t, r, protoOf(t, batchOf(200, traceOf(1))), AckHeader, AckStored)
+	exportResponse(t, w)
+	if n := stored(); n != 200 { // at the answer, not later
+		t.Fatalf("answered with %d of 200 events stored", n)
+	}
+
+	// gRPC, with the metadata.
+	client := ptraceotlp.NewGRPCClient(grpcRig(t, pub, "", 1<<20))
+	mctx := metadata.AppendToOutgoingContext(ctx, strings.ToLower(AckHeader), AckStored)
+	if _, err := client.Export(mctx, batchOf(100, traceOf(2))); err != nil {
+		t.Fatal(err)
+	}
+	if n := stored(); n != 300 {
+		t.Fatalf("gRPC answered with %d of 300 events stored", n)
+	}
+
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	for i := 0; nc.IsConnected() && i < 500; i++ {
+		time.Sleep(10 * time.Millisecond)
+	}
+	away := protoOf(t, batchOf(50, traceOf(3)))
+	w = post(t, r, away, AckHeader, AckStored)
+	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "1" || !strings.Contains(rpcStatus(t, w).Message, "send the request again") {
+		t.Fatalf("NATS away: %d %q", w.Code, w.Body)
+	}
+
+	testbed.StartNATS(t, filepath.Join(dir, "js"), port)
+	for i := 0; !nc.IsConnected() && i < 500; i++ {
+		time.Sleep(10 * time.Millisecond)
+	}
+	exportResponse(t, post(t, r, away, AckHeader, AckStored))
+	if js, err = jetstream.New(nc); err != nil {
+		t.Fatal(err)
+	}
+	if n := stored(); n != 350 {
+		t.Fatalf("%d events stored, want 350", n)
+	}
+
+	// A publisher that cannot say what is stored: the exporter is told, not answered as if.
+	w = post(t, newTestReceiver(&pubRecorder{}, "", 1<<20), away, AckHeader, AckStored)
+	if w.Code != http.StatusBadRequest {
+		t.Fatalf("pubRecorder: %d %q", w.Code, w.Body)
+	}
+	_, err = ptraceotlp.NewGRPCClient(grpcRig(t, &pubRecorder{}, "", 1<<20)).Export(mctx, batchOf(1, nil))
+	if st, _ := status.FromError(err); st.Code() != codes.InvalidArgument {
+		t.Fatalf("gRPC, pubRecorder: %v", err)
+	}
+}
