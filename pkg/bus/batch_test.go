@@ -97,6 +97,35 @@ func TestBatchWaitsThroughNATSRestart(t *testing.T) {
 	}
 }
 
+// TestBatchWaitSkipsLinger: a Batch's Wait has its messages published at once, not after
+// the publisher's Linger, which would only delay the caller; a later plain Publish lingers
+// again.
+func TestBatchWaitSkipsLinger(t *testing.T) {
+	srv := testbed.NATS(t)
+	const linger = time.Hour
+	p, _, reg, stop := startPublisher(t, srv.ClientURL(), bus.PublisherOptions{Buffer: 100, Linger: linger})
+	defer func() { _ = stop() }()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	b := p.NewBatch()
+	for i := range 3 {
+		if err := b.Publish(ctx, "llm.req.prod.chat", fmt.Sprint("w-", i), []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.Wait(ctx); err != nil {
+		t.Fatalf("Wait with a linger of %s: %v", linger, err)
+	}
+	if got := metric(reg, "t_published_total"); got != 3 {
+		t.Fatalf("%v published, want 3", got)
+	}
+	p.Publish("llm.req.prod.chat", "plain", []byte(`{}`))
+	time.Sleep(200 * time.Millisecond)
+	if got := metric(reg, "t_published_total"); got != 3 {
+		t.Fatalf("a plain publish did not linger: %v published", got)
+	}
+}
+
 // TestBatchRefusedAndStopped: a message NATS can never take is counted in Wait's error, not
 // waited on forever; once Run returns, Publish and Wait say so.
 func TestBatchRefusedAndStopped(t *testing.T) {

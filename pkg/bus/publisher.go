@@ -54,6 +54,7 @@ type Publisher struct {
 	opts   PublisherOptions
 	logger *slog.Logger
 	wake   chan struct{} // one token: the queue went from empty to not empty
+	flush  chan struct{} // one token: a Batch waits, so what is queued goes without lingering
 
 	mu      sync.Mutex
 	queue   fifo          // published, not yet taken by Run
@@ -97,7 +98,7 @@ func NewPublisher(js Client, opts PublisherOptions, reg prometheus.Registerer, l
 	if opts.FlushTimeout <= 0 {
 		opts.FlushTimeout = 5 * time.Second
 	}
-	p := &Publisher{nc: js.Conn(), opts: opts, logger: logger, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	p := &Publisher{nc: js.Conn(), opts: opts, logger: logger, wake: make(chan struct{}, 1), flush: make(chan struct{}, 1), done: make(chan struct{})}
 	counter := func(name, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: opts.Namespace, Name: name, Help: help})
 	}
@@ -200,7 +201,8 @@ func (b *Batch) Publish(ctx context.Context, subject, msgID string, data []byte)
 	}
 }
 
-// Wait returns once JetStream has acknowledged every message published in b (a duplicate
+// Wait returns once JetStream has acknowledged every message published in b, which it
+// publishes without Linger (a duplicate
 // of an earlier Nats-Msg-Id counts as acknowledged), or refused it for good: then the error
 // wraps ErrRefused and says how many. While NATS is away or refuses for now, the Publisher
 // retries and Wait waits, until ctx ends or Run returns (ErrStopped).
@@ -215,6 +217,10 @@ func (b *Batch) Wait(ctx context.Context) error {
 	}
 	zero := b.zero
 	b.mu.Unlock()
+	select {
+	case b.p.flush <- struct{}{}:
+	default:
+	}
 	select {
 	case <-zero:
 		return b.result()
@@ -320,6 +326,13 @@ func (p *Publisher) Run(ctx context.Context) error {
 			s.take()
 		case <-linger.C:
 			lingering = false
+			s.take()
+		case <-p.flush:
+			// Someone waits for the acks: lingering would only delay them.
+			if lingering {
+				linger.Stop()
+				lingering = false
+			}
 			s.take()
 		case now := <-tick.C:
 			if !lingering {

@@ -83,7 +83,7 @@ func TestIngestBurstBoundsStreamSubjects(t *testing.T) {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
-		if resp.StatusCode != 202 {
+		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("batch %d: %d", b, resp.StatusCode)
 		}
 	}

@@ -41,15 +41,18 @@ type storer interface {
 	NewBatch() *bus.Batch
 }
 
-// AckHeader asks for the answer once JetStream has stored the accepted events (its value
-// AckStored), not once the publisher holds them.
+// AckHeader says when a request is answered. By default (and with AckStored) the answer
+// waits until JetStream has stored every accepted event, so an emitter killed after
+// answering loses none of them; AckBuffered answers as soon as the publisher holds them
+// (202), for a client that would rather lose a few events than wait.
 const (
-	AckHeader = "X-Tokenscope-Ack"
-	AckStored = "stored"
+	AckHeader   = "X-Tokenscope-Ack"
+	AckStored   = "stored"
+	AckBuffered = "buffered"
 )
 
-// DefaultStoreWait is how long a request asking for AckStored waits for room in the
-// publisher and for JetStream's acks.
+// DefaultStoreWait is how long a request waits for room in the publisher and for
+// JetStream's acks before it is answered 503.
 const DefaultStoreWait = 10 * time.Second
 
 // Options configure the handler.
@@ -63,7 +66,7 @@ type Options struct {
 	// BodyIdle is how long a body may send nothing before it is answered 408;
 	// 0: reqbody.IdleTimeout.
 	BodyIdle time.Duration
-	// StoreWait bounds the wait of a request asking for AckStored; 0: DefaultStoreWait.
+	// StoreWait bounds a request's wait for its events to be stored; 0: DefaultStoreWait.
 	StoreWait time.Duration
 }
 
@@ -146,18 +149,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.reply(w, http.StatusUnauthorized, &Answer{Error: "missing or wrong bearer token"})
 		return
 	}
-	var wait *bus.Batch
-	if ack := r.Header.Get(AckHeader); ack != "" {
-		st, ok := h.pub.(storer)
-		switch {
-		case !strings.EqualFold(strings.TrimSpace(ack), AckStored):
-			h.reply(w, http.StatusBadRequest, &Answer{Error: fmt.Sprintf("%s %s is not %s", AckHeader, strconv.QuoteToASCII(cutString(ack, 64)), AckStored)})
-			return
-		case !ok:
-			h.reply(w, http.StatusBadRequest, &Answer{Error: "this emitter's publisher cannot tell when events are stored: send the request without " + AckHeader})
-			return
-		}
-		wait = st.NewBatch()
+	wait, err := h.storeWait(r.Header.Get(AckHeader))
+	if err != nil {
+		h.reply(w, http.StatusBadRequest, &Answer{Error: err.Error()})
+		return
 	}
 	// A compressed body would read as events that are all malformed, and a 400 would tell
 	// the client not to send them again: say what is wrong instead.
@@ -226,6 +221,27 @@ func cutString(s string, n int) string {
 
 // authorized reports whether r carries the token as its bearer credentials. The scheme is
 // case-insensitive and may be followed by more than one space (RFC 9110, 11.1 and 11.4).
+// storeWait returns the batch whose acks a request waits for before it is answered (ack is
+// its AckHeader), or nil when it is answered once the publisher holds its events: asked
+// for with AckBuffered, or the only answer a publisher that cannot tell when events are
+// stored can give. The error says why the header cannot be met.
+func (h *Handler) storeWait(ack string) (*bus.Batch, error) {
+	st, ok := h.pub.(storer)
+	switch ack = strings.TrimSpace(ack); {
+	case ack == "":
+		if !ok {
+			return nil, nil
+		}
+	case strings.EqualFold(ack, AckBuffered):
+		return nil, nil
+	case !strings.EqualFold(ack, AckStored):
+		return nil, fmt.Errorf("%s %s is neither %s nor %s", AckHeader, strconv.QuoteToASCII(cutString(ack, 64)), AckStored, AckBuffered)
+	case !ok:
+		return nil, errors.New("this emitter's publisher cannot tell when events are stored: send the request without " + AckHeader)
+	}
+	return st.NewBatch(), nil
+}
+
 func (h *Handler) authorized(r *http.Request) bool {
 	scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
 	got = strings.TrimLeft(got, " ")

@@ -25,8 +25,8 @@ import (
 )
 
 // TestIngestNATSGoesAway stops NATS right after a batch is accepted, while the publisher
-// still holds some of it, and keeps posting: events are accepted while the buffer has
-// room, refused from the first that does not fit on (503 once none fits), and every
+// still holds some of it, and keeps posting with X-Tokenscope-Ack: buffered: events are
+// accepted while the buffer has room, refused from the first that does not fit on (503 once none fits), and every
 // accepted event is in LLM_EVENTS once NATS is back. The client sending a refused batch
 // again loses nothing, and what got through twice is dropped by its id.
 func TestIngestNATSGoesAway(t *testing.T) {
@@ -51,7 +51,8 @@ func TestIngestNATSGoesAway(t *testing.T) {
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- pub.Run(runCtx) }()
-	h := New(Options{MaxBytes: 16 << 20}, pub, time.Now, nil, logger)
+	ingest := New(Options{MaxBytes: 16 << 20}, pub, time.Now, nil, logger)
+	h := buffered(ingest)
 
 	ts := time.Now().UTC().Format(events.TimeLayout)
 	mk := func(k, n int) string {
@@ -87,7 +88,7 @@ func TestIngestNATSGoesAway(t *testing.T) {
 	if code != 503 || a.Accepted != 0 || a.Rejected != 10 {
 		t.Fatalf("third batch, buffer full: %d %+v", code, a)
 	}
-	if got := testutil.ToFloat64(h.rejected.WithLabelValues("dropped")); got != float64(3000-accepted+10) {
+	if got := testutil.ToFloat64(ingest.rejected.WithLabelValues("dropped")); got != float64(3000-accepted+10) {
 		t.Fatalf("rejected{reason=dropped} = %v, want %d", got, 3000-accepted+10)
 	}
 
@@ -124,6 +125,14 @@ func TestIngestNATSGoesAway(t *testing.T) {
 	if d := metric(t, pubReg, "t_published_total") + metric(t, pubReg, "t_published_duplicate_total"); d < 3000 {
 		t.Fatalf("publisher acknowledged %v, want at least 3000", d)
 	}
+}
+
+// buffered asks h for answers once the publisher holds the events (AckBuffered).
+func buffered(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Header.Set(AckHeader, AckBuffered)
+		h.ServeHTTP(w, r)
+	})
 }
 
 func waitStream(t *testing.T, js jetstream.JetStream, want uint64) {
@@ -233,8 +242,8 @@ func BenchmarkFeedbackIngestNATS(b *testing.B) {
 	b.ReportMetric(float64(sent*batch)/time.Since(start).Seconds(), "events/s")
 }
 
-// TestIngestAckStored: with X-Tokenscope-Ack: stored, the answer comes once JetStream has
-// stored every accepted event (200, "stored"), and while NATS is away it is a retryable 503
+// TestIngestAckStored: by default, as with X-Tokenscope-Ack: stored, the answer comes once
+// JetStream has stored every accepted event (200, "stored"), and while NATS is away it is a retryable 503
 // once the wait is over, never a 2xx for events only the emitter holds: an emitter killed
 // after answering loses none of them. The same batch sent again once NATS is back is
 // stored once.
@@ -271,9 +280,12 @@ func TestIngestAckStored(t *testing.T) {
 		}
 		return sb.String()
 	}
+	ask := "" // the default first
 	postStored := func(body string) (int, Answer, http.Header) {
 		req := httptest.NewRequest(http.MethodPost, "/v1/events", strings.NewReader(body))
-		req.Header.Set("X-Tokenscope-Ack", "stored")
+		if ask != "" {
+			req.Header.Set("X-Tokenscope-Ack", ask)
+		}
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, req)
 		var a Answer
@@ -299,6 +311,7 @@ func TestIngestAckStored(t *testing.T) {
 	if n := stored(); n != 500 { // at the answer, not later
 		t.Fatalf("answered stored with %d of 500 in the stream", n)
 	}
+	ask = "stored"
 
 	srv.Shutdown()
 	srv.WaitForShutdown()

@@ -37,15 +37,18 @@ type storer interface {
 	NewBatch() *bus.Batch
 }
 
-// AckHeader (gRPC: its metadata, in lower case) asks for the answer once JetStream has
-// stored the events (its value AckStored), not once the publisher holds them.
+// AckHeader (gRPC: its metadata, in lower case) says when an export is answered. By default
+// (and with AckStored) the answer waits until JetStream has stored the events, so an
+// emitter killed after answering loses none of them; AckBuffered answers as soon as the
+// publisher holds them.
 const (
-	AckHeader = "X-Tokenscope-Ack"
-	AckStored = "stored"
+	AckHeader   = "X-Tokenscope-Ack"
+	AckStored   = "stored"
+	AckBuffered = "buffered"
 )
 
-// DefaultStoreWait is how long an export asking for AckStored waits for room in the
-// publisher and for JetStream's acks: under the exporters' own timeout (10 s).
+// DefaultStoreWait is how long an export waits for room in the publisher and for
+// JetStream's acks before a retryable answer: under the exporters' own timeout (10 s).
 const DefaultStoreWait = 5 * time.Second
 
 // Options configure the receiver.
@@ -62,7 +65,7 @@ type Options struct {
 	// BodyIdle is how long an HTTP body may send nothing, and a gRPC call wait for its
 	// message, before the request is given up; 0: reqbody.IdleTimeout.
 	BodyIdle time.Duration
-	// StoreWait bounds the wait of an export asking for AckStored; 0: DefaultStoreWait.
+	// StoreWait bounds an export's wait for its events to be stored; 0: DefaultStoreWait.
 	StoreWait time.Duration
 }
 
@@ -156,17 +159,22 @@ type result struct {
 	storeErr error    // with AckStored: why JetStream's acks of the accepted events did not all come
 }
 
-// storeWait returns the batch of an export asking for AckStored (ack is its header's
-// value), nil for another; the error says why the ask cannot be met.
+// storeWait returns the batch whose acks an export waits for before it is answered (ack is
+// its AckHeader), or nil when it is answered once the publisher holds its events: asked for
+// with AckBuffered, or the only answer a publisher that cannot tell when events are stored
+// can give. The error says why the header cannot be met.
 func (r *Receiver) storeWait(ack string) (*bus.Batch, error) {
-	if ack == "" {
-		return nil, nil
-	}
-	if !strings.EqualFold(strings.TrimSpace(ack), AckStored) {
-		return nil, fmt.Errorf("%s %s is not %s", AckHeader, strconv.QuoteToASCII(cut(ack, 64)), AckStored)
-	}
 	st, ok := r.pub.(storer)
-	if !ok {
+	switch ack = strings.TrimSpace(ack); {
+	case ack == "":
+		if !ok {
+			return nil, nil
+		}
+	case strings.EqualFold(ack, AckBuffered):
+		return nil, nil
+	case !strings.EqualFold(ack, AckStored):
+		return nil, fmt.Errorf("%s %s is neither %s nor %s", AckHeader, strconv.QuoteToASCII(cut(ack, 64)), AckStored, AckBuffered)
+	case !ok:
 		return nil, fmt.Errorf("this emitter's publisher cannot tell when events are stored: send the request without %s", AckHeader)
 	}
 	return st.NewBatch(), nil

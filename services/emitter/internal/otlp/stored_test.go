@@ -24,8 +24,8 @@ import (
 	"github.com/tokenscope/tokenscope/pkg/testbed"
 )
 
-// TestAckStored: an export with X-Tokenscope-Ack: stored (gRPC: its metadata) is answered
-// once JetStream has stored its events, and while NATS is away with a retryable answer once
+// TestAckStored: an export, by default as with X-Tokenscope-Ack: stored (gRPC: its
+// metadata), is answered once JetStream has stored its events, and while NATS is away with a retryable answer once
 // the wait is over, never a success for events only the emitter holds.
 func TestAckStored(t *testing.T) {
 	dir := t.TempDir()
@@ -72,10 +72,15 @@ func TestAckStored(t *testing.T) {
 		}
 	}
 
-	w := post(t, r, protoOf(t, batchOf(200, traceOf(1))), AckHeader, AckStored)
+	w := post(t, r, protoOf(t, batchOf(200, traceOf(1))))
 	exportResponse(t, w)
 	if n := stored(); n != 200 { // at the answer, not later
 		t.Fatalf("answered with %d of 200 events stored", n)
+	}
+	w = post(t, r, protoOf(t, batchOf(100, traceOf(4))), AckHeader, AckStored)
+	exportResponse(t, w)
+	if n := stored(); n != 300 {
+		t.Fatalf("answered with %d of 300 events stored", n)
 	}
 
 	// gRPC, with the metadata.
@@ -84,8 +89,14 @@ func TestAckStored(t *testing.T) {
 	if _, err := client.Export(mctx, batchOf(100, traceOf(2))); err != nil {
 		t.Fatal(err)
 	}
-	if n := stored(); n != 300 {
-		t.Fatalf("gRPC answered with %d of 300 events stored", n)
+	if n := stored(); n != 400 {
+		t.Fatalf("gRPC answered with %d of 400 events stored", n)
+	}
+	if _, err := client.Export(ctx, batchOf(100, traceOf(5))); err != nil { // the default
+		t.Fatal(err)
+	}
+	if n := stored(); n != 500 {
+		t.Fatalf("gRPC, no metadata: answered with %d of 500 events stored", n)
 	}
 
 	srv.Shutdown()
@@ -107,8 +118,8 @@ func TestAckStored(t *testing.T) {
 	if js, err = jetstream.New(nc); err != nil {
 		t.Fatal(err)
 	}
-	if n := stored(); n != 350 {
-		t.Fatalf("%d events stored, want 350", n)
+	if n := stored(); n != 550 {
+		t.Fatalf("%d events stored, want 550", n)
 	}
 
 	// A publisher that cannot say what is stored: the exporter is told, not answered as if.
