@@ -347,16 +347,39 @@ func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(resp.StatusCode)
 	bp := p.bufs.Get().(*[]byte)
 	defer p.bufs.Put(bp)
-	rc := http.NewResponseController(w)
+	client := &response{w: w, rc: http.NewResponseController(w)}
+	// A body silent for the idle timeout is cut, as a measured one is; the time the client
+	// takes to read a piece does not count.
+	idle := func(bool) {}
+	if d := p.cfg.IdleTimeout; d > 0 {
+		t := time.AfterFunc(d, func() { cancel(errStreamIdle) })
+		defer t.Stop()
+		idle = func(on bool) {
+			if on {
+				t.Reset(d)
+			} else {
+				t.Stop()
+			}
+		}
+	}
 	for {
 		n, err := resp.Body.Read(*bp)
 		if n > 0 {
-			if _, werr := w.Write((*bp)[:n]); werr != nil {
+			idle(false)
+			if client.send((*bp)[:n]) != nil {
 				return
 			}
-			_ = rc.Flush()
+			idle(true)
+		}
+		if err == io.EOF {
+			return
 		}
 		if err != nil {
+			// The upstream broke off, or fell silent: break the client's connection too.
+			// Returning would end a chunked answer cleanly, and the client would take what
+			// came for the whole of it (a file, a batch's output, a stream), where a direct
+			// call fails.
+			client.abort()
 			return
 		}
 	}

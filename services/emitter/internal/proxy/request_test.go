@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -346,5 +347,62 @@ func TestRoutedByAPI(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestPassthroughBreaksOffWithItsUpstream: an unmeasured answer that the upstream breaks off,
+// or leaves silent past the idle timeout, breaks the client's connection too, as a direct
+// call would: the client must not take what came for the whole answer (a file's content, a
+// batch's output, a stream of the Responses API).
+func TestPassthroughBreaksOffWithItsUpstream(t *testing.T) {
+	const first = "data: {\"type\":\"response.created\"}\n\n"
+	stalled := make(chan struct{})
+	t.Cleanup(func() { close(stalled) })
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, first)
+		_ = http.NewResponseController(w).Flush()
+		if r.URL.Path == "/v1/responses/stall" {
+			select {
+			case <-stalled:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			_ = conn.Close() // mid-body: the chunked answer never ends
+		}
+	}))
+	t.Cleanup(up.Close)
+	r := newRig(t, fakellm.Options{}, func(c *Config) {
+		c.Upstream, _ = ParseUpstream(up.URL)
+		c.IdleTimeout = 300 * time.Millisecond
+	})
+	for _, path := range []string{"/v1/responses/cut", "/v1/responses/stall"} {
+		t.Run(path, func(t *testing.T) {
+			direct, err := http.Get(up.URL + "/v1/responses/cut")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.ReadAll(direct.Body); err == nil {
+				t.Fatal("the direct call got a whole answer: the test's upstream does not break off")
+			}
+			direct.Body.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, r.proxy.URL+path, nil)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			if string(b) != first {
+				t.Fatalf("client got %q, want %q", b, first)
+			}
+			if err == nil || ctx.Err() != nil {
+				t.Fatalf("through the proxy: %v (the client's own deadline: %v), want the answer broken off", err, ctx.Err())
+			}
+		})
 	}
 }
