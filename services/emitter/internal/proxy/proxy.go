@@ -74,6 +74,7 @@ type Proxy struct {
 	ln           *listener
 	watch        *watcher
 	open         streamSet
+	flights      flightSet // every measured request until its event is out, for Drain
 	watchFailing atomic.Bool
 	loops        *loops // relay the streams they can (loop_linux.go); nil: none
 }
@@ -505,6 +506,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	out, cancel := p.outgoing(context.Background(), r, base, x.path, body, length)
 	c.ev.TraceID = trace(out.Header)
 	c.ctx, c.cancel = out.Context(), cancel
+	p.flights.add(c)
 	unhook := context.AfterFunc(r.Context(), func() { cancel(errClientGone) })
 	if x.strip {
 		// The proxy must edit this stream: the upstream may only encode it in a way the
@@ -538,6 +540,9 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		c.ev.TotalMs = msSince(x.start, end)
 		late := c.dog.expired()
 		switch {
+		case errors.Is(context.Cause(c.ctx), errShutdown):
+			c.ev.Status, c.ev.ErrorCode = events.StatusError, CodeShutdown
+			writeError(w, x.proto, http.StatusServiceUnavailable, "the gateway is shutting down")
 		case r.Context().Err() != nil:
 			c.ev.Status, c.ev.ErrorCode = events.StatusCanceled, CodeClientGone
 		case late:
@@ -551,6 +556,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		unhook()
 		c.close()
 		p.finish(&c.ev, end)
+		p.flights.remove(c)
 		return
 	}
 
@@ -746,6 +752,7 @@ func (c *flight) settle() {
 	p.meters.Put(c.m)
 	c.m = nil
 	p.finish(ev, end)
+	p.flights.remove(c)
 	if c.d != nil {
 		c.d.end(readErr == nil && writeErr == nil && (rl.badGzip == nil || !c.strip) && cause == nil)
 	}
