@@ -232,6 +232,7 @@ type exchange struct {
 	proto  meter.Protocol
 	path   string // escaped, as checked
 	stream bool
+	known  bool // the body was read: stream says whether the client asked for a stream
 	strip  bool
 	model  string
 	named  bool // model is the body's, not unknownModel
@@ -259,6 +260,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, proto meter.Protoc
 	x.body, x.rest, x.unread, x.held = head, rest, rest != nil, held
 	if head != nil && isIdentity(r.Header.Get("Content-Encoding")) {
 		if info, ok := readRequest(head); ok {
+			x.known = true
 			if info.Model != "" {
 				x.model, x.named = info.Model, true
 			}
@@ -299,7 +301,7 @@ func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 	}
 	p.m.passthrough.Inc()
 	base, body, length := p.cfg.Upstream, io.Reader(r.Body), int64(-1)
-	held := int64(0)
+	held, streamed := int64(0), true
 	if len(p.cfg.Routes) > 0 {
 		head, rest, h, err := p.readBody(r)
 		if err != nil {
@@ -313,11 +315,16 @@ func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 			if info, ok := readRequest(head); ok && isIdentity(r.Header.Get("Content-Encoding")) {
 				model = info.Model
 			}
-			body, length = bytes.NewReader(head), int64(len(head))
+			body, length, streamed = bytes.NewReader(head), int64(len(head)), false
 		case rest != nil:
 			body = rest
+		default:
+			streamed = false // no body
 		}
 		base = p.cfg.route(model, anthropicRequest(r))
+	}
+	if streamed {
+		fullDuplex(w)
 	}
 	out, cancel := p.outgoing(r.Context(), r, base, path, body, length)
 	defer cancel(nil)
@@ -384,6 +391,14 @@ func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+}
+
+// fullDuplex lets the request's body go on being read, upstream, once the answer's head is
+// written: an HTTP/1 handler's unread body is otherwise consumed by net/http at the first
+// write, and http.Transport, still reading it (its check for the body's end, if nothing
+// else), then closes the upstream connection, the answer cut short with it.
+func fullDuplex(w http.ResponseWriter) {
+	_ = http.NewResponseController(w).EnableFullDuplex() // HTTP/2: always
 }
 
 // outgoing builds the upstream request to base's path followed by path, r's escaped path as
@@ -500,6 +515,9 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	if x.body != nil && !direct {
 		body, length = bytes.NewReader(x.body), int64(len(x.body))
 	}
+	if x.unread {
+		fullDuplex(w)
+	}
 	// The upstream request's context is the proxy's, not the handler's, so that a detached
 	// stream outlives the handler; until then the client's connection is net/http's, and
 	// its end ends the upstream request.
@@ -562,7 +580,12 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 
 	c.status, c.body = resp.StatusCode, resp.Body
 	ok := resp.StatusCode < 300
-	c.sse = x.stream && ok && meter.IsEventStream(resp.Header.Get("Content-Type"))
+	// A request whose body was not read (too large, compressed) is measured by its answer:
+	// an event stream is one.
+	c.sse = (x.stream || !x.known) && ok && meter.IsEventStream(resp.Header.Get("Content-Type"))
+	if c.sse {
+		c.ev.Stream = true
+	}
 	c.ev.HTTPStatus = resp.StatusCode
 	c.m = p.meters.Get().(*meter.Meter)
 	c.m.Reset(x.proto, c.sse, x.start)

@@ -406,3 +406,94 @@ func TestPassthroughBreaksOffWithItsUpstream(t *testing.T) {
 		})
 	}
 }
+
+// TestUnreadStreamMeasuredAsOne: a streaming request whose body the proxy did not read (over
+// EMITTER_MAX_PARSE_BYTES, compressed) is measured by what the upstream answers: a stream
+// (text/event-stream) is a stream, its TTFT the first content's, its tokens the usage
+// reported, and not a body that fails to parse as JSON.
+func TestUnreadStreamMeasuredAsOne(t *testing.T) { bothClients(t, testUnreadStreamMeasuredAsOne) }
+
+func testUnreadStreamMeasuredAsOne(t *testing.T, transport bool) {
+	const stream = "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\n\n" +
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n" +
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\" there\"}}]}\n\n" +
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9000,\"completion_tokens\":2}}\n\n" +
+		"data: [DONE]\n\n"
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		rc := http.NewResponseController(w)
+		first, rest, _ := strings.Cut(stream, "\n\n")
+		_, _ = io.WriteString(w, first+"\n\n")
+		_ = rc.Flush()
+		time.Sleep(50 * time.Millisecond) // the first content comes later than the head
+		_, _ = io.WriteString(w, rest)
+	}))
+	t.Cleanup(up.Close)
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream, _ = ParseUpstream(up.URL); c.MaxParseBytes = 4 << 10 })
+	if transport {
+		r.viaTransport()
+	}
+	big := `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"` + strings.Repeat("word ", 4000) + `"}]}`
+	for _, tt := range []struct {
+		name string
+		hdr  map[string]string
+		body string
+	}{
+		{"over the parse limit", nil, big},
+		{"compressed", map[string]string{"Content-Encoding": "gzip"}, "\x1f\x8b not really gzip, but bytes all the same"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			via := call(t, r.proxy.URL, chatPath, tt.body, tt.hdr)
+			if via.err != nil || via.status != 200 || string(via.body) != stream {
+				t.Fatalf("status %d %v %q", via.status, via.err, via.body)
+			}
+			ev := r.cap.next(t)
+			if ev.Status != events.StatusOK || !ev.Stream || ev.InputTokens != 9000 || ev.OutputTokens != 2 || ev.TokensEstimated {
+				t.Fatalf("event %s %q stream %v, tokens %d/%d estimated %v; want ok, a stream, 9000/2 as reported",
+					ev.Status, ev.ErrorCode, ev.Stream, ev.InputTokens, ev.OutputTokens, ev.TokensEstimated)
+			}
+			if ev.TTFTMs < 45 || ev.TotalMs < ev.TTFTMs {
+				t.Fatalf("ttft %.1f total %.1f: not the first content's", ev.TTFTMs, ev.TotalMs)
+			}
+		})
+	}
+}
+
+// TestUnreadBodyOutlivesTheHead: a request body forwarded as it comes (over
+// EMITTER_MAX_PARSE_BYTES, or any unmeasured upload) may still be read, upstream, once the
+// answer's head has gone to the client: http.Transport reads it to its end after sending it,
+// and the upstream may answer before it has it all. net/http would otherwise consume what is
+// left of it at the first write, the transport's read would fail, and the transport would
+// close the upstream connection: the answer cut short, which failed about one try in two.
+func TestUnreadBodyOutlivesTheHead(t *testing.T) {
+	const head = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n"
+	const tail = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9000,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n"
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, head)
+		_ = http.NewResponseController(w).Flush()
+		time.Sleep(5 * time.Millisecond)
+		_, _ = io.WriteString(w, tail)
+	}))
+	t.Cleanup(up.Close)
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream, _ = ParseUpstream(up.URL); c.MaxParseBytes = 4 << 10 })
+	body := `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"` + strings.Repeat("word ", 2000) + `"}]}`
+	for _, path := range []string{chatPath, "/v1/files"} {
+		t.Run(path, func(t *testing.T) {
+			for i := range 40 {
+				via := call(t, r.proxy.URL, path, body, nil)
+				if via.err != nil || via.status != 200 || string(via.body) != head+tail {
+					t.Fatalf("try %d: status %d, %v, %q", i+1, via.status, via.err, via.body)
+				}
+				if path != chatPath {
+					continue
+				}
+				if ev := r.cap.next(t); ev.Status != events.StatusOK || ev.InputTokens != 9000 {
+					t.Fatalf("try %d: event %s %q, input %d", i+1, ev.Status, ev.ErrorCode, ev.InputTokens)
+				}
+			}
+		})
+	}
+}
