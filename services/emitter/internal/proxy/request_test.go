@@ -497,3 +497,43 @@ func TestUnreadBodyOutlivesTheHead(t *testing.T) {
 		})
 	}
 }
+
+// TestCROnlyStream: an upstream whose SSE lines end with a CR alone, as the format allows, is
+// measured and relayed as any: its usage chunk (asked for by the proxy) stripped, each event
+// sent on once its blank line has come, and the event ok with the usage reported.
+func TestCROnlyStream(t *testing.T) { bothClients(t, testCROnlyStream) }
+
+func testCROnlyStream(t *testing.T, transport bool) {
+	evs := []string{
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\r\r",
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\" there\"}}]}\r\r",
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":2}}\r\r",
+		"data: [DONE]\r\r",
+	}
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		rc := http.NewResponseController(w)
+		for _, ev := range evs {
+			time.Sleep(30 * time.Millisecond)
+			_, _ = io.WriteString(w, ev)
+			_ = rc.Flush()
+		}
+	}))
+	t.Cleanup(up.Close)
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream, _ = ParseUpstream(up.URL) })
+	if transport {
+		r.viaTransport()
+	}
+	via := call(t, r.proxy.URL, chatPath, chatBody(true, ""), nil)
+	if want := evs[0] + evs[1] + evs[3]; via.err != nil || via.status != 200 || string(via.body) != want {
+		t.Fatalf("status %d %v %q, want %q", via.status, via.err, via.body, want)
+	}
+	ev := r.cap.next(t)
+	if ev.Status != events.StatusOK || ev.InputTokens != 7 || ev.OutputTokens != 2 || ev.TokensEstimated {
+		t.Fatalf("event %s %q, tokens %d/%d estimated %v", ev.Status, ev.ErrorCode, ev.InputTokens, ev.OutputTokens, ev.TokensEstimated)
+	}
+	if ev.TTFTMs < 25 || ev.MaxITLMs < 25 || ev.TotalMs < ev.TTFTMs {
+		t.Fatalf("ttft %.1f max ITL %.1f total %.1f", ev.TTFTMs, ev.MaxITLMs, ev.TotalMs)
+	}
+}
