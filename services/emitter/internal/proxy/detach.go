@@ -278,13 +278,28 @@ func (s *flightSet) empty() bool {
 	return len(s.open) == 0
 }
 
-// cut ends the upstream request of every flight open, and of those that come later.
+// cut ends the upstream request of every flight open, and of those that come later, and
+// unblocks their writes to clients that stopped reading.
 func (s *flightSet) cut(cause error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.gone, s.cause = true, cause
 	for c := range s.open {
 		c.cancel(cause)
+		if c.rc != nil {
+			_ = c.rc.SetWriteDeadline(time.Unix(1, 0))
+		}
+	}
+}
+
+// writing records rc, net/http's writer of c's answer, while c's handler may write with
+// it; nil once the handler returns.
+func (s *flightSet) writing(c *flight, rc *http.ResponseController) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c.rc = rc
+	if rc != nil && s.gone {
+		_ = rc.SetWriteDeadline(time.Unix(1, 0))
 	}
 }
 

@@ -495,6 +495,10 @@ type flight struct {
 
 	pk   sync.Mutex
 	park parking
+
+	// net/http's writer to the client while the handler relays; guarded by p.flights.mu, for
+	// Drain to unblock a write to a client that stopped reading.
+	rc *http.ResponseController
 }
 
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
@@ -613,6 +617,8 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	_, framed := h["Content-Length"]
 	w.WriteHeader(resp.StatusCode)
 	rc := http.NewResponseController(w)
+	p.flights.writing(c, rc)
+	defer p.flights.writing(c, nil) // the handler returns: rc is no longer the flight's to use
 	_ = rc.Flush()
 	if c.sse && !framed && c.enc == identity && p.canDetach(r, x) {
 		// net/http sent the head chunked: the stream may leave it later.

@@ -4,10 +4,13 @@ import (
 	"compress/gzip"
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -102,5 +105,61 @@ func testDrainCutsWhatNetHTTPHolds(t *testing.T, transport bool) {
 				t.Fatalf("client got %d, %v; want %d, the body cut short %v", a.status, a.err, tc.status, tc.stream)
 			}
 		})
+	}
+}
+
+// TestDrainUnblocksAStalledClient: a stream whose client stopped reading, the proxy blocked
+// writing to it, gets its event before Drain returns too: the cut ends the write.
+func TestDrainUnblocksAStalledClient(t *testing.T) {
+	var written atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		ev := "data: {\"choices\":[{\"delta\":{\"content\":\"" + strings.Repeat("x", 16<<10) + "\"}}]}\n\n"
+		rc := http.NewResponseController(w)
+		for r.Context().Err() == nil {
+			if _, err := io.WriteString(w, ev); err != nil || rc.Flush() != nil {
+				return
+			}
+			written.Add(int64(len(ev)))
+		}
+	}))
+	t.Cleanup(up.Close)
+	p, cap, _ := newTestProxy(t, up.URL, func(c *Config) { c.UpstreamTimeout, c.IdleTimeout = time.Minute, time.Minute })
+	// Served without the proxy's listener: the stream stays with net/http.
+	mux := http.NewServeMux()
+	p.Register(mux)
+	srv := httptest.NewUnstartedServer(mux)
+	srv.Config.ConnContext = p.ConnContext
+	srv.Start()
+	t.Cleanup(func() { srv.Close(); p.Close() })
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := chatBody(true, "")
+	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", chatPath, len(body), body)
+	// The client reads nothing: the upstream's writes stop once every buffer between is full.
+	for last := int64(-1); ; time.Sleep(300 * time.Millisecond) {
+		n := written.Load()
+		if n > 0 && n == last {
+			break
+		}
+		last = n
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if err := srv.Config.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("shutdown: %v, want the deadline (the stream held)", err)
+	}
+	if err := p.Drain(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("drain: %v, want the deadline", err)
+	}
+	cap.mu.Lock()
+	evs := append([]events.RequestEvent(nil), cap.evs...)
+	cap.mu.Unlock()
+	if len(evs) != 1 || evs[0].Status != events.StatusError || evs[0].ErrorCode != CodeShutdown {
+		t.Fatalf("events when Drain returned: %d, want one, error %s", len(evs), CodeShutdown)
 	}
 }
