@@ -21,6 +21,7 @@ import (
 	"github.com/tokenscope/tokenscope/pkg/events"
 	"github.com/tokenscope/tokenscope/pkg/testbed"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/fakellm"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/proxy"
 )
 
 func TestConfig(t *testing.T) {
@@ -329,6 +330,51 @@ func TestShutdownDrainsDetachedStreams(t *testing.T) {
 	}
 	if ev.Status != events.StatusOK || ev.OutputTokens != 20 {
 		t.Fatalf("event %s %q, %d tokens", ev.Status, ev.ErrorCode, ev.OutputTokens)
+	}
+}
+
+// TestShutdownPublishesWhatNetHTTPHolds: a stream still open when the shutdown grace runs
+// out, one that never left net/http (gzip), is cut and its event published before run
+// returns, not lost with the publisher stopped.
+func TestShutdownPublishesWhatNetHTTPHolds(t *testing.T) {
+	base, js, stop := serveRigWith(t, fakellm.Options{TTFT: 5 * time.Millisecond, TPOT: 200 * time.Millisecond, Tokens: 100},
+		"EMITTER_SHUTDOWN_GRACE=300ms")
+	started := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions",
+			strings.NewReader(`{"model":"gpt-4o","stream":true,"max_tokens":100,"messages":[{"role":"user","content":"a b c"}]}`))
+		req.Header.Set("X-Fakellm-Mode", fakellm.ModeGzip)
+		req.Header.Set("Accept-Encoding", "gzip")
+		resp, err := (&http.Client{Transport: &http.Transport{DisableCompression: true}}).Do(req)
+		started <- err
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	if err := <-started; err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	s, err := js.Stream(context.Background(), events.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw *jetstream.RawStreamMsg
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if raw, err = s.GetMsg(context.Background(), 1); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no event published: %v", err)
+		}
+	}
+	var ev events.RequestEvent
+	if err := events.UnmarshalRequest(raw.Data, &ev); err != nil {
+		t.Fatal(err)
+	}
+	if ev.Status != events.StatusError || ev.ErrorCode != proxy.CodeShutdown {
+		t.Fatalf("event %s %q, want error %s", ev.Status, ev.ErrorCode, proxy.CodeShutdown)
 	}
 }
 

@@ -81,12 +81,15 @@ type Meter struct {
 	name    []byte // its event: line
 	lines   int    // lines of the event being read
 
-	// An event over the limit is passed over up to its blank line: skipLen is how much of
-	// the line being passed over has come (at most 2), skipCR whether that is a lone CR.
+	// An event over the limit is passed over up to its blank line: skipping says whether
+	// the line being passed over has any bytes yet.
 	skip      bool
-	skipLen   int
-	skipCR    bool
+	skipping  bool
 	overflows int
+
+	// A line may end with CR, LF or CRLF (the SSE format): crLF is set when a CR ended the
+	// last piece, so that an LF starting the next belongs to it, and says where that LF goes.
+	crLF crFollow
 
 	first, last  time.Time
 	maxGap       time.Duration
@@ -217,8 +220,9 @@ func (m *Meter) Flush(now time.Time, out []byte) []byte {
 		return out
 	}
 	if m.skip {
-		m.skip, m.skipLen, m.skipCR = false, 0, false // the event past the limit ended with the body
+		m.skip, m.skipping = false, false // the event past the limit ended with the body
 	}
+	m.crLF = crNone
 	if rest := bytes.TrimSuffix(m.pending[m.lineAt:], []byte{'\r'}); len(rest) > 0 {
 		m.line(rest)
 	}
@@ -240,9 +244,59 @@ func (m *Meter) size() int {
 	return m.evBytes + len(m.pending)
 }
 
+// crFollow is where the LF after a CR that ended the last piece goes, if it comes: it ends
+// the same line.
+type crFollow uint8
+
+const (
+	crNone crFollow = iota // the last piece did not end with a CR
+	crHeld                 // into the event held back (stripping) or counted (not)
+	crOut                  // forwarded, as the CR was (stripping)
+	crDrop                 // dropped, as the CR was (the usage chunk; or not stripping)
+)
+
+// lineEnd finds the first line end in p, CR, LF or CRLF, and returns where it starts and
+// how long it is; -1 when p holds none.
+func lineEnd(p []byte) (at, n int) {
+	lf := bytes.IndexByte(p, '\n')
+	head := p
+	if lf >= 0 {
+		head = p[:lf]
+	}
+	if cr := bytes.IndexByte(head, '\r'); cr >= 0 {
+		if cr+1 == lf {
+			return cr, 2
+		}
+		return cr, 1
+	}
+	if lf < 0 {
+		return -1, 0
+	}
+	return lf, 1
+}
+
 // scan splits p into lines and events. Stripping, it appends to out the complete events to
 // forward and returns it; otherwise it only measures.
 func (m *Meter) scan(p []byte, now time.Time, out []byte) []byte {
+	if m.crLF != crNone && len(p) > 0 {
+		to := m.crLF
+		m.crLF = crNone
+		if p[0] == '\n' {
+			// The LF of a CRLF cut after its CR: it ends the line the CR ended.
+			p = p[1:]
+			switch {
+			case to == crHeld && m.size()+1 > m.maxEvent():
+				out = m.overflow(lf, true, out)
+			case to == crHeld && m.strip:
+				m.pending = append(m.pending, '\n')
+				m.lineAt = len(m.pending)
+			case to == crHeld:
+				m.evBytes++
+			case to == crOut:
+				out = append(out, '\n')
+			}
+		}
+	}
 	for len(p) > 0 {
 		if m.skip {
 			n := m.skipEvent(p)
@@ -252,7 +306,7 @@ func (m *Meter) scan(p []byte, now time.Time, out []byte) []byte {
 			p = p[n:]
 			continue
 		}
-		i := bytes.IndexByte(p, '\n')
+		i, k := lineEnd(p)
 		if i < 0 {
 			// An unfinished line.
 			if m.size()+len(p) > m.maxEvent() {
@@ -261,24 +315,34 @@ func (m *Meter) scan(p []byte, now time.Time, out []byte) []byte {
 			m.pending = append(m.pending, p...)
 			return out
 		}
-		piece := p[:i+1]
-		p = p[i+1:]
-		partial := m.pending[m.lineAt:]
-		n := len(partial) + i // the line's length without its LF
-		blank := n == 0 || (n == 1 && ((len(partial) == 1 && partial[0] == '\r') || (len(partial) == 0 && piece[0] == '\r')))
+		piece := p[:i+k]
+		p = p[i+k:]
+		cut := len(p) == 0 && piece[i] == '\r' && k == 1 // an LF may come next
+		blank := len(m.pending)-m.lineAt+i == 0
 		if !blank && m.size()+len(piece) > m.maxEvent() {
 			out = m.overflow(piece, true, out)
+			if cut {
+				m.crLF = crOut
+			}
 			continue
+		}
+		if cut {
+			m.crLF = crHeld
 		}
 		if m.strip {
 			m.pending = append(m.pending, piece...)
 			if !blank {
-				m.line(bytes.TrimSuffix(m.pending[m.lineAt:len(m.pending)-1], []byte{'\r'}))
+				m.line(m.pending[m.lineAt : len(m.pending)-k])
 				m.lineAt = len(m.pending)
 				continue
 			}
 			if m.lines == 0 || m.event(now) {
 				out = append(out, m.pending...)
+				if cut {
+					m.crLF = crOut
+				}
+			} else if cut {
+				m.crLF = crDrop
 			}
 			m.pending, m.lineAt = m.pending[:0], 0
 			continue
@@ -293,25 +357,26 @@ func (m *Meter) scan(p []byte, now time.Time, out []byte) []byte {
 				m.event(now)
 			}
 			m.evBytes = 0
+			if cut {
+				m.crLF = crDrop
+			}
 		} else {
-			m.line(bytes.TrimSuffix(line, []byte{'\r'}))
-			m.evBytes += len(line) + 1
+			m.line(line)
+			m.evBytes += len(line) + k
 		}
 		m.pending = m.pending[:0]
 	}
 	return out
 }
 
+var lf = []byte{'\n'}
+
 // overflow gives up the event being read, which piece would take past the limit: what is
 // held of it is forwarded (stripping), and the rest of it is passed over as it comes. piece
 // ends a line when complete is set.
 func (m *Meter) overflow(piece []byte, complete bool, out []byte) []byte {
 	m.overflows++
-	m.skip, m.skipLen, m.skipCR = true, 0, false
-	if !complete {
-		m.skipLine(m.pending[m.lineAt:])
-		m.skipLine(piece)
-	}
+	m.skip, m.skipping = true, !complete && len(m.pending)-m.lineAt+len(piece) > 0
 	if m.strip {
 		out = append(out, m.pending...)
 		out = append(out, piece...)
@@ -326,29 +391,22 @@ func (m *Meter) overflow(piece []byte, complete bool, out []byte) []byte {
 func (m *Meter) skipEvent(p []byte) int {
 	pos := 0
 	for {
-		i := bytes.IndexByte(p[pos:], '\n')
+		i, k := lineEnd(p[pos:])
 		if i < 0 {
-			m.skipLine(p[pos:])
+			m.skipping = m.skipping || pos < len(p)
 			return len(p)
 		}
-		m.skipLine(p[pos : pos+i])
-		pos += i + 1
-		blank := m.skipLen == 0 || (m.skipLen == 1 && m.skipCR)
-		m.skipLen, m.skipCR = 0, false
+		blank := i == 0 && !m.skipping
+		m.skipping = false
+		pos += i + k
+		if pos == len(p) && k == 1 && p[pos-1] == '\r' {
+			m.crLF = crOut // its LF, if it comes, goes the same way
+		}
 		if blank {
 			m.skip = false
 			return pos
 		}
 	}
-}
-
-// skipLine notes b, more of the line being passed over.
-func (m *Meter) skipLine(b []byte) {
-	if len(b) == 0 {
-		return
-	}
-	m.skipCR = m.skipLen == 0 && len(b) == 1 && b[0] == '\r'
-	m.skipLen = min(m.skipLen+len(b), 2)
 }
 
 func (m *Meter) line(line []byte) {

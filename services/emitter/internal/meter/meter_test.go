@@ -536,6 +536,7 @@ func FuzzScan(f *testing.F) {
 	}
 	f.Add([]byte("data: "+strings.Repeat("x", 1500)+"\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":1}}\r\n\r\ndata: [DONE]\n\n"), uint16(100))
 	f.Add([]byte(strings.Repeat(": k\n", 400)+"\n\r\ndata: [DONE]\n"), uint16(3))
+	f.Add([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\r\rdata: "+strings.Repeat("x", 1500)+"\r\r\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":1}}\r\rdata: [DONE]\r"), uint16(1))
 	f.Fuzz(func(t *testing.T, raw []byte, step uint16) {
 		run := func(strip bool, step int) (Result, []byte) {
 			m := New(OpenAIChat, true, t0)
@@ -623,5 +624,77 @@ func TestResetLetsLargeBodyGo(t *testing.T) {
 	m.Reset(OpenAIChat, true, t0)
 	if c := cap(m.body); c > keepCap {
 		t.Fatalf("Reset kept a %d-byte body buffer", c)
+	}
+}
+
+// TestLineEnds: an SSE line ends with CR, LF or CRLF, as the format allows and the providers'
+// SDKs read it. Cut at any byte, with any of the three, a stream measures the same, and a
+// stripped one forwards each event once its blank line has come (with a CR alone too,
+// which no LF follows), all but the usage chunk.
+func TestLineEnds(t *testing.T) {
+	events := []string{
+		": keep-alive",
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}",
+		"data:{\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}",
+		"event: chunk\ndata: {\"choices\":[{\"index\":0,\ndata: \"delta\":{\"content\":\" there\"}}]}",
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":11,\"completion_tokens\":2}}",
+		"data: [DONE]",
+	}
+	const usageEvent = 4
+	for _, end := range []string{"\r", "\n", "\r\n"} {
+		var raw, want []byte
+		var ends []int // where each event's blank line ends
+		for i, ev := range events {
+			e := []byte(strings.ReplaceAll(ev, "\n", end) + end + end)
+			raw = append(raw, e...)
+			ends = append(ends, len(raw))
+			if i != usageEvent {
+				want = append(want, e...)
+			}
+		}
+		for _, strip := range []bool{false, true} {
+			for cut := 1; cut < len(raw); cut++ {
+				m := New(OpenAIChat, true, t0)
+				if strip {
+					m.StripUsageChunk()
+				}
+				var fwd []byte
+				for i, p := range [][]byte{raw[:cut], raw[cut:]} {
+					fwd = append(fwd, m.Feed(p, t0.Add(time.Duration(i)*time.Second), nil)...)
+				}
+				fwd = m.Flush(t0.Add(2*time.Second), fwd)
+				r := m.Result(t0.Add(2 * time.Second))
+				name := fmt.Sprintf("%q strip=%v cut=%d", end, strip, cut)
+				if r.ContentEvents != 2 || !r.Done || r.Malformed != 0 || r.Overflows != 0 || r.Estimated || r.Usage != (Usage{11, 2, 0}) {
+					t.Fatalf("%s: %+v", name, r)
+				}
+				if strip && !bytes.Equal(fwd, want) || !strip && !bytes.Equal(fwd, raw) {
+					t.Fatalf("%s: forwarded %q", name, fwd)
+				}
+				// The first content is the third event's: measured with the first piece
+				// when that held its blank line (of a CRLF, its CR is enough).
+				if first := cut >= ends[2]-(len(end)-1); (r.TTFT == 0) != first {
+					t.Fatalf("%s: TTFT %v", name, r.TTFT)
+				}
+			}
+			// Piece by piece, each event goes out with its last byte.
+			m := New(OpenAIChat, true, t0)
+			if strip {
+				m.StripUsageChunk()
+			}
+			var fwd []byte
+			from := 0
+			for i, to := range ends {
+				fwd = append(fwd, m.Feed(raw[from:to], t0, nil)...)
+				from = to
+				if strip && i != usageEvent && !bytes.HasSuffix(fwd, []byte(strings.ReplaceAll(events[i], "\n", end)+end+end)) {
+					t.Fatalf("%q: event %d held back once its blank line came", end, i)
+				}
+			}
+			fwd = m.Flush(t0, fwd)
+			if strip && !bytes.Equal(fwd, want) || !strip && !bytes.Equal(fwd, raw) {
+				t.Fatalf("%q strip=%v: forwarded %q", end, strip, fwd)
+			}
+		}
 	}
 }

@@ -210,20 +210,23 @@ func (s *streamSet) wait(ctx context.Context) error {
 }
 
 // Drain waits for the detached streams to end; it is for after the HTTP server's Shutdown
-// (ops.Server.OnShutdown), which waits for the others. When ctx ends first, the streams
-// still open are cut (their events say error, emitter_shutdown) and Drain returns ctx's error
-// once they are settled.
+// (ops.Server.OnShutdown), which waits for the others. When ctx ends first, every measured
+// request still open is cut, detached or still net/http's (Shutdown gave up waiting for
+// those when ctx ended): their events say error, emitter_shutdown, and Drain returns ctx's
+// error once they are out.
 func (p *Proxy) Drain(ctx context.Context) error {
 	p.open.mu.Lock()
 	p.open.closing = true // a handler still running keeps its stream
 	p.open.mu.Unlock()
 	err := p.open.wait(ctx)
 	if err == nil {
-		return nil
+		if err = ctx.Err(); err == nil || p.flights.empty() {
+			return nil
+		}
 	}
+	p.flights.cut(errShutdown)
 	p.open.mu.Lock()
 	for d := range p.open.open {
-		d.cancel(errShutdown)
 		if d.conn != nil {
 			// Unblocks a write to a client that stopped reading.
 			_ = d.conn.SetWriteDeadline(time.Unix(1, 0))
@@ -232,6 +235,90 @@ func (p *Proxy) Drain(ctx context.Context) error {
 	p.open.mu.Unlock()
 	settle, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
+	_ = p.flights.wait(settle)
 	_ = p.open.wait(settle)
 	return err
+}
+
+// flightSet tracks the measured requests from when they go upstream until their event is
+// out, wherever they are: in a handler, on the relay loop, detached or parked.
+type flightSet struct {
+	mu    sync.Mutex
+	open  map[*flight]struct{}
+	done  chan struct{} // closed when open empties, for wait
+	gone  bool          // cut: flights added later are cut at once
+	cause error
+}
+
+func (s *flightSet) add(c *flight) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gone {
+		c.cancel(s.cause)
+	}
+	if s.open == nil {
+		s.open = map[*flight]struct{}{}
+	}
+	s.open[c] = struct{}{}
+}
+
+func (s *flightSet) remove(c *flight) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.open, c)
+	if len(s.open) == 0 && s.done != nil {
+		close(s.done)
+		s.done = nil
+	}
+}
+
+func (s *flightSet) empty() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.open) == 0
+}
+
+// cut ends the upstream request of every flight open, and of those that come later, and
+// unblocks their writes to clients that stopped reading.
+func (s *flightSet) cut(cause error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.gone, s.cause = true, cause
+	for c := range s.open {
+		c.cancel(cause)
+		if c.rc != nil {
+			_ = c.rc.SetWriteDeadline(time.Unix(1, 0))
+		}
+	}
+}
+
+// writing records rc, net/http's writer of c's answer, while c's handler may write with
+// it; nil once the handler returns.
+func (s *flightSet) writing(c *flight, rc *http.ResponseController) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c.rc = rc
+	if rc != nil && s.gone {
+		_ = rc.SetWriteDeadline(time.Unix(1, 0))
+	}
+}
+
+// wait returns once no flight is open, or when ctx ends.
+func (s *flightSet) wait(ctx context.Context) error {
+	s.mu.Lock()
+	if len(s.open) == 0 {
+		s.mu.Unlock()
+		return nil
+	}
+	if s.done == nil {
+		s.done = make(chan struct{})
+	}
+	done := s.done
+	s.mu.Unlock()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

@@ -74,6 +74,7 @@ type Proxy struct {
 	ln           *listener
 	watch        *watcher
 	open         streamSet
+	flights      flightSet // every measured request until its event is out, for Drain
 	watchFailing atomic.Bool
 	loops        *loops // relay the streams they can (loop_linux.go); nil: none
 }
@@ -231,6 +232,7 @@ type exchange struct {
 	proto  meter.Protocol
 	path   string // escaped, as checked
 	stream bool
+	known  bool // the body was read: stream says whether the client asked for a stream
 	strip  bool
 	model  string
 	named  bool // model is the body's, not unknownModel
@@ -258,6 +260,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, proto meter.Protoc
 	x.body, x.rest, x.unread, x.held = head, rest, rest != nil, held
 	if head != nil && isIdentity(r.Header.Get("Content-Encoding")) {
 		if info, ok := readRequest(head); ok {
+			x.known = true
 			if info.Model != "" {
 				x.model, x.named = info.Model, true
 			}
@@ -298,7 +301,7 @@ func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 	}
 	p.m.passthrough.Inc()
 	base, body, length := p.cfg.Upstream, io.Reader(r.Body), int64(-1)
-	held := int64(0)
+	held, streamed := int64(0), true
 	if len(p.cfg.Routes) > 0 {
 		head, rest, h, err := p.readBody(r)
 		if err != nil {
@@ -312,11 +315,16 @@ func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 			if info, ok := readRequest(head); ok && isIdentity(r.Header.Get("Content-Encoding")) {
 				model = info.Model
 			}
-			body, length = bytes.NewReader(head), int64(len(head))
+			body, length, streamed = bytes.NewReader(head), int64(len(head)), false
 		case rest != nil:
 			body = rest
+		default:
+			streamed = false // no body
 		}
 		base = p.cfg.route(model, anthropicRequest(r))
+	}
+	if streamed {
+		fullDuplex(w)
 	}
 	out, cancel := p.outgoing(r.Context(), r, base, path, body, length)
 	defer cancel(nil)
@@ -347,19 +355,50 @@ func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(resp.StatusCode)
 	bp := p.bufs.Get().(*[]byte)
 	defer p.bufs.Put(bp)
-	rc := http.NewResponseController(w)
+	client := &response{w: w, rc: http.NewResponseController(w)}
+	// A body silent for the idle timeout is cut, as a measured one is; the time the client
+	// takes to read a piece does not count.
+	idle := func(bool) {}
+	if d := p.cfg.IdleTimeout; d > 0 {
+		t := time.AfterFunc(d, func() { cancel(errStreamIdle) })
+		defer t.Stop()
+		idle = func(on bool) {
+			if on {
+				t.Reset(d)
+			} else {
+				t.Stop()
+			}
+		}
+	}
 	for {
 		n, err := resp.Body.Read(*bp)
 		if n > 0 {
-			if _, werr := w.Write((*bp)[:n]); werr != nil {
+			idle(false)
+			if client.send((*bp)[:n]) != nil {
 				return
 			}
-			_ = rc.Flush()
+			idle(true)
+		}
+		if err == io.EOF {
+			return
 		}
 		if err != nil {
+			// The upstream broke off, or fell silent: break the client's connection too.
+			// Returning would end a chunked answer cleanly, and the client would take what
+			// came for the whole of it (a file, a batch's output, a stream), where a direct
+			// call fails.
+			client.abort()
 			return
 		}
 	}
+}
+
+// fullDuplex lets the request's body go on being read, upstream, once the answer's head is
+// written: an HTTP/1 handler's unread body is otherwise consumed by net/http at the first
+// write, and http.Transport, still reading it (its check for the body's end, if nothing
+// else), then closes the upstream connection, the answer cut short with it.
+func fullDuplex(w http.ResponseWriter) {
+	_ = http.NewResponseController(w).EnableFullDuplex() // HTTP/2: always
 }
 
 // outgoing builds the upstream request to base's path followed by path, r's escaped path as
@@ -456,6 +495,10 @@ type flight struct {
 
 	pk   sync.Mutex
 	park parking
+
+	// net/http's writer to the client while the handler relays; guarded by p.flights.mu, for
+	// Drain to unblock a write to a client that stopped reading.
+	rc *http.ResponseController
 }
 
 func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
@@ -476,12 +519,16 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	if x.body != nil && !direct {
 		body, length = bytes.NewReader(x.body), int64(len(x.body))
 	}
+	if x.unread {
+		fullDuplex(w)
+	}
 	// The upstream request's context is the proxy's, not the handler's, so that a detached
 	// stream outlives the handler; until then the client's connection is net/http's, and
 	// its end ends the upstream request.
 	out, cancel := p.outgoing(context.Background(), r, base, x.path, body, length)
 	c.ev.TraceID = trace(out.Header)
 	c.ctx, c.cancel = out.Context(), cancel
+	p.flights.add(c)
 	unhook := context.AfterFunc(r.Context(), func() { cancel(errClientGone) })
 	if x.strip {
 		// The proxy must edit this stream: the upstream may only encode it in a way the
@@ -515,6 +562,9 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		c.ev.TotalMs = msSince(x.start, end)
 		late := c.dog.expired()
 		switch {
+		case errors.Is(context.Cause(c.ctx), errShutdown):
+			c.ev.Status, c.ev.ErrorCode = events.StatusError, CodeShutdown
+			writeError(w, x.proto, http.StatusServiceUnavailable, "the gateway is shutting down")
 		case r.Context().Err() != nil:
 			c.ev.Status, c.ev.ErrorCode = events.StatusCanceled, CodeClientGone
 		case late:
@@ -528,12 +578,18 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		unhook()
 		c.close()
 		p.finish(&c.ev, end)
+		p.flights.remove(c)
 		return
 	}
 
 	c.status, c.body = resp.StatusCode, resp.Body
 	ok := resp.StatusCode < 300
-	c.sse = x.stream && ok && meter.IsEventStream(resp.Header.Get("Content-Type"))
+	// A request whose body was not read (too large, compressed) is measured by its answer:
+	// an event stream is one.
+	c.sse = (x.stream || !x.known) && ok && meter.IsEventStream(resp.Header.Get("Content-Type"))
+	if c.sse {
+		c.ev.Stream = true
+	}
 	c.ev.HTTPStatus = resp.StatusCode
 	c.m = p.meters.Get().(*meter.Meter)
 	c.m.Reset(x.proto, c.sse, x.start)
@@ -561,6 +617,8 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	_, framed := h["Content-Length"]
 	w.WriteHeader(resp.StatusCode)
 	rc := http.NewResponseController(w)
+	p.flights.writing(c, rc)
+	defer p.flights.writing(c, nil) // the handler returns: rc is no longer the flight's to use
 	_ = rc.Flush()
 	if c.sse && !framed && c.enc == identity && p.canDetach(r, x) {
 		// net/http sent the head chunked: the stream may leave it later.
@@ -723,6 +781,7 @@ func (c *flight) settle() {
 	p.meters.Put(c.m)
 	c.m = nil
 	p.finish(ev, end)
+	p.flights.remove(c)
 	if c.d != nil {
 		c.d.end(readErr == nil && writeErr == nil && (rl.badGzip == nil || !c.strip) && cause == nil)
 	}

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -346,5 +347,193 @@ func TestRoutedByAPI(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestPassthroughBreaksOffWithItsUpstream: an unmeasured answer that the upstream breaks off,
+// or leaves silent past the idle timeout, breaks the client's connection too, as a direct
+// call would: the client must not take what came for the whole answer (a file's content, a
+// batch's output, a stream of the Responses API).
+func TestPassthroughBreaksOffWithItsUpstream(t *testing.T) {
+	const first = "data: {\"type\":\"response.created\"}\n\n"
+	stalled := make(chan struct{})
+	t.Cleanup(func() { close(stalled) })
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, first)
+		_ = http.NewResponseController(w).Flush()
+		if r.URL.Path == "/v1/responses/stall" {
+			select {
+			case <-stalled:
+			case <-r.Context().Done():
+			}
+			return
+		}
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			_ = conn.Close() // mid-body: the chunked answer never ends
+		}
+	}))
+	t.Cleanup(up.Close)
+	r := newRig(t, fakellm.Options{}, func(c *Config) {
+		c.Upstream, _ = ParseUpstream(up.URL)
+		c.IdleTimeout = 300 * time.Millisecond
+	})
+	for _, path := range []string{"/v1/responses/cut", "/v1/responses/stall"} {
+		t.Run(path, func(t *testing.T) {
+			direct, err := http.Get(up.URL + "/v1/responses/cut")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.ReadAll(direct.Body); err == nil {
+				t.Fatal("the direct call got a whole answer: the test's upstream does not break off")
+			}
+			direct.Body.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, r.proxy.URL+path, nil)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			if string(b) != first {
+				t.Fatalf("client got %q, want %q", b, first)
+			}
+			if err == nil || ctx.Err() != nil {
+				t.Fatalf("through the proxy: %v (the client's own deadline: %v), want the answer broken off", err, ctx.Err())
+			}
+		})
+	}
+}
+
+// TestUnreadStreamMeasuredAsOne: a streaming request whose body the proxy did not read (over
+// EMITTER_MAX_PARSE_BYTES, compressed) is measured by what the upstream answers: a stream
+// (text/event-stream) is a stream, its TTFT the first content's, its tokens the usage
+// reported, and not a body that fails to parse as JSON.
+func TestUnreadStreamMeasuredAsOne(t *testing.T) { bothClients(t, testUnreadStreamMeasuredAsOne) }
+
+func testUnreadStreamMeasuredAsOne(t *testing.T, transport bool) {
+	const stream = "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\n\n" +
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n" +
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\" there\"}}]}\n\n" +
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9000,\"completion_tokens\":2}}\n\n" +
+		"data: [DONE]\n\n"
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		rc := http.NewResponseController(w)
+		first, rest, _ := strings.Cut(stream, "\n\n")
+		_, _ = io.WriteString(w, first+"\n\n")
+		_ = rc.Flush()
+		time.Sleep(50 * time.Millisecond) // the first content comes later than the head
+		_, _ = io.WriteString(w, rest)
+	}))
+	t.Cleanup(up.Close)
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream, _ = ParseUpstream(up.URL); c.MaxParseBytes = 4 << 10 })
+	if transport {
+		r.viaTransport()
+	}
+	big := `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"` + strings.Repeat("word ", 4000) + `"}]}`
+	for _, tt := range []struct {
+		name string
+		hdr  map[string]string
+		body string
+	}{
+		{"over the parse limit", nil, big},
+		{"compressed", map[string]string{"Content-Encoding": "gzip"}, "\x1f\x8b not really gzip, but bytes all the same"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			via := call(t, r.proxy.URL, chatPath, tt.body, tt.hdr)
+			if via.err != nil || via.status != 200 || string(via.body) != stream {
+				t.Fatalf("status %d %v %q", via.status, via.err, via.body)
+			}
+			ev := r.cap.next(t)
+			if ev.Status != events.StatusOK || !ev.Stream || ev.InputTokens != 9000 || ev.OutputTokens != 2 || ev.TokensEstimated {
+				t.Fatalf("event %s %q stream %v, tokens %d/%d estimated %v; want ok, a stream, 9000/2 as reported",
+					ev.Status, ev.ErrorCode, ev.Stream, ev.InputTokens, ev.OutputTokens, ev.TokensEstimated)
+			}
+			if ev.TTFTMs < 45 || ev.TotalMs < ev.TTFTMs {
+				t.Fatalf("ttft %.1f total %.1f: not the first content's", ev.TTFTMs, ev.TotalMs)
+			}
+		})
+	}
+}
+
+// TestUnreadBodyOutlivesTheHead: a request body forwarded as it comes (over
+// EMITTER_MAX_PARSE_BYTES, or any unmeasured upload) may still be read, upstream, once the
+// answer's head has gone to the client: http.Transport reads it to its end after sending it,
+// and the upstream may answer before it has it all. net/http would otherwise consume what is
+// left of it at the first write, the transport's read would fail, and the transport would
+// close the upstream connection: the answer cut short, which failed about one try in two.
+func TestUnreadBodyOutlivesTheHead(t *testing.T) {
+	const head = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n"
+	const tail = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9000,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n"
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, head)
+		_ = http.NewResponseController(w).Flush()
+		time.Sleep(5 * time.Millisecond)
+		_, _ = io.WriteString(w, tail)
+	}))
+	t.Cleanup(up.Close)
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream, _ = ParseUpstream(up.URL); c.MaxParseBytes = 4 << 10 })
+	body := `{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"` + strings.Repeat("word ", 2000) + `"}]}`
+	for _, path := range []string{chatPath, "/v1/files"} {
+		t.Run(path, func(t *testing.T) {
+			for i := range 40 {
+				via := call(t, r.proxy.URL, path, body, nil)
+				if via.err != nil || via.status != 200 || string(via.body) != head+tail {
+					t.Fatalf("try %d: status %d, %v, %q", i+1, via.status, via.err, via.body)
+				}
+				if path != chatPath {
+					continue
+				}
+				if ev := r.cap.next(t); ev.Status != events.StatusOK || ev.InputTokens != 9000 {
+					t.Fatalf("try %d: event %s %q, input %d", i+1, ev.Status, ev.ErrorCode, ev.InputTokens)
+				}
+			}
+		})
+	}
+}
+
+// TestCROnlyStream: an upstream whose SSE lines end with a CR alone, as the format allows, is
+// measured and relayed as any: its usage chunk (asked for by the proxy) stripped, each event
+// sent on once its blank line has come, and the event ok with the usage reported.
+func TestCROnlyStream(t *testing.T) { bothClients(t, testCROnlyStream) }
+
+func testCROnlyStream(t *testing.T, transport bool) {
+	evs := []string{
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\r\r",
+		"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\" there\"}}]}\r\r",
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":2}}\r\r",
+		"data: [DONE]\r\r",
+	}
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		rc := http.NewResponseController(w)
+		for _, ev := range evs {
+			time.Sleep(30 * time.Millisecond)
+			_, _ = io.WriteString(w, ev)
+			_ = rc.Flush()
+		}
+	}))
+	t.Cleanup(up.Close)
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream, _ = ParseUpstream(up.URL) })
+	if transport {
+		r.viaTransport()
+	}
+	via := call(t, r.proxy.URL, chatPath, chatBody(true, ""), nil)
+	if want := evs[0] + evs[1] + evs[3]; via.err != nil || via.status != 200 || string(via.body) != want {
+		t.Fatalf("status %d %v %q, want %q", via.status, via.err, via.body, want)
+	}
+	ev := r.cap.next(t)
+	if ev.Status != events.StatusOK || ev.InputTokens != 7 || ev.OutputTokens != 2 || ev.TokensEstimated {
+		t.Fatalf("event %s %q, tokens %d/%d estimated %v", ev.Status, ev.ErrorCode, ev.InputTokens, ev.OutputTokens, ev.TokensEstimated)
+	}
+	if ev.TTFTMs < 25 || ev.MaxITLMs < 25 || ev.TotalMs < ev.TTFTMs {
+		t.Fatalf("ttft %.1f max ITL %.1f total %.1f", ev.TTFTMs, ev.MaxITLMs, ev.TotalMs)
 	}
 }
