@@ -66,6 +66,37 @@ func TestServer(t *testing.T) {
 	}
 }
 
+// TestHeadBounded: a request head over MaxHeaderBytes is answered 431, not read into memory;
+// one under it is served.
+func TestHeadBounded(t *testing.T) {
+	s := ops.NewServer("127.0.0.1:0", slog.New(slog.DiscardHandler))
+	if err := s.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx, time.Second) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	for _, tc := range []struct {
+		size int
+		want int
+	}{{32 << 10, http.StatusOK}, {ops.MaxHeaderBytes + 8<<10, http.StatusRequestHeaderFieldsTooLarge}} {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+s.Addr()+"/healthz", nil)
+		req.Header.Set("X-Big", strings.Repeat("a", tc.size))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("a head of %d bytes: %d, want %d", tc.size, resp.StatusCode, tc.want)
+		}
+	}
+}
+
 func TestListenError(t *testing.T) {
 	s := ops.NewServer("256.0.0.1:99999", slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := s.Listen(); err == nil || !strings.Contains(err.Error(), "HTTP_ADDR") {

@@ -52,6 +52,12 @@ type namedCheck struct {
 // closes an idle connection and never sends a request on one being closed.
 const DefaultIdleTimeout = 2 * time.Minute
 
+// MaxHeaderBytes bounds a request's head (request line and headers) on the servers of the
+// services: 64 KiB, what Envoy allows by default and eight times what the LLM SDKs send. A
+// longer head is answered 431. net/http's own default, 1 MiB, would let each of the
+// emitter's 10,000 connections hold a megabyte of headers.
+const MaxHeaderBytes = 64 << 10
+
 // NewServer returns a server for addr with a fresh registry holding the Go and process
 // collectors.
 func NewServer(addr string, logger *slog.Logger) *Server {
@@ -189,7 +195,7 @@ func (s *Server) Run(ctx context.Context, grace time.Duration) error {
 			return err
 		}
 	}
-	srv := &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: s.idle, ConnContext: s.connCtx}
+	srv := &http.Server{Handler: s.mux, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: MaxHeaderBytes, IdleTimeout: s.idle, ConnContext: s.connCtx}
 	ln := s.ln
 	if s.conns != nil {
 		ln = s.conns.HTTPListener(ln, "http") // under wrap: a connection it took over still holds its place
@@ -200,7 +206,7 @@ func (s *Server) Run(ctx context.Context, grace time.Duration) error {
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
 	if s.probesLn != nil {
-		probes := &http.Server{Handler: s.probes, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: s.idle}
+		probes := &http.Server{Handler: s.probes, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: MaxHeaderBytes, IdleTimeout: s.idle}
 		pln := s.probesLn
 		if s.conns != nil {
 			pln = s.conns.apart(DefaultMaxConns).HTTPListener(pln, "probes")

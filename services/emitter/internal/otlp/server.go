@@ -84,7 +84,7 @@ func (s *Server) Run(ctx context.Context, grace time.Duration) error {
 	if s.httpLn != nil {
 		mux := http.NewServeMux()
 		mux.Handle("POST /v1/traces", s.r)
-		hs = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: s.idle}
+		hs = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: ops.MaxHeaderBytes, IdleTimeout: s.idle}
 		go func() { errc <- fmt.Errorf("OTLP/HTTP server on %s stopped: %w", s.HTTPAddr(), hs.Serve(s.httpLn)) }()
 	}
 	var gs *grpc.Server

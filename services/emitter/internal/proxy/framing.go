@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tokenscope/tokenscope/pkg/ops"
 )
 
 // Request heads whose framing a server and a proxy in front of it could read differently
@@ -34,9 +36,9 @@ const (
 
 var framingProblems = []string{framingCLAndTE, framingFolded, framingTEHTTP10, framingUnfollowed}
 
-// maxHead bounds a request head a framingConn holds: net/http's default MaxHeaderBytes with
-// the slack it allows. net/http refuses a longer one.
-const maxHead = 1<<20 + 4096
+// maxHead bounds a request head a framingConn holds: the server's MaxHeaderBytes with the
+// slack net/http allows. net/http refuses a longer one.
+const maxHead = ops.MaxHeaderBytes + 4096
 
 // refusalHTTP10 is the answer to an HTTP/1.0 head with Transfer-Encoding.
 var refusalHTTP10 = func() string {
