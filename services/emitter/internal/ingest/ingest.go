@@ -18,6 +18,7 @@ import (
 
 	"github.com/tokenscope/tokenscope/pkg/bus"
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/emit"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/reqbody"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/subject"
 )
@@ -34,22 +35,6 @@ var ErrDropped = errors.New("publish buffer full")
 type Publisher interface {
 	Publish(subject, msgID string, data []byte) bool
 }
-
-// storer is a Publisher that can also say when JetStream has stored what it published,
-// for the requests that ask to be answered only then; bus.Publisher is one.
-type storer interface {
-	NewBatch() *bus.Batch
-}
-
-// AckHeader says when a request is answered. By default (and with AckStored) the answer
-// waits until JetStream has stored every accepted event, so an emitter killed after
-// answering loses none of them; AckBuffered answers as soon as the publisher holds them
-// (202), for a client that would rather lose a few events than wait.
-const (
-	AckHeader   = "X-Tokenscope-Ack"
-	AckStored   = "stored"
-	AckBuffered = "buffered"
-)
 
 // DefaultStoreWait is how long a request waits for room in the publisher and for
 // JetStream's acks before it is answered 503.
@@ -137,7 +122,7 @@ type ItemError struct {
 // Answer is the JSON body of every reply.
 type Answer struct {
 	Accepted int         `json:"accepted"`
-	Stored   int         `json:"stored,omitempty"` // with AckStored: the accepted events JetStream has stored
+	Stored   int         `json:"stored,omitempty"` // unless AckBuffered: the accepted events JetStream has stored
 	Rejected int         `json:"rejected"`
 	Errors   []ItemError `json:"errors,omitempty"`
 	Error    string      `json:"error,omitempty"` // why the whole request was refused
@@ -149,7 +134,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.reply(w, http.StatusUnauthorized, &Answer{Error: "missing or wrong bearer token"})
 		return
 	}
-	wait, err := h.storeWait(r.Header.Get(AckHeader))
+	wait, err := emit.StoreWait(h.pub, r.Header.Get(emit.AckHeader))
 	if err != nil {
 		h.reply(w, http.StatusBadRequest, &Answer{Error: err.Error()})
 		return
@@ -221,27 +206,6 @@ func cutString(s string, n int) string {
 
 // authorized reports whether r carries the token as its bearer credentials. The scheme is
 // case-insensitive and may be followed by more than one space (RFC 9110, 11.1 and 11.4).
-// storeWait returns the batch whose acks a request waits for before it is answered (ack is
-// its AckHeader), or nil when it is answered once the publisher holds its events: asked
-// for with AckBuffered, or the only answer a publisher that cannot tell when events are
-// stored can give. The error says why the header cannot be met.
-func (h *Handler) storeWait(ack string) (*bus.Batch, error) {
-	st, ok := h.pub.(storer)
-	switch ack = strings.TrimSpace(ack); {
-	case ack == "":
-		if !ok {
-			return nil, nil
-		}
-	case strings.EqualFold(ack, AckBuffered):
-		return nil, nil
-	case !strings.EqualFold(ack, AckStored):
-		return nil, fmt.Errorf("%s %s is neither %s nor %s", AckHeader, strconv.QuoteToASCII(cutString(ack, 64)), AckStored, AckBuffered)
-	case !ok:
-		return nil, errors.New("this emitter's publisher cannot tell when events are stored: send the request without " + AckHeader)
-	}
-	return st.NewBatch(), nil
-}
-
 func (h *Handler) authorized(r *http.Request) bool {
 	scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
 	got = strings.TrimLeft(got, " ")
@@ -258,7 +222,7 @@ func (h *Handler) reply(w http.ResponseWriter, status int, a *Answer) {
 type result struct {
 	Answer
 	dropped  int
-	storeErr error // with AckStored: why JetStream's acks of the accepted events did not all come
+	storeErr error // unless AckBuffered: why JetStream's acks of the accepted events did not all come
 }
 
 // ingest decodes the body (one event, an array, or NDJSON), validates each event and
@@ -333,7 +297,7 @@ type batch struct {
 	h    *Handler
 	now  time.Time
 	ctx  context.Context
-	wait *bus.Batch      // the publisher's batch of a request asking for AckStored
+	wait *bus.Batch      // the publisher's batch a request waits for; nil with AckBuffered
 	dec  *events.Decoder // interns the few label values; other strings alias the body
 	ev   events.RequestEvent
 	fb   events.FeedbackEvent

@@ -22,6 +22,7 @@ import (
 	"github.com/tokenscope/tokenscope/pkg/bus"
 	"github.com/tokenscope/tokenscope/pkg/events"
 	"github.com/tokenscope/tokenscope/pkg/testbed"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/emit"
 )
 
 // TestIngestNATSGoesAway stops NATS right after a batch is accepted, while the publisher
@@ -127,10 +128,10 @@ func TestIngestNATSGoesAway(t *testing.T) {
 	}
 }
 
-// buffered asks h for answers once the publisher holds the events (AckBuffered).
+// buffered asks h for answers once the publisher holds the events (emit.AckBuffered).
 func buffered(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		r.Header.Set(AckHeader, AckBuffered)
+		r.Header.Set(emit.AckHeader, emit.AckBuffered)
 		h.ServeHTTP(w, r)
 	})
 }

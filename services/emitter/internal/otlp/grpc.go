@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
 
+	"github.com/tokenscope/tokenscope/services/emitter/internal/emit"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/reqbody"
 )
 
@@ -109,10 +110,10 @@ func (t *traceService) Export(ctx context.Context, req ptraceotlp.ExportRequest)
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	var ack string
-	if v := md.Get(strings.ToLower(AckHeader)); len(v) > 0 {
+	if v := md.Get(strings.ToLower(emit.AckHeader)); len(v) > 0 {
 		ack = v[0]
 	}
-	wait, err := r.storeWait(ack)
+	wait, err := emit.StoreWait(r.pub, ack)
 	if err != nil {
 		return t.fail(codes.InvalidArgument, err.Error())
 	}

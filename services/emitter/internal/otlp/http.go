@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/tokenscope/tokenscope/services/emitter/internal/emit"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/reqbody"
 )
 
@@ -41,7 +42,7 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.fail(w, isJSON, http.StatusUnauthorized, codes.Unauthenticated, "missing or wrong bearer token")
 		return
 	}
-	wait, err := r.storeWait(req.Header.Get(AckHeader))
+	wait, err := emit.StoreWait(r.pub, req.Header.Get(emit.AckHeader))
 	if err != nil {
 		r.fail(w, isJSON, http.StatusBadRequest, codes.InvalidArgument, err.Error())
 		return

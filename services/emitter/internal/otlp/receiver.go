@@ -31,22 +31,6 @@ type Publisher interface {
 	Publish(subject, msgID string, data []byte) bool
 }
 
-// storer is a Publisher that can also say when JetStream has stored what it published,
-// for the exports that ask to be answered only then; bus.Publisher is one.
-type storer interface {
-	NewBatch() *bus.Batch
-}
-
-// AckHeader (gRPC: its metadata, in lower case) says when an export is answered. By default
-// (and with AckStored) the answer waits until JetStream has stored the events, so an
-// emitter killed after answering loses none of them; AckBuffered answers as soon as the
-// publisher holds them.
-const (
-	AckHeader   = "X-Tokenscope-Ack"
-	AckStored   = "stored"
-	AckBuffered = "buffered"
-)
-
 // DefaultStoreWait is how long an export waits for room in the publisher and for
 // JetStream's acks before a retryable answer: under the exporters' own timeout (10 s).
 const DefaultStoreWait = 5 * time.Second
@@ -156,31 +140,10 @@ type result struct {
 	dropped  int // valid, but the publisher had no room
 	reasons  []reasonCount
 	errs     []string // the first maxReported rejections
-	storeErr error    // with AckStored: why JetStream's acks of the accepted events did not all come
+	storeErr error    // unless AckBuffered: why JetStream's acks of the accepted events did not all come
 }
 
-// storeWait returns the batch whose acks an export waits for before it is answered (ack is
-// its AckHeader), or nil when it is answered once the publisher holds its events: asked for
-// with AckBuffered, or the only answer a publisher that cannot tell when events are stored
-// can give. The error says why the header cannot be met.
-func (r *Receiver) storeWait(ack string) (*bus.Batch, error) {
-	st, ok := r.pub.(storer)
-	switch ack = strings.TrimSpace(ack); {
-	case ack == "":
-		if !ok {
-			return nil, nil
-		}
-	case strings.EqualFold(ack, AckBuffered):
-		return nil, nil
-	case !strings.EqualFold(ack, AckStored):
-		return nil, fmt.Errorf("%s %s is neither %s nor %s", AckHeader, strconv.QuoteToASCII(cut(ack, 64)), AckStored, AckBuffered)
-	case !ok:
-		return nil, fmt.Errorf("this emitter's publisher cannot tell when events are stored: send the request without %s", AckHeader)
-	}
-	return st.NewBatch(), nil
-}
-
-// storeFailure says why an export asking for AckStored was not stored, and whether
+// storeFailure says why an export waiting for its events to be stored was not, and whether
 // sending it again can store it.
 func (res *result) storeFailure() (msg string, retry bool) {
 	if errors.Is(res.storeErr, bus.ErrRefused) {
@@ -263,7 +226,7 @@ type batch struct {
 	r    *Receiver
 	now  time.Time
 	ctx  context.Context
-	wait *bus.Batch // the publisher's batch of an export asking for AckStored
+	wait *bus.Batch // the publisher's batch an export waits for; nil with AckBuffered
 	ev   events.RequestEvent
 	res  result
 

@@ -22,6 +22,7 @@ import (
 	"github.com/tokenscope/tokenscope/pkg/bus"
 	"github.com/tokenscope/tokenscope/pkg/events"
 	"github.com/tokenscope/tokenscope/pkg/testbed"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/emit"
 )
 
 // TestAckStored: an export, by default as with X-Tokenscope-Ack: stored (gRPC: its
@@ -77,7 +78,7 @@ func TestAckStored(t *testing.T) {
 	if n := stored(); n != 200 { // at the answer, not later
 		t.Fatalf("answered with %d of 200 events stored", n)
 	}
-	w = post(t, r, protoOf(t, batchOf(100, traceOf(4))), AckHeader, AckStored)
+	w = post(t, r, protoOf(t, batchOf(100, traceOf(4))), emit.AckHeader, emit.AckStored)
 	exportResponse(t, w)
 	if n := stored(); n != 300 {
 		t.Fatalf("answered with %d of 300 events stored", n)
@@ -85,7 +86,7 @@ func TestAckStored(t *testing.T) {
 
 	// gRPC, with the metadata.
 	client := ptraceotlp.NewGRPCClient(grpcRig(t, pub, "", 1<<20))
-	mctx := metadata.AppendToOutgoingContext(ctx, strings.ToLower(AckHeader), AckStored)
+	mctx := metadata.AppendToOutgoingContext(ctx, strings.ToLower(emit.AckHeader), emit.AckStored)
 	if _, err := client.Export(mctx, batchOf(100, traceOf(2))); err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +106,7 @@ func TestAckStored(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	away := protoOf(t, batchOf(50, traceOf(3)))
-	w = post(t, r, away, AckHeader, AckStored)
+	w = post(t, r, away, emit.AckHeader, emit.AckStored)
 	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") != "1" || !strings.Contains(rpcStatus(t, w).Message, "send the request again") {
 		t.Fatalf("NATS away: %d %q", w.Code, w.Body)
 	}
@@ -114,7 +115,7 @@ func TestAckStored(t *testing.T) {
 	for i := 0; !nc.IsConnected() && i < 500; i++ {
 		time.Sleep(10 * time.Millisecond)
 	}
-	exportResponse(t, post(t, r, away, AckHeader, AckStored))
+	exportResponse(t, post(t, r, away, emit.AckHeader, emit.AckStored))
 	if js, err = jetstream.New(nc); err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +124,7 @@ func TestAckStored(t *testing.T) {
 	}
 
 	// A publisher that cannot say what is stored: the exporter is told, not answered as if.
-	w = post(t, newTestReceiver(&pubRecorder{}, "", 1<<20), away, AckHeader, AckStored)
+	w = post(t, newTestReceiver(&pubRecorder{}, "", 1<<20), away, emit.AckHeader, emit.AckStored)
 	if w.Code != http.StatusBadRequest {
 		t.Fatalf("pubRecorder: %d %q", w.Code, w.Body)
 	}
