@@ -59,6 +59,9 @@ func NewFeedback(ctx context.Context, o Options, cfg window.Config, dedup int, d
 	if err != nil {
 		return nil, err
 	}
+	if err := checkPositions(ctx, d.JS, o, floor, max(done.maxSeq(), stored.last())); err != nil {
+		return nil, err
+	}
 	m := d.Metrics.forStream("feedback")
 	st := &feedbackStage{agg: window.NewFeedback(cfg, done[cfg.Window]), dec: events.NewDecoder(4096), cfg: cfg, sink: sk, stored: stored, ids: ids, m: m}
 	done.otherLengths(st.agg, cfg.Window, d.Logger, o.Stream)

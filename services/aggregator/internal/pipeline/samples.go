@@ -125,6 +125,9 @@ func newSamplePipeline[S any, K comparable, V, R any, A sampleAggregator[S, K, V
 	if err != nil {
 		return nil, err
 	}
+	if err := checkPositions(ctx, d.JS, o, floor, done.maxSeq()); err != nil {
+		return nil, err
+	}
 	m := d.Metrics.forStream(k.stream)
 	st := &sampleStage[S, K, V, R, A]{kind: k, agg: k.newAgg(cfg, done[cfg.Window]), cfg: cfg, sink: sk, m: m}
 	done.otherLengths(st.agg, cfg.Window, d.Logger, o.Stream)

@@ -65,6 +65,9 @@ func NewTokens(ctx context.Context, o Options, cfg window.Config, prices *price.
 	if err != nil {
 		return nil, err
 	}
+	if err := checkPositions(ctx, d.JS, o, floor, max(done.maxSeq(), stored.last())); err != nil {
+		return nil, err
+	}
 	cfg.Prices = prices
 	m := d.Metrics.forStream("tokens")
 	st := &tokenStage{
@@ -92,6 +95,17 @@ func (l ledger) windows() int {
 		n += len(d)
 	}
 	return n
+}
+
+// maxSeq returns the highest stream position the ledger holds.
+func (l ledger) maxSeq() uint64 {
+	var m uint64
+	for _, d := range l {
+		for _, seq := range d {
+			m = max(m, seq)
+		}
+	}
+	return m
 }
 
 // otherLengths hands agg the windows of the lengths other than window (the one the
