@@ -92,6 +92,9 @@ type Pipeline struct {
 	consumer string
 	savedSeq uint64 // the floor last saved
 	failing  bool
+	// floorFailing tells that the last save of the floor failed, so that a failure that
+	// repeats is logged once. Only the goroutine that runs cycle touches it.
+	floorFailing bool
 	// writing is when the flush being written began, zero when none is; stallLogged tells
 	// whether its stall was logged. Both are guarded by mu.
 	writing     time.Time
@@ -658,8 +661,9 @@ func (p *Pipeline) floorNow() uint64 {
 	return p.lastSeq
 }
 
-// saveFloor stores floor when it moved. A failure is counted and logged; the next cycle saves
-// a later floor, and a start meanwhile replays more, which the ledger skips.
+// saveFloor stores floor when it moved. A failure is counted, and logged when the last save
+// did not fail; the next cycle saves a later floor, and a start meanwhile replays more, which
+// the ledger skips.
 func (p *Pipeline) saveFloor(ctx context.Context, floor uint64) {
 	if floor <= p.savedSeq {
 		return
@@ -668,8 +672,15 @@ func (p *Pipeline) saveFloor(ctx context.Context, floor uint64) {
 	defer cancel()
 	if err := p.floor.save(sctx, floor); err != nil {
 		p.m.ackErrors.Inc()
-		p.logger.Warn("cannot save the floor; the next flush tries again", "err", err)
+		if !p.floorFailing {
+			p.logger.Warn("cannot save the floor; the next flushes try again", "err", err)
+			p.floorFailing = true
+		}
 		return
+	}
+	if p.floorFailing {
+		p.logger.Info("saving the floor again", "floor", floor)
+		p.floorFailing = false
 	}
 	p.savedSeq = floor
 	p.m.ackFloor.Set(float64(floor))
