@@ -150,6 +150,14 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		}
 		return nil
 	})
+	srv.AddCheck("streams", func(ctx context.Context) error {
+		for _, p := range pipes {
+			if err := p.Remade(ctx); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 	logger.Info("aggregating", "http", srv.Addr(), "window", cfg.Agg.Window, "lateness", cfg.Agg.Lateness, "buckets", buckets.String())
 
 	// The publisher outlives the pipelines so that the last flush's rollups go out.

@@ -28,7 +28,7 @@ func NewFeedback(ctx context.Context, o Options, cfg window.Config, dedup int, d
 	if err != nil {
 		return nil, err
 	}
-	var done map[time.Time]uint64
+	var done ledger
 	var stored storedSet
 	ids := newRecentIDs(dedup)
 	err = untilRead(ctx, d.Logger, func() (err error) {
@@ -59,9 +59,13 @@ func NewFeedback(ctx context.Context, o Options, cfg window.Config, dedup int, d
 	if err != nil {
 		return nil, err
 	}
+	if err := checkPositions(ctx, d.JS, o, floor, max(done.maxSeq(), stored.last())); err != nil {
+		return nil, err
+	}
 	m := d.Metrics.forStream("feedback")
-	st := &feedbackStage{agg: window.NewFeedback(cfg, done), dec: events.NewDecoder(4096), cfg: cfg, sink: sk, stored: stored, ids: ids, m: m}
-	d.Logger.Info("consuming", "stream", o.Stream, "consumer", o.Consumer, "floor", floor, "windows_already_stored", len(done),
+	st := &feedbackStage{agg: window.NewFeedback(cfg, done[cfg.Window]), dec: events.NewDecoder(4096), cfg: cfg, sink: sk, stored: stored, ids: ids, m: m}
+	done.otherLengths(st.agg, cfg.Window, d.Logger, o.Stream)
+	d.Logger.Info("consuming", "stream", o.Stream, "consumer", o.Consumer, "floor", floor, "windows_already_stored", done.windows(),
 		"feedback_already_stored", len(stored.seqs), "ids_remembered", ids.len(), "flushes_to_publish_again", ob.flushes)
 	return newPipeline(o, d.JS, d.NC, cons, floor, store, ob, st, d.Publisher, m, d.Logger.With("stream", o.Stream)), nil
 }

@@ -28,6 +28,9 @@ type outbox struct {
 	acked uint64 // the last flush JetStream acknowledged all the rollups of
 	saved uint64 // the mark last saved
 	next  uint64 // the number of the next flush
+	// failing tells that the last save of the mark failed, so that a failure that repeats is
+	// logged once.
+	failing bool
 
 	replay  []sink.OutboxMsg // read at start: the rollups to publish again
 	flushes int              // how many flushes they are
@@ -116,8 +119,8 @@ func (p *Pipeline) replay(ctx context.Context) bool {
 	return true
 }
 
-// saveMark stores the acked mark when it moved. A failure is counted and logged; the next
-// cycle tries again, and a start meanwhile publishes again rollups JetStream already has
+// saveMark stores the acked mark when it moved. A failure is counted, and logged when the
+// last save did not fail; the next cycle tries again, and a start meanwhile publishes again rollups JetStream already has
 // (dropped as duplicates within its duplicate window).
 func (p *Pipeline) saveMark(ctx context.Context) {
 	o := &p.outbox
@@ -128,8 +131,15 @@ func (p *Pipeline) saveMark(ctx context.Context) {
 	defer cancel()
 	if err := o.mark.save(sctx, o.acked); err != nil {
 		p.m.ackErrors.Inc()
-		p.logger.Warn("cannot save the acked mark; the next flush tries again", "err", err)
+		if !o.failing {
+			p.logger.Warn("cannot save the acked mark; the next flushes try again", "err", err)
+			o.failing = true
+		}
 		return
+	}
+	if o.failing {
+		p.logger.Info("saving the acked mark again", "acked", o.acked)
+		o.failing = false
 	}
 	o.saved = o.acked
 }

@@ -92,6 +92,9 @@ type Pipeline struct {
 	consumer string
 	savedSeq uint64 // the floor last saved
 	failing  bool
+	// floorFailing tells that the last save of the floor failed, so that a failure that
+	// repeats is logged once. Only the goroutine that runs cycle touches it.
+	floorFailing bool
 	// writing is when the flush being written began, zero when none is; stallLogged tells
 	// whether its stall was logged. Both are guarded by mu.
 	writing     time.Time
@@ -112,6 +115,10 @@ type Pipeline struct {
 	backlogAt   time.Time
 	backlogGone bool
 	holds       int
+	// remade is set, for good, once the stream holds no position as high as the last
+	// processed: it was made again under the running pipeline (see checkPositions), and
+	// nothing it now holds is delivered until it passes that position. Guarded by mu.
+	remade error
 }
 
 // resetConsumer returns an ordered consumer that delivers, in stream order, everything after
@@ -164,6 +171,34 @@ func resetConsumer(ctx context.Context, js jetstream.JetStream, o Options) (jets
 		return nil, 0, nil, fmt.Errorf("cannot create the consumer of %s: %w", o.Stream, err)
 	}
 	return cons, floor, store, nil
+}
+
+// checkPositions returns an error when a position this consumer stored, its floor or the
+// highest its ledger holds, is past the last message the stream ever held. Positions only
+// grow while a stream lives (a purge or an expiry keeps them), so the stream was made again
+// since (a NATS store lost, the stream deleted by hand, restored from an old backup) and
+// numbers its messages from 1 again: the floor would make delivery wait for a position the
+// old stream had reached, and the ledger would take the new messages at old positions for
+// stored ones. Either way the new events would be left out, silently.
+func checkPositions(ctx context.Context, js jetstream.JetStream, o Options, floor, ledgerMax uint64) error {
+	stored, what := floor, "its floor"
+	if ledgerMax > stored {
+		stored, what = ledgerMax, "its ledger (its rows in ClickHouse)"
+	}
+	if stored == 0 {
+		return nil
+	}
+	s, err := js.Stream(ctx, o.Stream)
+	if err != nil {
+		return fmt.Errorf("cannot look up stream %s: %w", o.Stream, err)
+	}
+	if last := s.CachedInfo().State.LastSeq; stored > last {
+		return fmt.Errorf("cannot resume %s as AGG_CONSUMER=%s: %s is at stream position %d, past the last message the stream has held (%d): "+
+			"the stream was made again since (a NATS store lost, the stream deleted) and numbers its messages from 1 again, which would pass for stored ones; "+
+			"start with a new AGG_CONSUMER (its rows add to the old ones') or make the stream again with its first sequence past %d",
+			o.Stream, o.Consumer, what, stored, last, stored)
+	}
+	return nil
 }
 
 // consumerFilter returns the filter subject for a consumer of stream that should see the
@@ -558,6 +593,7 @@ func (p *Pipeline) observeLag(ctx context.Context) {
 		p.m.lag.Set(float64(info.NumPending))
 		delivered = info.Delivered.Stream
 	}
+	p.checkRemade(ictx)
 	p.mu.Lock()
 	backlog := p.backlog
 	p.mu.Unlock()
@@ -583,6 +619,39 @@ func (p *Pipeline) observeLag(ctx context.Context) {
 	p.mu.Unlock()
 }
 
+// checkRemade reads the stream's last position and, when it is below the last message
+// processed, reports for good that the stream was made again: the ordered consumer would
+// wait, silently, for a position the old stream had reached, the new messages before it
+// never delivered. Open windows still close and are written; /readyz fails with what to do.
+func (p *Pipeline) checkRemade(ctx context.Context) {
+	p.mu.Lock()
+	done, processed := p.remade != nil, p.lastSeq
+	p.mu.Unlock()
+	if done || processed == 0 {
+		return
+	}
+	s, err := p.js.Stream(ctx, p.opts.Stream)
+	if err != nil {
+		return
+	}
+	if last := s.CachedInfo().State.LastSeq; last < processed {
+		err := fmt.Errorf("stream %s holds messages only up to position %d, below the last one processed (%d): it was made again (a NATS store lost, the stream deleted) and its new messages are not read; "+
+			"restart with a new AGG_CONSUMER, or make the stream again with its first sequence past %d", p.opts.Stream, last, processed, processed)
+		p.logger.Error("the stream was made again under the aggregator; its new messages are not read", "err", err)
+		p.mu.Lock()
+		p.remade = err
+		p.mu.Unlock()
+	}
+}
+
+// Remade returns, for the readiness check, an error once the stream was made again under
+// the pipeline (checkRemade).
+func (p *Pipeline) Remade(context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.remade
+}
+
 // floorNow returns the position before the oldest one still held, or the last processed
 // when nothing is held. Called under the lock.
 func (p *Pipeline) floorNow() uint64 {
@@ -592,8 +661,9 @@ func (p *Pipeline) floorNow() uint64 {
 	return p.lastSeq
 }
 
-// saveFloor stores floor when it moved. A failure is counted and logged; the next cycle saves
-// a later floor, and a start meanwhile replays more, which the ledger skips.
+// saveFloor stores floor when it moved. A failure is counted, and logged when the last save
+// did not fail; the next cycle saves a later floor, and a start meanwhile replays more, which
+// the ledger skips.
 func (p *Pipeline) saveFloor(ctx context.Context, floor uint64) {
 	if floor <= p.savedSeq {
 		return
@@ -602,8 +672,15 @@ func (p *Pipeline) saveFloor(ctx context.Context, floor uint64) {
 	defer cancel()
 	if err := p.floor.save(sctx, floor); err != nil {
 		p.m.ackErrors.Inc()
-		p.logger.Warn("cannot save the floor; the next flush tries again", "err", err)
+		if !p.floorFailing {
+			p.logger.Warn("cannot save the floor; the next flushes try again", "err", err)
+			p.floorFailing = true
+		}
 		return
+	}
+	if p.floorFailing {
+		p.logger.Info("saving the floor again", "floor", floor)
+		p.floorFailing = false
 	}
 	p.savedSeq = floor
 	p.m.ackFloor.Set(float64(floor))

@@ -143,3 +143,75 @@ func TestFloor(t *testing.T) {
 		t.Fatalf("garbage floor: %v", err)
 	}
 }
+
+// TestCheckPositions: a floor or ledger past every position the stream has held is refused
+// (the stream was made again); a purge or a deleted last message keeps the positions and is
+// no reason, and neither is a stream made again with its first sequence past the floor.
+func TestCheckPositions(t *testing.T) {
+	_, js := testbed.JetStream(t)
+	ctx := context.Background()
+	limits := bus.StreamLimits{}
+	if err := bus.EnsureStreams(ctx, js, limits, events.StreamEvents); err != nil {
+		t.Fatal(err)
+	}
+	o := Options{Stream: events.StreamEvents, Filter: events.SubjectRequestsAll, Consumer: "agg"}
+	for range 5 {
+		if _, err := js.Publish(ctx, "llm.req.prod.chat", []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(floor, ledger uint64, wantErr bool) {
+		t.Helper()
+		err := checkPositions(ctx, js, o, floor, ledger)
+		if (err != nil) != wantErr || (err != nil && !strings.Contains(err.Error(), "AGG_CONSUMER")) {
+			t.Errorf("checkPositions(floor %d, ledger %d) = %v, want an error: %v", floor, ledger, err, wantErr)
+		}
+	}
+	check(0, 0, false)
+	check(5, 5, false)
+	check(6, 0, true)
+	check(3, 6, true)
+	s, err := js.Stream(ctx, o.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteMsg(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
+	check(5, 5, false)
+	if err := s.Purge(ctx); err != nil {
+		t.Fatal(err)
+	}
+	check(5, 5, false)
+	// Made again: positions from 1.
+	if err := js.DeleteStream(ctx, o.Stream); err != nil {
+		t.Fatal(err)
+	}
+	if err := bus.EnsureStreams(ctx, js, limits, events.StreamEvents); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "llm.req.prod.chat", []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	check(5, 5, true)
+	// Made again with its first sequence past the floor, as the error advises, then updated
+	// by a start as every start does.
+	if err := js.DeleteStream(ctx, o.Stream); err != nil {
+		t.Fatal(err)
+	}
+	cfg := bus.StreamConfigs(limits)[0]
+	if cfg.Name != events.StreamEvents {
+		t.Fatalf("first stream config is %s", cfg.Name)
+	}
+	cfg.FirstSeq = 6
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := bus.EnsureStreams(ctx, js, limits, events.StreamEvents); err != nil {
+		t.Fatal(err)
+	}
+	check(5, 5, false)
+	if ack, err := js.Publish(ctx, "llm.req.prod.chat", []byte("{}")); err != nil || ack.Sequence != 6 {
+		t.Fatalf("first message of the stream made again: %+v, %v; want position 6", ack, err)
+	}
+}

@@ -97,6 +97,7 @@ type sampleAggregator[S any, K comparable, V, R any] interface {
 	OpenWindows() (units, keys int)
 	Watermark(now time.Time) time.Time
 	Resume(through time.Time)
+	Stored(width time.Duration, done map[time.Time]uint64)
 }
 
 // newSamplePipeline resets the consumer to its stored floor, reads the ledger of k.table back
@@ -111,7 +112,7 @@ func newSamplePipeline[S any, K comparable, V, R any, A sampleAggregator[S, K, V
 	if err != nil {
 		return nil, err
 	}
-	var done map[time.Time]uint64
+	var done ledger
 	err = untilRead(ctx, d.Logger, func() (err error) {
 		if err := sk.Settle(ctx, ""); err != nil {
 			return err
@@ -124,9 +125,13 @@ func newSamplePipeline[S any, K comparable, V, R any, A sampleAggregator[S, K, V
 	if err != nil {
 		return nil, err
 	}
+	if err := checkPositions(ctx, d.JS, o, floor, done.maxSeq()); err != nil {
+		return nil, err
+	}
 	m := d.Metrics.forStream(k.stream)
-	st := &sampleStage[S, K, V, R, A]{kind: k, agg: k.newAgg(cfg, done), cfg: cfg, sink: sk, m: m}
-	d.Logger.Info("consuming", "stream", o.Stream, "consumer", o.Consumer, "floor", floor, "windows_already_stored", len(done), "flushes_to_publish_again", ob.flushes)
+	st := &sampleStage[S, K, V, R, A]{kind: k, agg: k.newAgg(cfg, done[cfg.Window]), cfg: cfg, sink: sk, m: m}
+	done.otherLengths(st.agg, cfg.Window, d.Logger, o.Stream)
+	d.Logger.Info("consuming", "stream", o.Stream, "consumer", o.Consumer, "floor", floor, "windows_already_stored", done.windows(), "flushes_to_publish_again", ob.flushes)
 	return newPipeline(o, d.JS, d.NC, cons, floor, store, ob, st, d.Publisher, m, d.Logger.With("stream", o.Stream)), nil
 }
 

@@ -46,7 +46,7 @@ func NewTokens(ctx context.Context, o Options, cfg window.Config, prices *price.
 	if err != nil {
 		return nil, err
 	}
-	var done map[time.Time]uint64
+	var done ledger
 	var stored storedSet
 	storeRequests := d.Requests != nil
 	err = untilRead(ctx, d.Logger, func() (err error) {
@@ -65,19 +65,61 @@ func NewTokens(ctx context.Context, o Options, cfg window.Config, prices *price.
 	if err != nil {
 		return nil, err
 	}
+	if err := checkPositions(ctx, d.JS, o, floor, max(done.maxSeq(), stored.last())); err != nil {
+		return nil, err
+	}
 	cfg.Prices = prices
 	m := d.Metrics.forStream("tokens")
 	st := &tokenStage{
-		agg: window.New(cfg, done), dec: events.NewDecoder(4096), cfg: cfg,
+		agg: window.New(cfg, done[cfg.Window]), dec: events.NewDecoder(4096), cfg: cfg,
 		store: storeRequests, stored: stored, sink: sk, m: m,
 	}
+	done.otherLengths(st.agg, cfg.Window, d.Logger, o.Stream)
 	if storeRequests {
 		st.writer = d.Requests
 		st.reqs, st.spare = d.Requests.NewBuffer(), d.Requests.NewBuffer()
 	}
-	d.Logger.Info("consuming", "stream", o.Stream, "consumer", o.Consumer, "floor", floor, "windows_already_stored", len(done), "requests_already_stored", len(stored.seqs),
+	d.Logger.Info("consuming", "stream", o.Stream, "consumer", o.Consumer, "floor", floor, "windows_already_stored", done.windows(), "requests_already_stored", len(stored.seqs),
 		"flushes_to_publish_again", ob.flushes)
 	return newPipeline(o, d.JS, d.NC, cons, floor, store, ob, st, d.Publisher, m, d.Logger.With("stream", o.Stream)), nil
+}
+
+// ledger is a rollup table's ledger read at start (sink.Done): per window length and window
+// start, the stream position through which the window's events are stored.
+type ledger map[time.Duration]map[time.Time]uint64
+
+// windows returns how many windows the ledger lists.
+func (l ledger) windows() int {
+	n := 0
+	for _, d := range l {
+		n += len(d)
+	}
+	return n
+}
+
+// maxSeq returns the highest stream position the ledger holds.
+func (l ledger) maxSeq() uint64 {
+	var m uint64
+	for _, d := range l {
+		for _, seq := range d {
+			m = max(m, seq)
+		}
+	}
+	return m
+}
+
+// otherLengths hands agg the windows of the lengths other than window (the one the
+// aggregator was made with): AGG_WINDOW changed since they were stored, and the events they
+// hold must be skipped all the same, while those of their windows left open are not.
+func (l ledger) otherLengths(agg interface {
+	Stored(width time.Duration, done map[time.Time]uint64)
+}, window time.Duration, logger *slog.Logger, stream string) {
+	for width, done := range l {
+		if width != window {
+			agg.Stored(width, done)
+			logger.Info("windows of another length stored after the floor; skipping the events they hold", "stream", stream, "window", width.String(), "windows", len(done))
+		}
+	}
 }
 
 // untilRead reads the ledger, retrying until it is read or ctx ends. read first waits for

@@ -17,6 +17,14 @@ func (s *storedSet) has(seq uint64) bool {
 	return s.seqs[i] == seq
 }
 
+// last returns the highest position in the set, 0 when it is empty.
+func (s *storedSet) last() uint64 {
+	if len(s.seqs) == 0 {
+		return 0
+	}
+	return s.seqs[len(s.seqs)-1]
+}
+
 // passed lets the set go once everything consumed from now on lies after its last position.
 func (s *storedSet) passed(seq uint64) {
 	if len(s.seqs) > 0 && seq >= s.seqs[len(s.seqs)-1] {

@@ -208,23 +208,30 @@ func (c *ClickHouse) RequestSeqsIn(ctx context.Context, lo, hi uint64) ([]uint64
 	return seqs, nil
 }
 
-// Done reads the ledger of table back: per window start, the highest stream position whose
-// events its rows cover, for rows past afterSeq (the consumer's ack floor).
-func (c *ClickHouse) Done(ctx context.Context, table string, afterSeq uint64) (map[time.Time]uint64, error) {
-	q := "SELECT window_start, max(seq_through) FROM " + table + " WHERE consumer = ? AND seq_through > ? GROUP BY window_start"
+// Done reads the ledger of table back: per window length and window start, the highest
+// stream position whose events its rows cover, for rows past afterSeq (the consumer's ack
+// floor). Rows of another length than today's are those of an earlier AGG_WINDOW: the events
+// they cover are stored too.
+func (c *ClickHouse) Done(ctx context.Context, table string, afterSeq uint64) (map[time.Duration]map[time.Time]uint64, error) {
+	q := "SELECT window_seconds, window_start, max(seq_through) FROM " + table + " WHERE consumer = ? AND seq_through > ? GROUP BY window_seconds, window_start"
 	rows, err := c.conn.Query(fullRead(ctx), q, c.consumer, afterSeq)
 	if err != nil {
 		return nil, fmt.Errorf("cannot read the ledger of %s: %w", table, err)
 	}
 	defer rows.Close()
-	done := map[time.Time]uint64{}
+	done := map[time.Duration]map[time.Time]uint64{}
 	for rows.Next() {
+		var seconds uint32
 		var start time.Time
 		var seq uint64
-		if err := rows.Scan(&start, &seq); err != nil {
+		if err := rows.Scan(&seconds, &start, &seq); err != nil {
 			return nil, fmt.Errorf("cannot read the ledger of %s: %w", table, err)
 		}
-		done[start.UTC()] = seq
+		width := time.Duration(seconds) * time.Second
+		if done[width] == nil {
+			done[width] = map[time.Time]uint64{}
+		}
+		done[width][start.UTC()] = seq
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("cannot read the ledger of %s: %w", table, err)

@@ -72,6 +72,10 @@ type windows[K comparable, S any] struct {
 	// done records, per window start, the highest stream sequence whose events are already
 	// in ClickHouse (learnt at start from the rows' seq_through, and from every flush).
 	done map[int64]uint64
+	// other is the ledger of windows of other lengths (AGG_WINDOW changed across a
+	// restart), by length (ns): an event is stored if the window of any length holding it is
+	// stored through its position.
+	other map[int64]map[int64]uint64
 	// written marks the windows this process wrote: what arrives for them is late.
 	written map[int64]bool
 	// closed is the end (unix ns) through which an earlier process published every window
@@ -105,6 +109,11 @@ func (w *windows[K, S]) route(ts, end int64, seq uint64, clock int64) (*Unit[K, 
 	if seq <= w.done[start] {
 		return nil, Skipped
 	}
+	for width, done := range w.other {
+		if seq <= done[floorDiv(ts, width)*width] {
+			return nil, Skipped
+		}
+	}
 	wm := w.watermark(clock) // as it was before this event
 	// The watermark never goes back: after a quiet spell it has moved on with the clock, and
 	// what it passed was closed and published as passed; an older event must not take it back.
@@ -130,6 +139,30 @@ func (w *windows[K, S]) route(ts, end int64, seq uint64, clock int64) (*Unit[K, 
 	u := w.newUnit(start, restarted, seq)
 	w.open[start] = u
 	return u, Added
+}
+
+// Stored records the ledger of windows of length width, stored by an earlier process that
+// had another AGG_WINDOW: per window start, the stream position through which its events are
+// stored. An event it covers is skipped, as one covered by a window of the current length:
+// the rows of the old length hold it, and an event of one of its windows left open is
+// counted in a window of the new length. For the current length it adds to done (New).
+func (w *windows[K, S]) Stored(width time.Duration, done map[time.Time]uint64) {
+	if width <= 0 || len(done) == 0 {
+		return
+	}
+	m := w.done
+	if int64(width) != w.window {
+		if w.other == nil {
+			w.other = map[int64]map[int64]uint64{}
+		}
+		if m = w.other[int64(width)]; m == nil {
+			m = map[int64]uint64{}
+			w.other[int64(width)] = m
+		}
+	}
+	for t, seq := range done {
+		m[t.UnixNano()] = max(m[t.UnixNano()], seq)
+	}
 }
 
 // Resume records that an earlier process published every window ending at or before
@@ -220,6 +253,16 @@ func (w *windows[K, S]) Flushed(starts []time.Time, seq uint64, now time.Time) {
 		if start < horizon {
 			delete(w.done, start)
 			delete(w.written, start)
+		}
+	}
+	for width, done := range w.other {
+		for start := range done {
+			if start < horizon {
+				delete(done, start)
+			}
+		}
+		if len(done) == 0 {
+			delete(w.other, width)
 		}
 	}
 }

@@ -144,6 +144,31 @@ func TestRestartSkipsStored(t *testing.T) {
 	}
 }
 
+// TestRestartSkipsStoredOfAnotherLength: windows stored with another AGG_WINDOW decide
+// what a restart skips, by the window of their own length that holds each event.
+func TestRestartSkipsStoredOfAnotherLength(t *testing.T) {
+	a := window.New(cfg(t), nil)                                                 // 15 s windows now
+	a.Stored(5*time.Second, map[time.Time]uint64{t0: 20})                        // [t0, t0+5s) stored through 20
+	a.Stored(30*time.Second, map[time.Time]uint64{t0.Add(30 * time.Second): 40}) // [t0+30s, t0+60s) through 40
+	now := t0.Add(time.Minute)
+	for _, c := range []struct {
+		at   time.Duration
+		seq  uint64
+		want window.Result
+	}{
+		{time.Second, 10, window.Skipped},      // in the stored 5 s window
+		{6 * time.Second, 10, window.Added},    // in the 15 s window at t0, but in no stored 5 s one
+		{time.Second, 21, window.Added},        // after the stored 5 s window's seq_through
+		{31 * time.Second, 30, window.Skipped}, // in the stored 30 s window
+		{50 * time.Second, 40, window.Skipped},
+		{50 * time.Second, 41, window.Added},
+	} {
+		if got := a.Add(ev(c.at, events.StatusOK, 1, 2, 1, 2), c.seq, now); got != c.want {
+			t.Errorf("event at +%s, seq %d: %v, want %v", c.at, c.seq, got, c.want)
+		}
+	}
+}
+
 func TestSeriesFolding(t *testing.T) {
 	c := cfg(t)
 	c.MaxSeries = 3
