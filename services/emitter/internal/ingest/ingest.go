@@ -147,7 +147,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	body, held, err := reqbody.ReadRequest(w, r, h.opts.MaxBytes, h.opts.Budget, h.opts.BodyIdle)
-	defer h.opts.Budget.Release(held)
+	release := func() { h.opts.Budget.Release(held); held = 0 }
+	defer release()
 	switch {
 	case errors.Is(err, reqbody.ErrTooLarge):
 		h.reply(w, http.StatusRequestEntityTooLarge, &Answer{Error: fmt.Sprintf("body is over the %d byte limit", h.opts.MaxBytes)})
@@ -165,9 +166,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.reply(w, http.StatusBadRequest, &Answer{Error: "cannot read the body: " + err.Error()})
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), h.opts.StoreWait)
+	// The wait is bounded; it outlives a client that half-closes its connection, whose
+	// request context net/http ends then, so that its stored events are answered as such.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.opts.StoreWait)
 	defer cancel()
 	ans := h.ingest(ctx, body, h.now(), wait)
+	// The events are copied out: the body's memory goes back to the budget the proxy
+	// shares before the wait for JetStream.
+	body = nil
+	release()
+	if wait != nil && ans.Accepted > 0 {
+		ans.storeErr = wait.Wait(ctx)
+	}
 	status := http.StatusAccepted
 	switch {
 	case errors.Is(ans.storeErr, bus.ErrRefused):
@@ -180,6 +190,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", "1")
 	case ans.Error != "":
 		status = http.StatusBadRequest
+	case wait != nil && ans.dropped > 0:
+		// Some valid events found no room within the wait: the client sends the batch
+		// again, and what got through is dropped as a duplicate by its event_id.
+		status = http.StatusServiceUnavailable
+		w.Header().Set("Retry-After", "1")
 	case ans.Accepted > 0 && wait != nil:
 		status, ans.Stored = http.StatusOK, ans.Accepted
 	case ans.Accepted > 0:
@@ -333,6 +348,10 @@ func (b *batch) item(i int, raw []byte) {
 		}
 	}
 	b.res.dropped++
+	if b.wait != nil {
+		b.reject(i, "dropped", fmt.Errorf("cannot publish event %s: %w: no room came in %s", id, ErrDropped, b.h.opts.StoreWait))
+		return
+	}
 	b.reject(i, "dropped", fmt.Errorf("cannot publish event %s: %w", id, ErrDropped))
 }
 
@@ -409,7 +428,4 @@ func (b *batch) reject(i int, reason string, err error) {
 // AckStored waits for JetStream to store them.
 func (b *batch) done() {
 	b.h.accepted.Add(float64(b.res.Accepted))
-	if b.wait != nil && b.res.Accepted > 0 {
-		b.res.storeErr = b.wait.Wait(b.ctx)
-	}
 }

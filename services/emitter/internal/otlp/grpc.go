@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/collector/pdata/ptrace/ptraceotlp"
@@ -65,20 +66,28 @@ func (r *Receiver) tap(ctx context.Context, info *tap.Info) (context.Context, er
 	// holding that much all the while: a call whose message has not come in the idle
 	// timeout is canceled (the exporter sends it again). Export stops the clock.
 	ctx, cancel := context.WithCancel(ctx)
-	wait := time.AfterFunc(r.bodyIdle(), func() {
+	h := &callHold{wait: time.AfterFunc(r.bodyIdle(), func() {
 		r.m.requests.WithLabelValues("grpc", codes.DeadlineExceeded.String()).Inc()
 		cancel()
-	})
+	})}
+	h.release = func() { h.once.Do(func() { r.opts.Budget.Release(n) }) }
 	context.AfterFunc(ctx, func() {
-		wait.Stop()
-		r.opts.Budget.Release(n)
+		h.wait.Stop()
+		h.release()
 	})
-	return context.WithValue(ctx, messageWait{}, wait), nil
+	return context.WithValue(ctx, holdKey{}, h), nil
 }
 
-// messageWait is the context key of the timer that cancels a call whose message has not
-// come.
-type messageWait struct{}
+// callHold is what the tap holds for a call, found in its context under holdKey: the timer
+// that cancels a call whose message has not come, and the release of the call's budget,
+// which Export calls once the events are published, before waiting for them to be stored.
+type callHold struct {
+	wait    *time.Timer
+	once    sync.Once
+	release func()
+}
+
+type holdKey struct{}
 
 func (r *Receiver) bodyIdle() time.Duration {
 	if r.opts.BodyIdle > 0 {
@@ -97,7 +106,8 @@ func (r *Receiver) maxDecoded() int64 { return decodedFactor * r.opts.MaxBytes }
 // "authorization: Bearer <token>" metadata, as the exporters' headers option sends it.
 func (t *traceService) Export(ctx context.Context, req ptraceotlp.ExportRequest) (ptraceotlp.ExportResponse, error) {
 	r := t.r
-	if wait, ok := ctx.Value(messageWait{}).(*time.Timer); ok && !wait.Stop() {
+	hold, _ := ctx.Value(holdKey{}).(*callHold)
+	if hold != nil && !hold.wait.Stop() {
 		// Counted when the clock ran out.
 		return ptraceotlp.NewExportResponse(), status.Error(codes.DeadlineExceeded, "the message came after the call was given up")
 	}
@@ -119,13 +129,19 @@ func (t *traceService) Export(ctx context.Context, req ptraceotlp.ExportRequest)
 	}
 	select {
 	case r.slots <- struct{}{}:
-		defer func() { <-r.slots }()
 	case <-ctx.Done():
 		return t.fail(codes.Unavailable, "canceled while waiting for a slot")
 	}
 	wctx, cancel := context.WithTimeout(ctx, r.opts.StoreWait)
 	defer cancel()
 	res := r.consume(wctx, req.Traces(), wait)
+	// The events are encoded apart: the message's memory and the slot go back before the
+	// wait for JetStream.
+	<-r.slots
+	if hold != nil {
+		hold.release()
+	}
+	res.waitStored(wctx, wait)
 	if res.storeErr != nil {
 		msg, retry := res.storeFailure()
 		if !retry {

@@ -63,22 +63,29 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	// multiplies memory: decompressing and decoding. Nothing of the request outlives
 	// consume (the events are encoded apart): its memory goes back when it is answered.
 	var raw []byte
-	var held int64
+	var held, zheld int64
+	slot := false
+	free := func() { // the body's memory and the slot; once the events are published, or at return
+		r.opts.Budget.Release(held + zheld)
+		held, zheld = 0, 0
+		if slot {
+			<-r.slots
+			slot = false
+		}
+	}
+	defer free()
 	raw, held, err = reqbody.ReadRequest(w, req, r.opts.MaxBytes, r.opts.Budget, r.opts.BodyIdle)
-	defer r.opts.Budget.Release(held)
 	if err == nil {
 		select {
 		case r.slots <- struct{}{}:
-			defer func() { <-r.slots }()
+			slot = true
 		case <-req.Context().Done():
 			return
 		}
 	}
 	body := raw
 	if err == nil && enc == "gzip" {
-		var zheld int64
 		body, zheld, err = r.gunzip(raw)
-		defer r.opts.Budget.Release(zheld)
 	}
 	switch {
 	case errors.Is(err, reqbody.ErrTooLarge):
@@ -118,9 +125,13 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.fail(w, isJSON, http.StatusBadRequest, codes.InvalidArgument, "cannot decode the ExportTraceServiceRequest: "+cut(err.Error(), 256))
 		return
 	}
-	ctx, cancel := context.WithTimeout(req.Context(), r.opts.StoreWait)
+	// The wait is bounded; it outlives an exporter that half-closes its connection, whose
+	// request context net/http ends then, so that its stored events are answered as such.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(req.Context()), r.opts.StoreWait)
 	defer cancel()
 	res := r.consume(ctx, er.Traces(), wait)
+	free()
+	res.waitStored(ctx, wait)
 	if res.storeErr != nil {
 		msg, retry := res.storeFailure()
 		if !retry {

@@ -185,8 +185,8 @@ func (res *result) message() string {
 }
 
 // consume maps, validates and publishes every span of td; through wait, when not nil,
-// waiting as long as ctx lets it for room in the publisher and then for JetStream to store
-// the events.
+// waiting as long as ctx lets it for room in the publisher (waitStored then waits for
+// JetStream to store the events).
 func (r *Receiver) consume(ctx context.Context, td ptrace.Traces, wait *bus.Batch) result {
 	b := batch{r: r, now: r.now(), ctx: ctx, wait: wait}
 	rss := td.ResourceSpans()
@@ -215,10 +215,16 @@ func (r *Receiver) consume(ctx context.Context, td ptrace.Traces, wait *bus.Batc
 	if b.res.dropped > 0 {
 		r.m.rejected.WithLabelValues("dropped").Add(float64(b.res.dropped))
 	}
-	if wait != nil && b.res.dropped == 0 && b.res.accepted[KindEngine]+b.res.accepted[KindApp] > 0 {
-		b.res.storeErr = wait.Wait(ctx)
-	}
 	return b.res
+}
+
+// waitStored waits, as long as ctx lets it, for JetStream to store what consume published
+// through wait, when not nil. It is called once the request's memory and its slot are given
+// back: what waits for NATS is the events, never the request they came in.
+func (res *result) waitStored(ctx context.Context, wait *bus.Batch) {
+	if wait != nil && res.dropped == 0 && res.accepted[KindEngine]+res.accepted[KindApp] > 0 {
+		res.storeErr = wait.Wait(ctx)
+	}
 }
 
 // batch is the work on one request's spans.
