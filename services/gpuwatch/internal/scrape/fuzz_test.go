@@ -42,14 +42,14 @@ func FuzzExposition(f *testing.F) {
 				if err != nil {
 					continue
 				}
-				cur := s.read(tg, fams)
+				cur := s.read(tg, fams, now)
 				if len(cur) > 8 {
 					t.Fatalf("%d models over the limit of 8", len(cur))
 				}
 				for mdl, st := range cur {
 					st.ts = now
 					smp := events.EngineSample{V: events.Version, TS: now, Host: "h", Engine: kind, Name: kind, Model: mdl, Up: true}
-					s.fill(tg, &smp, st, tg.models[mdl])
+					s.fill(&smp, st, tg.models[mdl])
 					if err := smp.ValidateAt(now); err != nil && events.Reason(err) != "too_long" && events.Reason(err) != "not_utf8" {
 						t.Fatalf("%s: sample breaks the contract: %v\n%s", kind, err, jsonOf(smp))
 					}

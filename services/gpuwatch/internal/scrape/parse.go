@@ -2,6 +2,7 @@ package scrape
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"io"
 	"strconv"
@@ -19,8 +20,9 @@ import (
 // _count and _sum series. Every other series is parsed and let go without being kept, which
 // is where the time goes in an engine's exposition: expfmt builds every family it meets.
 // What the labels of each series kept say is remembered in c for the next scrape of the
-// same endpoint. A series exposed twice is read once, as its first copy (what Prometheus
-// stores of a scrape that repeats a series); c.dups counts the copies left out.
+// same endpoint. A series exposed twice (the same name and labels, in any order) is read
+// once, as its first copy (what Prometheus stores of a scrape that repeats a series); c.dups
+// counts the copies left out.
 func families(body []byte, byName map[string]mapping, c *seriesCache) (map[string]*dto.MetricFamily, error) {
 	p := textparse.NewPromParser(body, labels.NewSymbolTable(), false)
 	types := map[string]dto.MetricType{}
@@ -59,14 +61,17 @@ func families(body []byte, byName map[string]mapping, c *seriesCache) (map[strin
 		e := c.entries[string(series)] // no allocation for the lookup
 		if e == nil || e.mtype != mtype {
 			p.Labels(&lset)
-			e = newSeriesEntry(lset, mtype)
+			e = c.newEntry(lset, mtype)
 			c.entries[string(series)] = e
 		}
-		if e.gen == c.gen {
-			c.dups++ // a copy of a series this exposition already had: added, it would count twice
+		e.gen = c.gen
+		if e.same.gen == c.gen {
+			// a copy of a series this exposition already had, written alike or with its
+			// labels in another order: added, it would count twice
+			c.dups++
 			continue
 		}
-		e.gen = c.gen
+		e.same.gen = c.gen
 		if _, ok := byName[e.name]; ok {
 			typ, typed := types[e.name]
 			if !typed {
@@ -136,11 +141,34 @@ func families(body []byte, byName map[string]mapping, c *seriesCache) (map[strin
 // the last scrape only, so it is bounded by the largest exposition read.
 type seriesCache struct {
 	entries map[string]*seriesEntry
-	gen     uint64
-	dups    int // series of the last scrape left out as copies of one before them
+	// the series by their canonical labels (labelsKey): the texts of one series, however
+	// its labels are ordered or spaced, share one
+	byLabels map[string]*sameSeries
+	gen      uint64
+	dups     int // series of the last scrape left out as copies of one before them
 }
 
-func newSeriesCache() *seriesCache { return &seriesCache{entries: map[string]*seriesEntry{}} }
+// sameSeries is one series (one name and label set), whatever text it was exposed as.
+type sameSeries struct {
+	key string // labelsKey of its labels
+	gen uint64 // the last scrape that read it
+}
+
+func newSeriesCache() *seriesCache {
+	return &seriesCache{entries: map[string]*seriesEntry{}, byLabels: map[string]*sameSeries{}}
+}
+
+// newEntry returns the entry of a series text not cached (or cached under another type).
+func (c *seriesCache) newEntry(lset labels.Labels, mtype model.MetricType) *seriesEntry {
+	e := newSeriesEntry(lset, mtype)
+	key := string(labelsKey(nil, lset, ""))
+	e.same = c.byLabels[key]
+	if e.same == nil {
+		e.same = &sameSeries{key: key}
+		c.byLabels[key] = e.same
+	}
+	return e
+}
 
 // sweep forgets the series the last scrape did not have.
 func (c *seriesCache) sweep() {
@@ -149,13 +177,19 @@ func (c *seriesCache) sweep() {
 			delete(c.entries, k)
 		}
 	}
+	for k, s := range c.byLabels {
+		if s.gen != c.gen {
+			delete(c.byLabels, k)
+		}
+	}
 }
 
 // seriesEntry is what one series' labels say. dto values in it are shared by the families
 // of every scrape that has the series, and never written after it is made.
 type seriesEntry struct {
 	mtype      model.MetricType // textparse writes le by the type it reads the series under
-	gen        uint64
+	gen        uint64           // the last scrape that had this text
+	same       *sameSeries      // the series, shared with the other texts of it
 	name       string
 	pairs      []*dto.LabelPair // the labels but the name
 	base, part string           // a histogram series' family and suffix, or "" and ""
@@ -171,16 +205,29 @@ func newSeriesEntry(lset labels.Labels, mtype model.MetricType) *seriesEntry {
 	if e.part == "" {
 		return e
 	}
-	key := []byte(e.base)
-	lset.Range(func(l labels.Label) {
-		if l.Name != model.BucketLabel && l.Name != model.MetricNameLabel {
-			key = append(append(append(append(key, 0), l.Name...), 0), l.Value...)
-		}
-	})
+	key := labelsKey(appendString(nil, e.base), lset, model.BucketLabel)
 	e.key, e.histPairs = string(key), labelPairs(lset, model.BucketLabel)
 	le, err := strconv.ParseFloat(lset.Get(model.BucketLabel), 64)
 	e.le, e.leOK = le, err == nil
 	return e
+}
+
+// labelsKey appends the series' labels but its name and skip to key, each name and value
+// length-prefixed: one key per label set, whatever bytes the values hold. lset is sorted by
+// name (textparse sorts the labels it gives), so the order the series was written in does
+// not change the key. With skip "" the name is in the key too (as the label __name__).
+func labelsKey(key []byte, lset labels.Labels, skip string) []byte {
+	lset.Range(func(l labels.Label) {
+		if l.Name == skip || (skip != "" && l.Name == model.MetricNameLabel) {
+			return
+		}
+		key = appendString(appendString(key, l.Name), l.Value)
+	})
+	return key
+}
+
+func appendString(b []byte, s string) []byte {
+	return append(binary.AppendUvarint(b, uint64(len(s))), s...)
 }
 
 // wanted reports whether series (as textparse gives it: the name, then the labels) is of

@@ -59,25 +59,45 @@ type target struct {
 	body    bytes.Buffer
 	cache   *seriesCache
 	models  map[string]*state
+	series  map[string]*seriesState // by family and labels, as track keys them
+	gen     uint64                  // good scrapes read
+	live    int                     // series the last scrape had
+	key     []byte                  // track's key buffer
+	counts  []float64               // a histogram series' delta, before it is added
 	lastErr string
 	out     []events.EngineSample
 }
 
-// state is one model's totals at one scrape: the counters and cumulative histograms.
+// state is one model's readings at one scrape: its gauges, and the deltas of its counters
+// and histograms since its previous scrape (none at its first).
 type state struct {
 	ts       time.Time
-	has      [numFields]bool
-	counters [numFields]float64
-	hists    [numFields]*cumHist
-	// how many series each field adds up: a delta is taken only between two scrapes that
-	// add as many, for a series gone (a core's value refused, a core gone) makes the sum
-	// fall without any restart
-	series [numFields]int
+	baseline bool                              // the model's first scrape: no deltas
+	has      [numFields]bool                   // a gauge read, or a delta taken
+	counters [numFields]float64                // a gauge's value, or a counter's delta
+	hists    [numFields]*events.HistogramDelta // a histogram's delta
+	le       [numFields][]float64              // the bounds every histogram series of a field has
 	// while reading: which name set each field (0 none, 1 legacy, 2 current) and the
 	// fields dropped for a conflict this scrape
 	from     [numFields]uint8
 	conflict [numFields]bool
 }
+
+// seriesState is the last value read of one counter or histogram series of a model read:
+// a reading's delta is the sum of its series' deltas, each against its own last value.
+type seriesState struct {
+	gen  uint64    // the last scrape that had the series
+	seen time.Time // when
+	ok   bool      // v or h is its last good value; false: exposed, never with a good one
+	v    float64
+	h    *cumHist
+}
+
+// seriesStale is how long the last value of a series gone from the exposition is kept:
+// one back within it is a series the exposition missed, and its delta is against that
+// value, not its whole total. It is Prometheus's lookback delta, after which a series
+// unseen is stale.
+const seriesStale = 5 * time.Minute
 
 // cumHist is a histogram as exposed: finite upper bounds, cumulative counts at each, and
 // the total count (the +Inf bucket) and sum.
@@ -110,6 +130,7 @@ func New(targets []Target, pub publisher, opts Options, reg prometheus.Registere
 		s.targets = append(s.targets, &target{
 			Target: t,
 			models: map[string]*state{},
+			series: map[string]*seriesState{},
 			cache:  newSeriesCache(),
 		})
 	}
@@ -237,13 +258,13 @@ func (s *Scraper) scrapeTarget(ctx context.Context, t *target, now time.Time) {
 		t.lastErr = ""
 	}
 	s.m.up.WithLabelValues(t.Name).Set(1)
-	cur := s.read(t, fams)
+	cur := s.read(t, fams, now)
 	s.m.models.WithLabelValues(t.Name).Set(float64(len(cur)))
 	for mdl, st := range cur {
 		st.ts = now
 		smp := events.EngineSample{V: events.Version, TS: now, Host: s.opts.Host,
 			Engine: t.Engine, Name: t.Name, Model: mdl, Up: true}
-		s.fill(t, &smp, st, t.models[mdl])
+		s.fill(&smp, st, t.models[mdl])
 		t.out = append(t.out, smp)
 	}
 	// Only what this scrape saw is kept: a model the engine unloaded leaves no state.
@@ -312,7 +333,16 @@ func netReason(ctx context.Context, err error) string {
 // scheduler exports. So only the lowest ranks of each model and dp_rank are read, or the
 // same requests would be counted once per rank. The lowest, not 0: under DP attention
 // the scheduler of dp_rank 3 is tp_rank 3 (and moe_ep_rank 3 with expert parallelism).
-func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily) map[string]*state {
+//
+// A counter's or histogram's delta is the sum of its series' deltas, each against the
+// series' own last value (t.series): a series gone adds nothing, a series that fell
+// restarted (its delta is its value), a series with a value refused adds nothing and keeps
+// its last good one, a series new to the exposition counts from zero (prometheus_client
+// makes a labelled series at its first increment). The series of other ranks are tracked
+// too, so that one becoming the lowest is not new.
+func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily, now time.Time) map[string]*state {
+	t.gen++
+	t.live = 0
 	cur := map[string]*state{}
 	byName := names[t.Engine]
 	label := modelLabel(t.Engine)
@@ -331,35 +361,56 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily) map[string]
 		if mp.legacy {
 			prio = 1
 		}
+		f := mp.f
 		for _, m := range fam.GetMetric() {
 			mdl, group, r := seriesRanks(m, label)
-			if r.has && r != leaders[group] {
-				continue // another rank's copy of the same scheduler's figures
-			}
 			st := cur[mdl]
 			if st == nil {
 				if kept != nil && !kept[mdl] {
 					overLimit = true
 					continue
 				}
-				st = &state{}
+				st = &state{baseline: t.models[mdl] == nil}
 				cur[mdl] = st
 			}
-			f := mp.f
-			if st.from[f] > prio || st.conflict[f] {
+			// read: not another rank's copy of the same scheduler's figures, nor a
+			// legacy name where the current one is exported, nor a field in conflict
+			read := (!r.has || r == leaders[group]) && st.from[f] <= prio && !st.conflict[f]
+			if !read && f < firstCounter {
 				continue
 			}
-			if st.from[f] < prio { // a current name replaces a legacy one
-				st.has[f], st.counters[f], st.hists[f], st.series[f] = false, 0, nil, 0
+			if read && st.from[f] < prio { // a current name replaces a legacy one
+				st.has[f], st.counters[f], st.hists[f], st.le[f] = false, 0, nil, nil
 				st.from[f] = prio
 			}
 			if f >= firstHistogram {
-				s.addHist(t, st, f, m.GetHistogram())
+				s.readHist(t, st, f, name, m, read, now)
 				continue
 			}
 			v, ok := value(fam.GetType(), m, f >= firstCounter)
 			if !ok || math.IsNaN(v) || math.IsInf(v, 0) || v < 0 || (maxed(f) && v > 1) {
-				s.m.dropped.WithLabelValues(t.Name, "bad_value").Inc()
+				if read {
+					s.m.dropped.WithLabelValues(t.Name, "bad_value").Inc()
+				}
+				if f >= firstCounter {
+					t.track(name, m, now) // exposed: its last good value is kept
+				}
+				continue
+			}
+			if f >= firstCounter {
+				sv, known := t.track(name, m, now)
+				d, moved := v, !known // a new series counts from zero
+				if sv.ok {
+					moved = true
+					if v >= sv.v { // else it fell: restarted, counted from zero
+						d = v - sv.v
+					}
+				}
+				sv.v, sv.ok = v, true
+				if read && moved && !st.baseline {
+					st.counters[f] += d
+					st.has[f] = true
+				}
 				continue
 			}
 			switch {
@@ -371,9 +422,9 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily) map[string]
 				st.counters[f] += v
 			}
 			st.has[f] = true
-			st.series[f]++
 		}
 	}
+	t.sweep(now)
 	if overLimit {
 		s.m.dropped.WithLabelValues(t.Name, "models_over_limit").Inc()
 	}
@@ -381,6 +432,41 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily) map[string]
 		cur[""] = &state{} // up, and exporting nothing tokenscope reads
 	}
 	return cur
+}
+
+// track returns the state of the series of family name with m's labels, and whether it
+// was known before this scrape, and marks it seen.
+func (t *target) track(name string, m *dto.Metric, now time.Time) (sv *seriesState, known bool) {
+	k := appendString(t.key[:0], name)
+	for _, lp := range m.GetLabel() { // sorted by name: one key whatever order they came in
+		k = appendString(appendString(k, lp.GetName()), lp.GetValue())
+	}
+	t.key = k
+	sv = t.series[string(k)] // no allocation for the lookup
+	known = sv != nil
+	if !known {
+		sv = &seriesState{}
+		t.series[string(k)] = sv
+	}
+	if sv.gen != t.gen {
+		t.live++
+	}
+	sv.gen, sv.seen = t.gen, now
+	return sv, known
+}
+
+// sweep forgets the series unseen for seriesStale, and every series gone when they
+// outnumber those of the last scrape: the state is bounded by twice the series read.
+func (t *target) sweep(now time.Time) {
+	gone := len(t.series) - t.live
+	if gone == 0 {
+		return
+	}
+	for k, sv := range t.series {
+		if sv.gen != t.gen && (gone > t.live || now.Sub(sv.seen) > seriesStale) {
+			delete(t.series, k)
+		}
+	}
 }
 
 // ranks are the parallel ranks of the SGLang scheduler a series is from, below its
@@ -513,11 +599,65 @@ func value(typ dto.MetricType, m *dto.Metric, isCounter bool) (float64, bool) {
 	return 0, false
 }
 
-// addHist adds one exposed histogram to st's field f.
-func (s *Scraper) addHist(t *target, st *state, f field, h *dto.Histogram) {
-	if h == nil {
-		s.m.dropped.WithLabelValues(t.Name, "histogram_malformed").Inc()
+// readHist reads one exposed histogram series of st's field f and adds its delta to the
+// field's (read false: only tracked). Its drops are counted when it is read.
+func (s *Scraper) readHist(t *target, st *state, f field, name string, m *dto.Metric, read bool, now time.Time) {
+	drop := func(reason string) {
+		if read {
+			s.m.dropped.WithLabelValues(t.Name, reason).Inc()
+		}
+	}
+	ch, reason := cumulative(m.GetHistogram())
+	sv, known := t.track(name, m, now)
+	if ch == nil {
+		drop(reason) // exposed: its last good value is kept
 		return
+	}
+	old := sv.h
+	if !sv.ok {
+		old = nil
+	}
+	sv.h, sv.ok = ch, true
+	if !read {
+		return
+	}
+	switch {
+	case st.le[f] == nil:
+		st.le[f] = ch.le
+	case !slices.Equal(st.le[f], ch.le):
+		drop("histogram_bounds_mismatch")
+		st.has[f], st.hists[f], st.conflict[f] = false, nil, true
+		return
+	}
+	if st.baseline || (known && old == nil) || (old != nil && !slices.Equal(old.le, ch.le)) {
+		return // the model's first scrape, the series' first good value, or new bounds
+	}
+	if cap(t.counts) < len(ch.le)+1 {
+		t.counts = make([]float64, events.MaxEngineBuckets+1)
+	}
+	d := t.counts[:len(ch.le)+1]
+	count, sum, ok := histDelta(d, ch, old) // old nil: a new series, from zero
+	if !ok {
+		drop("histogram_malformed")
+		return
+	}
+	dh := st.hists[f]
+	if dh == nil {
+		dh = &events.HistogramDelta{Le: append([]float64{}, ch.le...), Counts: make([]float64, len(d))}
+		st.hists[f] = dh
+	}
+	for i, c := range d {
+		dh.Counts[i] += c
+	}
+	dh.Count += count
+	dh.Sum += sum
+	st.has[f] = true
+}
+
+// cumulative returns h as exposed, or nil and the reason it cannot be read.
+func cumulative(h *dto.Histogram) (*cumHist, string) {
+	if h == nil {
+		return nil, "histogram_malformed"
 	}
 	bs := h.GetBucket()
 	byBound := func(a, b *dto.Bucket) int {
@@ -544,43 +684,24 @@ func (s *Scraper) addHist(t *target, st *state, f field, h *dto.Histogram) {
 		c := float64(b.GetCumulativeCount()) + b.GetCumulativeCountFloat()
 		n := len(ch.le)
 		if math.IsNaN(ub) || math.IsInf(ub, 0) || (n > 0 && ub == ch.le[n-1]) || (n > 0 && c < ch.cum[n-1]) || c > ch.count {
-			s.m.dropped.WithLabelValues(t.Name, "histogram_malformed").Inc()
-			return
+			return nil, "histogram_malformed"
 		}
 		ch.le = append(ch.le, ub)
 		ch.cum = append(ch.cum, c)
 	}
 	if math.IsNaN(ch.count) || math.IsInf(ch.count, 0) || math.IsNaN(ch.sum) || math.IsInf(ch.sum, 0) {
-		s.m.dropped.WithLabelValues(t.Name, "histogram_malformed").Inc()
-		return
+		return nil, "histogram_malformed"
 	}
 	if len(ch.le) > events.MaxEngineBuckets {
-		s.m.dropped.WithLabelValues(t.Name, "histogram_too_many_buckets").Inc()
-		return
+		return nil, "histogram_too_many_buckets"
 	}
-	old := st.hists[f]
-	switch {
-	case old == nil:
-		st.hists[f] = ch
-		st.series[f]++
-	case slices.Equal(old.le, ch.le):
-		for i := range old.cum {
-			old.cum[i] += ch.cum[i]
-		}
-		old.count += ch.count
-		old.sum += ch.sum
-		st.series[f]++
-	default:
-		s.m.dropped.WithLabelValues(t.Name, "histogram_bounds_mismatch").Inc()
-		st.hists[f], st.conflict[f] = nil, true
-	}
+	return ch, ""
 }
 
-// fill writes st's gauges and its deltas from prev (the model's previous scrape, or nil)
-// into smp. A counter below its previous value means the engine restarted: the delta is
-// the new value, counted from zero. A field that adds up another number of series than
-// at prev has no delta: its sum may have fallen or jumped by a series alone.
-func (s *Scraper) fill(t *target, smp *events.EngineSample, st, prev *state) {
+// fill writes st's gauges and deltas into smp; prev is the model's previous scrape, or nil.
+// A field whose name changed since prev (a legacy name, then the current one) has no delta
+// that tick: its series are new, not made since prev.
+func (s *Scraper) fill(smp *events.EngineSample, st, prev *state) {
 	for f := range firstCounter {
 		if st.has[f] {
 			set(smp, f, st.counters[f])
@@ -591,58 +712,46 @@ func (s *Scraper) fill(t *target, smp *events.EngineSample, st, prev *state) {
 	}
 	d := st.ts.Sub(prev.ts).Seconds()
 	smp.DeltaSeconds = &d
-	for f := firstCounter; f < firstHistogram; f++ {
-		if st.has[f] && prev.has[f] && st.series[f] == prev.series[f] {
-			cur, old := st.counters[f], prev.counters[f]
-			if cur < old {
-				old = 0
-			}
-			set(smp, f, cur-old)
-		}
-	}
-	for f := firstHistogram; f < numFields; f++ {
-		h, old := st.hists[f], prev.hists[f]
-		if h == nil || old == nil || !slices.Equal(h.le, old.le) || st.series[f] != prev.series[f] {
+	for f := firstCounter; f < numFields; f++ {
+		if !st.has[f] || (prev.from[f] != 0 && prev.from[f] != st.from[f]) {
 			continue
 		}
-		if dh, ok := histDelta(h, old); ok {
-			setHist(smp, f, dh)
+		if f < firstHistogram {
+			set(smp, f, st.counters[f])
 		} else {
-			s.m.dropped.WithLabelValues(t.Name, "histogram_malformed").Inc()
+			setHist(smp, f, st.hists[f])
 		}
 	}
 }
 
-// histDelta returns the per-bucket observations between old and h (same bounds); when
-// any count fell, the engine restarted and h counts from zero.
-func histDelta(h, old *cumHist) (*events.HistogramDelta, bool) {
-	reset := h.count < old.count
-	for i := range h.cum {
-		reset = reset || h.cum[i] < old.cum[i]
+// histDelta writes into d (a count per bound and one above) the observations between old
+// and h (the same bounds), and returns the count and sum between them; when any count
+// fell the engine restarted, and h counts from zero, as it does when old is nil. false:
+// a bucket's count is negative, h is malformed.
+func histDelta(d []float64, h, old *cumHist) (count, sum float64, ok bool) {
+	reset := old == nil || h.count < old.count
+	for i := 0; !reset && i < len(h.cum); i++ {
+		reset = h.cum[i] < old.cum[i]
 	}
-	base := func(i int) float64 {
-		if reset {
-			return 0
-		}
-		return old.cum[i]
-	}
-	d := &events.HistogramDelta{Le: append([]float64{}, h.le...), Counts: make([]float64, len(h.le)+1)}
 	prevCum := 0.0
 	for i := range h.cum {
-		c := h.cum[i] - base(i)
-		d.Counts[i] = c - prevCum
+		c := h.cum[i]
+		if !reset {
+			c -= old.cum[i]
+		}
+		d[i] = c - prevCum
 		prevCum = c
 	}
-	d.Count, d.Sum = h.count, h.sum
+	count, sum = h.count, h.sum
 	if !reset {
-		d.Count -= old.count
-		d.Sum -= old.sum
+		count -= old.count
+		sum -= old.sum
 	}
-	d.Counts[len(h.le)] = d.Count - prevCum
-	for _, c := range d.Counts {
+	d[len(h.le)] = count - prevCum
+	for _, c := range d {
 		if c < 0 {
-			return nil, false
+			return 0, 0, false
 		}
 	}
-	return d, true
+	return count, sum, true
 }

@@ -317,10 +317,12 @@ func TestCounterReset(t *testing.T) {
 	}
 }
 
-// TestSeriesGoneNoOvercount: when one of the series a reading adds up goes (an engine core's
-// counter turned NaN, a histogram of one core malformed, a core gone), the sum falls
-// without any restart: that tick has no delta, where taking the fall for a restart
-// published the other core's whole count since it started as one tick's.
+// TestSeriesGoneNoOvercount: a reading's delta is the sum of its series' deltas. When one
+// of the series a reading adds up has its value refused (an engine core's counter turned
+// NaN, a histogram of one core malformed), that series adds nothing and keeps its last good
+// value, so that when it is read again its delta covers the ticks it was out: the other
+// core's delta is published meanwhile, and no tick counts a core's whole total, as taking
+// the fall of the sum for a restart did.
 func TestSeriesGoneNoOvercount(t *testing.T) {
 	body := func(core0, core1 string, h0, h1 int) string {
 		hist := func(core string, n int) string {
@@ -354,13 +356,183 @@ func TestSeriesGoneNoOvercount(t *testing.T) {
 	if len(got) != 4 {
 		t.Fatalf("%d samples", len(got))
 	}
-	for i, smp := range got[1:3] {
-		if smp.PromptTokens != nil || smp.TTFT != nil {
-			t.Errorf("tick %d, a series of the sum gone or back: prompt_tokens %s ttft %s, want none", i+1, jsonOf(smp.PromptTokens), jsonOf(smp.TTFT))
+	for i, want := range []struct{ prompt, ttft float64 }{
+		{100, 10}, // core 0 alone
+		{300, 30}, // core 0's 100, core 1's 200 over two ticks
+		{200, 20},
+	} {
+		smp := got[i+1]
+		if smp.PromptTokens == nil || *smp.PromptTokens != want.prompt || smp.TTFT == nil || smp.TTFT.Count != want.ttft {
+			t.Errorf("tick %d: prompt_tokens %s ttft %s, want %v and a count of %v", i+1, jsonOf(smp.PromptTokens), jsonOf(smp.TTFT), want.prompt, want.ttft)
 		}
 	}
-	if smp := got[3]; smp.PromptTokens == nil || *smp.PromptTokens != 200 || smp.TTFT == nil || smp.TTFT.Count != 20 {
-		t.Errorf("tick 3: prompt_tokens %s ttft %s, want 200 and a count of 20", jsonOf(smp.PromptTokens), jsonOf(smp.TTFT))
+}
+
+// TestNewSeriesCountsFromZero: prometheus_client exposes a labelled series only once it
+// was first used, so SGLang's queue_time histogram of a data-parallel rank appears when
+// that rank takes its first request. The new series counts from zero: its whole value is
+// its delta, added to those of the series read before.
+func TestNewSeriesCountsFromZero(t *testing.T) {
+	hist := func(dp, n int) string {
+		return fmt.Sprintf("sglang:queue_time_seconds_bucket{dp_rank=\"%[1]d\",le=\"1\",model_name=\"m\",pp_rank=\"0\",tp_rank=\"%[1]d\"} %[2]d\n"+
+			"sglang:queue_time_seconds_bucket{dp_rank=\"%[1]d\",le=\"+Inf\",model_name=\"m\",pp_rank=\"0\",tp_rank=\"%[1]d\"} %[2]d\n"+
+			"sglang:queue_time_seconds_count{dp_rank=\"%[1]d\",model_name=\"m\",pp_rank=\"0\",tp_rank=\"%[1]d\"} %[2]d\n"+
+			"sglang:queue_time_seconds_sum{dp_rank=\"%[1]d\",model_name=\"m\",pp_rank=\"0\",tp_rank=\"%[1]d\"} %[2]d\n", dp, n)
+	}
+	head := "# TYPE sglang:queue_time_seconds histogram\n"
+	eng := newEngine(t, head+hist(0, 10))
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "sglang", Name: "sglang", URL: eng.URL}}, pub, 4)
+	s.Tick(context.Background(), t0)
+	eng.set(head + hist(0, 20) + hist(1, 3)) // rank 1's first 3 requests; rank 0 took 10 more
+	s.Tick(context.Background(), t0.Add(time.Second))
+	got := pub.take(t)
+	if len(got) != 2 {
+		t.Fatalf("%d samples", len(got))
+	}
+	if w := (&events.HistogramDelta{Le: []float64{1}, Counts: []float64{13, 0}, Sum: 13, Count: 13}); !reflect.DeepEqual(got[1].QueueTime, w) {
+		t.Errorf("queue_time %s, want %s (10 on rank 0, 3 on the new rank 1)", jsonOf(got[1].QueueTime), jsonOf(w))
+	}
+}
+
+// TestNewLabelValueCountsFromZero: SGLang's --tokenizer-metrics-allowed-custom-labels
+// labels the tokenizer's counters with a value each request carries (a tenant); a new
+// tenant's first request makes its series. Its tokens count from zero, beside those of the
+// tenants before, tick after tick.
+func TestNewLabelValueCountsFromZero(t *testing.T) {
+	head := "# TYPE sglang:prompt_tokens_total counter\n"
+	series := func(tenant string, v int) string {
+		return fmt.Sprintf("sglang:prompt_tokens_total{model_name=\"m\",tenant=%q} %d\n", tenant, v)
+	}
+	eng := newEngine(t, head+series("a", 100))
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "sglang", Name: "sglang", URL: eng.URL}}, pub, 4)
+	s.Tick(context.Background(), t0)
+	eng.set(head + series("a", 150) + series("b", 20)) // tenant b's first request
+	s.Tick(context.Background(), t0.Add(time.Second))
+	eng.set(head + series("a", 160) + series("b", 30) + series("c", 5)) // tenant c's
+	s.Tick(context.Background(), t0.Add(2*time.Second))
+	got := pub.take(t)
+	if len(got) != 3 {
+		t.Fatalf("%d samples", len(got))
+	}
+	for i, want := range []float64{70, 25} {
+		if smp := got[i+1]; smp.PromptTokens == nil || *smp.PromptTokens != want {
+			t.Errorf("tick %d: prompt_tokens %s, want %v", i+1, jsonOf(smp.PromptTokens), want)
+		}
+	}
+}
+
+// TestSeriesBackCountsFromLastValue: a series missing from one exposition (a core's
+// figures left out of it) and back within 5 minutes counts from its last value, not from
+// zero: its whole total is not one tick's. One back later than that is new, and counts
+// from zero.
+func TestSeriesBackCountsFromLastValue(t *testing.T) {
+	head := "# TYPE vllm:prompt_tokens_total counter\n"
+	series := func(core string, v int) string {
+		return fmt.Sprintf("vllm:prompt_tokens_total{engine=%q,model_name=\"m\"} %d\n", core, v)
+	}
+	eng := newEngine(t, head+series("0", 1000)+series("1", 5000000))
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 4)
+	s.Tick(context.Background(), t0)
+	eng.set(head + series("0", 1100)) // core 1 left out
+	s.Tick(context.Background(), t0.Add(time.Second))
+	eng.set(head + series("0", 1200) + series("1", 5000300))
+	s.Tick(context.Background(), t0.Add(2*time.Second))
+	eng.set(head + series("0", 1300))
+	s.Tick(context.Background(), t0.Add(3*time.Second))
+	eng.set(head + series("0", 1400) + series("1", 40)) // back after 6 minutes: restarted, new
+	s.Tick(context.Background(), t0.Add(3*time.Second+6*time.Minute))
+	got := pub.take(t)
+	if len(got) != 5 {
+		t.Fatalf("%d samples", len(got))
+	}
+	for i, want := range []float64{100, 400, 100, 140} {
+		if smp := got[i+1]; smp.PromptTokens == nil || *smp.PromptTokens != want {
+			t.Errorf("tick %d: prompt_tokens %s, want %v", i+1, jsonOf(smp.PromptTokens), want)
+		}
+	}
+}
+
+// TestFirstGoodValueIsNoDelta: a series exposed from the first scrape with its value
+// refused is not new when its value is first good: its total was made before, and it has
+// no delta that tick.
+func TestFirstGoodValueIsNoDelta(t *testing.T) {
+	head := "# TYPE vllm:prompt_tokens_total counter\n"
+	series := func(core, v string) string {
+		return fmt.Sprintf("vllm:prompt_tokens_total{engine=%q,model_name=\"m\"} %s\n", core, v)
+	}
+	eng := newEngine(t, head+series("0", "1000")+series("1", "NaN"))
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 4)
+	s.Tick(context.Background(), t0)
+	eng.set(head + series("0", "1100") + series("1", "5000000"))
+	s.Tick(context.Background(), t0.Add(time.Second))
+	eng.set(head + series("0", "1200") + series("1", "5000050"))
+	s.Tick(context.Background(), t0.Add(2*time.Second))
+	got := pub.take(t)
+	if len(got) != 3 {
+		t.Fatalf("%d samples", len(got))
+	}
+	for i, want := range []float64{100, 150} {
+		if smp := got[i+1]; smp.PromptTokens == nil || *smp.PromptTokens != want {
+			t.Errorf("tick %d: prompt_tokens %s, want %v", i+1, jsonOf(smp.PromptTokens), want)
+		}
+	}
+}
+
+// TestLowestRankChanges: when the series of an SGLang scheduler's lowest TP rank go, those
+// of the next rank, exposed all along, are read: their delta is against their own last
+// value, not their whole total.
+func TestLowestRankChanges(t *testing.T) {
+	head := "# TYPE sglang:generation_tokens_total counter\n"
+	series := func(tp string, v int) string {
+		return fmt.Sprintf("sglang:generation_tokens_total{model_name=\"m\",pp_rank=\"0\",tp_rank=%q} %d\n", tp, v)
+	}
+	eng := newEngine(t, head+series("0", 7000)+series("1", 7000))
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "sglang", Name: "sglang", URL: eng.URL}}, pub, 4)
+	s.Tick(context.Background(), t0)
+	eng.set(head + series("0", 7010) + series("1", 7010))
+	s.Tick(context.Background(), t0.Add(time.Second))
+	eng.set(head + series("1", 7030)) // rank 0's series gone
+	s.Tick(context.Background(), t0.Add(2*time.Second))
+	got := pub.take(t)
+	if len(got) != 3 {
+		t.Fatalf("%d samples", len(got))
+	}
+	for i, want := range []float64{10, 20} {
+		if smp := got[i+1]; smp.GenerationTokens == nil || *smp.GenerationTokens != want {
+			t.Errorf("tick %d: generation_tokens %s, want %v", i+1, jsonOf(smp.GenerationTokens), want)
+		}
+	}
+}
+
+// TestSeriesStateBounded: an exposition whose series are all new at each scrape (a label
+// flooded with made-up values) leaves the state of at most twice one scrape's series.
+func TestSeriesStateBounded(t *testing.T) {
+	head := "# TYPE sglang:prompt_tokens_total counter\n"
+	body := func(tick int) string {
+		var b strings.Builder
+		b.WriteString(head)
+		for i := range 50 {
+			fmt.Fprintf(&b, "sglang:prompt_tokens_total{model_name=\"m\",tenant=\"%d-%d\"} 1\n", tick, i)
+		}
+		return b.String()
+	}
+	eng := newEngine(t, body(0))
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "sglang", Name: "sglang", URL: eng.URL}}, pub, 4)
+	for tick := range 20 {
+		eng.set(body(tick))
+		s.Tick(context.Background(), t0.Add(time.Duration(tick)*time.Second))
+		if n := len(s.targets[0].series); n > 100 {
+			t.Fatalf("tick %d: state of %d series, want at most 100", tick, n)
+		}
+	}
+	if n := len(s.targets[0].cache.byLabels); n != 50 {
+		t.Errorf("%d series by labels cached, want the last scrape's 50", n)
 	}
 }
 
@@ -697,6 +869,36 @@ vllm:time_to_first_token_seconds_sum{model_name="m"} 1
 	}
 	if v := testutil.ToFloat64(s.m.dropped.WithLabelValues("vllm", "duplicate_series")); v != 8 {
 		t.Errorf("duplicate_series = %v, want 8 (4 per scrape)", v)
+	}
+}
+
+// TestDuplicateSeriesAnyLabelOrder: one series exposed twice with its labels in another
+// order is still one series (Prometheus sorts the labels): it is read once, not doubled.
+func TestDuplicateSeriesAnyLabelOrder(t *testing.T) {
+	body := func(tokens int) string {
+		return fmt.Sprintf(`# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3
+vllm:num_requests_running{model_name="m",engine="0"} 3
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="m"} %[1]d
+vllm:prompt_tokens_total{model_name="m", engine="0"} %[1]d
+`, tokens)
+	}
+	eng := newEngine(t, body(100))
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 4)
+	s.Tick(context.Background(), t0)
+	eng.set(body(150))
+	s.Tick(context.Background(), t0.Add(time.Second))
+	got := pub.take(t)
+	if len(got) != 2 {
+		t.Fatalf("%d samples", len(got))
+	}
+	if smp := got[1]; smp.Running == nil || *smp.Running != 3 || smp.PromptTokens == nil || *smp.PromptTokens != 50 {
+		t.Errorf("running %s prompt_tokens %s, want 3 and 50 (one series exposed twice)", jsonOf(smp.Running), jsonOf(smp.PromptTokens))
+	}
+	if v := testutil.ToFloat64(s.m.dropped.WithLabelValues("vllm", "duplicate_series")); v != 4 {
+		t.Errorf("duplicate_series = %v, want 4 (2 per scrape)", v)
 	}
 }
 
