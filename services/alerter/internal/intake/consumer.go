@@ -52,6 +52,10 @@ type Reopener struct {
 	limits  bus.StreamLimits
 	streams []string  // made again with limits when missing, as at start
 	created time.Time // the stream's creation time when last seen
+	// next is the first stream sequence the consumer delivers as last made or looked up (0:
+	// unknown), where one made again before anything was read starts: made again as cfg
+	// says (DeliverNew), it skipped the rollups published while it was gone.
+	next uint64
 }
 
 // NewReopener returns a Reopener of the consumer cfg describes, on its stream as it is now.
@@ -63,11 +67,17 @@ func NewReopener(ctx context.Context, js jetstream.JetStream, cfg bus.ConsumerCo
 	if err != nil {
 		return nil, fmt.Errorf("cannot read stream %s: %w", cfg.Stream, err)
 	}
-	return &Reopener{js: js, cfg: cfg, limits: limits, streams: append([]string{cfg.Stream}, streams...), created: s.CachedInfo().Created}, nil
+	r := &Reopener{js: js, cfg: cfg, limits: limits, streams: append([]string{cfg.Stream}, streams...), created: s.CachedInfo().Created}
+	if c, err := s.Consumer(ctx, cfg.Durable); err == nil {
+		r.next = c.CachedInfo().Delivered.Stream + 1
+	} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil, fmt.Errorf("cannot look up consumer %s on %s: %w", cfg.Durable, cfg.Stream, err)
+	}
+	return r, nil
 }
 
 // Reopen returns the consumer, made again where it is gone, reading from stream sequence
-// from (0: as cfg says), and whether the stream is another one than before (made again
+// from (0: where the consumer last made or looked up started, else as cfg says), and whether the stream is another one than before (made again
 // since): then its sequences start again, and the consumer reads it from its first message.
 // seen is the highest sequence read from the stream before: a stream whose last message is
 // below it is another one too.
@@ -93,11 +103,14 @@ func (r *Reopener) Reopen(ctx context.Context, from, seen uint64) (jetstream.Con
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverAllPolicy, 0
 	case from > 0:
 		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, from
+	case r.next > 0:
+		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, r.next
 	}
 	c, err := bus.EnsureConsumer(ctx, r.js, cfg)
 	if err != nil {
 		return nil, false, err
 	}
 	r.created = info.Created
+	r.next = c.CachedInfo().Delivered.Stream + 1
 	return c, another, nil
 }

@@ -113,8 +113,11 @@ type Intake struct {
 	failing string // the step whose failure was logged last, "" when delivering
 	// seen is the highest stream sequence read; reading is false while the consumer is
 	// gone and not yet made again.
-	seen    uint64
-	reading atomic.Bool
+	seen uint64
+	// readBefore is whether the message being added is at or below seen when it came: read
+	// before by this intake (a consumer made again replays from the oldest rollup held).
+	readBefore bool
+	reading    atomic.Bool
 	// aggregators are the aggregators whose watermark was read, by consumer name.
 	aggregators map[string]*aggregator
 	wm          watermarkMetrics
@@ -442,8 +445,11 @@ func (in *Intake) Reading() bool { return in.reading.Load() }
 
 // Add takes one rollup message that arrived at now.
 func (in *Intake) Add(m jetstream.Msg, now time.Time) {
-	if meta, err := m.Metadata(); err == nil && meta != nil && meta.Sequence.Stream > in.seen {
-		in.seen = meta.Sequence.Stream
+	in.readBefore = false
+	if meta, err := m.Metadata(); err == nil && meta != nil {
+		seq := meta.Sequence.Stream
+		in.readBefore = seq > 0 && seq <= in.seen
+		in.seen = max(in.seen, seq)
 	}
 	subj := m.Subject()
 	var start time.Time
@@ -723,7 +729,16 @@ func (in *Intake) skip(m jetstream.Msg, reason string) {
 }
 
 // reject terminates a rollup no redelivery can fix and dead-letters it with its reason.
+// One this intake read before (a consumer made again replays from the oldest rollup held)
+// was dead-lettered then: it is terminated and counted redelivered, not dead-lettered twice.
 func (in *Intake) reject(m jetstream.Msg, reason string, err error) {
+	if in.readBefore {
+		in.skipped.WithLabelValues(reasonRedelivered).Inc()
+		if err := m.Term(); err != nil {
+			in.ackErrors.Inc()
+		}
+		return
+	}
 	in.skipped.WithLabelValues(reason).Inc()
 	if in.dead != nil {
 		dl := &nats.Msg{Subject: events.SubjectInvalid, Data: m.Data(), Header: nats.Header{}}

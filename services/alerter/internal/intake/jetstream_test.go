@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -483,4 +484,104 @@ func TestConsumerMadeAgainAfterStoreLost(t *testing.T) {
 		i := b.info(t)
 		return i.NumAckPending == 0 && i.AckFloor.Stream == last
 	})
+}
+
+// rollupsConsumerConfig is the intake's consumer of ROLLUPS as the alerter makes it.
+func rollupsConsumerConfig() bus.ConsumerConfig {
+	return bus.ConsumerConfig{
+		Stream: events.StreamRollups, Durable: "alerter", FilterSubject: events.SubjectRollupsAll,
+		AckPolicy: jetstream.AckExplicitPolicy, AckWait: 10 * time.Minute, MaxAckPending: 1000,
+		DeliverPolicy: jetstream.DeliverNewPolicy,
+	}
+}
+
+// TestConsumerMadeAgainBeforeAnythingRead: the consumer is deleted before the intake read
+// any rollup (nothing seen, nothing held), and a rollup is published before it is made
+// again (the reopen is held here until then, as a backoff or a slow NATS would). It is
+// made again from where it started, and reads that rollup; before, it was made again as
+// at start, DeliverNew, and the rollup was never read.
+func TestConsumerMadeAgainBeforeAnythingRead(t *testing.T) {
+	b := newBed(t)
+	cfg := rollupsConsumerConfig()
+	cons, _, err := ResumeConsumer(b.ctx, b.js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	re, err := NewReopener(b.ctx, b.js, cfg, limits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	reopen := func(ctx context.Context, from, seen uint64) (jetstream.Consumer, bool, error) {
+		<-release
+		return re.Reopen(ctx, from, seen)
+	}
+	rec := &syncRecorder{}
+	in := New(cons, rec, &sink{}, &memCheckpoint{}, nil,
+		Options{Settle: 200 * time.Millisecond, Tick: 10 * time.Millisecond, Reopen: reopen, AttemptTimeout: 5 * time.Second}, prometheus.NewRegistry(), discard)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- in.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	time.Sleep(200 * time.Millisecond)
+	if err := b.js.DeleteConsumer(b.ctx, events.StreamRollups, "alerter"); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the consumer found gone", func() bool { return testutil.ToFloat64(in.gone) == 1 })
+	b.publishToken(t, time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC), "a") // published while the consumer is gone
+	close(release)
+	waitUntil(t, "reading again", in.Reading)
+	deadline := time.Now().Add(5 * time.Second)
+	for len(rec.starts()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := rec.starts(); len(got) != 1 {
+		t.Fatalf("windows evaluated %v, want the one whose rollup was published while the consumer was gone", got)
+	}
+}
+
+// TestConsumerMadeAgainDeadLettersOnce: the consumer made again reads from the oldest
+// rollup of the windows held, so a malformed rollup after it, dead-lettered and terminated
+// already, is read again: it is terminated and counted redelivered, not dead-lettered a
+// second time.
+func TestConsumerMadeAgainDeadLettersOnce(t *testing.T) {
+	b := newBed(t)
+	cfg := rollupsConsumerConfig()
+	cons, _, err := ResumeConsumer(b.ctx, b.js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	re, err := NewReopener(b.ctx, b.js, cfg, limits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dead atomic.Int64
+	sub, err := b.nc.Subscribe(events.SubjectInvalid, func(*nats.Msg) { dead.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	rec := &syncRecorder{}
+	in := New(cons, rec, &sink{}, &memCheckpoint{}, b.nc,
+		Options{Settle: 3 * time.Second, Tick: 10 * time.Millisecond, Reopen: re.Reopen}, prometheus.NewRegistry(), discard)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- in.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	b.publishToken(t, time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC), "a") // a window held
+	if _, err := b.js.Publish(b.ctx, "rollup.tokens.prod", []byte("{")); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the malformed rollup dead-lettered", func() bool { return dead.Load() == 1 })
+	if err := b.js.DeleteConsumer(b.ctx, events.StreamRollups, "alerter"); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "window evaluated", func() bool { return len(rec.starts()) == 1 })
+	time.Sleep(300 * time.Millisecond)
+	if n := dead.Load(); n != 1 {
+		t.Errorf("the malformed rollup was dead-lettered %d times, want once", n)
+	}
+	if got := testutil.ToFloat64(in.skipped.WithLabelValues(reasonRedelivered)); got != 2 {
+		t.Errorf("skipped{reason=redelivered} = %v, want 2: the rollup held and the malformed one, read again", got)
+	}
 }

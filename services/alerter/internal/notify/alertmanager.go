@@ -2,6 +2,7 @@ package notify
 
 import (
 	"bytes"
+	"container/list"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -14,6 +15,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,20 +34,43 @@ type amAlert struct {
 }
 
 // Alertmanager posts alerts to an Alertmanager from its own goroutine, so a slow or absent
-// Alertmanager never holds up evaluation. A failed post is retried with backoff while newer
-// alerts wait in a bounded queue; past it the oldest are dropped and counted.
+// Alertmanager never holds up evaluation.
+//
+// What waits to be posted is each alert's latest state, one per fingerprint: a state
+// change replaces the one of the same alert not yet posted (Alertmanager's API takes the
+// current state of alerts, as Prometheus re-sends it). So a retried post never lands an
+// alert's stale state after its newer one was dropped: a post that fails is retried with
+// what is queued then. The queue is bounded by distinct alerts (maxQueuedAlerts); past it
+// the alert whose state changed least recently, and is not in the post in flight, is
+// dropped and counted.
 type Alertmanager struct {
 	url     string
 	shown   string   // url redacted (ops.RedactURL), for errors and logs
 	secrets []string // the URL's user information and query values, hidden in answers shown
 	client  *http.Client
 	resend  time.Duration
-	in      chan []events.Alert
 	logger  *slog.Logger
 	posted  prometheus.Counter
 	failed  prometheus.Counter
 	dropped prometheus.Counter
+
+	mu     sync.Mutex
+	order  *list.List               // of *queued, the least recently changed first
+	queued map[string]*list.Element // by fingerprint
+	ver    uint64                   // numbers each state change queued
+	wake   chan struct{}            // signalled (without blocking) when alerts are queued
 }
+
+// queued is an alert's latest state waiting to be posted.
+type queued struct {
+	alert   events.Alert
+	ver     uint64 // the state change it is; a newer one queued while it was posted keeps it
+	sending bool   // in the post in flight: never the one dropped
+}
+
+// maxQueuedAlerts bounds the alerts waiting for Alertmanager, as Prometheus's notifier
+// queue (--alertmanager.notification-queue-capacity, 10000) does.
+const maxQueuedAlerts = 10000
 
 // NewAlertmanager returns a client for the Alertmanager at base (such as
 // http://127.0.0.1:9093). Firing alerts carry endsAt = at + 4 × resend, as Prometheus
@@ -66,11 +91,13 @@ func NewAlertmanager(base string, timeout, resend time.Duration, reg prometheus.
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		},
 		resend:  resend,
-		in:      make(chan []events.Alert, 1024),
 		logger:  logger.With("component", "alertmanager"),
 		posted:  c("alertmanager_alerts_posted_total", "Alerts Alertmanager accepted."),
 		failed:  c("alertmanager_post_errors_total", "Posts to Alertmanager that failed (and were retried)."),
 		dropped: c("alertmanager_alerts_dropped_total", "Alerts dropped because Alertmanager was away too long."),
+		order:   list.New(),
+		queued:  make(map[string]*list.Element),
+		wake:    make(chan struct{}, 1),
 	}
 	a.secrets = urlSecrets(u)
 	reg.MustRegister(a.posted, a.failed, a.dropped)
@@ -131,21 +158,76 @@ func (a *Alertmanager) scrub(out string) string {
 	return out
 }
 
-// Enqueue queues alerts for posting; it never blocks. A full queue drops its oldest batch,
-// so the latest state changes (a resolve, the newest re-send) are the ones kept; one
-// goroutine enqueues.
+// Enqueue queues alerts for posting; it never blocks. An alert already queued has its
+// state replaced by the newer one; past maxQueuedAlerts distinct alerts the least recently
+// changed one not being posted is dropped. One goroutine enqueues, in the order of the
+// state changes.
 func (a *Alertmanager) Enqueue(alerts []events.Alert) {
-	batch := append([]events.Alert(nil), alerts...)
-	for {
-		select {
-		case a.in <- batch:
-			return
-		default:
+	a.mu.Lock()
+	for i := range alerts {
+		a.ver++
+		if e, ok := a.queued[alerts[i].Fingerprint]; ok {
+			q := e.Value.(*queued)
+			q.alert, q.ver = alerts[i], a.ver
+			a.order.MoveToBack(e)
+			continue
 		}
-		select {
-		case old := <-a.in:
-			a.dropped.Add(float64(len(old)))
-		default:
+		if len(a.queued) >= maxQueuedAlerts {
+			e := a.order.Front()
+			for e != nil && e.Value.(*queued).sending {
+				e = e.Next()
+			}
+			if e == nil { // only while maxQueuedAlerts <= maxPostAlerts: the newest is dropped
+				a.dropped.Inc()
+				continue
+			}
+			delete(a.queued, e.Value.(*queued).alert.Fingerprint)
+			a.order.Remove(e)
+			a.dropped.Inc()
+		}
+		a.queued[alerts[i].Fingerprint] = a.order.PushBack(&queued{alert: alerts[i], ver: a.ver})
+	}
+	a.mu.Unlock()
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
+}
+
+// sent is one alert of a post: its place in the queue and the state change posted.
+type sent struct {
+	e   *list.Element
+	ver uint64
+}
+
+// take returns the n least recently changed alerts queued, marked in flight; they stay
+// queued until settle.
+func (a *Alertmanager) take(n int) ([]events.Alert, []sent) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var alerts []events.Alert
+	var taken []sent
+	for e := a.order.Front(); e != nil && len(alerts) < n; e = e.Next() {
+		q := e.Value.(*queued)
+		q.sending = true
+		alerts = append(alerts, q.alert)
+		taken = append(taken, sent{e: e, ver: q.ver})
+	}
+	return alerts, taken
+}
+
+// settle ends the post of taken: once Alertmanager accepted it, each alert whose state
+// did not change meanwhile leaves the queue; one that changed stays, to post the newer
+// state.
+func (a *Alertmanager) settle(taken []sent, posted bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, s := range taken {
+		q := s.e.Value.(*queued)
+		q.sending = false
+		if posted && q.ver == s.ver {
+			delete(a.queued, q.alert.Fingerprint)
+			a.order.Remove(s.e)
 		}
 	}
 }
@@ -156,78 +238,73 @@ func (a *Alertmanager) Enqueue(alerts []events.Alert) {
 // every later alert waited behind it.
 const maxPostAlerts = 64
 
-// Run posts queued alerts, at most maxPostAlerts a post, until ctx ends, then makes one last attempt, under a timeout of
-// its own, at the batch it was posting (a post cut short by ctx is not lost) and at what
-// is queued.
+// Run posts queued alerts, at most maxPostAlerts a post, until ctx ends, then makes one
+// last attempt, under a timeout of its own, at what is queued (a post cut short by ctx is
+// not lost: its alerts stay queued until Alertmanager accepts them).
 func (a *Alertmanager) Run(ctx context.Context) error {
 	backoff := time.Duration(0)
 	failing := false
 	for {
-		var batch []events.Alert
-		select {
-		case batch = <-a.in:
-		case <-ctx.Done():
-			a.drain(nil)
+		batch, taken := a.take(maxPostAlerts)
+		if len(batch) == 0 {
+			select {
+			case <-a.wake:
+				continue
+			case <-ctx.Done():
+				a.drain()
+				return nil
+			}
+		}
+		err := a.post(ctx, batch)
+		a.settle(taken, err == nil)
+		if err == nil {
+			a.posted.Add(float64(len(batch)))
+			if failing {
+				a.logger.Info("posting to Alertmanager again")
+				failing = false
+			}
+			backoff = 0
+			continue
+		}
+		if ctx.Err() != nil {
+			a.drain()
 			return nil
 		}
-		for len(batch) > 0 {
-			n := min(len(batch), maxPostAlerts)
-			err := a.post(ctx, batch[:n])
-			if err == nil {
-				a.posted.Add(float64(n))
-				batch = batch[n:]
-				if failing {
-					a.logger.Info("posting to Alertmanager again")
-					failing = false
-				}
-				backoff = 0
-				continue
-			}
-			if ctx.Err() != nil {
-				a.drain(batch)
-				return nil
-			}
-			a.failed.Inc()
-			if !failing {
-				a.logger.Warn("cannot post alerts to Alertmanager; retrying", "err", err)
-				failing = true
-			}
-			backoff = min(max(2*backoff, 100*time.Millisecond), 30*time.Second)
-			select {
-			case <-time.After(backoff):
-			case <-ctx.Done():
-				a.drain(batch)
-				return nil
-			}
+		a.failed.Inc()
+		if !failing {
+			a.logger.Warn("cannot post alerts to Alertmanager; retrying", "err", err)
+			failing = true
+		}
+		backoff = min(max(2*backoff, 100*time.Millisecond), 30*time.Second)
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			a.drain()
+			return nil
 		}
 	}
 }
 
-// drain posts first, if any, and then what is queued, once each.
-func (a *Alertmanager) drain(first []events.Alert) {
+// drain posts what is queued, once each; what fails is dropped.
+func (a *Alertmanager) drain() {
 	ctx, cancel := context.WithTimeout(context.Background(), a.client.Timeout)
 	defer cancel()
-	send := func(batch []events.Alert) {
-		for len(batch) > 0 {
-			n := min(len(batch), maxPostAlerts)
-			if err := a.post(ctx, batch[:n]); err != nil {
-				a.dropped.Add(float64(n))
-			} else {
-				a.posted.Add(float64(n))
-			}
-			batch = batch[n:]
-		}
+	a.mu.Lock()
+	batch := make([]events.Alert, 0, len(a.queued))
+	for e := a.order.Front(); e != nil; e = e.Next() {
+		batch = append(batch, e.Value.(*queued).alert)
 	}
-	if len(first) > 0 {
-		send(first)
-	}
-	for {
-		select {
-		case batch := <-a.in:
-			send(batch)
-		default:
-			return
+	a.order.Init()
+	clear(a.queued)
+	a.mu.Unlock()
+	for len(batch) > 0 {
+		n := min(len(batch), maxPostAlerts)
+		if err := a.post(ctx, batch[:n]); err != nil {
+			a.dropped.Add(float64(n))
+		} else {
+			a.posted.Add(float64(n))
 		}
+		batch = batch[n:]
 	}
 }
 

@@ -169,21 +169,26 @@ func TestAlertmanager(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- am.Run(ctx) }()
-	am.Enqueue([]events.Alert{alert(events.AlertFiring)})
-	am.Enqueue([]events.Alert{alert(events.AlertResolved)})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		mu.Lock()
-		n := len(bodies)
-		mu.Unlock()
-		if n == 2 {
-			break
+	posts := func(want int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			mu.Lock()
+			n := len(bodies)
+			mu.Unlock()
+			if n == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("Alertmanager got %d posts, want %d", n, want)
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("Alertmanager got %d posts, want 2", n)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
+	am.Enqueue([]events.Alert{alert(events.AlertFiring)})
+	posts(1)
+	am.Enqueue([]events.Alert{alert(events.AlertResolved)})
+	posts(2)
 	cancel()
 	<-done
 	firing, resolved := bodies[0][0], bodies[1][0]
@@ -365,14 +370,16 @@ func TestAlertmanagerRedirectNotFollowed(t *testing.T) {
 	}
 }
 
-// TestAlertmanagerQueueKeepsTheNewest: while Alertmanager is away the queue fills; past it
-// the oldest batches are dropped, so what it gets once back ends with the latest state
-// changes (a resolve sent last is not the one lost, which left the alert firing there until
-// its endsAt).
-func TestAlertmanagerQueueKeepsTheNewest(t *testing.T) {
+// TestAlertmanagerGetsEachAlertsLatestState: while Alertmanager is away an alert fires and
+// resolves, and other alerts change; once back it gets the alert resolved. Before, the post
+// retried (the fire) was held outside the queue of batches, a full queue dropped its
+// oldest batch (the resolve), and Alertmanager showed the alert firing until its endsAt,
+// hours after it resolved.
+func TestAlertmanagerGetsEachAlertsLatestState(t *testing.T) {
 	var mu sync.Mutex
 	up := false
-	var got []string // annotations' window_start of the alerts posted, in order
+	var states []string // the states posted of alert 0123456789abcdef, in order
+	others := map[string]bool{}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -382,13 +389,22 @@ func TestAlertmanagerQueueKeepsTheNewest(t *testing.T) {
 		}
 		var body []struct {
 			Annotations map[string]string `json:"annotations"`
+			EndsAt      time.Time         `json:"endsAt"`
 		}
 		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
 		for _, a := range body {
-			got = append(got, a.Annotations["window_start"])
+			if fp := a.Annotations["fingerprint"]; fp != "0123456789abcdef" {
+				others[fp] = true
+				continue
+			}
+			st := events.AlertFiring
+			if !a.EndsAt.After(at.Add(10 * time.Minute)) {
+				st = events.AlertResolved
+			}
+			states = append(states, st)
 		}
 	}))
 	defer srv.Close()
@@ -397,35 +413,100 @@ func TestAlertmanagerQueueKeepsTheNewest(t *testing.T) {
 	done := make(chan error)
 	go func() { done <- am.Run(ctx) }()
 	defer func() { cancel(); <-done }()
-	batch := func(i int) []events.Alert {
-		a := alert(events.AlertFiring)
-		a.WindowStart = at.Add(time.Duration(i) * time.Minute)
-		return []events.Alert{a}
-	}
-	am.Enqueue(batch(0)) // taken, failing, retried
+	am.Enqueue([]events.Alert{alert(events.AlertFiring)}) // taken, failing, retried
 	deadline := time.Now().Add(10 * time.Second)
 	for testutil.ToFloat64(am.failed) < 1 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
-	const queued, over = 1024, 5
-	for i := 1; i <= queued+over; i++ {
-		am.Enqueue(batch(i))
-	}
-	if d := testutil.ToFloat64(am.dropped); d != over {
-		t.Fatalf("%v alerts dropped, want %d", d, over)
+	am.Enqueue([]events.Alert{alert(events.AlertResolved)}) // a window later
+	const changed = 1024                                    // other alerts, one window each
+	for i := range changed {
+		o := alert(events.AlertFiring)
+		o.Fingerprint = strconv.Itoa(i)
+		o.At = at.Add(time.Duration(20+i) * time.Minute)
+		am.Enqueue([]events.Alert{o})
 	}
 	mu.Lock()
 	up = true
 	mu.Unlock()
-	deadline = time.Now().Add(60 * time.Second)
-	for testutil.ToFloat64(am.posted) < queued+1 && time.Now().Before(deadline) {
+	deadline = time.Now().Add(30 * time.Second)
+	for testutil.ToFloat64(am.posted) < changed+1 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	last := at.Add((queued + over) * time.Minute).UTC().Format(time.RFC3339)
-	if len(got) != queued+1 || got[len(got)-1] != last || got[1] != at.Add((over+1)*time.Minute).UTC().Format(time.RFC3339) {
-		t.Fatalf("Alertmanager got %d alerts, ending with %v, want %d ending with the latest (%s)", len(got), got[max(len(got)-2, 0):], queued+1, last)
+	if len(states) == 0 || states[len(states)-1] != events.AlertResolved || len(others) != changed {
+		t.Fatalf("Alertmanager got %v for the alert that fired and resolved, and %d other alerts; want it last resolved, and %d others", states, len(others), changed)
+	}
+	if d := testutil.ToFloat64(am.dropped); d != 0 {
+		t.Errorf("%v alerts dropped, want none", d)
+	}
+}
+
+// TestAlertmanagerQueueBounded: while a post hangs, more distinct alerts than the queue
+// holds change; the least recently changed ones are dropped and counted, never the one in
+// flight, and what Alertmanager gets once back ends with the latest.
+func TestAlertmanagerQueueBounded(t *testing.T) {
+	var mu sync.Mutex
+	got := map[string]bool{} // fingerprints posted
+	arrived, release := make(chan struct{}), make(chan struct{})
+	first := true
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body []struct {
+			Annotations map[string]string `json:"annotations"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		mu.Lock()
+		if first { // hangs, then fails: retried
+			first = false
+			mu.Unlock()
+			close(arrived)
+			<-release
+			http.Error(w, "away", http.StatusServiceUnavailable)
+			return
+		}
+		defer mu.Unlock()
+		for _, a := range body {
+			got[a.Annotations["fingerprint"]] = true
+		}
+	}))
+	defer srv.Close()
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	defer unblock() // before srv.Close, which waits for the post hanging
+	am := NewAlertmanager(srv.URL, 30*time.Second, time.Hour, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- am.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	fired := func(fp string) []events.Alert {
+		a := alert(events.AlertFiring)
+		a.Fingerprint = fp
+		return []events.Alert{a}
+	}
+	am.Enqueue(fired("in flight"))
+	<-arrived
+	const over = 5
+	for i := range maxQueuedAlerts + over {
+		am.Enqueue(fired(strconv.Itoa(i)))
+	}
+	// The one in flight holds a place: over+1 are dropped, the oldest.
+	if d := testutil.ToFloat64(am.dropped); d != over+1 {
+		t.Fatalf("%v alerts dropped, want %d", d, over+1)
+	}
+	unblock()
+	deadline := time.Now().Add(60 * time.Second)
+	for testutil.ToFloat64(am.posted) < maxQueuedAlerts && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != maxQueuedAlerts || !got["in flight"] || got[strconv.Itoa(over)] || !got[strconv.Itoa(over+1)] || !got[strconv.Itoa(maxQueuedAlerts+over-1)] {
+		t.Fatalf("Alertmanager got %d alerts (in flight %v, #%d %v, #%d %v, the latest %v), want %d: the one in flight and the latest",
+			len(got), got["in flight"], over, got[strconv.Itoa(over)], over+1, got[strconv.Itoa(over+1)], got[strconv.Itoa(maxQueuedAlerts+over-1)], maxQueuedAlerts)
 	}
 }
 
