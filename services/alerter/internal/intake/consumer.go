@@ -52,9 +52,10 @@ type Reopener struct {
 	limits  bus.StreamLimits
 	streams []string  // made again with limits when missing, as at start
 	created time.Time // the stream's creation time when last seen
-	// next is the first stream sequence the consumer delivers as last made or looked up (0:
-	// unknown), where one made again before anything was read starts: made again as cfg
-	// says (DeliverNew), it skipped the rollups published while it was gone.
+	// next is the first stream sequence past the consumer's ack floor as last made or looked
+	// up (0: unknown), where one made again before anything was read starts: made again as
+	// cfg says (DeliverNew), it skipped the rollups published while it was gone, and from
+	// past what it had delivered, those a process that died had not acknowledged.
 	next uint64
 }
 
@@ -69,7 +70,7 @@ func NewReopener(ctx context.Context, js jetstream.JetStream, cfg bus.ConsumerCo
 	}
 	r := &Reopener{js: js, cfg: cfg, limits: limits, streams: append([]string{cfg.Stream}, streams...), created: s.CachedInfo().Created}
 	if c, err := s.Consumer(ctx, cfg.Durable); err == nil {
-		r.next = c.CachedInfo().Delivered.Stream + 1
+		r.next = c.CachedInfo().AckFloor.Stream + 1
 	} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return nil, fmt.Errorf("cannot look up consumer %s on %s: %w", cfg.Durable, cfg.Stream, err)
 	}
@@ -111,6 +112,6 @@ func (r *Reopener) Reopen(ctx context.Context, from, seen uint64) (jetstream.Con
 		return nil, false, err
 	}
 	r.created = info.Created
-	r.next = c.CachedInfo().Delivered.Stream + 1
+	r.next = c.CachedInfo().AckFloor.Stream + 1
 	return c, another, nil
 }

@@ -75,11 +75,19 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	defer free()
 	raw, held, err = reqbody.ReadRequest(w, req, r.opts.MaxBytes, r.opts.Budget, r.opts.BodyIdle)
+	// The waits for a slot, for room and for the acks are bounded together; they outlive an
+	// exporter that half-closes its connection, whose request context net/http ends then: a
+	// handler that returned without an answer would have net/http answer 200, a success
+	// for spans never published.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(req.Context()), r.opts.StoreWait)
+	defer cancel()
 	if err == nil {
 		select {
 		case r.slots <- struct{}{}:
 			slot = true
-		case <-req.Context().Done():
+		case <-ctx.Done():
+			w.Header().Set("Retry-After", "1")
+			r.fail(w, isJSON, http.StatusServiceUnavailable, codes.Unavailable, errBusy)
 			return
 		}
 	}
@@ -125,10 +133,6 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		r.fail(w, isJSON, http.StatusBadRequest, codes.InvalidArgument, "cannot decode the ExportTraceServiceRequest: "+cut(err.Error(), 256))
 		return
 	}
-	// The wait is bounded; it outlives an exporter that half-closes its connection, whose
-	// request context net/http ends then, so that its stored events are answered as such.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(req.Context()), r.opts.StoreWait)
-	defer cancel()
 	res := r.consume(ctx, er.Traces(), wait)
 	free()
 	res.waitStored(ctx, wait)

@@ -40,6 +40,7 @@ func families(body []byte, byName map[string]mapping, c *seriesCache) (map[strin
 			return fams, nil
 		}
 		if err != nil {
+			c.sweep() // what this scrape did not reach is forgotten too: an engine that keeps sending malformed expositions grows nothing
 			return nil, err
 		}
 		switch entry {
