@@ -1,7 +1,6 @@
 package ingest
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -10,10 +9,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenscope/tokenscope/pkg/bus"
 	"github.com/tokenscope/tokenscope/pkg/events"
@@ -29,29 +24,12 @@ import (
 func TestStoredWaitGivesTheBodyBudgetBack(t *testing.T) {
 	dir := t.TempDir()
 	srv := testbed.StartNATS(t, filepath.Join(dir, "js"), -1)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	if err := bus.EnsureStreams(ctx, js, bus.StreamLimits{MaxBytes: 64 << 20, DuplicateWindow: time.Minute, Replicas: 1}, events.StreamEvents); err != nil {
-		t.Fatal(err)
-	}
+	pub, js := testbed.Publisher(t, srv.ClientURL(), bus.PublisherOptions{}, events.StreamEvents)
+	nc := js.Conn()
 	srv.Shutdown()
 	srv.WaitForShutdown()
 	waitFor(t, func() bool { return !nc.IsConnected() })
 	logger := slog.New(slog.DiscardHandler)
-	pub := bus.NewPublisher(js, bus.PublisherOptions{Namespace: "t"}, prometheus.NewRegistry(), logger)
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- pub.Run(runCtx) }()
-	defer func() {
-		stop()
-		<-done
-	}()
 	budget := reqbody.NewBudget(4<<20, nil) // shared with the proxy in the emitter
 	h := New(Options{MaxBytes: 16 << 20, Budget: budget, StoreWait: 3 * time.Second}, pub, time.Now, nil, logger)
 	stamp := time.Now().UTC().Format(events.TimeLayout)

@@ -2,7 +2,6 @@ package ingest
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -13,10 +12,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenscope/tokenscope/pkg/bus"
 	"github.com/tokenscope/tokenscope/pkg/events"
@@ -31,27 +26,9 @@ import (
 func TestHalfClosedClientAnsweredStored(t *testing.T) {
 	dir := t.TempDir()
 	srv := testbed.StartNATS(t, filepath.Join(dir, "js"), -1)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	if err := bus.EnsureStreams(ctx, js, bus.StreamLimits{MaxBytes: 64 << 20, DuplicateWindow: time.Minute, Replicas: 1}, events.StreamEvents); err != nil {
-		t.Fatal(err)
-	}
-	logger := slog.New(slog.DiscardHandler)
 	// The emitter's default linger: the acks come some milliseconds after the body.
-	pub := bus.NewPublisher(js, bus.PublisherOptions{Linger: 20 * time.Millisecond, Namespace: "t"}, prometheus.NewRegistry(), logger)
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- pub.Run(runCtx) }()
-	defer func() {
-		stop()
-		<-done
-	}()
+	pub, _ := testbed.Publisher(t, srv.ClientURL(), bus.PublisherOptions{Linger: 20 * time.Millisecond}, events.StreamEvents)
+	logger := slog.New(slog.DiscardHandler)
 	h := New(Options{MaxBytes: 1 << 20}, pub, time.Now, nil, logger)
 	ts := httptest.NewServer(h)
 	defer ts.Close()

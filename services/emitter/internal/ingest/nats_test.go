@@ -254,24 +254,9 @@ func TestIngestAckStored(t *testing.T) {
 	port := srv.Addr().(*net.TCPAddr).Port
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	if err := bus.EnsureStreams(ctx, js, bus.StreamLimits{MaxBytes: 64 << 20, DuplicateWindow: time.Minute, Replicas: 1}, events.StreamEvents); err != nil {
-		t.Fatal(err)
-	}
+	pub, js := testbed.Publisher(t, srv.ClientURL(), bus.PublisherOptions{Buffer: 10000, Batch: 64, AckTimeout: 300 * time.Millisecond}, events.StreamEvents)
+	nc := js.Conn()
 	logger := slog.New(slog.DiscardHandler)
-	pub := bus.NewPublisher(js, bus.PublisherOptions{Buffer: 10000, Batch: 64, AckTimeout: 300 * time.Millisecond, Namespace: "t"}, prometheus.NewRegistry(), logger)
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- pub.Run(runCtx) }()
-	defer func() {
-		stop()
-		<-done
-	}()
 	h := New(Options{MaxBytes: 16 << 20, StoreWait: time.Second}, pub, time.Now, nil, logger)
 	ts := time.Now().UTC().Format(events.TimeLayout)
 	mk := func(k, n int) string {

@@ -1,7 +1,6 @@
 package ingest
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -11,10 +10,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenscope/tokenscope/pkg/bus"
 	"github.com/tokenscope/tokenscope/pkg/events"
@@ -28,27 +23,9 @@ import (
 func TestStoredPartIsNotASuccess(t *testing.T) {
 	dir := t.TempDir()
 	srv := testbed.StartNATS(t, filepath.Join(dir, "js"), -1)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	if err := bus.EnsureStreams(ctx, js, bus.StreamLimits{MaxBytes: 256 << 20, DuplicateWindow: time.Minute, Replicas: 1}, events.StreamEvents); err != nil {
-		t.Fatal(err)
-	}
-	logger := slog.New(slog.DiscardHandler)
 	// A small buffer, as a busy emitter's is when others' events fill it.
-	pub := bus.NewPublisher(js, bus.PublisherOptions{Buffer: 8, Batch: 8, Namespace: "t"}, prometheus.NewRegistry(), logger)
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- pub.Run(runCtx) }()
-	defer func() {
-		stop()
-		<-done
-	}()
+	pub, _ := testbed.Publisher(t, srv.ClientURL(), bus.PublisherOptions{Buffer: 8, Batch: 8}, events.StreamEvents)
+	logger := slog.New(slog.DiscardHandler)
 	h := New(Options{MaxBytes: 64 << 20, StoreWait: 100 * time.Millisecond}, pub, time.Now, nil, logger)
 	stamp := time.Now().UTC().Format(events.TimeLayout)
 	var sb strings.Builder

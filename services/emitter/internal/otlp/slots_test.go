@@ -1,17 +1,12 @@
 package otlp
 
 import (
-	"context"
 	"log/slog"
 	"path/filepath"
 	"runtime"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenscope/tokenscope/pkg/bus"
 	"github.com/tokenscope/tokenscope/pkg/events"
@@ -26,28 +21,10 @@ import (
 func TestBufferedExportNotBehindStoredOnes(t *testing.T) {
 	dir := t.TempDir()
 	srv := testbed.StartNATS(t, filepath.Join(dir, "js"), -1)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	if err := bus.EnsureStreams(ctx, js, bus.StreamLimits{MaxBytes: 64 << 20, DuplicateWindow: time.Minute, Replicas: 1}, events.StreamEvents); err != nil {
-		t.Fatal(err)
-	}
+	pub, _ := testbed.Publisher(t, srv.ClientURL(), bus.PublisherOptions{}, events.StreamEvents)
 	srv.Shutdown()
 	srv.WaitForShutdown()
 	logger := slog.New(slog.DiscardHandler)
-	pub := bus.NewPublisher(js, bus.PublisherOptions{Namespace: "t"}, prometheus.NewRegistry(), logger)
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- pub.Run(runCtx) }()
-	defer func() {
-		stop()
-		<-done
-	}()
 	const wait = 5 * time.Second
 	r := New(Options{Labels: DefaultLabels(), MaxBytes: 1 << 20, StoreWait: wait}, pub, func() time.Time { return testStart.Add(time.Minute) }, nil, logger)
 	slots := cap(r.slots)

@@ -2,7 +2,6 @@ package otlp
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,10 +11,6 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenscope/tokenscope/pkg/bus"
 	"github.com/tokenscope/tokenscope/pkg/events"
@@ -30,26 +25,8 @@ import (
 func TestHalfClosedExporterWaitingForASlot(t *testing.T) {
 	dir := t.TempDir()
 	srv := testbed.StartNATS(t, filepath.Join(dir, "js"), -1)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	if err := bus.EnsureStreams(ctx, js, bus.StreamLimits{MaxBytes: 64 << 20, DuplicateWindow: time.Minute, Replicas: 1}, events.StreamEvents); err != nil {
-		t.Fatal(err)
-	}
+	pub, _ := testbed.Publisher(t, srv.ClientURL(), bus.PublisherOptions{Linger: 20 * time.Millisecond}, events.StreamEvents)
 	logger := slog.New(slog.DiscardHandler)
-	pub := bus.NewPublisher(js, bus.PublisherOptions{Linger: 20 * time.Millisecond, Namespace: "t"}, prometheus.NewRegistry(), logger)
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- pub.Run(runCtx) }()
-	defer func() {
-		stop()
-		<-done
-	}()
 	r := New(Options{Labels: DefaultLabels(), MaxBytes: 1 << 20, StoreWait: 3 * time.Second}, pub, func() time.Time { return testStart.Add(time.Minute) }, nil, logger)
 	ts := httptest.NewServer(r)
 	defer ts.Close()

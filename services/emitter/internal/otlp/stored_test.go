@@ -10,9 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/collector/pdata/ptrace"
 	"go.opentelemetry.io/collector/pdata/ptrace/ptraceotlp"
 	"google.golang.org/grpc/codes"
@@ -34,24 +32,9 @@ func TestAckStored(t *testing.T) {
 	port := srv.Addr().(*net.TCPAddr).Port
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	nc, err := nats.Connect(srv.ClientURL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	if err := bus.EnsureStreams(ctx, js, bus.StreamLimits{MaxBytes: 64 << 20, DuplicateWindow: time.Minute, Replicas: 1}, events.StreamEvents); err != nil {
-		t.Fatal(err)
-	}
+	pub, js := testbed.Publisher(t, srv.ClientURL(), bus.PublisherOptions{Buffer: 10000, Batch: 64, AckTimeout: 300 * time.Millisecond}, events.StreamEvents)
+	nc := js.Conn()
 	logger := slog.New(slog.DiscardHandler)
-	pub := bus.NewPublisher(js, bus.PublisherOptions{Buffer: 10000, Batch: 64, AckTimeout: 300 * time.Millisecond, Namespace: "t"}, prometheus.NewRegistry(), logger)
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- pub.Run(runCtx) }()
-	defer func() {
-		stop()
-		<-done
-	}()
 	now := func() time.Time { return testStart.Add(time.Minute) }
 	r := New(Options{Labels: DefaultLabels(), MaxBytes: 1 << 20, StoreWait: time.Second}, pub, now, nil, logger)
 	stored := func() uint64 {
@@ -116,6 +99,7 @@ func TestAckStored(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	exportResponse(t, post(t, r, away, emit.AckHeader, emit.AckStored))
+	var err error
 	if js, err = jetstream.New(nc); err != nil {
 		t.Fatal(err)
 	}
