@@ -179,7 +179,7 @@ func alertLine(data []byte) string {
 	}
 	// Labels are whatever the alerter was sent: each is escaped, so none breaks the line.
 	var series []string
-	for _, k := range []string{"env", "scene", "model", "bucket", "instance"} {
+	for _, k := range []string{"env", "scene", "model", "bucket", "layer", "instance"} {
 		if v := a.Labels[k]; v != "" {
 			series = append(series, k+"="+report.Text(v))
 		}

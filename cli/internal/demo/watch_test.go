@@ -22,3 +22,22 @@ func TestAlertLineEscapesLabels(t *testing.T) {
 		t.Errorf("line %q", line)
 	}
 }
+
+// TestAlertLineNamesTheLayer: the same series measured at the gateway and inside the engine
+// are two alerts, told apart by their layer.
+func TestAlertLineNamesTheLayer(t *testing.T) {
+	var lines []string
+	for _, labels := range []map[string]string{
+		{"env": "demo", "scene": "chat", "model": "m", "bucket": "0-499"},
+		{"env": "demo", "scene": "chat", "model": "m", "bucket": "0-499", "layer": "engine"},
+	} {
+		data, err := json.Marshal(events.Alert{State: events.AlertFiring, Severity: "warning", Rule: "ttft_p95_sla", Labels: labels, Value: 3000, Threshold: 2000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines = append(lines, alertLine(data))
+	}
+	if lines[0] == lines[1] || !strings.Contains(lines[1], "layer=engine") {
+		t.Errorf("a gateway and an engine alert print as %q and %q", lines[0], lines[1])
+	}
+}
