@@ -30,27 +30,37 @@ func TestHalfClosedExporterAnsweredStored(t *testing.T) {
 	defer ts.Close()
 	body := protoOf(t, batchOf(3, nil))
 	for _, ack := range []string{"buffered", ""} {
-		conn, err := net.Dial("tcp", ts.Listener.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		head := "POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\nConnection: close\r\n"
-		if ack != "" {
-			head += "X-Tokenscope-Ack: " + ack + "\r\n"
-		}
-		_, _ = io.WriteString(conn, head+fmt.Sprintf("Content-Length: %d\r\n\r\n", len(body)))
-		_, _ = conn.Write(body)
-		_ = conn.(*net.TCPConn).CloseWrite()
-		_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
-		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		code, b, err := postHalfClosed(ts.Listener.Addr().String(), body, ack)
 		if err != nil {
 			t.Fatalf("ack %q: %v", ack, err)
 		}
-		b, _ := io.ReadAll(resp.Body)
-		conn.Close()
-		t.Logf("ack %q: %d %q", ack, resp.StatusCode, b)
-		if resp.StatusCode >= 300 {
-			t.Errorf("ack %q: a half-closed exporter got %d, want a success", ack, resp.StatusCode)
+		t.Logf("ack %q: %d %q", ack, code, b)
+		if code >= 300 {
+			t.Errorf("ack %q: a half-closed exporter got %d, want a success", ack, code)
 		}
 	}
+}
+
+// postHalfClosed posts body to /v1/traces at addr (with X-Tokenscope-Ack: ack unless empty),
+// closes its write side, and reads the answer.
+func postHalfClosed(addr string, body []byte, ack string) (int, []byte, error) {
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer conn.Close()
+	head := "POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\nConnection: close\r\n"
+	if ack != "" {
+		head += "X-Tokenscope-Ack: " + ack + "\r\n"
+	}
+	_, _ = io.WriteString(conn, head+fmt.Sprintf("Content-Length: %d\r\n\r\n", len(body)))
+	_, _ = conn.Write(body)
+	_ = conn.(*net.TCPConn).CloseWrite()
+	_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, err
 }

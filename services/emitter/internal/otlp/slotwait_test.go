@@ -1,12 +1,7 @@
 package otlp
 
 import (
-	"bufio"
-	"fmt"
-	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"testing"
@@ -40,23 +35,12 @@ func TestHalfClosedExporterWaitingForASlot(t *testing.T) {
 		}
 	}()
 	body := protoOf(t, batchOf(3, nil))
-	conn, err := net.Dial("tcp", ts.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	head := "POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\nConnection: close\r\n"
-	_, _ = io.WriteString(conn, head+fmt.Sprintf("Content-Length: %d\r\n\r\n", len(body)))
-	_, _ = conn.Write(body)
-	_ = conn.(*net.TCPConn).CloseWrite()
-	_ = conn.SetReadDeadline(time.Now().Add(20 * time.Second))
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	code, b, err := postHalfClosed(ts.Listener.Addr().String(), body, "")
 	if err != nil {
 		t.Fatalf("no answer: %v", err)
 	}
-	b, _ := io.ReadAll(resp.Body)
-	t.Logf("answer %d %q", resp.StatusCode, b)
-	if resp.StatusCode < 300 {
-		t.Errorf("a half-closed exporter whose spans were never published got %d %q, a success: the spans are lost", resp.StatusCode, b)
+	t.Logf("answer %d %q", code, b)
+	if code < 300 {
+		t.Errorf("a half-closed exporter whose spans were never published got %d %q, a success: the spans are lost", code, b)
 	}
 }
