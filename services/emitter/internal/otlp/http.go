@@ -87,7 +87,8 @@ func (r *Receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			slot = true
 		case <-ctx.Done():
 			w.Header().Set("Retry-After", "1")
-			r.fail(w, isJSON, http.StatusServiceUnavailable, codes.Unavailable, errBusy)
+			r.fail(w, isJSON, http.StatusServiceUnavailable, codes.Unavailable,
+				fmt.Sprintf("no decode slot came free in %s (the emitter decodes two exports per processor at once): send the request again", r.opts.StoreWait))
 			return
 		}
 	}
