@@ -150,8 +150,8 @@ func TestBusinessAlertsEndToEnd(t *testing.T) {
 		!a.WindowStart.Equal(first.Add(2*time.Minute)) || a.Value != 14.0/40 {
 		t.Errorf("satisfaction alert %+v", a)
 	}
-	if a.BaselineMethod != "mean_sigma" || a.BaselineCenter < 0.75 || a.BaselineCenter > 0.85 || a.BaselineSpread <= 0 || a.Threshold >= a.BaselineCenter {
-		t.Errorf("baseline %s center %v spread %v threshold %v, want mean_sigma near 0.8", a.BaselineMethod, a.BaselineCenter, a.BaselineSpread, a.Threshold)
+	if a.BaselineMethod != "median_mad" || a.BaselineCenter < 0.75 || a.BaselineCenter > 0.85 || a.BaselineSpread <= 0 || a.Threshold >= a.BaselineCenter {
+		t.Errorf("baseline %s center %v spread %v threshold %v, want median_mad near 0.8", a.BaselineMethod, a.BaselineCenter, a.BaselineSpread, a.Threshold)
 	}
 	if n := len(alerts(compSubject)); n != 0 {
 		t.Errorf("%d completion alerts while completion was normal", n)

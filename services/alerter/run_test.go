@@ -246,8 +246,8 @@ func TestRunEndToEnd(t *testing.T) {
 	if fired.Labels["bucket"] != "8000-31999" || fired.Labels["scene"] != "chat" || fired.Value != 3100 {
 		t.Errorf("firing alert labels %v value %v, want the long-input chat series at 3100", fired.Labels, fired.Value)
 	}
-	if fired.BaselineMethod != "mean_sigma" || fired.BaselineCenter < 400 || fired.BaselineCenter > 600 || fired.BaselineSpread <= 0 || fired.Threshold <= fired.BaselineCenter {
-		t.Errorf("baseline %s center %v spread %v threshold %v, want mean_sigma near 500 ms", fired.BaselineMethod, fired.BaselineCenter, fired.BaselineSpread, fired.Threshold)
+	if fired.BaselineMethod != "median_mad" || fired.BaselineCenter < 400 || fired.BaselineCenter > 600 || fired.BaselineSpread <= 0 || fired.Threshold <= fired.BaselineCenter {
+		t.Errorf("baseline %s center %v spread %v threshold %v, want median_mad near 500 ms", fired.BaselineMethod, fired.BaselineCenter, fired.BaselineSpread, fired.Threshold)
 	}
 
 	// Restart while it fires: the alert is restored from the ALERTS stream, not re-sent.
@@ -288,7 +288,7 @@ func TestRunEndToEnd(t *testing.T) {
 		if err := rows.Scan(&state, &rule, &sev, &scene, &bucket, &value, &method); err != nil {
 			t.Fatal(err)
 		}
-		if rule != "ttft_p95_dynamic" || sev != "warning" || scene != "chat" || bucket != "8000-31999" || method != "mean_sigma" {
+		if rule != "ttft_p95_dynamic" || sev != "warning" || scene != "chat" || bucket != "8000-31999" || method != "median_mad" {
 			t.Errorf("row %s %s %s %s %s %s", state, rule, sev, scene, bucket, method)
 		}
 		states = append(states, state)

@@ -400,11 +400,55 @@ func floorDiv(a, b int64) int64 {
 	return q
 }
 
+// median returns the median of v, reordering v. It selects rather than sorts (linear time
+// on average): the median is the default baseline, computed for every metric of every
+// series at each new step.
 func median(v []float64) float64 {
-	slices.Sort(v)
 	k := len(v) / 2
+	selectNth(v, k)
 	if len(v)%2 == 1 {
 		return v[k]
 	}
-	return (v[k-1] + v[k]) / 2
+	return (slices.Max(v[:k]) + v[k]) / 2
+}
+
+// selectNth reorders v so that v[k] is the value a sort would put there, with no greater
+// value before it and no smaller one after it (Hoare's selection, median-of-three pivots).
+func selectNth(v []float64, k int) {
+	lo, hi := 0, len(v)-1
+	for hi > lo {
+		mid := lo + (hi-lo)/2
+		if v[mid] < v[lo] {
+			v[mid], v[lo] = v[lo], v[mid]
+		}
+		if v[hi] < v[lo] {
+			v[hi], v[lo] = v[lo], v[hi]
+		}
+		if v[hi] < v[mid] {
+			v[hi], v[mid] = v[mid], v[hi]
+		}
+		pivot := v[mid]
+		i, j := lo, hi
+		for i <= j {
+			for v[i] < pivot {
+				i++
+			}
+			for v[j] > pivot {
+				j--
+			}
+			if i <= j {
+				v[i], v[j] = v[j], v[i]
+				i++
+				j--
+			}
+		}
+		switch {
+		case k <= j:
+			hi = j
+		case k >= i:
+			lo = i
+		default:
+			return // v[j+1 : i] all equal the pivot, k among them
+		}
+	}
 }

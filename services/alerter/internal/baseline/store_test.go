@@ -2,6 +2,8 @@ package baseline
 
 import (
 	"math"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -274,5 +276,75 @@ func TestDaylightSaving(t *testing.T) {
 	mon := time.Date(2026, 3, 30, 9, 0, 0, 0, paris) // 07:00 UTC
 	if st := s.Stats(h, s.Plan(mon), 0, false); st.N != 5 || st.Mean != 100 {
 		t.Errorf("N %d mean %v, want the five 09:00 values", st.N, st.Mean)
+	}
+}
+
+// The median selects rather than sorts; on random, tied and sorted inputs of every small
+// length it is the median a sort gives.
+func TestMedianSelectsAsSortWould(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for n := 1; n <= 64; n++ {
+		for trial := range 20 {
+			v := make([]float64, n)
+			for i := range v {
+				switch trial % 4 {
+				case 0:
+					v[i] = rng.NormFloat64()
+				case 1:
+					v[i] = float64(rng.IntN(3)) // many ties
+				case 2:
+					v[i] = float64(i) // sorted
+				default:
+					v[i] = float64(n - i) // reversed
+				}
+			}
+			sorted := slices.Clone(v)
+			slices.Sort(sorted)
+			want := sorted[n/2]
+			if n%2 == 0 {
+				want = (sorted[n/2-1] + sorted[n/2]) / 2
+			}
+			if got := median(v); got != want {
+				t.Fatalf("n %d trial %d: median %v, want %v", n, trial, got, want)
+			}
+		}
+	}
+}
+
+// BenchmarkStats is one series' baseline of six metrics at a new step, over a week of
+// 15 s windows: mean and σ alone, and with the median and MAD (the default).
+func BenchmarkStats(b *testing.B) {
+	s, err := New[string](opts(), 6)
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := s.Series("a")
+	now := time.Date(2026, 3, 4, 14, 0, 0, 0, time.UTC)
+	vals, ok := make([]float64, 6), []bool{true, true, true, true, true, true}
+	for t := now.AddDate(0, 0, -7); t.Before(now.Add(time.Hour)); t = t.Add(15 * time.Second) {
+		for m := range vals {
+			vals[m] = 100 + float64(t.Unix()%97) + float64(m)
+		}
+		s.AddAll(h, s.StepOf(t), vals, ok)
+	}
+	plans := make([]Plan, 12)
+	for i := range plans {
+		plans[i] = s.Plan(now.Add(time.Duration(i) * 5 * time.Minute))
+	}
+	for _, robust := range []bool{false, true} {
+		name := "mean_sigma"
+		if robust {
+			name = "median_mad"
+		}
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				p := plans[i%len(plans)]
+				h.cacheAt = -1
+				for m := range 6 {
+					s.Stats(h, p, m, robust)
+				}
+			}
+		})
 	}
 }

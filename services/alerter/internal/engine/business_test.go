@@ -119,7 +119,7 @@ func TestBusinessRules(t *testing.T) {
 					continue
 				}
 				if a.Labels["scene"] != "chat" || a.Labels["env"] != "prod" || a.Labels["model"] != "" || a.Labels["bucket"] != "" ||
-					a.Value >= a.Threshold || a.Threshold >= a.BaselineCenter || a.BaselineMethod != rules.MeanSigma {
+					a.Value >= a.Threshold || a.Threshold >= a.BaselineCenter || a.BaselineMethod != rules.MedianMAD {
 					t.Errorf("%s: %+v", w, a)
 				}
 			}

@@ -323,11 +323,17 @@ func (e *Engine) engineCause(key EngineKey, plan baseline.Plan) (*events.EngineC
 	}
 	c := &events.EngineCause{Host: key.Host, Engine: key.Name, Model: key.Model, QueueP95Ms: a.queueP95, PrefillP95Ms: a.prefillP95}
 	d := &e.rules.Default.Dynamic[rules.QueueTimeP95]
-	q := e.engines.Stats(a.hist, plan, int(rules.QueueTimeP95-rules.QueueDepth), false)
-	p := e.engines.Stats(a.hist, plan, engPrefill, false)
+	// The baseline's center as queue_time_p95_dynamic reads it: the median by default, so
+	// yesterday's queue incident at this hour does not raise the reference.
+	robust := d.Method == rules.MedianMAD
+	q := e.engines.Stats(a.hist, plan, int(rules.QueueTimeP95-rules.QueueDepth), robust)
+	p := e.engines.Stats(a.hist, plan, engPrefill, robust)
 	switch {
 	case q.N >= d.MinPoints && p.N >= d.MinPoints:
 		c.Reference, c.QueueRefMs, c.PrefillRefMs = "baseline", q.Mean, p.Mean
+		if robust {
+			c.QueueRefMs, c.PrefillRefMs = q.Median, p.Median
+		}
 	case a.recent != nil && a.recent.n > 0:
 		c.Reference = "recent"
 		c.QueueRefMs, c.PrefillRefMs = a.recent.medians(e.scratch)

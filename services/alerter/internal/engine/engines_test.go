@@ -223,7 +223,7 @@ func TestQueueDepthAgainstBaseline(t *testing.T) {
 			Engines: []events.EngineRollup{engRow(start, 60, "gpu1", 40, 0.5, 0, 100, 4, 0.25)}})...)
 	}
 	q := firingOf(sent, "queue_depth_dynamic")
-	if q == nil || q.BaselineMethod != rules.MeanSigma || q.BaselineCenter < 1 || q.BaselineCenter > 3 {
+	if q == nil || q.BaselineMethod != rules.MedianMAD || q.BaselineCenter < 1 || q.BaselineCenter > 3 {
 		t.Fatalf("queue_depth_dynamic %+v (sent %v)", q, rulesOf(sent))
 	}
 	if firingOf(sent, "queue_time_p95_dynamic") == nil {

@@ -83,8 +83,8 @@ func ParseMetric(s string) (Metric, bool) {
 
 // Baseline methods.
 const (
-	MeanSigma = "mean_sigma" // mean ± k·σ, the default
-	MedianMAD = "median_mad" // median ± k·MAD (MAD scaled by 1.4826 to estimate σ), robust to skew
+	MeanSigma = "mean_sigma" // mean ± k·σ; an incident in the baseline days widens σ and hides the next one
+	MedianMAD = "median_mad" // median ± k·MAD (MAD scaled by 1.4826 to estimate σ), the default: robust to incidents and skew
 	Static    = "static"     // a fixed threshold
 )
 
@@ -222,15 +222,20 @@ func StaticName(m Metric) string { return staticNames[m] }
 // SaturationName is the saturation rule's name.
 const SaturationName = "gpu_saturation"
 
-// Defaults returns the built-in rules: k = 2 on every metric, and the
+// Defaults returns the built-in rules: median ± 2·MAD on every metric, and the
 // SLA thresholds: TTFT p95 over 2 s warning, 5 s critical; TPOT p95 over 100 ms / 200 ms;
 // error rate over 5 % / 20 %; timeout rate over 2 % / 10 %.
 func Defaults() Rules {
 	r := Rules{For: 2, KeepFiringFor: 2, Hysteresis: 0.2}
+	// The median, not the mean: a past incident is in the baseline's days (yesterday's hour
+	// of 5× TTFT), and a mean and σ that learn it hide the next one at that time of day. The
+	// median and MAD move only once a change is on more than half of the days they read, so
+	// an incident never teaches the baseline, and a lasting change becomes normal after a
+	// few days.
 	for m := Metric(0); m < NumMetrics; m++ {
 		r.Dynamic[m] = Dynamic{
 			Enabled:     true,
-			Method:      MeanSigma,
+			Method:      MedianMAD,
 			K:           2,
 			Severity:    "warning",
 			MinChange:   0.1,

@@ -29,8 +29,8 @@ func TestDefaults(t *testing.T) {
 		t.Errorf("for %d keep_firing_for %d, want 2 and ≥ 1", d.For, d.KeepFiringFor)
 	}
 	for m := Metric(0); m < NumMetrics; m++ {
-		if dy := d.Dynamic[m]; !dy.Enabled || dy.K != 2 || dy.Method != MeanSigma || dy.MinPoints < 1 {
-			t.Errorf("%s: dynamic %+v, want enabled, k = 2, mean_sigma", m, dy)
+		if dy := d.Dynamic[m]; !dy.Enabled || dy.K != 2 || dy.Method != MedianMAD || dy.MinPoints < 1 {
+			t.Errorf("%s: dynamic %+v, want enabled, k = 2, median_mad", m, dy)
 		}
 	}
 	// The built-in SLA thresholds.
@@ -204,4 +204,26 @@ func TestWholeNumbers(t *testing.T) {
 	if d := s.Default; d.For != 3 || d.KeepFiringFor != 4 || d.Dynamic[TTFTP95].MinPoints != 30 || d.Dynamic[TTFTP95].MinRequests != 50 {
 		t.Errorf("for %d keep_firing_for %d dynamic %+v", d.For, d.KeepFiringFor, d.Dynamic[TTFTP95])
 	}
+}
+
+// A file that names a method keeps it: mean_sigma stays selectable, in the defaults or per
+// scene, and a metric or scene that names none gets the built-in median_mad.
+func TestMethodNamedInFileIsKept(t *testing.T) {
+	s, err := Parse([]byte("defaults:\n  dynamic:\n    ttft_p95: {method: mean_sigma}\nscenes:\n  chat:\n    dynamic:\n      error_rate: {method: mean_sigma}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := func(r *Rules, m Metric, want string) {
+		t.Helper()
+		if got := r.Dynamic[m].Method; got != want {
+			t.Errorf("%s: method %s, want %s", m, got, want)
+		}
+	}
+	f(&s.Default, TTFTP95, MeanSigma)
+	f(&s.Default, TPOTP95, MedianMAD)
+	f(&s.Default, ErrorRate, MedianMAD)
+	f(s.For("chat"), TTFTP95, MeanSigma) // inherited from the file's defaults
+	f(s.For("chat"), ErrorRate, MeanSigma)
+	f(s.For("chat"), TimeoutRate, MedianMAD)
+	f(s.For("search"), ErrorRate, MedianMAD)
 }
