@@ -272,3 +272,38 @@ func TestTTFTHintReferenceExcludesTheIncident(t *testing.T) {
 		t.Errorf("cause %+v, want queue time against the pre-incident ~285 ms", c)
 	}
 }
+
+// The hint's baseline reference is the median, as the dynamic rules': yesterday's queue
+// storm at this hour (8 s) does not make today's 1.5 s queue look normal. Against the mean
+// the reference was 1.2 s, and the hint said neither grew.
+func TestTTFTHintBaselineIgnoresYesterdaysIncident(t *testing.T) {
+	e := newEngine(t, rules.NewSet())
+	now := time.Date(2026, 3, 4, 14, 0, 0, 0, time.UTC) // Wednesday
+	for d := 1; d <= 7; d++ {
+		for m := -30; m <= 30; m++ {
+			start := now.AddDate(0, 0, -d).Add(time.Duration(m) * time.Minute)
+			queue := 0.1
+			if d == 1 && m >= 0 {
+				queue = 8
+			}
+			tok := row(start, "gpu1", 200, events.Latency{Count: 200, P95: 400})
+			e.Learn(engine.Window{Start: start, Seconds: 60, Tokens: []events.TokenRollup{tok},
+				Engines: []events.EngineRollup{engRow(start, 60, "gpu1", 1, 0.5, 0, 100, queue, 0.25)}})
+		}
+	}
+	var tt *events.Alert
+	for i := range 3 {
+		start := now.Add(time.Duration(i) * time.Minute)
+		tok := row(start, "gpu1", 200, events.Latency{Count: 200, P95: 4000})
+		if a := firingOf(e.Evaluate(engine.Window{Start: start, Seconds: 60, Tokens: []events.TokenRollup{tok},
+			Engines: []events.EngineRollup{engRow(start, 60, "gpu1", 1, 0.5, 0, 100, 1.5, 0.25)}}), "ttft_p95_dynamic"); a != nil {
+			tt = a
+		}
+	}
+	if tt == nil || tt.EngineCause == nil {
+		t.Fatalf("ttft_p95_dynamic %+v", tt)
+	}
+	if c := tt.EngineCause; c.Cause != events.CauseQueueTime || c.Reference != "baseline" || c.QueueRefMs > 300 {
+		t.Errorf("cause %+v, want queue time against a baseline of about 285 ms", c)
+	}
+}
