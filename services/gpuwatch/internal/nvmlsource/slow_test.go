@@ -242,22 +242,36 @@ func TestSlowGPUDelaysNoOtherGPU(t *testing.T) {
 	}
 }
 
-// TestCloseWithAHungGPU: shutting down while a GPU's read is stuck in NVML returns within
-// its bound and does not shut NVML down under the call.
+// TestCloseWithAHungGPU: shutting down while a GPU's reads (the tick's and PCIe's) are
+// stuck in NVML ends Run at once and Close within its bound, and does not shut NVML down
+// under a call in flight.
 func TestCloseWithAHungGPU(t *testing.T) {
 	srv, devs := h200(t, 2)
 	h := &hang{callTime: time.Minute, recover: make(chan struct{})}
 	defer close(h.recover)
 	h.install(devs[1])
+	pcie := devs[1].GetPcieThroughputFunc
+	devs[1].GetPcieThroughputFunc = func(c nvml.PcieUtilCounter) (uint32, nvml.Return) { h.call(); return pcie(c) }
 	h.on.Store(true)
 	var shutdowns atomic.Int32
 	srv.ShutdownFunc = func() nvml.Return { shutdowns.Add(1); return nvml.SUCCESS }
-	src, err := New(srv, Options{Recheck: time.Minute, Wait: 50 * time.Millisecond}, prometheus.NewRegistry(), discard())
+	src, err := New(srv, Options{PCIeInterval: 50 * time.Millisecond, Recheck: time.Minute, Wait: 50 * time.Millisecond},
+		prometheus.NewRegistry(), discard())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := src.Sample(context.Background(), t0, nil); len(got) != 1 || got[0].GPUIndex != 0 {
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- src.Run(ctx) }()
+	if got := src.Sample(ctx, t0, nil); len(got) != 1 || got[0].GPUIndex != 0 {
 		t.Fatalf("samples %+v, want GPU 0's alone", got)
+	}
+	time.Sleep(100 * time.Millisecond) // the PCIe loops' first reads
+	cancel()
+	select {
+	case <-ran:
+	case <-time.After(time.Second):
+		t.Fatal("Run waits for a PCIe read stuck in NVML")
 	}
 	began := time.Now()
 	err = src.Close()

@@ -56,7 +56,7 @@ type Source struct {
 	// at most one read outstanding (the ticker starts the next only once it has the last
 	// one's result), so a read never blocks on it.
 	done  chan readResult
-	reads sync.WaitGroup     // reads in NVML, for Close
+	reads sync.WaitGroup     // reads in NVML (and the PCIe loops), for Close
 	late  []events.GPUSample // reads of earlier ticks finished at this one, for Late
 	timer *time.Timer
 
@@ -358,17 +358,15 @@ func (s *Source) setSupport(g *gpu, f field, st *fieldState, ok bool, ret nvml.R
 }
 
 // Run reads PCIe throughput of every GPU until ctx ends, each GPU on its own goroutine, so
-// the 20 ms NVML spends in each read never delays a tick.
+// the 20 ms NVML spends in each read never delays a tick. It returns when ctx ends, without
+// waiting for a PCIe read stuck in NVML (a GPU that hangs): Close waits for those.
 func (s *Source) Run(ctx context.Context) error {
-	if s.opts.PCIeInterval <= 0 {
-		<-ctx.Done()
-		return nil
+	if s.opts.PCIeInterval > 0 {
+		for _, g := range s.gpus {
+			s.reads.Go(func() { s.pcieLoop(ctx, g) })
+		}
 	}
-	var wg sync.WaitGroup
-	for _, g := range s.gpus {
-		wg.Go(func() { s.pcieLoop(ctx, g) })
-	}
-	wg.Wait()
+	<-ctx.Done()
 	return nil
 }
 
@@ -402,8 +400,8 @@ func (g *gpu) takePCIe(smp *events.GPUSample, now time.Time, maxAge time.Duratio
 }
 
 // Close shuts NVML down; it is safe to call twice. Call it after Run has returned and the
-// ticker has stopped. A read still in NVML (a GPU that hangs) is waited for up to
-// closeWait; past it NVML is left as it is, for shutting it down under a call in flight is
+// ticker has stopped. A read still in NVML (a GPU that hangs, the tick's or PCIe's) is
+// waited for up to closeWait; past it NVML is left as it is, for shutting it down under a call in flight is
 // not safe, and the process ending releases it.
 func (s *Source) Close() error {
 	var err error
