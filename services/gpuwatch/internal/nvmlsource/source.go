@@ -401,8 +401,8 @@ func (g *gpu) takePCIe(smp *events.GPUSample, now time.Time, maxAge time.Duratio
 
 // Close shuts NVML down; it is safe to call twice. Call it after Run has returned and the
 // ticker has stopped. A read still in NVML (a GPU that hangs, the tick's or PCIe's) is
-// waited for up to closeWait; past it NVML is left as it is, for shutting it down under a call in flight is
-// not safe, and the process ending releases it.
+// waited for up to closeWait; past it NVML is left as it is, for shutting it down under a
+// call in flight is not safe, and the process ending releases it.
 func (s *Source) Close() error {
 	var err error
 	s.closeOnce.Do(func() {

@@ -60,7 +60,7 @@ type target struct {
 	cache   *seriesCache
 	models  map[string]*state
 	series  map[string]*seriesState // by family and labels, as track keys them
-	created map[string]float64      // this scrape's creation times of series, keyed as series by their _created family
+	created map[string]*createdTime // creation times of series, keyed as series by their _created family
 	gen     uint64                  // good scrapes read
 	read    time.Time               // the tick of the last good scrape read
 	live    int                     // series the last scrape had
@@ -94,6 +94,12 @@ type seriesState struct {
 	v       float64
 	h       *cumHist
 	created float64 // the creation time the engine gave it (Unix seconds), 0 if none
+}
+
+// createdTime is a series' creation time as a scrape exposed it.
+type createdTime struct {
+	gen uint64 // the scrape (target.gen) that exposed it
+	v   float64
 }
 
 // seriesForget is how long the last value of a series gone from the exposition is kept:
@@ -136,7 +142,7 @@ func New(targets []Target, pub publisher, opts Options, reg prometheus.Registere
 			Target:  t,
 			models:  map[string]*state{},
 			series:  map[string]*seriesState{},
-			created: map[string]float64{},
+			created: map[string]*createdTime{},
 			cache:   newSeriesCache(),
 		})
 	}
@@ -507,10 +513,11 @@ func (t *target) sweep(now time.Time) {
 	}
 }
 
-// readCreated keeps this scrape's creation times of series, from the _created families.
-// A time that cannot be one (not positive, not finite) is none.
+// readCreated keeps this scrape's creation times of series, from the _created families,
+// and forgets those it does not have. A time that cannot be one (not positive, not finite)
+// is none.
 func (t *target) readCreated(fams map[string]*dto.MetricFamily, byName map[string]mapping) {
-	clear(t.created)
+	n := 0
 	for name, fam := range fams {
 		if mp, ok := byName[name]; !ok || !mp.isCreated {
 			continue
@@ -529,7 +536,20 @@ func (t *target) readCreated(fams map[string]*dto.MetricFamily, byName map[strin
 				continue
 			}
 			t.key = seriesKey(t.key[:0], name, m)
-			t.created[string(t.key)] = v
+			c := t.created[string(t.key)] // no allocation for the lookup: the engine exposes the same series at every scrape
+			if c == nil {
+				c = &createdTime{}
+				t.created[string(t.key)] = c
+			}
+			c.gen, c.v = t.gen, v
+			n++
+		}
+	}
+	if len(t.created) > n {
+		for k, c := range t.created {
+			if c.gen != t.gen {
+				delete(t.created, k)
+			}
 		}
 	}
 }
@@ -541,7 +561,10 @@ func (t *target) createdOf(created string, m *dto.Metric) float64 {
 		return 0
 	}
 	t.key = seriesKey(t.key[:0], created, m)
-	return t.created[string(t.key)] // no allocation for the lookup
+	if c := t.created[string(t.key)]; c != nil && c.gen == t.gen { // no allocation for the lookup
+		return c.v
+	}
+	return 0
 }
 
 // madeBefore reports whether a creation time c (0: none) is before the previous good
