@@ -196,3 +196,33 @@ func TestCreatedBesideTheCounter(t *testing.T) {
 		}
 	}
 }
+
+// TestCreatedThatMoves: an exposition whose _created series follow the clock (written anew
+// at each scrape) has no creation times: the counter's deltas are its value's, never its
+// whole total at each tick.
+func TestCreatedThatMoves(t *testing.T) {
+	body := func(v int, at time.Time) string {
+		return "# TYPE vllm:prompt_tokens_total counter\n" +
+			fmt.Sprintf("vllm:prompt_tokens_total{engine=\"0\",model_name=\"m\"} %d.0\n", v) +
+			"# TYPE vllm:prompt_tokens_created gauge\n" +
+			"vllm:prompt_tokens_created{engine=\"0\",model_name=\"m\"} " + strconv.FormatFloat(float64(at.UnixNano())/1e9, 'e', -1, 64) + "\n"
+	}
+	eng := newEngine(t, body(1000, t0))
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 4)
+	s.Tick(context.Background(), t0)
+	for i := 1; i <= 3; i++ {
+		at := t0.Add(time.Duration(i) * time.Second)
+		eng.set(body(1000+100*i, at.Add(10*time.Millisecond)))
+		s.Tick(context.Background(), at)
+	}
+	got := pub.take(t)
+	if len(got) != 4 {
+		t.Fatalf("%d samples", len(got))
+	}
+	for i, smp := range got[1:] {
+		if smp.PromptTokens == nil || *smp.PromptTokens != 100 {
+			t.Errorf("tick %d: prompt_tokens %s, want 100", i+1, jsonOf(smp.PromptTokens))
+		}
+	}
+}

@@ -94,6 +94,22 @@ type seriesState struct {
 	v       float64
 	h       *cumHist
 	created float64 // the creation time the engine gave it (Unix seconds), 0 if none
+	stable  bool    // the same creation time at its last two scrapes
+}
+
+// remade records c, the series' creation time at this scrape (0: none), and reports
+// whether it says the series was made anew since its last value: another creation time
+// than the one it kept at least two scrapes. A creation time that moves from scrape to
+// scrape (an exposition writing the clock there) is not one, and tells nothing.
+func (sv *seriesState) remade(c float64) bool {
+	if c == 0 {
+		return false
+	}
+	changed := sv.created != 0 && c != sv.created
+	trusted := sv.stable
+	sv.stable = c == sv.created
+	sv.created = c
+	return changed && trusted
 }
 
 // createdTime is a series' creation time as a scrape exposed it.
@@ -419,11 +435,12 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily, now time.Ti
 			if f >= firstCounter {
 				sv, known := t.track(name, m, now)
 				c := t.createdOf(mp.created, m)
+				remade := sv.remade(c)
 				d, moved := v, !known // a new series counts from zero
 				switch {
 				case !known && t.madeBefore(c):
 					moved = false // back after it was forgotten: its total is not this tick's
-				case sv.ok && c != 0 && sv.created != 0 && c != sv.created:
+				case sv.ok && remade:
 					moved = true // made anew since its last value: counted from zero
 				case sv.ok:
 					moved = true
@@ -432,9 +449,6 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily, now time.Ti
 					}
 				}
 				sv.v, sv.ok = v, true
-				if c != 0 {
-					sv.created = c
-				}
 				if read && moved && !st.baseline {
 					st.counters[f] += d
 					st.has[f] = true
@@ -734,12 +748,9 @@ func (s *Scraper) readHist(t *target, st *state, f field, name, created string, 
 		old = nil
 	}
 	c := t.createdOf(created, m)
-	back := !known && t.madeBefore(c)                                  // back after it was forgotten
-	anew := old != nil && c != 0 && sv.created != 0 && c != sv.created // made anew since its last value
+	back := !known && t.madeBefore(c)  // back after it was forgotten
+	anew := sv.remade(c) && old != nil // made anew since its last value
 	sv.h, sv.ok = ch, true
-	if c != 0 {
-		sv.created = c
-	}
 	if !read {
 		return
 	}
