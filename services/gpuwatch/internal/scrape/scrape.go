@@ -386,7 +386,7 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily, now time.Ti
 	leaders, models := survey(fams, byName, label)
 	kept := s.keep(t, models) // nil: every model is read
 	overLimit := false
-	t.readCreated(fams, byName)
+	t.readCreated()
 	for name, fam := range fams {
 		mp, ok := byName[name]
 		if !ok || mp.isCreated {
@@ -527,37 +527,26 @@ func (t *target) sweep(now time.Time) {
 	}
 }
 
-// readCreated keeps this scrape's creation times of series, from the _created families,
-// and forgets those it does not have. A time that cannot be one (not positive, not finite)
-// is none.
-func (t *target) readCreated(fams map[string]*dto.MetricFamily, byName map[string]mapping) {
+// readCreated keeps this scrape's creation times of series, from the series of the
+// _created families the parser set aside, and forgets those it does not have. A time that
+// cannot be one (not positive, not finite) is none.
+func (t *target) readCreated() {
 	n := 0
-	for name, fam := range fams {
-		if mp, ok := byName[name]; !ok || !mp.isCreated {
+	for _, cs := range t.cache.created {
+		if !(cs.v > 0) || math.IsInf(cs.v, 0) {
 			continue
 		}
-		for _, m := range fam.GetMetric() {
-			var v float64
-			switch {
-			case m.Gauge != nil:
-				v = m.GetGauge().GetValue()
-			case m.Untyped != nil:
-				v = m.GetUntyped().GetValue()
-			case m.Counter != nil:
-				v = m.GetCounter().GetValue()
-			}
-			if !(v > 0) || math.IsInf(v, 0) {
-				continue
-			}
-			t.key = seriesKey(t.key[:0], name, m)
-			c := t.created[string(t.key)] // no allocation for the lookup: the engine exposes the same series at every scrape
-			if c == nil {
-				c = &createdTime{}
-				t.created[string(t.key)] = c
-			}
-			c.gen, c.v = t.gen, v
-			n++
+		t.key = appendString(t.key[:0], cs.e.name)
+		for _, lp := range cs.e.pairs {
+			t.key = appendString(appendString(t.key, lp.GetName()), lp.GetValue())
 		}
+		c := t.created[string(t.key)] // no allocation for the lookup: the engine exposes the same series at every scrape
+		if c == nil {
+			c = &createdTime{}
+			t.created[string(t.key)] = c
+		}
+		c.gen, c.v = t.gen, cs.v
+		n++
 	}
 	if len(t.created) > n {
 		for k, c := range t.created {
