@@ -192,7 +192,10 @@ func openSource(cfg Config, reg prometheus.Registerer, logger *slog.Logger) (sou
 		if err != nil {
 			return source{}, err
 		}
-		s, err := nvmlsource.New(lib, nvmlsource.Options{PCIeInterval: cfg.PCIeInterval, Recheck: cfg.Recheck}, reg, logger)
+		// A tick waits for the GPUs' reads a quarter of the interval at most: a GPU slower than
+		// that goes out at a later tick and the others do not wait for it.
+		wait := min(cfg.Interval/4, nvmlsource.DefaultWait)
+		s, err := nvmlsource.New(lib, nvmlsource.Options{PCIeInterval: cfg.PCIeInterval, Recheck: cfg.Recheck, Wait: wait}, reg, logger)
 		if err != nil {
 			_ = lib.Shutdown()
 			return source{}, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -16,6 +17,13 @@ import (
 // are the sampler's to set.
 type source interface {
 	Sample(ctx context.Context, now time.Time, dst []events.GPUSample) []events.GPUSample
+}
+
+// lateSource is a source whose reads of a GPU can outlast their tick (NVML, on a GPU that
+// hangs): Late appends the samples of such reads finished since the last tick, each with the
+// time of the tick it was read for.
+type lateSource interface {
+	Late(dst []events.GPUSample) []events.GPUSample
 }
 
 // publisher queues a message without blocking; bus.Publisher is one.
@@ -55,7 +63,9 @@ type Sampler struct {
 	logger      *slog.Logger
 
 	buf      []events.GPUSample
+	late     []events.GPUSample
 	valid    []events.GPUSample
+	shown    []events.GPUSample
 	data     []byte
 	id       []byte
 	energy   map[string]energyReading // per GPU UUID: its last published energy counter
@@ -115,54 +125,81 @@ func (s *Sampler) Run(ctx context.Context) error {
 // nextTick returns the first multiple of d after t.
 func nextTick(t time.Time, d time.Duration) time.Time { return t.Truncate(d).Add(d) }
 
-// Tick samples every GPU at now and queues the samples for publishing.
+// Tick samples every GPU at now and queues the samples for publishing, after those of
+// earlier ticks whose reads finished since (a source that has them), with their own time.
 func (s *Sampler) Tick(ctx context.Context, now time.Time) {
 	began := time.Now()
 	now = now.UTC()
 	s.buf = s.src.Sample(ctx, now, s.buf[:0])
+	s.late = s.late[:0]
+	if ls, ok := s.src.(lateSource); ok {
+		s.late = ls.Late(s.late)
+	}
 	s.valid = s.valid[:0]
 	s.forgetEnergy(now)
+	// The late first: they are older, and a GPU's energy delta runs from its older sample.
+	for i := range s.late {
+		s.queue(&s.late[i], s.late[i].TS.UTC(), now)
+	}
+	late := len(s.valid)
 	for i := range s.buf {
-		smp := &s.buf[i]
-		smp.V, smp.TS, smp.Host = events.Version, now, s.opts.Host
-		smp.EnergyUsedJ = nil // the sampler's to set, from the counter's delta
-		// A bad reading (a driver's glitch) is left out, not the GPU's sample with it.
-		dropped, err := events.DropBadReadings(smp, now)
-		for _, derr := range dropped {
-			reason := events.Reason(derr)
-			s.m.dropped.WithLabelValues(reason).Inc()
-			if s.changed(smp, derr, reason) {
-				s.logger.Warn("GPU reading breaks the contract; left out of the sample", "gpu", smp.GPUIndex, "err", derr)
-			}
-		}
-		if err != nil {
-			reason := events.Reason(err)
-			s.m.invalid.WithLabelValues(reason).Inc()
-			if s.changed(smp, err, reason) {
-				s.logger.Warn("GPU sample breaks the contract; not published", "gpu", smp.GPUIndex, "err", err)
-			}
-			continue
-		}
-		s.setEnergyUsed(smp)
-		s.data = appendSample(s.data[:0], smp)
-		s.id = appendMsgID(s.id[:0], smp)
-		// Publish keeps data: it must be a copy, the buffer is reused.
-		if s.pub.Publish(s.subject, string(s.id), append([]byte(nil), s.data...)) {
-			s.m.samples.Inc()
-			s.recordEnergy(smp)
-		}
-		s.valid = append(s.valid, *smp)
+		s.queue(&s.buf[i], now, now)
 	}
 	s.logged, s.logging = s.logging, s.logged // what broke at this tick is what the next compares with
 	clear(s.logging)
-	s.exp.Update(s.valid)
+	s.exp.Update(s.latest(late))
 	if s.opts.HostReader != nil {
 		s.publishHost(now)
 	}
-	s.m.gpus.Set(float64(len(s.valid)))
+	s.m.gpus.Set(float64(len(s.shown)))
 	s.m.ticks.Inc()
 	s.m.duration.Observe(time.Since(began).Seconds())
 	s.lastTick.Store(time.Now().UnixNano())
+}
+
+// queue checks smp, taken at ts, and queues it for publishing; a valid one is kept in
+// s.valid.
+func (s *Sampler) queue(smp *events.GPUSample, ts, now time.Time) {
+	smp.V, smp.TS, smp.Host = events.Version, ts, s.opts.Host
+	smp.EnergyUsedJ = nil // the sampler's to set, from the counter's delta
+	// A bad reading (a driver's glitch) is left out, not the GPU's sample with it.
+	dropped, err := events.DropBadReadings(smp, now)
+	for _, derr := range dropped {
+		reason := events.Reason(derr)
+		s.m.dropped.WithLabelValues(reason).Inc()
+		if s.changed(smp, derr, reason) {
+			s.logger.Warn("GPU reading breaks the contract; left out of the sample", "gpu", smp.GPUIndex, "err", derr)
+		}
+	}
+	if err != nil {
+		reason := events.Reason(err)
+		s.m.invalid.WithLabelValues(reason).Inc()
+		if s.changed(smp, err, reason) {
+			s.logger.Warn("GPU sample breaks the contract; not published", "gpu", smp.GPUIndex, "err", err)
+		}
+		return
+	}
+	s.setEnergyUsed(smp)
+	s.data = appendSample(s.data[:0], smp)
+	s.id = appendMsgID(s.id[:0], smp)
+	// Publish keeps data: it must be a copy, the buffer is reused.
+	if s.pub.Publish(s.subject, string(s.id), append([]byte(nil), s.data...)) {
+		s.m.samples.Inc()
+		s.recordEnergy(smp)
+	}
+	s.valid = append(s.valid, *smp)
+}
+
+// latest returns the newest valid sample of each GPU of this tick: its sample of the tick,
+// or else a late one. s.valid holds the late samples first, then the tick's.
+func (s *Sampler) latest(late int) []events.GPUSample {
+	s.shown = append(s.shown[:0], s.valid[late:]...)
+	for _, l := range s.valid[:late] {
+		if !slices.ContainsFunc(s.shown, func(t events.GPUSample) bool { return t.GPUUUID == l.GPUUUID }) {
+			s.shown = append(s.shown, l)
+		}
+	}
+	return s.shown
 }
 
 // changed records that err (with its reason) broke smp's GPU's field at this tick and
@@ -199,6 +236,9 @@ func (s *Sampler) setEnergyUsed(smp *events.GPUSample) {
 func (s *Sampler) recordEnergy(smp *events.GPUSample) {
 	if smp.EnergyJ == nil {
 		return
+	}
+	if prev, ok := s.energy[smp.GPUUUID]; ok && smp.TS.UnixNano() <= prev.ts {
+		return // an older sample than the one the next delta runs from
 	}
 	s.energy[smp.GPUUUID] = energyReading{ts: smp.TS.UnixNano(), energy: *smp.EnergyJ}
 }

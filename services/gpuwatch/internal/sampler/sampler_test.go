@@ -410,3 +410,69 @@ func TestTickHost(t *testing.T) {
 		t.Fatalf("readings_dropped_total{negative} = %v", v)
 	}
 }
+
+// lateFakeSource is a fakeSource whose Late gives, once, the samples of an earlier tick.
+type lateFakeSource struct {
+	fakeSource
+	late []events.GPUSample
+}
+
+func (f *lateFakeSource) Late(dst []events.GPUSample) []events.GPUSample {
+	dst = append(dst, f.late...)
+	f.late = nil
+	return dst
+}
+
+// TestTickLateSamples: a sample of an earlier tick that a source gives late goes out with
+// that tick's ts and Nats-Msg-Id, before the GPU's sample of this tick: its energy delta
+// runs from the GPU's sample before it, and this tick's from it. /metrics shows the GPU's
+// newest sample alone.
+func TestTickLateSamples(t *testing.T) {
+	src := &lateFakeSource{}
+	pub := &fakePublisher{}
+	exp := &fakeExporter{}
+	reg := prometheus.NewRegistry()
+	s := New(src, pub, exp, Options{Host: "gpu-node-3", Interval: time.Second}, reg, discard())
+	at := func(i int, energy float64) events.GPUSample {
+		smp := h200(0)
+		smp.EnergyJ = ptr(energy)
+		smp.TS = t0.Add(time.Duration(i) * time.Second)
+		return smp
+	}
+	src.samples = []events.GPUSample{at(0, 1000)}
+	s.Tick(context.Background(), t0)
+	// tick 1's read came late: tick 1 had no sample of the GPU; at tick 3 its sample comes
+	// beside tick 3's
+	src.samples = nil
+	s.Tick(context.Background(), t0.Add(time.Second))
+	s.Tick(context.Background(), t0.Add(2*time.Second))
+	src.samples, src.late = []events.GPUSample{at(3, 1900)}, []events.GPUSample{at(1, 1300)}
+	s.Tick(context.Background(), t0.Add(3*time.Second))
+	if len(pub.msgs) != 3 {
+		t.Fatalf("%d published, want 3", len(pub.msgs))
+	}
+	for i, want := range []struct {
+		ts     time.Time
+		energy float64
+	}{{t0.Add(time.Second), 300}, {t0.Add(3 * time.Second), 600}} {
+		msg := pub.msgs[i+1]
+		var got events.GPUSample
+		if err := events.UnmarshalGPUSample([]byte(msg.data), &got); err != nil {
+			t.Fatal(err)
+		}
+		if !got.TS.Equal(want.ts) || got.EnergyUsedJ == nil || *got.EnergyUsedJ != want.energy {
+			t.Errorf("sample %d: ts %s energy_used_j %v, want %s and %v", i+1, got.TS, jsonOf(got.EnergyUsedJ), want.ts, want.energy)
+		}
+		if id := "gpu-node-3/" + got.GPUUUID + "/" + string(events.AppendTime(nil, want.ts)); msg.id != id {
+			t.Errorf("sample %d: Nats-Msg-Id %q, want %q", i+1, msg.id, id)
+		}
+	}
+	if len(exp.got) != 1 || !exp.got[0].TS.Equal(t0.Add(3*time.Second)) {
+		t.Errorf("/metrics shows %d samples (%+v), want tick 3's alone", len(exp.got), exp.got)
+	}
+	if v := testutil.ToFloat64(s.m.gpus); v != 1 {
+		t.Errorf("gpuwatch_gpus = %v, want 1", v)
+	}
+}
+
+func jsonOf(v any) string { b, _ := json.Marshal(v); return string(b) }

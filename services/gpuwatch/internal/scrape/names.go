@@ -35,23 +35,47 @@ const (
 )
 
 // mapping is how one exported family becomes a field. legacy marks an older name read
-// only when the current one is absent.
+// only when the current one is absent. created names the family of a counter's or
+// histogram's creation times (prometheus_client's _created series: the Unix time each
+// series was made at), and isCreated marks that family itself.
 type mapping struct {
-	f      field
-	legacy bool
+	f         field
+	legacy    bool
+	created   string
+	isCreated bool
 }
 
 // A counter is looked up both with and without _total: Python's prometheus_client writes
-// the TYPE line with the suffix, other writers without.
+// the TYPE line with the suffix, other writers without. Its creation times are
+// name_created (a gauge family of their own in the text format, beside the counter in
+// OpenMetrics).
 func counter(m map[string]mapping, name string, f field) {
-	m[name] = mapping{f: f}
-	m[name+"_total"] = mapping{f: f}
+	c := name + "_created"
+	m[name] = mapping{f: f, created: c}
+	m[name+"_total"] = mapping{f: f, created: c}
+	m[c] = mapping{f: f, isCreated: true}
 }
 
 // legacyCounter is counter for an older name, read only where the current one is absent.
 func legacyCounter(m map[string]mapping, name string, f field) {
-	m[name] = mapping{f: f, legacy: true}
-	m[name+"_total"] = mapping{f: f, legacy: true}
+	c := name + "_created"
+	m[name] = mapping{f: f, legacy: true, created: c}
+	m[name+"_total"] = mapping{f: f, legacy: true, created: c}
+	m[c] = mapping{f: f, legacy: true, isCreated: true}
+}
+
+// withCreated adds the creation-time family of each histogram of m: the histogram's name
+// and _created.
+func withCreated(m map[string]mapping) map[string]mapping {
+	for name, mp := range m {
+		if mp.f >= firstHistogram && !mp.isCreated {
+			c := name + "_created"
+			mp.created = c
+			m[name] = mp
+			m[c] = mapping{f: mp.f, legacy: mp.legacy, isCreated: true}
+		}
+	}
+	return m
 }
 
 // names maps each engine's exported families to fields; these are the names the engines
@@ -95,7 +119,7 @@ var names = func() map[string]map[string]mapping {
 		"tgi_request_queue_duration":   {f: fQueueTime},
 		"tgi_request_generated_tokens": {f: fGeneratedTokens},
 	}
-	return map[string]map[string]mapping{events.EngineVLLM: vllm, events.EngineSGLang: sglang, events.EngineTGI: tgi}
+	return map[string]map[string]mapping{events.EngineVLLM: withCreated(vllm), events.EngineSGLang: withCreated(sglang), events.EngineTGI: withCreated(tgi)}
 }()
 
 // modelLabel is the label that names the model, or "" where the engine has none.

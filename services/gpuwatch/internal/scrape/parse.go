@@ -22,7 +22,8 @@ import (
 // What the labels of each series kept say is remembered in c for the next scrape of the
 // same endpoint. A series exposed twice (the same name and labels, in any order) is read
 // once, as its first copy (what Prometheus stores of a scrape that repeats a series); c.dups
-// counts the copies left out.
+// counts the copies left out. The series of creation-time families (mapping.isCreated) are
+// not made families: their values go to c.created, beside their entries.
 func families(body []byte, byName map[string]mapping, c *seriesCache) (map[string]*dto.MetricFamily, error) {
 	p := textparse.NewPromParser(body, labels.NewSymbolTable(), false)
 	types := map[string]dto.MetricType{}
@@ -33,6 +34,7 @@ func families(body []byte, byName map[string]mapping, c *seriesCache) (map[strin
 	var mtype model.MetricType // of the last TYPE line, as textparse reads the labels under it
 	c.gen++
 	c.dups = 0
+	c.created = c.created[:0]
 	for {
 		entry, err := p.Next()
 		if errors.Is(err, io.EOF) {
@@ -73,6 +75,10 @@ func families(body []byte, byName map[string]mapping, c *seriesCache) (map[strin
 			continue
 		}
 		e.same.gen = c.gen
+		if mp, ok := byName[e.name]; ok && mp.isCreated {
+			c.created = append(c.created, createdSeries{e: e, v: v})
+			continue
+		}
 		if _, ok := byName[e.name]; ok {
 			typ, typed := types[e.name]
 			if !typed {
@@ -146,7 +152,14 @@ type seriesCache struct {
 	// its labels are ordered or spaced, share one
 	byLabels map[string]*sameSeries
 	gen      uint64
-	dups     int // series of the last scrape left out as copies of one before them
+	dups     int             // series of the last scrape left out as copies of one before them
+	created  []createdSeries // the last scrape's series of creation-time families
+}
+
+// createdSeries is one series of a creation-time family and its value.
+type createdSeries struct {
+	e *seriesEntry
+	v float64
 }
 
 // sameSeries is one series (one name and label set), whatever text it was exposed as.

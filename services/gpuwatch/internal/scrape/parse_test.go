@@ -23,7 +23,7 @@ func TestWanted(t *testing.T) {
 	f(`vllm:time_to_first_token_seconds_bucket{le="0.1",model_name="m"}`, true)
 	f(`vllm:time_to_first_token_seconds_count{model_name="m"}`, true)
 	f(`vllm:time_to_first_token_seconds_sum`, true)
-	f(`vllm:prompt_tokens_created{model_name="m"}`, false)
+	f(`vllm:prompt_tokens_created{model_name="m"}`, true)                      // creation times tell a reset
 	f(`vllm:e2e_request_latency_seconds_bucket{le="1",model_name="m"}`, false) // not read
 	f(`vllm:num_requests_running_count{model_name="m"}`, false)                // a gauge has no parts
 	f(`python_gc_objects_collected_total{generation="0"}`, false)

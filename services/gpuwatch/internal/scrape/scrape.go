@@ -60,7 +60,9 @@ type target struct {
 	cache   *seriesCache
 	models  map[string]*state
 	series  map[string]*seriesState // by family and labels, as track keys them
+	created map[string]*createdTime // creation times of series, keyed as series by their _created family
 	gen     uint64                  // good scrapes read
+	read    time.Time               // the tick of the last good scrape read
 	live    int                     // series the last scrape had
 	key     []byte                  // track's key buffer
 	counts  []float64               // a histogram series' delta, before it is added
@@ -86,18 +88,43 @@ type state struct {
 // seriesState is the last value read of one counter or histogram series of a model read:
 // a reading's delta is the sum of its series' deltas, each against its own last value.
 type seriesState struct {
-	gen  uint64    // the last scrape that had the series
-	seen time.Time // when
-	ok   bool      // v or h is its last good value; false: exposed, never with a good one
-	v    float64
-	h    *cumHist
+	gen     uint64    // the last scrape that had the series
+	seen    time.Time // when
+	ok      bool      // v or h is its last good value; false: exposed, never with a good one
+	v       float64
+	h       *cumHist
+	created float64 // the creation time the engine gave it (Unix seconds), 0 if none
+	stable  bool    // the same creation time at its last two scrapes
 }
 
-// seriesStale is how long the last value of a series gone from the exposition is kept:
+// remade records c, the series' creation time at this scrape (0: none), and reports
+// whether it says the series was made anew since its last value: another creation time
+// than the one it kept at least two scrapes. A creation time that moves from scrape to
+// scrape (an exposition writing the clock there) is not one, and tells nothing.
+func (sv *seriesState) remade(c float64) bool {
+	if c == 0 {
+		return false
+	}
+	changed := sv.created != 0 && c != sv.created
+	trusted := sv.stable
+	sv.stable = c == sv.created
+	sv.created = c
+	return changed && trusted
+}
+
+// createdTime is a series' creation time as a scrape exposed it.
+type createdTime struct {
+	gen uint64 // the scrape (target.gen) that exposed it
+	v   float64
+}
+
+// seriesForget is how long the last value of a series gone from the exposition is kept:
 // one back within it is a series the exposition missed, and its delta is against that
-// value, not its whole total. It is Prometheus's lookback delta, after which a series
-// unseen is stale.
-const seriesStale = 5 * time.Minute
+// value, never its whole total. Gone series are also forgotten, the oldest first, once
+// they outnumber the series of the last scrape, so the state stays bounded whatever the
+// horizon; a series back after it was forgotten is told apart by its creation time where
+// the engine exposes one (see read).
+const seriesForget = 24 * time.Hour
 
 // cumHist is a histogram as exposed: finite upper bounds, cumulative counts at each, and
 // the total count (the +Inf bucket) and sum.
@@ -128,10 +155,11 @@ func New(targets []Target, pub publisher, opts Options, reg prometheus.Registere
 	}
 	for _, t := range targets {
 		s.targets = append(s.targets, &target{
-			Target: t,
-			models: map[string]*state{},
-			series: map[string]*seriesState{},
-			cache:  newSeriesCache(),
+			Target:  t,
+			models:  map[string]*state{},
+			series:  map[string]*seriesState{},
+			created: map[string]*createdTime{},
+			cache:   newSeriesCache(),
 		})
 	}
 	return s
@@ -340,6 +368,12 @@ func netReason(ctx context.Context, err error) string {
 // its last good one, a series new to the exposition counts from zero (prometheus_client
 // makes a labelled series at its first increment). The series of other ranks are tracked
 // too, so that one becoming the lowest is not new.
+//
+// Where the engine exposes creation times (prometheus_client's _created series), they tell
+// a series made anew from one that was there before: a series whose creation time changed
+// since its last value was reset and counts from zero, even above its old value; a series
+// unknown to the state (gone long enough to be forgotten) but made before the previous
+// scrape is one back, not new, and has no delta at its return: its total was made before.
 func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily, now time.Time) map[string]*state {
 	t.gen++
 	t.live = 0
@@ -352,9 +386,10 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily, now time.Ti
 	leaders, models := survey(fams, byName, label)
 	kept := s.keep(t, models) // nil: every model is read
 	overLimit := false
+	t.readCreated()
 	for name, fam := range fams {
 		mp, ok := byName[name]
-		if !ok {
+		if !ok || mp.isCreated {
 			continue
 		}
 		prio := uint8(2)
@@ -384,7 +419,7 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily, now time.Ti
 				st.from[f] = prio
 			}
 			if f >= firstHistogram {
-				s.readHist(t, st, f, name, m, read, now)
+				s.readHist(t, st, f, name, mp.created, m, read, now)
 				continue
 			}
 			v, ok := value(fam.GetType(), m, f >= firstCounter)
@@ -399,8 +434,15 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily, now time.Ti
 			}
 			if f >= firstCounter {
 				sv, known := t.track(name, m, now)
+				c := t.createdOf(mp.created, m)
+				remade := sv.remade(c)
 				d, moved := v, !known // a new series counts from zero
-				if sv.ok {
+				switch {
+				case !known && t.madeBefore(c):
+					moved = false // back after it was forgotten: its total is not this tick's
+				case sv.ok && remade:
+					moved = true // made anew since its last value: counted from zero
+				case sv.ok:
 					moved = true
 					if v >= sv.v { // else it fell: restarted, counted from zero
 						d = v - sv.v
@@ -425,6 +467,7 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily, now time.Ti
 		}
 	}
 	t.sweep(now)
+	t.read = now
 	if overLimit {
 		s.m.dropped.WithLabelValues(t.Name, "models_over_limit").Inc()
 	}
@@ -437,10 +480,7 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily, now time.Ti
 // track returns the state of the series of family name with m's labels, and whether it
 // was known before this scrape, and marks it seen.
 func (t *target) track(name string, m *dto.Metric, now time.Time) (sv *seriesState, known bool) {
-	k := appendString(t.key[:0], name)
-	for _, lp := range m.GetLabel() { // sorted by name: one key whatever order they came in
-		k = appendString(appendString(k, lp.GetName()), lp.GetValue())
-	}
+	k := seriesKey(t.key[:0], name, m) // labels sorted by name: one key whatever order they came in
 	t.key = k
 	sv = t.series[string(k)] // no allocation for the lookup
 	known = sv != nil
@@ -455,7 +495,7 @@ func (t *target) track(name string, m *dto.Metric, now time.Time) (sv *seriesSta
 	return sv, known
 }
 
-// sweep forgets the series unseen for seriesStale, and every series gone when they
+// sweep forgets the series unseen for seriesForget, and the oldest series gone when they
 // outnumber those of the last scrape: the state is bounded by twice the series read.
 func (t *target) sweep(now time.Time) {
 	gone := len(t.series) - t.live
@@ -463,10 +503,87 @@ func (t *target) sweep(now time.Time) {
 		return
 	}
 	for k, sv := range t.series {
-		if sv.gen != t.gen && (gone > t.live || now.Sub(sv.seen) > seriesStale) {
+		if sv.gen != t.gen && now.Sub(sv.seen) > seriesForget {
 			delete(t.series, k)
+			gone--
 		}
 	}
+	if gone <= t.live {
+		return
+	}
+	type goneSeries struct {
+		key  string
+		seen time.Time
+	}
+	old := make([]goneSeries, 0, gone)
+	for k, sv := range t.series {
+		if sv.gen != t.gen {
+			old = append(old, goneSeries{k, sv.seen})
+		}
+	}
+	slices.SortFunc(old, func(a, b goneSeries) int { return a.seen.Compare(b.seen) })
+	for _, g := range old[:gone-t.live] {
+		delete(t.series, g.key)
+	}
+}
+
+// readCreated keeps this scrape's creation times of series, from the series of the
+// _created families the parser set aside, and forgets those it does not have. A time that
+// cannot be one (not positive, not finite) is none.
+func (t *target) readCreated() {
+	n := 0
+	for _, cs := range t.cache.created {
+		if !(cs.v > 0) || math.IsInf(cs.v, 0) {
+			continue
+		}
+		t.key = appendString(t.key[:0], cs.e.name)
+		for _, lp := range cs.e.pairs {
+			t.key = appendString(appendString(t.key, lp.GetName()), lp.GetValue())
+		}
+		c := t.created[string(t.key)] // no allocation for the lookup: the engine exposes the same series at every scrape
+		if c == nil {
+			c = &createdTime{}
+			t.created[string(t.key)] = c
+		}
+		c.gen, c.v = t.gen, cs.v
+		n++
+	}
+	if len(t.created) > n {
+		for k, c := range t.created {
+			if c.gen != t.gen {
+				delete(t.created, k)
+			}
+		}
+	}
+}
+
+// createdOf returns the creation time of m, a series of a family whose creation times are
+// the family created, or 0 when this scrape has none.
+func (t *target) createdOf(created string, m *dto.Metric) float64 {
+	if created == "" || len(t.created) == 0 {
+		return 0
+	}
+	t.key = seriesKey(t.key[:0], created, m)
+	if c := t.created[string(t.key)]; c != nil && c.gen == t.gen { // no allocation for the lookup
+		return c.v
+	}
+	return 0
+}
+
+// madeBefore reports whether a creation time c (0: none) is before the previous good
+// scrape: a series made then would have been in it.
+func (t *target) madeBefore(c float64) bool {
+	return c != 0 && !t.read.IsZero() && c <= float64(t.read.UnixNano())/1e9
+}
+
+// seriesKey appends the key of the series of family name with m's labels to dst: the name
+// and each label's name and value, length-prefixed, in the labels' order (sorted by name).
+func seriesKey(dst []byte, name string, m *dto.Metric) []byte {
+	dst = appendString(dst, name)
+	for _, lp := range m.GetLabel() {
+		dst = appendString(appendString(dst, lp.GetName()), lp.GetValue())
+	}
+	return dst
 }
 
 // ranks are the parallel ranks of the SGLang scheduler a series is from, below its
@@ -520,7 +637,7 @@ func seriesRanks(m *dto.Metric, label string) (mdl, group string, r ranks) {
 func survey(fams map[string]*dto.MetricFamily, byName map[string]mapping, label string) (leaders map[string]ranks, models map[string]named) {
 	models = map[string]named{}
 	for name, fam := range fams {
-		if _, ok := byName[name]; !ok {
+		if mp, ok := byName[name]; !ok || mp.isCreated {
 			continue
 		}
 		for _, m := range fam.GetMetric() {
@@ -600,8 +717,10 @@ func value(typ dto.MetricType, m *dto.Metric, isCounter bool) (float64, bool) {
 }
 
 // readHist reads one exposed histogram series of st's field f and adds its delta to the
-// field's (read false: only tracked). Its drops are counted when it is read.
-func (s *Scraper) readHist(t *target, st *state, f field, name string, m *dto.Metric, read bool, now time.Time) {
+// field's (read false: only tracked); created is the family of its creation times. Its
+// drops are counted when it is read. Creation times tell a reset or a series back after it
+// was forgotten as they do for counters (see read).
+func (s *Scraper) readHist(t *target, st *state, f field, name, created string, m *dto.Metric, read bool, now time.Time) {
 	drop := func(reason string) {
 		if read {
 			s.m.dropped.WithLabelValues(t.Name, reason).Inc()
@@ -617,6 +736,9 @@ func (s *Scraper) readHist(t *target, st *state, f field, name string, m *dto.Me
 	if !sv.ok {
 		old = nil
 	}
+	c := t.createdOf(created, m)
+	back := !known && t.madeBefore(c)  // back after it was forgotten
+	anew := sv.remade(c) && old != nil // made anew since its last value
 	sv.h, sv.ok = ch, true
 	if !read {
 		return
@@ -629,8 +751,11 @@ func (s *Scraper) readHist(t *target, st *state, f field, name string, m *dto.Me
 		st.has[f], st.hists[f], st.conflict[f] = false, nil, true
 		return
 	}
-	if st.baseline || (known && old == nil) || (old != nil && !slices.Equal(old.le, ch.le)) {
-		return // the model's first scrape, the series' first good value, or new bounds
+	if st.baseline || (known && old == nil) || back || (old != nil && !anew && !slices.Equal(old.le, ch.le)) {
+		return // the model's first scrape, the series' first good value, back after it was forgotten, or new bounds
+	}
+	if anew {
+		old = nil // counted from zero
 	}
 	if cap(t.counts) < len(ch.le)+1 {
 		t.counts = make([]float64, events.MaxEngineBuckets+1)
