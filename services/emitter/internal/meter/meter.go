@@ -500,25 +500,27 @@ func readError(v []byte) (e *providerError, ok bool) {
 		return nil, true
 	}
 	e = &providerError{}
-	ok = object(v, func(name, v []byte) (ok bool) {
-		switch string(name) {
-		case "type":
-			e.typ, ok = text(v)
-		case "code":
-			// A string or a number; the other types say nothing.
-			e.code = ""
-			if s, isText := text(v); isText {
-				e.code = s
-			} else if len(v) > 0 && (v[0] == '-' || ('0' <= v[0] && v[0] <= '9')) {
-				e.code = string(v)
-			}
-			ok = true
-		default:
-			ok = true
-		}
-		return ok
-	})
+	ok = object(v, func(name, v []byte) bool { return e.read(string(name), v) })
 	return e, ok
+}
+
+// read reads one member of an error object: its type (TGI's error_type) and its code, a
+// string or a number (the other types say nothing).
+func (e *providerError) read(name string, v []byte) (ok bool) {
+	switch name {
+	case "type", "error_type":
+		if s, isText := text(v); isText {
+			e.typ = s
+		}
+	case "code":
+		e.code = ""
+		if s, isText := text(v); isText {
+			e.code = s
+		} else if len(v) > 0 && (v[0] == '-' || ('0' <= v[0] && v[0] <= '9')) {
+			e.code = string(v)
+		}
+	}
+	return true
 }
 
 func (e *providerError) String() string {
@@ -544,10 +546,15 @@ type openAIChunk struct {
 }
 
 // readOpenAIChunk reads a chunk's data; ok is false when it is not the JSON OpenAI sends.
+// Besides OpenAI's {"error":{…}}, the error chunks of OpenAI-compatible servers are errors
+// too: vLLM's and SGLang's {"object":"error","type":…,"code":…} (followed by [DONE]) and
+// TGI's {"error":"…","error_type":…}.
 func readOpenAIChunk(data []byte) (c openAIChunk, ok bool) {
 	if !json.Valid(data) {
 		return c, false
 	}
+	var flat providerError // the chunk's own type and code, or TGI's error_type
+	isError, errText := false, false
 	ok = object(data, func(name, v []byte) (ok bool) {
 		switch string(name) {
 		case "choices":
@@ -561,12 +568,26 @@ func readOpenAIChunk(data []byte) (c openAIChunk, ok bool) {
 		case "usage":
 			c.usage, ok = openAIUsage(v)
 		case "error":
-			c.err, ok = readError(v)
+			c.err, errText = nil, false
+			if v[0] == '"' {
+				errText, ok = true, true
+			} else {
+				c.err, ok = readError(v)
+			}
+		case "object":
+			var s string
+			s, ok = text(v)
+			isError = s == "error"
+		case "type", "code", "error_type":
+			ok = flat.read(string(name), v)
 		default:
 			ok = true
 		}
 		return ok
 	})
+	if ok && c.err == nil && (isError || errText) {
+		c.err = &flat
+	}
 	return c, ok
 }
 

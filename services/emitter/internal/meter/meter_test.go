@@ -698,3 +698,34 @@ func TestLineEnds(t *testing.T) {
 		}
 	}
 }
+
+// TestOpenAICompatibleErrorChunks: the error chunks OpenAI-compatible servers send inside a
+// 200 stream fail the request, even when [DONE] follows them, as vLLM's and SGLang's does.
+func TestOpenAICompatibleErrorChunks(t *testing.T) {
+	const content = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n"
+	f := func(chunk, code string) {
+		t.Helper()
+		r := feedSSE(t, OpenAIChat, content+"data: "+chunk+"\n\ndata: [DONE]\n\n")
+		if st, got := r.Status(true); st != events.StatusError || got != code {
+			t.Fatalf("%s: status %s %q, want error %q", chunk, st, got, code)
+		}
+		if r.ContentEvents != 1 {
+			t.Fatalf("%s: %d content events, want 1", chunk, r.ContentEvents)
+		}
+	}
+	// vLLM and SGLang: ErrorResponse, flat.
+	f(`{"object":"error","message":"boom","type":"InternalServerError","param":null,"code":500}`, "InternalServerError")
+	f(`{"object": "error", "message": "x", "code": 400}`, "400")
+	// TGI: the error is a string, its type beside it.
+	f(`{"error":"Request failed during generation: Server error: CUDA out of memory","error_type":"generation"}`, "generation")
+	f(`{"error":"overloaded"}`, "upstream_error")
+	// OpenAI's own.
+	f(`{"error":{"message":"m","type":"server_error","param":null,"code":null}}`, "server_error")
+	f(`{"error":{"message":"m","type":"requests","code":"rate_limit_exceeded"}}`, "requests")
+
+	// An ordinary chunk naming another object is not an error.
+	r := feedSSE(t, OpenAIChat, "data: {\"object\":\"chat.completion.chunk\",\"type\":\"x\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n")
+	if st, code := r.Status(true); st != events.StatusOK || r.ContentEvents != 1 {
+		t.Fatalf("a chunk: status %s %q, %d content events", st, code, r.ContentEvents)
+	}
+}
