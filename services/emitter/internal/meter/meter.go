@@ -16,6 +16,7 @@ const (
 	OpenAIChat        Protocol = iota // POST /v1/chat/completions
 	OpenAICompletions                 // POST /v1/completions
 	Anthropic                         // POST /v1/messages
+	OpenAIResponses                   // POST /v1/responses
 )
 
 // Provider is the value of the event's provider field.
@@ -182,7 +183,9 @@ func (m *Meter) unidle() {
 
 // StripUsageChunk makes Feed drop OpenAI's final usage-only chunk from what it returns: the
 // proxy asked for it on the client's behalf, so the client must not see it.
-func (m *Meter) StripUsageChunk() { m.strip = m.proto != Anthropic && m.stream }
+func (m *Meter) StripUsageChunk() {
+	m.strip = (m.proto == OpenAIChat || m.proto == OpenAICompletions) && m.stream
+}
 
 // Feed reads the next piece of the body, received at now, and returns what to forward to the
 // client: p itself, unless the meter strips the usage chunk, in which case it returns only
@@ -429,9 +432,12 @@ func (m *Meter) event(now time.Time) (keep bool) {
 	keep = true
 	data, name := m.data, m.name
 	if len(data) > 0 {
-		if m.proto == Anthropic {
+		switch m.proto {
+		case Anthropic:
 			m.anthropicEvent(name, data, now)
-		} else {
+		case OpenAIResponses:
+			m.responsesEvent(name, data, now)
+		default:
 			keep = m.openAIEvent(data, now)
 		}
 	}

@@ -64,6 +64,7 @@ func TestStreams(t *testing.T) {
 		{"openai error event", "openai_error_event.sse", OpenAIChat, ms(20), ms(20), 0, Usage{7, 1, 0}, true, events.StatusError, "server_error", 1},
 		{"malformed data line", "openai_malformed.sse", OpenAIChat, ms(10), ms(10), 0, Usage{7, 1, 0}, true, events.StatusError, CodeMalformed, 1},
 		{"stream cut before [DONE]", "openai_truncated.sse", OpenAIChat, ms(20), ms(20), 0, Usage{7, 1, 0}, true, events.StatusError, CodeTruncated, 1},
+		{"openai responses: first output_text.delta, usage of response.completed", "openai_responses.sse", OpenAIResponses, ms(50), ms(60), ms(10), Usage{1200, 2, 1024}, false, events.StatusOK, "", 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -158,6 +159,10 @@ func TestBodies(t *testing.T) {
 		{"openai without usage", OpenAIChat, `{"choices":[{"message":{"content":"abcdefgh"}}]}`, Usage{5, 2, 0}, true, events.StatusOK, ""},
 		{"anthropic", Anthropic, `{"id":"msg","type":"message","content":[{"type":"text","text":"Hi"}],"usage":{"input_tokens":12,"cache_read_input_tokens":100,"output_tokens":6}}`,
 			Usage{112, 6, 100}, false, events.StatusOK, ""},
+		{"openai responses", OpenAIResponses, `{"id":"resp_1","object":"response","status":"completed","error":null,"output":[{"type":"reasoning","id":"rs_1","summary":[{"type":"summary_text","text":"think"}]},{"type":"message","content":[{"type":"output_text","text":"Hello","annotations":[]}]},{"type":"function_call","name":"f","arguments":"{\"a\":1}"}],"usage":{"input_tokens":10,"input_tokens_details":{"cached_tokens":4},"output_tokens":30,"output_tokens_details":{"reasoning_tokens":20},"total_tokens":40}}`,
+			Usage{10, 30, 4}, false, events.StatusOK, ""},
+		{"openai responses without usage", OpenAIResponses, `{"object":"response","status":"completed","output":[{"type":"message","content":[{"type":"output_text","text":"abcdefgh"}]}],"usage":null}`, Usage{5, 2, 0}, true, events.StatusOK, ""},
+		{"openai responses failed", OpenAIResponses, `{"object":"response","status":"failed","error":{"code":"server_error","message":"m"},"output":[],"usage":null}`, Usage{5, 0, 0}, true, events.StatusError, "server_error"},
 		{"truncated body", OpenAIChat, `{"choices":[{"message":{"content":"ab`, Usage{5, 0, 0}, true, events.StatusError, CodeMalformedBody},
 	}
 	for _, tt := range tests {
@@ -727,5 +732,54 @@ func TestOpenAICompatibleErrorChunks(t *testing.T) {
 	r := feedSSE(t, OpenAIChat, "data: {\"object\":\"chat.completion.chunk\",\"type\":\"x\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n")
 	if st, code := r.Status(true); st != events.StatusOK || r.ContentEvents != 1 {
 		t.Fatalf("a chunk: status %s %q, %d content events", st, code, r.ContentEvents)
+	}
+}
+
+// TestResponsesStreams: how a Responses API stream ends decides its status; its content is
+// the *.delta events, whether the event: lines name them or only their types do.
+func TestResponsesStreams(t *testing.T) {
+	const (
+		delta     = "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"Hi\"}\n\n"
+		args      = "event: response.function_call_arguments.delta\ndata: {\"type\":\"response.function_call_arguments.delta\",\"delta\":\"{\\\"a\\\"\"}\n\n"
+		reasoning = "data: {\"type\":\"response.reasoning_summary_text.delta\",\"delta\":\"hmm\"}\n\n"
+		usage     = `"usage":{"input_tokens":9,"output_tokens":40,"output_tokens_details":{"reasoning_tokens":30}}`
+	)
+	tests := []struct {
+		name, stream string
+		status       events.Status
+		code         string
+		usage        Usage
+		estimated    bool
+		content      int64
+	}{
+		{"completed", reasoning + args + delta + "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"status\":\"completed\"," + usage + "}}\n\n",
+			events.StatusOK, "", Usage{9, 40, 0}, false, 3},
+		{"incomplete: max_output_tokens is an answer", delta + "event: response.incomplete\ndata: {\"type\":\"response.incomplete\",\"response\":{\"status\":\"incomplete\",\"incomplete_details\":{\"reason\":\"max_output_tokens\"}," + usage + "}}\n\n",
+			events.StatusOK, "", Usage{9, 40, 0}, false, 1},
+		{"failed", delta + "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"status\":\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"m\"}," + usage + "}}\n\n",
+			events.StatusError, "server_error", Usage{9, 40, 0}, false, 1},
+		{"failed without an error object", delta + "data: {\"type\":\"response.failed\",\"response\":{\"status\":\"failed\",\"error\":null,\"usage\":null}}\n\n",
+			events.StatusError, "upstream_error", Usage{7, 1, 0}, true, 1},
+		{"error event", delta + "event: error\ndata: {\"type\":\"error\",\"code\":\"rate_limit_exceeded\",\"message\":\"slow down\",\"param\":null,\"sequence_number\":3}\n\n",
+			events.StatusError, "rate_limit_exceeded", Usage{7, 1, 0}, true, 1},
+		{"cut before its end", delta + delta, events.StatusError, CodeTruncated, Usage{7, 2, 0}, true, 2},
+		{"hostile usage", delta + "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":-5,\"output_tokens\":3}}}\n\n",
+			events.StatusError, CodeMalformed, Usage{7, 1, 0}, true, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := feedSSE(t, OpenAIResponses, tt.stream)
+			if st, code := r.Status(true); st != tt.status || code != tt.code {
+				t.Errorf("status %s %q, want %s %q", st, code, tt.status, tt.code)
+			}
+			if r.Usage != tt.usage || r.Estimated != tt.estimated || r.ContentEvents != tt.content {
+				t.Errorf("usage %+v estimated %v content %d, want %+v %v %d", r.Usage, r.Estimated, r.ContentEvents, tt.usage, tt.estimated, tt.content)
+			}
+		})
+	}
+	m := New(OpenAIResponses, true, t0)
+	m.StripUsageChunk()
+	if m.Stripping() {
+		t.Fatal("a Responses stream is stripped: its usage is in response.completed, always sent")
 	}
 }

@@ -119,6 +119,19 @@ func (m *Meter) parseBody(end time.Time) {
 		m.malformed++
 		return
 	}
+	if m.proto == OpenAIResponses {
+		r, ok := readResponse(m.body)
+		if !ok {
+			m.malformed++
+			return
+		}
+		m.response(&r)
+		if r.content > 0 {
+			m.content(end, r.content)
+		}
+		m.done = true
+		return
+	}
 	n := 0
 	var usage *Usage
 	var aUsage *anthropicUsage
