@@ -99,6 +99,8 @@ type Meter struct {
 
 	usage     Usage
 	haveUsage bool
+	inKnown   bool // the usage reported counts the input: an absent count is not a zero
+	outKnown  bool // and the output (OpenAI's; Anthropic's is finalOut)
 	finalOut  bool // Anthropic: the output count is the final one (message_delta, or a body)
 	done      bool
 	errCode   string
@@ -456,8 +458,19 @@ func (m *Meter) content(now time.Time, n int) {
 	m.contentBytes += int64(n)
 }
 
+// reported is a usage report, and which of its counts it holds.
+type reported struct {
+	Usage
+	in, out bool
+}
+
+// setUsage applies an OpenAI usage report, the last one winning.
+func (m *Meter) setUsage(u *reported) {
+	m.usage, m.haveUsage, m.inKnown, m.outKnown = u.Usage, true, u.in, u.out
+}
+
 // openAIUsage reads OpenAI's usage object; nil for null.
-func openAIUsage(v []byte) (u *Usage, ok bool) {
+func openAIUsage(v []byte) (u *reported, ok bool) {
 	if isNull(v) {
 		return nil, true
 	}
@@ -485,7 +498,12 @@ func openAIUsage(v []byte) (u *Usage, ok bool) {
 	if !ok {
 		return nil, false
 	}
-	u = &Usage{}
+	return newReported(in, out, cached), true
+}
+
+// newReported is the usage of the counts given, those absent not known.
+func newReported(in, out, cached *int64) *reported {
+	u := &reported{in: in != nil, out: out != nil}
 	for _, f := range [...]struct {
 		dst *int64
 		src *int64
@@ -494,7 +512,7 @@ func openAIUsage(v []byte) (u *Usage, ok bool) {
 			*f.dst = *f.src
 		}
 	}
-	return u, true
+	return u
 }
 
 // providerError is an error object in a stream or body.
@@ -547,7 +565,7 @@ func (e *providerError) String() string {
 type openAIChunk struct {
 	content int // bytes of content in its choices
 	choices int
-	usage   *Usage
+	usage   *reported
 	err     *providerError
 }
 
@@ -673,7 +691,7 @@ func (m *Meter) slowOpenAIEvent(c *openAIChunk, now time.Time) (keep bool) {
 		m.content(now, c.content)
 	}
 	if c.usage != nil {
-		m.usage, m.haveUsage = *c.usage, true
+		m.setUsage(c.usage)
 		if m.strip && c.choices == 0 {
 			return false
 		}
@@ -726,6 +744,7 @@ func (m *Meter) mergeAnthropic(u *anthropicUsage) {
 		create = *u.CacheCreationInputTokens
 	}
 	m.anthropicIn = [3]int64{in, read, create}
+	m.inKnown = m.inKnown || u.InputTokens != nil
 	// Anthropic's input_tokens leaves out the cached and cache-writing tokens.
 	m.usage.Input = in + read + create
 	m.usage.Cached = read

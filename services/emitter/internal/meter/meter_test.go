@@ -386,7 +386,7 @@ func TestExactKeys(t *testing.T) {
 		{"anthropic output_tokens, exact and last", Anthropic, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":40,\"INPUT_TOKENS\":4,\"output_tokens\":1}}}\n\n" +
 			"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":2,\"output_tokens\":9,\"Output_Tokens\":3}}\n\n" +
 			"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n", Usage{40, 9, 0}, 0, ""},
-		{"anthropic TYPE is not the type", Anthropic, "event: message_delta\ndata: {\"TYPE\":\"message_stop\",\"type\":\"message_delta\",\"usage\":{\"output_tokens\":9}}\n\n", Usage{0, 9, 0}, 0, CodeTruncated},
+		{"anthropic TYPE is not the type", Anthropic, "event: message_delta\ndata: {\"TYPE\":\"message_stop\",\"type\":\"message_delta\",\"usage\":{\"output_tokens\":9}}\n\n", Usage{7, 9, 0}, 0, CodeTruncated},
 	}
 	for _, tt := range streams {
 		t.Run(tt.name, func(t *testing.T) {
@@ -543,7 +543,7 @@ func FuzzScan(f *testing.F) {
 	f.Add([]byte(strings.Repeat(": k\n", 400)+"\n\r\ndata: [DONE]\n"), uint16(3))
 	f.Add([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\r\rdata: "+strings.Repeat("x", 1500)+"\r\r\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":1}}\r\rdata: [DONE]\r"), uint16(1))
 	f.Fuzz(func(t *testing.T, raw []byte, step uint16) {
-		run := func(strip bool, step int) (Result, []byte) {
+		run := func(strip bool, step int) (Result, []byte, bool) {
 			m := New(OpenAIChat, true, t0)
 			m.SetMaxEvent(1 << 10)
 			if strip {
@@ -562,15 +562,15 @@ func FuzzScan(f *testing.F) {
 				}
 			}
 			out = m.Flush(t0, out)
-			return m.Result(t0), out
+			return m.Result(t0), out, m.haveUsage
 		}
-		whole, _ := run(false, max(len(raw), 1))
+		whole, _, _ := run(false, max(len(raw), 1))
 		for _, strip := range []bool{false, true} {
-			r, out := run(strip, int(step)%64+1)
+			r, out, usage := run(strip, int(step)%64+1)
 			if r != whole {
 				t.Fatalf("strip %v, step %d: %+v, whole: %+v", strip, int(step)%64+1, r, whole)
 			}
-			if (!strip || r.Estimated) && !bytes.Equal(out, raw) {
+			if (!strip || !usage) && !bytes.Equal(out, raw) {
 				t.Fatalf("strip %v, no usage chunk: forwarded other bytes", strip)
 			}
 		}
@@ -781,5 +781,46 @@ func TestResponsesStreams(t *testing.T) {
 	m.StripUsageChunk()
 	if m.Stripping() {
 		t.Fatal("a Responses stream is stripped: its usage is in response.completed, always sent")
+	}
+}
+
+// TestAbsentCountsEstimated: a usage that leaves a count out has not counted it as zero: that
+// count is estimated, as without usage, and the event says the tokens are estimated.
+func TestAbsentCountsEstimated(t *testing.T) {
+	const content = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n"
+	const done = "data: [DONE]\n\n"
+	tests := []struct {
+		name      string
+		proto     Protocol
+		stream    string
+		usage     Usage
+		estimated bool
+	}{
+		{"both counts", OpenAIChat, content + "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":0}}\n\n" + done, Usage{5, 0, 0}, false},
+		{"no output count", OpenAIChat, content + content + "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5}}\n\n" + done, Usage{5, 2, 0}, true},
+		{"no input count", OpenAIChat, content + "data: {\"choices\":[],\"usage\":{\"completion_tokens\":3,\"total_tokens\":9}}\n\n" + done, Usage{7, 3, 0}, true},
+		{"an empty usage", OpenAIChat, content + "data: {\"choices\":[],\"usage\":{}}\n\n" + done, Usage{7, 1, 0}, true},
+		{"counts null", OpenAICompletions, content + "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":null,\"completion_tokens\":null}}\n\n" + done, Usage{7, 1, 0}, true},
+		{"responses: no output count", OpenAIResponses, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"a\"}\n\n" +
+			"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":5}}}\n\n", Usage{5, 1, 0}, true},
+		{"anthropic: no input count", Anthropic, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"output_tokens\":1}}}\n\n" +
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":9}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n", Usage{7, 9, 0}, true},
+		{"anthropic: cache counts alone", Anthropic, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":0,\"cache_read_input_tokens\":100,\"output_tokens\":1}}}\n\n" +
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":9}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n", Usage{100, 9, 100}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := feedSSE(t, tt.proto, tt.stream)
+			if r.Usage != tt.usage || r.Estimated != tt.estimated {
+				t.Fatalf("usage %+v estimated %v, want %+v %v", r.Usage, r.Estimated, tt.usage, tt.estimated)
+			}
+		})
+	}
+	// A body too: its output estimated from its content's bytes.
+	m := New(OpenAIChat, false, t0)
+	m.SetInputEstimate(7)
+	m.Feed([]byte(`{"choices":[{"message":{"content":"abcdefgh"}}],"usage":{"prompt_tokens":5}}`), t0, nil)
+	if r := m.Result(t0); r.Usage != (Usage{5, 2, 0}) || !r.Estimated {
+		t.Fatalf("body: usage %+v estimated %v, want {5 2 0} estimated", r.Usage, r.Estimated)
 	}
 }

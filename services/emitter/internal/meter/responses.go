@@ -15,7 +15,7 @@ import (
 
 // responseObject is what the meter reads of a response object.
 type responseObject struct {
-	usage   *Usage
+	usage   *reported
 	err     *providerError
 	failed  bool // status "failed"
 	content int  // bytes of its output's text, refusals and tool-call arguments
@@ -47,7 +47,7 @@ func readResponse(v []byte) (r responseObject, ok bool) {
 // response applies a response object the stream or the body ended with.
 func (m *Meter) response(r *responseObject) {
 	if r.usage != nil {
-		m.usage, m.haveUsage = *r.usage, true
+		m.setUsage(r.usage)
 	}
 	switch {
 	case r.err != nil:
@@ -58,7 +58,7 @@ func (m *Meter) response(r *responseObject) {
 }
 
 // responsesUsage reads the Responses API's usage object; nil for null.
-func responsesUsage(v []byte) (u *Usage, ok bool) {
+func responsesUsage(v []byte) (u *reported, ok bool) {
 	if isNull(v) {
 		return nil, true
 	}
@@ -86,13 +86,7 @@ func responsesUsage(v []byte) (u *Usage, ok bool) {
 	if !ok {
 		return nil, false
 	}
-	u = &Usage{}
-	for _, f := range [...]struct{ dst, src *int64 }{{&u.Input, in}, {&u.Output, out}, {&u.Cached, cached}} {
-		if f.src != nil {
-			*f.dst = *f.src
-		}
-	}
-	return u, true
+	return newReported(in, out, cached), true
 }
 
 // outputContent is the content of one output item, in bytes: a message's text and

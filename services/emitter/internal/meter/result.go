@@ -55,18 +55,31 @@ func (m *Meter) Result(end time.Time) Result {
 	}
 	if !haveUsage {
 		r.Estimated = true
-		r.Usage = Usage{Input: m.inputGuess, Output: m.contentCount}
-		if !m.stream {
-			r.Usage.Output = (m.contentBytes + 3) / 4
+		r.Usage = Usage{Input: m.inputGuess, Output: m.outputGuess()}
+	} else {
+		// A count the usage leaves out is not a zero: it is estimated as without usage.
+		// An Anthropic stream that ended before message_delta has only message_start's
+		// output_tokens, a placeholder.
+		if !m.inKnown {
+			r.Estimated = true
+			r.Usage.Input = m.inputGuess
 		}
-	} else if m.proto == Anthropic && !m.finalOut {
-		// The stream ended before message_delta: message_start's output_tokens is a
-		// placeholder, so the output is estimated as OpenAI's is without usage.
-		r.Estimated = true
-		r.Usage.Output = m.contentCount
+		if (m.proto == Anthropic && !m.finalOut) || (m.proto != Anthropic && !m.outKnown) {
+			r.Estimated = true
+			r.Usage.Output = m.outputGuess()
+		}
 	}
 	r.Usage.Cached = min(r.Usage.Cached, r.Usage.Input)
 	return r
+}
+
+// outputGuess is the output tokens of a response without their count: its content events,
+// or a body's content bytes / 4.
+func (m *Meter) outputGuess() int64 {
+	if !m.stream {
+		return (m.contentBytes + 3) / 4
+	}
+	return m.contentCount
 }
 
 // usageInRange reports whether every count of the usage reported, Anthropic's input counts
@@ -133,7 +146,7 @@ func (m *Meter) parseBody(end time.Time) {
 		return
 	}
 	n := 0
-	var usage *Usage
+	var usage *reported
 	var aUsage *anthropicUsage
 	var perr *providerError
 	ok := object(m.body, func(name, v []byte) (ok bool) {
@@ -160,7 +173,7 @@ func (m *Meter) parseBody(end time.Time) {
 		return
 	}
 	if usage != nil {
-		m.usage, m.haveUsage = *usage, true
+		m.setUsage(usage)
 	}
 	if aUsage != nil {
 		m.mergeAnthropic(aUsage)
