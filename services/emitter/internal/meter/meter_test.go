@@ -824,3 +824,39 @@ func TestAbsentCountsEstimated(t *testing.T) {
 		t.Fatalf("body: usage %+v estimated %v, want {5 2 0} estimated", r.Usage, r.Estimated)
 	}
 }
+
+// FuzzMeterProtocols: whatever a stream or a body holds, the meter of every protocol reads it
+// without failing, measures it the same however it is cut, and reports a usage an event can
+// carry.
+func FuzzMeterProtocols(f *testing.F) {
+	for _, name := range []string{"openai_responses.sse", "anthropic_messages.sse", "openai_chat_usage.sse"} {
+		b, err := os.ReadFile(filepath.Join("testdata", name))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b, uint8(0), false)
+	}
+	f.Add([]byte(`{"object":"response","status":"failed","error":{"code":"x"},"output":[{"type":"message","content":[{"type":"output_text","text":"hi"}]},{"arguments":"{}"}],"usage":{"input_tokens":1}}`), uint8(3), true)
+	f.Add([]byte("data: {\"object\":\"error\",\"type\":\"X\"}\n\ndata: {\"error\":\"e\",\"error_type\":\"t\"}\n\n"), uint8(1), false)
+	f.Fuzz(func(t *testing.T, raw []byte, proto uint8, body bool) {
+		p := Protocol(proto % 4)
+		run := func(step int) Result {
+			m := New(p, !body, t0)
+			m.SetInputEstimate(3)
+			for i := 0; i < len(raw); i += step {
+				m.Feed(raw[i:min(i+step, len(raw))], t0, nil)
+			}
+			m.Flush(t0, nil)
+			return m.Result(t0)
+		}
+		r := run(max(len(raw), 1))
+		if u := r.Usage; u.Input < 0 || u.Output < 0 || u.Cached < 0 || u.Input > events.MaxTokens || u.Output > events.MaxTokens || u.Cached > u.Input {
+			t.Fatalf("usage %+v", u)
+		}
+		if !body {
+			if r2 := run(int(proto)%7 + 1); r2 != r {
+				t.Fatalf("cut in pieces: %+v, whole: %+v", r2, r)
+			}
+		}
+	})
+}
