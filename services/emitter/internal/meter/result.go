@@ -28,6 +28,12 @@ func (m *Meter) SetInputEstimate(n int64) { m.inputGuess = n }
 // SeenContent reports whether any content has arrived yet.
 func (m *Meter) SeenContent() bool { return m.contentCount > 0 }
 
+// Begun reports whether the answer has begun: a stream's first content event, or a body's
+// first byte (a body's content is read at its end).
+func (m *Meter) Begun() bool {
+	return m.contentCount > 0 || (!m.stream && (len(m.body) > 0 || m.bodyOver))
+}
+
 // Result returns the measurement of a response whose body ended at end. TTFT is the time to
 // the first content event and Total the time to the last; a response without content has
 // TTFT 0 and Total up to end. A non-streamed body arrives as a whole, so its TTFT and Total
