@@ -591,6 +591,11 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		c.ev.Stream = true
 	}
 	c.ev.HTTPStatus = resp.StatusCode
+	if resp.StatusCode == http.StatusTooManyRequests {
+		if s, ok := retryAfter(resp.Header, time.Now()); ok {
+			p.m.retryAfter.WithLabelValues(c.ev.Provider).Observe(s)
+		}
+	}
 	c.m = p.meters.Get().(*meter.Meter)
 	c.m.Reset(x.proto, c.sse, x.start)
 	c.m.SetMaxEvent(p.cfg.MaxEventBytes)
