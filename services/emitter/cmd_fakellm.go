@@ -86,7 +86,7 @@ func runFakeLLM(ctx context.Context, args []string, environ map[string]string, s
 	mux.Handle("GET /metrics", fake) // vLLM's engine metrics when the scheduler is on, else 404
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	fmt.Fprintf(stdout, "fake LLM on http://%s (OpenAI: /v1/chat/completions, /v1/completions; Anthropic: /v1/messages)\n", ln.Addr())
+	fmt.Fprintf(stdout, "fake LLM on http://%s (OpenAI: /v1/chat/completions, /v1/completions, /v1/responses; Anthropic: /v1/messages)\n", ln.Addr())
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

@@ -113,6 +113,7 @@ func New(opts Options) *Server {
 	s.mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.serve(w, r, chat) })
 	s.mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.serve(w, r, completions) })
 	s.mux.HandleFunc("POST /v1/messages", func(w http.ResponseWriter, r *http.Request) { s.serve(w, r, messages) })
+	s.mux.HandleFunc("POST /v1/responses", func(w http.ResponseWriter, r *http.Request) { s.serve(w, r, responses) })
 	s.mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"object":"list","data":[{"id":"fake-model","object":"model","created":1700000000,"owned_by":"tokenscope"}]}`)
@@ -142,6 +143,7 @@ const (
 	chat api = iota
 	completions
 	messages
+	responses // OpenAI's Responses API
 )
 
 // request is the part of a request body the fake reads.
@@ -150,6 +152,9 @@ type request struct {
 	Stream        bool            `json:"stream"`
 	MaxTokens     *int            `json:"max_tokens"`
 	MaxCompletion *int            `json:"max_completion_tokens"`
+	MaxOutput     *int            `json:"max_output_tokens"` // the Responses API's
+	Input         json.RawMessage `json:"input"`             // the Responses API's prompt: a string or input items
+	Instructions  json.RawMessage `json:"instructions"`
 	Messages      []message       `json:"messages"`
 	Prompt        json.RawMessage `json:"prompt"`
 	System        json.RawMessage `json:"system"`
@@ -228,6 +233,8 @@ func (s *Server) plan(r *http.Request, a api, body []byte) (*plan, error) {
 	}
 	count(req.Prompt)
 	count(req.System)
+	count(req.Instructions)
+	count(req.Input)
 	for _, m := range req.Messages {
 		count(m.Content)
 	}
@@ -243,6 +250,9 @@ func (s *Server) plan(r *http.Request, a api, body []byte) (*plan, error) {
 	limit := req.MaxTokens
 	if limit == nil {
 		limit = req.MaxCompletion
+	}
+	if limit == nil {
+		limit = req.MaxOutput
 	}
 	forced := false
 	if v, ok := header(hdr, "X-Fakellm-Tokens"); ok {
@@ -313,6 +323,8 @@ func (s *Server) plan(r *http.Request, a api, body []byte) (*plan, error) {
 		prefix = "cmpl-"
 	case messages:
 		prefix = "msg_"
+	case responses:
+		prefix = "resp_"
 	}
 	p.id = fmt.Sprintf("%s%016x", prefix, p.seed)
 	p.created = 1_700_000_000 + int64(p.seed%1_000_000)
@@ -537,6 +549,8 @@ func (s *Server) whole(w http.ResponseWriter, p *plan) {
 	case messages:
 		body = fmt.Appendf(nil, `{"id":%q,"type":"message","role":"assistant","model":%q,"content":[{"type":"text","text":%q}],"stop_reason":%q,"stop_sequence":null,"usage":{"input_tokens":%d,"cache_creation_input_tokens":0,"cache_read_input_tokens":%d,"output_tokens":%d}}`,
 			p.id, p.model, text, p.stopReason(), p.input-p.cached, p.cached, p.output)
+	case responses:
+		body = p.responseObject(p.status(), text)
 	}
 	w.Header().Set("Content-Type", "application/json")
 	if p.mode == ModeMalformed {
@@ -551,4 +565,33 @@ func (s *Server) whole(w http.ResponseWriter, p *plan) {
 	}
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	_, _ = w.Write(body)
+}
+
+// status is the Responses API status of a response that ran to its end.
+func (p *plan) status() string {
+	if p.truncated {
+		return "incomplete"
+	}
+	return "completed"
+}
+
+// responseObject is a Responses API response object: in_progress with no output yet, or
+// ended with text as its one message.
+func (p *plan) responseObject(status, text string) []byte {
+	incomplete, output, usage := "null", "[]", "null"
+	if p.truncated && status == "incomplete" {
+		incomplete = `{"reason":"max_output_tokens"}`
+	}
+	if status != "in_progress" {
+		output = fmt.Sprintf(`[{"id":"msg_%s","type":"message","status":%q,"content":[{"type":"output_text","annotations":[],"logprobs":[],"text":%q}],"role":"assistant"}]`,
+			p.id[len("resp_"):], status, text)
+		usage = fmt.Sprintf(`{"input_tokens":%d,"input_tokens_details":{"cached_tokens":%d},"output_tokens":%d,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":%d}`,
+			p.input, p.cached, p.output, p.input+p.output)
+	}
+	maxOutput := "null"
+	if p.maxTokens > 0 {
+		maxOutput = strconv.Itoa(p.maxTokens)
+	}
+	return fmt.Appendf(nil, `{"id":%q,"object":"response","created_at":%d,"status":%q,"background":false,"error":null,"incomplete_details":%s,"instructions":null,"max_output_tokens":%s,"model":%q,"output":%s,"parallel_tool_calls":true,"previous_response_id":null,"store":false,"temperature":1.0,"text":{"format":{"type":"text"}},"tool_choice":"auto","tools":[],"top_p":1.0,"truncation":"disabled","usage":%s,"metadata":{}}`,
+		p.id, p.created, status, incomplete, maxOutput, p.model, output, usage)
 }

@@ -38,6 +38,10 @@ func TestProtocols(t *testing.T) {
 		{"messages stream", "/v1/messages", `{"model":"claude","stream":true,"max_tokens":2,"system":"be brief","messages":[{"role":"user","content":"a"}]}`,
 			[]string{"event: message_start", `"input_tokens":3`, "event: ping", "event: content_block_delta", `"output_tokens":2`, "event: message_stop"}},
 		{"messages", "/v1/messages", `{"model":"claude","max_tokens":4,"messages":[{"role":"user","content":"a"}]}`, []string{`"type":"message"`, `"output_tokens":3`}},
+		{"responses stream", "/v1/responses", `{"model":"m","stream":true,"instructions":"be brief","input":"a b"}`,
+			[]string{"event: response.created", "event: response.output_text.delta", `"sequence_number":6}`, "event: response.completed", `"status":"completed"`, `"usage":{"input_tokens":4,`, `"output_tokens":3`}},
+		{"responses cut by max_output_tokens", "/v1/responses", `{"model":"m","max_output_tokens":2,"input":[{"role":"user","content":[{"type":"input_text","text":"a b"}]}]}`,
+			[]string{`"object":"response"`, `"status":"incomplete"`, `"incomplete_details":{"reason":"max_output_tokens"}`, `"input_tokens":2,`, `"output_tokens":2`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

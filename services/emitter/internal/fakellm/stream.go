@@ -122,9 +122,18 @@ func (s *Server) open(sw *sseWriter, p *plan) bool {
 			p.id, p.model, p.input-p.cached, p.cached) &&
 			sw.event("content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`) &&
 			sw.event("ping", `{"type": "ping"}`)
+	case responses:
+		item := "msg_" + p.id[len("resp_"):]
+		return sw.event("response.created", `{"type":"response.created","sequence_number":0,"response":%s}`, p.responseObject("in_progress", "")) &&
+			sw.event("response.in_progress", `{"type":"response.in_progress","sequence_number":1,"response":%s}`, p.responseObject("in_progress", "")) &&
+			sw.event("response.output_item.added", `{"type":"response.output_item.added","sequence_number":2,"output_index":0,"item":{"id":%q,"type":"message","status":"in_progress","content":[],"role":"assistant"}}`, item) &&
+			sw.event("response.content_part.added", `{"type":"response.content_part.added","sequence_number":3,"item_id":%q,"output_index":0,"content_index":0,"part":{"type":"output_text","annotations":[],"logprobs":[],"text":""}}`, item)
 	}
 	return true
 }
+
+// responsesOpening is how many events a Responses stream sends before its first delta.
+const responsesOpening = 4
 
 // tokenEvent is the bytes of one token's event around its quoted word, made once per
 // stream: the fake serves thousands of tokens a second in the benchmarks, next to the proxy
@@ -141,6 +150,9 @@ func newTokenEvent(p *plan) tokenEvent {
 	case completions:
 		return tokenEvent{[]byte(`data: {"id":` + q(p.id) + `,"object":"text_completion","created":` + strconv.FormatInt(p.created, 10) + `,"choices":[{"text":`),
 			[]byte(`,"index":0,"logprobs":null,"finish_reason":null}],"model":` + q(p.model) + "}\n\n")}
+	case responses:
+		return tokenEvent{[]byte(`event: response.output_text.delta` + "\n" + `data: {"type":"response.output_text.delta","item_id":"msg_` + p.id[len("resp_"):] +
+			`","output_index":0,"content_index":0,"delta":`), []byte(`,"logprobs":[],"sequence_number":`)}
 	default:
 		return tokenEvent{[]byte("event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":"),
 			[]byte("}}\n\n")}
@@ -151,6 +163,10 @@ func (s *Server) token(sw *sseWriter, p *plan, te *tokenEvent, i int) bool {
 	sw.buf = append(sw.buf[:0], te.before...)
 	sw.buf = strconv.AppendQuote(sw.buf, p.word(i))
 	sw.buf = append(sw.buf, te.after...)
+	if p.api == responses {
+		sw.buf = strconv.AppendInt(sw.buf, int64(responsesOpening+i), 10)
+		sw.buf = append(sw.buf, "}\n\n"...)
+	}
 	return sw.send(sw.buf)
 }
 
@@ -180,12 +196,23 @@ func (s *Server) close(sw *sseWriter, p *plan) {
 		_ = sw.event("content_block_stop", `{"type":"content_block_stop","index":0}`) &&
 			sw.event("message_delta", `{"type":"message_delta","delta":{"stop_reason":%q,"stop_sequence":null},"usage":{"output_tokens":%d}}`, p.stopReason(), p.output) &&
 			sw.event("message_stop", `{"type":"message_stop"}`)
+	case responses:
+		item, text, seq := "msg_"+p.id[len("resp_"):], p.text(p.output), responsesOpening+p.output
+		part := fmt.Sprintf(`{"type":"output_text","annotations":[],"logprobs":[],"text":%q}`, text)
+		_ = sw.event("response.output_text.done", `{"type":"response.output_text.done","sequence_number":%d,"item_id":%q,"output_index":0,"content_index":0,"text":%q,"logprobs":[]}`, seq, item, text) &&
+			sw.event("response.content_part.done", `{"type":"response.content_part.done","sequence_number":%d,"item_id":%q,"output_index":0,"content_index":0,"part":%s}`, seq+1, item, part) &&
+			sw.event("response.output_item.done", `{"type":"response.output_item.done","sequence_number":%d,"output_index":0,"item":{"id":%q,"type":"message","status":"completed","content":[%s],"role":"assistant"}}`, seq+2, item, part) &&
+			sw.event("response."+p.status(), `{"type":"response.%s","sequence_number":%d,"response":%s}`, p.status(), seq+3, p.responseObject(p.status(), text))
 	}
 }
 
 func (s *Server) sseError(sw *sseWriter, p *plan) {
-	if p.api == messages {
+	switch p.api {
+	case messages:
 		sw.event("error", `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`)
+		return
+	case responses:
+		sw.event("error", `{"type":"error","code":"server_error","message":"The server had an error while processing your request.","param":null,"sequence_number":%d}`, responsesOpening+p.output/2)
 		return
 	}
 	sw.data(`{"error":{"message":"The server had an error while processing your request.","type":"server_error","param":null,"code":null}}`)

@@ -17,6 +17,7 @@ const (
 	kindContent          // a string value is content: content, text, reasoning…
 	kindTool             // a value other than null and [] is content: tool_calls, function_call
 	kindSlow             // a value other than null needs the decoder: usage, error
+	kindObject           // the chunk's object: "error" needs the decoder (vLLM's and SGLang's error chunk)
 )
 
 // kindOf names the member. Names are matched exactly, as the providers' clients match them
@@ -29,6 +30,8 @@ func kindOf(name []byte) fastKind {
 		return kindTool
 	case "usage", "error":
 		return kindSlow
+	case "object":
+		return kindObject
 	}
 	return kindOther
 }
@@ -106,6 +109,8 @@ func scanJSON(d []byte, measure bool) (n int, ok bool) {
 				case kind == kindTool && c != 'n':
 					n += end - i
 				case kind == kindSlow && c != 'n':
+					return 0, false
+				case kind == kindObject && depth == 1 && string(d[i:end]) == `"error"`:
 					return 0, false
 				}
 			}

@@ -16,6 +16,7 @@ const (
 	OpenAIChat        Protocol = iota // POST /v1/chat/completions
 	OpenAICompletions                 // POST /v1/completions
 	Anthropic                         // POST /v1/messages
+	OpenAIResponses                   // POST /v1/responses
 )
 
 // Provider is the value of the event's provider field.
@@ -98,6 +99,8 @@ type Meter struct {
 
 	usage     Usage
 	haveUsage bool
+	inKnown   bool // the usage reported counts the input: an absent count is not a zero
+	outKnown  bool // and the output (OpenAI's; Anthropic's is finalOut)
 	finalOut  bool // Anthropic: the output count is the final one (message_delta, or a body)
 	done      bool
 	errCode   string
@@ -182,7 +185,9 @@ func (m *Meter) unidle() {
 
 // StripUsageChunk makes Feed drop OpenAI's final usage-only chunk from what it returns: the
 // proxy asked for it on the client's behalf, so the client must not see it.
-func (m *Meter) StripUsageChunk() { m.strip = m.proto != Anthropic && m.stream }
+func (m *Meter) StripUsageChunk() {
+	m.strip = (m.proto == OpenAIChat || m.proto == OpenAICompletions) && m.stream
+}
 
 // Feed reads the next piece of the body, received at now, and returns what to forward to the
 // client: p itself, unless the meter strips the usage chunk, in which case it returns only
@@ -429,9 +434,12 @@ func (m *Meter) event(now time.Time) (keep bool) {
 	keep = true
 	data, name := m.data, m.name
 	if len(data) > 0 {
-		if m.proto == Anthropic {
+		switch m.proto {
+		case Anthropic:
 			m.anthropicEvent(name, data, now)
-		} else {
+		case OpenAIResponses:
+			m.responsesEvent(name, data, now)
+		default:
 			keep = m.openAIEvent(data, now)
 		}
 	}
@@ -450,8 +458,19 @@ func (m *Meter) content(now time.Time, n int) {
 	m.contentBytes += int64(n)
 }
 
+// reported is a usage report, and which of its counts it holds.
+type reported struct {
+	Usage
+	in, out bool
+}
+
+// setUsage applies an OpenAI usage report, the last one winning.
+func (m *Meter) setUsage(u *reported) {
+	m.usage, m.haveUsage, m.inKnown, m.outKnown = u.Usage, true, u.in, u.out
+}
+
 // openAIUsage reads OpenAI's usage object; nil for null.
-func openAIUsage(v []byte) (u *Usage, ok bool) {
+func openAIUsage(v []byte) (u *reported, ok bool) {
 	if isNull(v) {
 		return nil, true
 	}
@@ -479,7 +498,12 @@ func openAIUsage(v []byte) (u *Usage, ok bool) {
 	if !ok {
 		return nil, false
 	}
-	u = &Usage{}
+	return newReported(in, out, cached), true
+}
+
+// newReported is the usage of the counts given, those absent not known.
+func newReported(in, out, cached *int64) *reported {
+	u := &reported{in: in != nil, out: out != nil}
 	for _, f := range [...]struct {
 		dst *int64
 		src *int64
@@ -488,7 +512,7 @@ func openAIUsage(v []byte) (u *Usage, ok bool) {
 			*f.dst = *f.src
 		}
 	}
-	return u, true
+	return u
 }
 
 // providerError is an error object in a stream or body.
@@ -500,25 +524,27 @@ func readError(v []byte) (e *providerError, ok bool) {
 		return nil, true
 	}
 	e = &providerError{}
-	ok = object(v, func(name, v []byte) (ok bool) {
-		switch string(name) {
-		case "type":
-			e.typ, ok = text(v)
-		case "code":
-			// A string or a number; the other types say nothing.
-			e.code = ""
-			if s, isText := text(v); isText {
-				e.code = s
-			} else if len(v) > 0 && (v[0] == '-' || ('0' <= v[0] && v[0] <= '9')) {
-				e.code = string(v)
-			}
-			ok = true
-		default:
-			ok = true
-		}
-		return ok
-	})
+	ok = object(v, func(name, v []byte) bool { return e.read(string(name), v) })
 	return e, ok
+}
+
+// read reads one member of an error object: its type (TGI's error_type) and its code, a
+// string or a number (the other types say nothing).
+func (e *providerError) read(name string, v []byte) (ok bool) {
+	switch name {
+	case "type", "error_type":
+		if s, isText := text(v); isText {
+			e.typ = s
+		}
+	case "code":
+		e.code = ""
+		if s, isText := text(v); isText {
+			e.code = s
+		} else if len(v) > 0 && (v[0] == '-' || ('0' <= v[0] && v[0] <= '9')) {
+			e.code = string(v)
+		}
+	}
+	return true
 }
 
 func (e *providerError) String() string {
@@ -539,15 +565,20 @@ func (e *providerError) String() string {
 type openAIChunk struct {
 	content int // bytes of content in its choices
 	choices int
-	usage   *Usage
+	usage   *reported
 	err     *providerError
 }
 
 // readOpenAIChunk reads a chunk's data; ok is false when it is not the JSON OpenAI sends.
+// Besides OpenAI's {"error":{…}}, the error chunks of OpenAI-compatible servers are errors
+// too: vLLM's and SGLang's {"object":"error","type":…,"code":…} (followed by [DONE]) and
+// TGI's {"error":"…","error_type":…}.
 func readOpenAIChunk(data []byte) (c openAIChunk, ok bool) {
 	if !json.Valid(data) {
 		return c, false
 	}
+	var flat providerError // the chunk's own type and code, or TGI's error_type
+	isError, errText := false, false
 	ok = object(data, func(name, v []byte) (ok bool) {
 		switch string(name) {
 		case "choices":
@@ -561,12 +592,26 @@ func readOpenAIChunk(data []byte) (c openAIChunk, ok bool) {
 		case "usage":
 			c.usage, ok = openAIUsage(v)
 		case "error":
-			c.err, ok = readError(v)
+			c.err, errText = nil, false
+			if v[0] == '"' {
+				errText, ok = true, true
+			} else {
+				c.err, ok = readError(v)
+			}
+		case "object":
+			var s string
+			s, ok = text(v)
+			isError = s == "error"
+		case "type", "code", "error_type":
+			ok = flat.read(string(name), v)
 		default:
 			ok = true
 		}
 		return ok
 	})
+	if ok && c.err == nil && (isError || errText) {
+		c.err = &flat
+	}
 	return c, ok
 }
 
@@ -646,7 +691,7 @@ func (m *Meter) slowOpenAIEvent(c *openAIChunk, now time.Time) (keep bool) {
 		m.content(now, c.content)
 	}
 	if c.usage != nil {
-		m.usage, m.haveUsage = *c.usage, true
+		m.setUsage(c.usage)
 		if m.strip && c.choices == 0 {
 			return false
 		}
@@ -699,6 +744,7 @@ func (m *Meter) mergeAnthropic(u *anthropicUsage) {
 		create = *u.CacheCreationInputTokens
 	}
 	m.anthropicIn = [3]int64{in, read, create}
+	m.inKnown = m.inKnown || u.InputTokens != nil
 	// Anthropic's input_tokens leaves out the cached and cache-writing tokens.
 	m.usage.Input = in + read + create
 	m.usage.Cached = read

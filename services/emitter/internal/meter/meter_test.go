@@ -64,6 +64,7 @@ func TestStreams(t *testing.T) {
 		{"openai error event", "openai_error_event.sse", OpenAIChat, ms(20), ms(20), 0, Usage{7, 1, 0}, true, events.StatusError, "server_error", 1},
 		{"malformed data line", "openai_malformed.sse", OpenAIChat, ms(10), ms(10), 0, Usage{7, 1, 0}, true, events.StatusError, CodeMalformed, 1},
 		{"stream cut before [DONE]", "openai_truncated.sse", OpenAIChat, ms(20), ms(20), 0, Usage{7, 1, 0}, true, events.StatusError, CodeTruncated, 1},
+		{"openai responses: first output_text.delta, usage of response.completed", "openai_responses.sse", OpenAIResponses, ms(50), ms(60), ms(10), Usage{1200, 2, 1024}, false, events.StatusOK, "", 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -158,6 +159,10 @@ func TestBodies(t *testing.T) {
 		{"openai without usage", OpenAIChat, `{"choices":[{"message":{"content":"abcdefgh"}}]}`, Usage{5, 2, 0}, true, events.StatusOK, ""},
 		{"anthropic", Anthropic, `{"id":"msg","type":"message","content":[{"type":"text","text":"Hi"}],"usage":{"input_tokens":12,"cache_read_input_tokens":100,"output_tokens":6}}`,
 			Usage{112, 6, 100}, false, events.StatusOK, ""},
+		{"openai responses", OpenAIResponses, `{"id":"resp_1","object":"response","status":"completed","error":null,"output":[{"type":"reasoning","id":"rs_1","summary":[{"type":"summary_text","text":"think"}]},{"type":"message","content":[{"type":"output_text","text":"Hello","annotations":[]}]},{"type":"function_call","name":"f","arguments":"{\"a\":1}"}],"usage":{"input_tokens":10,"input_tokens_details":{"cached_tokens":4},"output_tokens":30,"output_tokens_details":{"reasoning_tokens":20},"total_tokens":40}}`,
+			Usage{10, 30, 4}, false, events.StatusOK, ""},
+		{"openai responses without usage", OpenAIResponses, `{"object":"response","status":"completed","output":[{"type":"message","content":[{"type":"output_text","text":"abcdefgh"}]}],"usage":null}`, Usage{5, 2, 0}, true, events.StatusOK, ""},
+		{"openai responses failed", OpenAIResponses, `{"object":"response","status":"failed","error":{"code":"server_error","message":"m"},"output":[],"usage":null}`, Usage{5, 0, 0}, true, events.StatusError, "server_error"},
 		{"truncated body", OpenAIChat, `{"choices":[{"message":{"content":"ab`, Usage{5, 0, 0}, true, events.StatusError, CodeMalformedBody},
 	}
 	for _, tt := range tests {
@@ -381,7 +386,7 @@ func TestExactKeys(t *testing.T) {
 		{"anthropic output_tokens, exact and last", Anthropic, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":40,\"INPUT_TOKENS\":4,\"output_tokens\":1}}}\n\n" +
 			"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":2,\"output_tokens\":9,\"Output_Tokens\":3}}\n\n" +
 			"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n", Usage{40, 9, 0}, 0, ""},
-		{"anthropic TYPE is not the type", Anthropic, "event: message_delta\ndata: {\"TYPE\":\"message_stop\",\"type\":\"message_delta\",\"usage\":{\"output_tokens\":9}}\n\n", Usage{0, 9, 0}, 0, CodeTruncated},
+		{"anthropic TYPE is not the type", Anthropic, "event: message_delta\ndata: {\"TYPE\":\"message_stop\",\"type\":\"message_delta\",\"usage\":{\"output_tokens\":9}}\n\n", Usage{7, 9, 0}, 0, CodeTruncated},
 	}
 	for _, tt := range streams {
 		t.Run(tt.name, func(t *testing.T) {
@@ -538,7 +543,7 @@ func FuzzScan(f *testing.F) {
 	f.Add([]byte(strings.Repeat(": k\n", 400)+"\n\r\ndata: [DONE]\n"), uint16(3))
 	f.Add([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\r\rdata: "+strings.Repeat("x", 1500)+"\r\r\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":1}}\r\rdata: [DONE]\r"), uint16(1))
 	f.Fuzz(func(t *testing.T, raw []byte, step uint16) {
-		run := func(strip bool, step int) (Result, []byte) {
+		run := func(strip bool, step int) (Result, []byte, bool) {
 			m := New(OpenAIChat, true, t0)
 			m.SetMaxEvent(1 << 10)
 			if strip {
@@ -557,15 +562,15 @@ func FuzzScan(f *testing.F) {
 				}
 			}
 			out = m.Flush(t0, out)
-			return m.Result(t0), out
+			return m.Result(t0), out, m.haveUsage
 		}
-		whole, _ := run(false, max(len(raw), 1))
+		whole, _, _ := run(false, max(len(raw), 1))
 		for _, strip := range []bool{false, true} {
-			r, out := run(strip, int(step)%64+1)
+			r, out, usage := run(strip, int(step)%64+1)
 			if r != whole {
 				t.Fatalf("strip %v, step %d: %+v, whole: %+v", strip, int(step)%64+1, r, whole)
 			}
-			if (!strip || r.Estimated) && !bytes.Equal(out, raw) {
+			if (!strip || !usage) && !bytes.Equal(out, raw) {
 				t.Fatalf("strip %v, no usage chunk: forwarded other bytes", strip)
 			}
 		}
@@ -697,4 +702,161 @@ func TestLineEnds(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestOpenAICompatibleErrorChunks: the error chunks OpenAI-compatible servers send inside a
+// 200 stream fail the request, even when [DONE] follows them, as vLLM's and SGLang's does.
+func TestOpenAICompatibleErrorChunks(t *testing.T) {
+	const content = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n"
+	f := func(chunk, code string) {
+		t.Helper()
+		r := feedSSE(t, OpenAIChat, content+"data: "+chunk+"\n\ndata: [DONE]\n\n")
+		if st, got := r.Status(true); st != events.StatusError || got != code {
+			t.Fatalf("%s: status %s %q, want error %q", chunk, st, got, code)
+		}
+		if r.ContentEvents != 1 {
+			t.Fatalf("%s: %d content events, want 1", chunk, r.ContentEvents)
+		}
+	}
+	// vLLM and SGLang: ErrorResponse, flat.
+	f(`{"object":"error","message":"boom","type":"InternalServerError","param":null,"code":500}`, "InternalServerError")
+	f(`{"object": "error", "message": "x", "code": 400}`, "400")
+	// TGI: the error is a string, its type beside it.
+	f(`{"error":"Request failed during generation: Server error: CUDA out of memory","error_type":"generation"}`, "generation")
+	f(`{"error":"overloaded"}`, "upstream_error")
+	// OpenAI's own.
+	f(`{"error":{"message":"m","type":"server_error","param":null,"code":null}}`, "server_error")
+	f(`{"error":{"message":"m","type":"requests","code":"rate_limit_exceeded"}}`, "requests")
+
+	// An ordinary chunk naming another object is not an error.
+	r := feedSSE(t, OpenAIChat, "data: {\"object\":\"chat.completion.chunk\",\"type\":\"x\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n")
+	if st, code := r.Status(true); st != events.StatusOK || r.ContentEvents != 1 {
+		t.Fatalf("a chunk: status %s %q, %d content events", st, code, r.ContentEvents)
+	}
+}
+
+// TestResponsesStreams: how a Responses API stream ends decides its status; its content is
+// the *.delta events, whether the event: lines name them or only their types do.
+func TestResponsesStreams(t *testing.T) {
+	const (
+		delta     = "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"Hi\"}\n\n"
+		args      = "event: response.function_call_arguments.delta\ndata: {\"type\":\"response.function_call_arguments.delta\",\"delta\":\"{\\\"a\\\"\"}\n\n"
+		reasoning = "data: {\"type\":\"response.reasoning_summary_text.delta\",\"delta\":\"hmm\"}\n\n"
+		usage     = `"usage":{"input_tokens":9,"output_tokens":40,"output_tokens_details":{"reasoning_tokens":30}}`
+	)
+	tests := []struct {
+		name, stream string
+		status       events.Status
+		code         string
+		usage        Usage
+		estimated    bool
+		content      int64
+	}{
+		{"completed", reasoning + args + delta + "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"status\":\"completed\"," + usage + "}}\n\n",
+			events.StatusOK, "", Usage{9, 40, 0}, false, 3},
+		{"incomplete: max_output_tokens is an answer", delta + "event: response.incomplete\ndata: {\"type\":\"response.incomplete\",\"response\":{\"status\":\"incomplete\",\"incomplete_details\":{\"reason\":\"max_output_tokens\"}," + usage + "}}\n\n",
+			events.StatusOK, "", Usage{9, 40, 0}, false, 1},
+		{"failed", delta + "event: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"status\":\"failed\",\"error\":{\"code\":\"server_error\",\"message\":\"m\"}," + usage + "}}\n\n",
+			events.StatusError, "server_error", Usage{9, 40, 0}, false, 1},
+		{"failed without an error object", delta + "data: {\"type\":\"response.failed\",\"response\":{\"status\":\"failed\",\"error\":null,\"usage\":null}}\n\n",
+			events.StatusError, "upstream_error", Usage{7, 1, 0}, true, 1},
+		{"error event", delta + "event: error\ndata: {\"type\":\"error\",\"code\":\"rate_limit_exceeded\",\"message\":\"slow down\",\"param\":null,\"sequence_number\":3}\n\n",
+			events.StatusError, "rate_limit_exceeded", Usage{7, 1, 0}, true, 1},
+		{"cut before its end", delta + delta, events.StatusError, CodeTruncated, Usage{7, 2, 0}, true, 2},
+		{"hostile usage", delta + "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":-5,\"output_tokens\":3}}}\n\n",
+			events.StatusError, CodeMalformed, Usage{7, 1, 0}, true, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := feedSSE(t, OpenAIResponses, tt.stream)
+			if st, code := r.Status(true); st != tt.status || code != tt.code {
+				t.Errorf("status %s %q, want %s %q", st, code, tt.status, tt.code)
+			}
+			if r.Usage != tt.usage || r.Estimated != tt.estimated || r.ContentEvents != tt.content {
+				t.Errorf("usage %+v estimated %v content %d, want %+v %v %d", r.Usage, r.Estimated, r.ContentEvents, tt.usage, tt.estimated, tt.content)
+			}
+		})
+	}
+	m := New(OpenAIResponses, true, t0)
+	m.StripUsageChunk()
+	if m.Stripping() {
+		t.Fatal("a Responses stream is stripped: its usage is in response.completed, always sent")
+	}
+}
+
+// TestAbsentCountsEstimated: a usage that leaves a count out has not counted it as zero: that
+// count is estimated, as without usage, and the event says the tokens are estimated.
+func TestAbsentCountsEstimated(t *testing.T) {
+	const content = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n"
+	const done = "data: [DONE]\n\n"
+	tests := []struct {
+		name      string
+		proto     Protocol
+		stream    string
+		usage     Usage
+		estimated bool
+	}{
+		{"both counts", OpenAIChat, content + "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":0}}\n\n" + done, Usage{5, 0, 0}, false},
+		{"no output count", OpenAIChat, content + content + "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5}}\n\n" + done, Usage{5, 2, 0}, true},
+		{"no input count", OpenAIChat, content + "data: {\"choices\":[],\"usage\":{\"completion_tokens\":3,\"total_tokens\":9}}\n\n" + done, Usage{7, 3, 0}, true},
+		{"an empty usage", OpenAIChat, content + "data: {\"choices\":[],\"usage\":{}}\n\n" + done, Usage{7, 1, 0}, true},
+		{"counts null", OpenAICompletions, content + "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":null,\"completion_tokens\":null}}\n\n" + done, Usage{7, 1, 0}, true},
+		{"responses: no output count", OpenAIResponses, "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"a\"}\n\n" +
+			"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":5}}}\n\n", Usage{5, 1, 0}, true},
+		{"anthropic: no input count", Anthropic, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"output_tokens\":1}}}\n\n" +
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":9}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n", Usage{7, 9, 0}, true},
+		{"anthropic: cache counts alone", Anthropic, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":0,\"cache_read_input_tokens\":100,\"output_tokens\":1}}}\n\n" +
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":9}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n", Usage{100, 9, 100}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := feedSSE(t, tt.proto, tt.stream)
+			if r.Usage != tt.usage || r.Estimated != tt.estimated {
+				t.Fatalf("usage %+v estimated %v, want %+v %v", r.Usage, r.Estimated, tt.usage, tt.estimated)
+			}
+		})
+	}
+	// A body too: its output estimated from its content's bytes.
+	m := New(OpenAIChat, false, t0)
+	m.SetInputEstimate(7)
+	m.Feed([]byte(`{"choices":[{"message":{"content":"abcdefgh"}}],"usage":{"prompt_tokens":5}}`), t0, nil)
+	if r := m.Result(t0); r.Usage != (Usage{5, 2, 0}) || !r.Estimated {
+		t.Fatalf("body: usage %+v estimated %v, want {5 2 0} estimated", r.Usage, r.Estimated)
+	}
+}
+
+// FuzzMeterProtocols: whatever a stream or a body holds, the meter of every protocol reads it
+// without failing, measures it the same however it is cut, and reports a usage an event can
+// carry.
+func FuzzMeterProtocols(f *testing.F) {
+	for _, name := range []string{"openai_responses.sse", "anthropic_messages.sse", "openai_chat_usage.sse"} {
+		b, err := os.ReadFile(filepath.Join("testdata", name))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b, uint8(0), false)
+	}
+	f.Add([]byte(`{"object":"response","status":"failed","error":{"code":"x"},"output":[{"type":"message","content":[{"type":"output_text","text":"hi"}]},{"arguments":"{}"}],"usage":{"input_tokens":1}}`), uint8(3), true)
+	f.Add([]byte("data: {\"object\":\"error\",\"type\":\"X\"}\n\ndata: {\"error\":\"e\",\"error_type\":\"t\"}\n\n"), uint8(1), false)
+	f.Fuzz(func(t *testing.T, raw []byte, proto uint8, body bool) {
+		p := Protocol(proto % 4)
+		run := func(step int) Result {
+			m := New(p, !body, t0)
+			m.SetInputEstimate(3)
+			for i := 0; i < len(raw); i += step {
+				m.Feed(raw[i:min(i+step, len(raw))], t0, nil)
+			}
+			m.Flush(t0, nil)
+			return m.Result(t0)
+		}
+		r := run(max(len(raw), 1))
+		if u := r.Usage; u.Input < 0 || u.Output < 0 || u.Cached < 0 || u.Input > events.MaxTokens || u.Output > events.MaxTokens || u.Cached > u.Input {
+			t.Fatalf("usage %+v", u)
+		}
+		if !body {
+			if r2 := run(int(proto)%7 + 1); r2 != r {
+				t.Fatalf("cut in pieces: %+v, whole: %+v", r2, r)
+			}
+		}
+	})
 }

@@ -28,6 +28,12 @@ func (m *Meter) SetInputEstimate(n int64) { m.inputGuess = n }
 // SeenContent reports whether any content has arrived yet.
 func (m *Meter) SeenContent() bool { return m.contentCount > 0 }
 
+// Begun reports whether the answer has begun: a stream's first content event, or a body's
+// first byte (a body's content is read at its end).
+func (m *Meter) Begun() bool {
+	return m.contentCount > 0 || (!m.stream && (len(m.body) > 0 || m.bodyOver))
+}
+
 // Result returns the measurement of a response whose body ended at end. TTFT is the time to
 // the first content event and Total the time to the last; a response without content has
 // TTFT 0 and Total up to end. A non-streamed body arrives as a whole, so its TTFT and Total
@@ -55,18 +61,31 @@ func (m *Meter) Result(end time.Time) Result {
 	}
 	if !haveUsage {
 		r.Estimated = true
-		r.Usage = Usage{Input: m.inputGuess, Output: m.contentCount}
-		if !m.stream {
-			r.Usage.Output = (m.contentBytes + 3) / 4
+		r.Usage = Usage{Input: m.inputGuess, Output: m.outputGuess()}
+	} else {
+		// A count the usage leaves out is not a zero: it is estimated as without usage.
+		// An Anthropic stream that ended before message_delta has only message_start's
+		// output_tokens, a placeholder.
+		if !m.inKnown {
+			r.Estimated = true
+			r.Usage.Input = m.inputGuess
 		}
-	} else if m.proto == Anthropic && !m.finalOut {
-		// The stream ended before message_delta: message_start's output_tokens is a
-		// placeholder, so the output is estimated as OpenAI's is without usage.
-		r.Estimated = true
-		r.Usage.Output = m.contentCount
+		if (m.proto == Anthropic && !m.finalOut) || (m.proto != Anthropic && !m.outKnown) {
+			r.Estimated = true
+			r.Usage.Output = m.outputGuess()
+		}
 	}
 	r.Usage.Cached = min(r.Usage.Cached, r.Usage.Input)
 	return r
+}
+
+// outputGuess is the output tokens of a response without their count: its content events,
+// or a body's content bytes / 4.
+func (m *Meter) outputGuess() int64 {
+	if !m.stream {
+		return (m.contentBytes + 3) / 4
+	}
+	return m.contentCount
 }
 
 // usageInRange reports whether every count of the usage reported, Anthropic's input counts
@@ -119,8 +138,21 @@ func (m *Meter) parseBody(end time.Time) {
 		m.malformed++
 		return
 	}
+	if m.proto == OpenAIResponses {
+		r, ok := readResponse(m.body)
+		if !ok {
+			m.malformed++
+			return
+		}
+		m.response(&r)
+		if r.content > 0 {
+			m.content(end, r.content)
+		}
+		m.done = true
+		return
+	}
 	n := 0
-	var usage *Usage
+	var usage *reported
 	var aUsage *anthropicUsage
 	var perr *providerError
 	ok := object(m.body, func(name, v []byte) (ok bool) {
@@ -147,7 +179,7 @@ func (m *Meter) parseBody(end time.Time) {
 		return
 	}
 	if usage != nil {
-		m.usage, m.haveUsage = *usage, true
+		m.setUsage(usage)
 	}
 	if aUsage != nil {
 		m.mergeAnthropic(aUsage)

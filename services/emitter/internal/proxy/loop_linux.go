@@ -653,6 +653,7 @@ func (s *loopStream) feed(data []byte, now time.Time) bool {
 	} else {
 		out = m.Feed(data, now, nil)
 	}
+	s.c.dog.saw(m)
 	if len(out) == 0 {
 		return true
 	}

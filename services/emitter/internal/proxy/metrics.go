@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -12,6 +14,7 @@ import (
 type metrics struct {
 	requests    *prometheus.CounterVec
 	rateLimited *prometheus.CounterVec
+	retryAfter  *prometheus.HistogramVec
 	inflight    prometheus.Gauge
 	streams     prometheus.Gauge
 	detached    prometheus.Gauge
@@ -42,6 +45,9 @@ func newMetrics(reg prometheus.Registerer, maxLabels int) *metrics {
 			Help: "Proxied LLM requests by provider, model (bounded) and status."}, []string{"provider", "model", "status"}),
 		rateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "rate_limited_total",
 			Help: "Upstream responses with HTTP 429, by provider."}, []string{"provider"}),
+		retryAfter: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "emitter", Subsystem: "proxy", Name: "rate_limit_retry_after_seconds",
+			Help:    "The wait upstream 429 responses asked for (Retry-After, or retry-after-ms), by provider.",
+			Buckets: []float64{1, 2, 5, 10, 30, 60, 120, 300, 600, 3600}}, []string{"provider"}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "emitter", Subsystem: "proxy", Name: "inflight_requests",
 			Help: "Proxied requests in progress."}),
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "emitter", Subsystem: "proxy", Name: "inflight_streams",
@@ -87,7 +93,7 @@ func newMetrics(reg prometheus.Registerer, maxLabels int) *metrics {
 		m.rateLimited.WithLabelValues(p)
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.rateLimited, m.inflight, m.streams, m.detached, m.detaches, m.parked, m.clientWaits, m.ttft, m.passthrough, m.overflows, m.refused, m.framing, m.unparsed)
+		reg.MustRegister(m.requests, m.rateLimited, m.retryAfter, m.inflight, m.streams, m.detached, m.detaches, m.parked, m.clientWaits, m.ttft, m.passthrough, m.overflows, m.refused, m.framing, m.unparsed)
 	}
 	return m
 }
@@ -101,4 +107,26 @@ func (m *metrics) observe(ev *events.RequestEvent, now time.Time) {
 	if ev.Status == events.StatusOK && ev.Stream {
 		m.ttft.WithLabelValues(ev.Provider, model).Observe(ev.TTFTMs / 1000)
 	}
+}
+
+// retryAfter is the wait an answer asks for: retry-after-ms (OpenAI's, which its SDKs read
+// first), else Retry-After in seconds or as an HTTP date (RFC 9110, 10.2.3); ok is false
+// when it asks for none that parses.
+func retryAfter(h http.Header, now time.Time) (seconds float64, ok bool) {
+	if v := h.Get("Retry-After-Ms"); v != "" {
+		if ms, err := strconv.ParseFloat(v, 64); err == nil && ms >= 0 && ms <= 1e12 {
+			return ms / 1000, true
+		}
+	}
+	v := h.Get("Retry-After")
+	if v == "" {
+		return 0, false
+	}
+	if s, err := strconv.ParseUint(v, 10, 32); err == nil {
+		return float64(s), true
+	}
+	if t, err := http.ParseTime(v); err == nil {
+		return max(t.Sub(now).Seconds(), 0), true
+	}
+	return 0, false
 }

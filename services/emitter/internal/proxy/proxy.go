@@ -124,13 +124,13 @@ func New(cfg Config, emit Emitter, reg prometheus.Registerer, logger *slog.Logge
 	return p
 }
 
-// Register adds the proxy's routes: the three measured APIs, and every other /v1/ path
+// Register adds the proxy's routes: the four measured APIs, and every other /v1/ path
 // forwarded unmeasured so that SDKs and Claude Code keep working.
 // A measured path with a trailing slash is measured too: some upstreams serve it as the path
 // without. Paths that an upstream could split or resolve otherwise are refused (path.go).
 func (p *Proxy) Register(mux interface{ Handle(string, http.Handler) }) {
 	for path, proto := range map[string]meter.Protocol{"/v1/chat/completions": meter.OpenAIChat,
-		"/v1/completions": meter.OpenAICompletions, "/v1/messages": meter.Anthropic} {
+		"/v1/completions": meter.OpenAICompletions, "/v1/messages": meter.Anthropic, "/v1/responses": meter.OpenAIResponses} {
 		mux.Handle("POST "+path, p.handler(proto))
 		mux.Handle("POST "+path+"/{$}", p.handler(proto))
 	}
@@ -265,7 +265,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, proto meter.Protoc
 				x.model, x.named = info.Model, true
 			}
 			x.stream = info.Stream
-			if info.Stream && proto != meter.Anthropic {
+			if info.Stream && (proto == meter.OpenAIChat || proto == meter.OpenAICompletions) {
 				x.body, x.strip = withUsage(head, info.StreamOptions)
 			}
 		}
@@ -591,6 +591,11 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		c.ev.Stream = true
 	}
 	c.ev.HTTPStatus = resp.StatusCode
+	if resp.StatusCode == http.StatusTooManyRequests {
+		if s, ok := retryAfter(resp.Header, time.Now()); ok {
+			p.m.retryAfter.WithLabelValues(c.ev.Provider).Observe(s)
+		}
+	}
 	c.m = p.meters.Get().(*meter.Meter)
 	c.m.Reset(x.proto, c.sse, x.start)
 	c.m.SetMaxEvent(p.cfg.MaxEventBytes)

@@ -176,9 +176,10 @@ func call(t testing.TB, base, path, body string, hdr map[string]string) reply {
 }
 
 const (
-	chatPath     = "/v1/chat/completions"
-	complPath    = "/v1/completions"
-	messagesPath = "/v1/messages"
+	chatPath      = "/v1/chat/completions"
+	complPath     = "/v1/completions"
+	messagesPath  = "/v1/messages"
+	responsesPath = "/v1/responses"
 )
 
 func chatBody(stream bool, extra string) string {
@@ -210,6 +211,8 @@ func testIdenticalBytesAndMeasurements(t *testing.T, transport bool) {
 		{"openai completions stream", complPath, `{"model":"gpt-3.5-turbo-instruct","prompt":"one two three four","max_tokens":5,"stream":true}`, true, "openai"},
 		{"anthropic messages stream", messagesPath, `{"model":"claude-sonnet-4-5","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"one two three four"}]}`, true, "anthropic"},
 		{"anthropic messages, not streamed", messagesPath, `{"model":"claude-sonnet-4-5","max_tokens":5,"messages":[{"role":"user","content":"one two three four"}]}`, false, "anthropic"},
+		{"openai responses stream", responsesPath, `{"model":"gpt-5-mini","input":"one two three four","max_output_tokens":5,"stream":true}`, true, "openai"},
+		{"openai responses, not streamed", responsesPath, `{"model":"gpt-5-mini","input":[{"role":"user","content":"one two three four"}],"max_output_tokens":5}`, false, "openai"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -162,6 +162,7 @@ func (r *relay) feed(p []byte) bool {
 	} else {
 		out = r.m.Feed(p, time.Now(), nil)
 	}
+	r.dog.saw(r.m)
 	return len(out) == 0 || r.send(out)
 }
 
@@ -170,6 +171,9 @@ func (r *relay) raw() {
 	buf := r.buf()
 	for {
 		n, err := r.body.Read(buf)
+		if n > 0 {
+			r.dog.begun.Store(true) // unmeasured: its first byte is all there is to see
+		}
 		if n > 0 && !r.send(buf[:n]) {
 			return
 		}
@@ -200,6 +204,7 @@ func (r *relay) gunzipped(zr *gzip.Reader, decode bool) {
 				n, err = zr.Read(buf)
 				if n > 0 {
 					r.m.Feed(buf[:n], time.Now(), nil)
+					r.dog.saw(r.m)
 				}
 			}
 			if err == io.EOF {

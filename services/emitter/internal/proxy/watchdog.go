@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync/atomic"
 	"time"
+
+	"github.com/tokenscope/tokenscope/services/emitter/internal/meter"
 )
 
 // The phases of a watched exchange.
@@ -15,7 +17,10 @@ const (
 )
 
 // watchdog ends an exchange whose upstream is too slow: no response headers within the
-// upstream timeout, or a body silent for the idle timeout. Which of "headers arrived" and
+// upstream timeout, or a body silent for the idle timeout. Until the answer has begun (a
+// stream's first content event, a body's first byte) a silence is allowed up to the upstream
+// timeout since the start as well: an upstream may send the head of a stream at once and
+// its first token only after a long prefill, a queue, or a model reasoning. Which of "headers arrived" and
 // "timeout fired" came first is decided once, by one compare-and-swap, so a response that
 // arrives as the timeout fires is either relayed whole or dropped for a 504, never both.
 // The body's reads only store a timestamp; the timer checks it when it fires, so no timer
@@ -24,7 +29,9 @@ type watchdog struct {
 	phase     atomic.Int32
 	last      atomic.Int64 // upstream activity, in ns since start; busy while writing to the client
 	start     time.Time
+	headers   time.Duration // the upstream timeout
 	idle      time.Duration
+	begun     atomic.Bool // the answer has begun: the idle timeout alone applies
 	cancel    context.CancelCauseFunc
 	timer     *time.Timer
 	park      func() bool   // asks the stream to park once silent for parkAfter (park.go)
@@ -35,7 +42,7 @@ type watchdog struct {
 const busy = -1
 
 func (d *watchdog) arm(start time.Time, headers, idle time.Duration, cancel context.CancelCauseFunc) {
-	d.start, d.idle, d.cancel = start, idle, cancel
+	d.start, d.headers, d.idle, d.cancel = start, headers, idle, cancel
 	d.timer = time.AfterFunc(headers, d.fire)
 }
 
@@ -59,8 +66,12 @@ func (d *watchdog) fire() {
 		d.timer.Reset(wait)
 		return
 	}
-	silent := time.Since(d.start) - time.Duration(last)
+	since := time.Since(d.start)
+	silent := since - time.Duration(last)
 	wait := d.idle - silent
+	if !d.begun.Load() {
+		wait = max(wait, d.headers-since)
+	}
 	if wait <= 0 {
 		d.cancel(errStreamIdle)
 		return
@@ -97,6 +108,13 @@ func (d *watchdog) answer(now time.Time) bool {
 		d.timer.Reset(d.idle)
 	}
 	return true
+}
+
+// saw tells the watchdog, after the meter read a piece, whether the answer has begun.
+func (d *watchdog) saw(m *meter.Meter) {
+	if !d.begun.Load() && m.Begun() {
+		d.begun.Store(true)
+	}
 }
 
 // active records bytes from the upstream at now.

@@ -1,0 +1,74 @@
+package proxy
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/tokenscope/tokenscope/services/emitter/internal/fakellm"
+)
+
+func TestRetryAfter(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	f := func(hdr map[string]string, want float64, wantOK bool) {
+		t.Helper()
+		h := http.Header{}
+		for k, v := range hdr {
+			h.Set(k, v)
+		}
+		got, ok := retryAfter(h, now)
+		if got != want || ok != wantOK {
+			t.Fatalf("retryAfter(%v) = %v %v, want %v %v", hdr, got, ok, want, wantOK)
+		}
+	}
+	f(map[string]string{"Retry-After": "7"}, 7, true)
+	f(map[string]string{"Retry-After": "0"}, 0, true)
+	f(map[string]string{"Retry-After": now.Add(90 * time.Second).Format(http.TimeFormat)}, 90, true)
+	f(map[string]string{"Retry-After": now.Add(-time.Hour).Format(http.TimeFormat)}, 0, true)
+	f(map[string]string{"Retry-After": "7", "Retry-After-Ms": "1500"}, 1.5, true)
+	f(map[string]string{"Retry-After": "7", "Retry-After-Ms": "soon"}, 7, true)
+	f(map[string]string{"Retry-After": "-3"}, 0, false)
+	f(map[string]string{"Retry-After": "1.5"}, 0, false)
+	f(map[string]string{"Retry-After": "99999999999999999999"}, 0, false)
+	f(map[string]string{"Retry-After": "soon"}, 0, false)
+	f(nil, 0, false)
+}
+
+// TestRetryAfterObserved: the wait an upstream 429 asks for is in
+// emitter_proxy_rate_limit_retry_after_seconds, by provider.
+func TestRetryAfterObserved(t *testing.T) {
+	r := newRig(t, fakellm.Options{}, nil)
+	anth := `{"model":"claude-haiku","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`
+	for _, c := range []struct{ path, body string }{{chatPath, chatBody(true, "")}, {messagesPath, anth}, {chatPath, chatBody(false, "")}} {
+		via := call(t, r.proxy.URL, c.path, c.body, map[string]string{"X-Fakellm-Mode": fakellm.ModeRateLimit})
+		if via.status != http.StatusTooManyRequests || via.header.Get("Retry-After") != "1" {
+			t.Fatalf("client got %d, Retry-After %q", via.status, via.header.Get("Retry-After"))
+		}
+		r.cap.next(t)
+	}
+	call(t, r.proxy.URL, chatPath, chatBody(false, ""), nil) // a 200 is no rate limit
+	r.cap.next(t)
+	if n := testutil.CollectAndCount(r.p.m.retryAfter); n != 2 {
+		t.Fatalf("%d series, want openai and anthropic", n)
+	}
+	got := testutil.ToFloat64(r.p.m.rateLimited.WithLabelValues("openai"))
+	if got != 2 {
+		t.Fatalf("rate_limited_total{openai} = %v", got)
+	}
+	for _, pc := range []struct {
+		provider string
+		count    uint64
+	}{{"openai", 2}, {"anthropic", 1}} {
+		m := &dto.Metric{}
+		if err := r.p.m.retryAfter.WithLabelValues(pc.provider).(prometheus.Metric).Write(m); err != nil {
+			t.Fatal(err)
+		}
+		if m.GetHistogram().GetSampleCount() != pc.count || m.GetHistogram().GetSampleSum() != float64(pc.count) {
+			t.Fatalf("%s: %d observed, sum %v, want %d of 1 s", pc.provider, m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum(), pc.count)
+		}
+	}
+}
