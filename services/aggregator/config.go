@@ -35,7 +35,7 @@ type AggConfig struct {
 	Feedback      bool          `env:"FEEDBACK" envDefault:"true"`
 	FeedbackDedup int           `env:"FEEDBACK_DEDUP" envDefault:"250000"` // feedback event_ids remembered to count a resent verdict once
 	Consumer      string        `env:"CONSUMER" envDefault:"aggregator"`
-	LeaseTTL      time.Duration `env:"LEASE_TTL" envDefault:"15s"` // how long a lease not renewed holds off another process of Consumer
+	LeaseTTL      time.Duration `env:"LEASE_TTL" envDefault:"15s"`    // how long a lease not renewed holds off another process of Consumer
 	Filter        string        `env:"FILTER" envDefault:"llm.req.>"` // this aggregator's share of LLM_EVENTS
 	FlushInterval time.Duration `env:"FLUSH_INTERVAL" envDefault:"1s"`
 	WriteTimeout  time.Duration `env:"WRITE_TIMEOUT" envDefault:"5m"`
