@@ -91,7 +91,7 @@ func Open(ctx context.Context, js jetstream.JetStream, consumer string, ttl time
 		held: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "aggregator", Name: "lease_held",
 			Help: "1 while this process holds the lease of its AGG_CONSUMER and counts; 0 while it waits for it."}),
 		renewErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "aggregator", Name: "lease_renew_errors_total",
-			Help: "Renewals of the lease that failed (retried until two thirds of AGG_LEASE_TTL have passed since the last that succeeded)."}),
+			Help: "Renewals of the lease that failed (retried until two thirds of AGG_LEASE_TTL have passed since the last that succeeded; then the process stops)."}),
 	}
 	l.heldCtx, l.lose = context.WithCancelCause(context.Background())
 	reg.MustRegister(l.held, l.renewErrors)
