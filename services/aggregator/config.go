@@ -35,6 +35,7 @@ type AggConfig struct {
 	Feedback      bool          `env:"FEEDBACK" envDefault:"true"`
 	FeedbackDedup int           `env:"FEEDBACK_DEDUP" envDefault:"250000"` // feedback event_ids remembered to count a resent verdict once
 	Consumer      string        `env:"CONSUMER" envDefault:"aggregator"`
+	LeaseTTL      time.Duration `env:"LEASE_TTL" envDefault:"15s"`    // how long a lease not renewed holds off another process of Consumer
 	Filter        string        `env:"FILTER" envDefault:"llm.req.>"` // this aggregator's share of LLM_EVENTS
 	FlushInterval time.Duration `env:"FLUSH_INTERVAL" envDefault:"1s"`
 	WriteTimeout  time.Duration `env:"WRITE_TIMEOUT" envDefault:"5m"`
@@ -81,6 +82,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("AGG_MAX_SERIES=%d must be at least 1", a.MaxSeries)
 	case a.Consumer == "" || strings.ContainsAny(a.Consumer, ".*> \t\n"):
 		return fmt.Errorf("AGG_CONSUMER=%q must be a non-empty name without '.', '*', '>' or spaces", a.Consumer)
+	case a.LeaseTTL < time.Second || a.LeaseTTL > 10*time.Minute:
+		return fmt.Errorf("AGG_LEASE_TTL=%s must be from 1s to 10m", a.LeaseTTL)
 	case a.Filter != events.SubjectRequestsAll && !strings.HasPrefix(a.Filter, "llm.req."):
 		return fmt.Errorf("AGG_FILTER=%q must be llm.req.> or a narrower subject under llm.req. (such as llm.req.prod.>)", a.Filter)
 	case strings.ContainsAny(a.Filter, " \t\n") || strings.Contains(a.Filter, ".."):

@@ -13,7 +13,7 @@ func TestConfigDefaults(t *testing.T) {
 	}
 	a := cfg.Agg
 	if a.Window != 15*time.Second || a.Lateness != 30*time.Second || a.Buckets != "0,500,2000,8000,32000" ||
-		!a.StoreRequests || a.Filter != "llm.req.>" || cfg.HTTPAddr != "127.0.0.1:9103" || cfg.ClickHouse.DB != "tokenscope" {
+		!a.StoreRequests || a.LeaseTTL != 15*time.Second || a.Filter != "llm.req.>" || cfg.HTTPAddr != "127.0.0.1:9103" || cfg.ClickHouse.DB != "tokenscope" {
 		t.Fatalf("defaults: %+v", cfg)
 	}
 }
@@ -30,6 +30,9 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{envVars{"AGG_BUCKETS": "0,500,100"}, "AGG_BUCKETS"},
 		{envVars{"AGG_MAX_SERIES": "0"}, "AGG_MAX_SERIES"},
 		{envVars{"AGG_CONSUMER": "a.b"}, "AGG_CONSUMER"},
+		{envVars{"AGG_LEASE_TTL": "500ms"}, "AGG_LEASE_TTL=500ms"},
+		{envVars{"AGG_LEASE_TTL": "1h"}, "AGG_LEASE_TTL=1h0m0s"},
+		{envVars{"AGG_LEASE_TTL": "soon"}, "AGG_LEASE_TTL"},
 		{envVars{"AGG_FILTER": "gpu.sample.>"}, "AGG_FILTER"},
 		{envVars{"AGG_ACK_WAIT": "10m"}, "AGG_ACK_WAIT"}, // no longer used: refused, not ignored
 		{envVars{"AGG_MAX_ACK_PENDING": "-1"}, "AGG_MAX_ACK_PENDING"},

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"cmp"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -8,6 +10,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
 	"github.com/tokenscope/tokenscope/pkg/testbed"
@@ -49,14 +54,27 @@ func startProcess(t *testing.T, bin string, vars envVars) *exec.Cmd {
 }
 
 // killWhilePublishing runs the aggregator binary and SIGKILLs it after a random uptime of
-// minUp to minUp+spread (from seed), starting it again each time, until published is closed
-// and it has been killed at least minKills times; the last process runs on. It returns the
-// kills.
+// minUp to minUp+spread (from seed) counted from when it holds the lease, starting it again
+// each time, until published is closed and it has been killed at least minKills times; the
+// last process runs on. It returns the kills. A killed process's lease holds the next off for
+// AGG_LEASE_TTL: unless vars set it, 2s.
 func killWhilePublishing(t *testing.T, bin string, vars envVars, published <-chan struct{}, minKills int, minUp, spread time.Duration, seed uint64) int {
 	t.Helper()
+	if vars["AGG_LEASE_TTL"] == "" {
+		vars = maps.Clone(vars)
+		vars["AGG_LEASE_TTL"] = "2s"
+	}
+	nc, err := nats.Connect(vars["NATS_URL"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	consumer := cmp.Or(vars["AGG_CONSUMER"], "aggregator")
 	r := rand.New(rand.NewPCG(seed, seed+1))
 	for kills := 0; ; kills++ {
 		cmd := startProcess(t, bin, vars)
+		waitFor(t, 30*time.Second, "the restarted aggregator holds the lease", func() bool { return leaseHolder(t, js, consumer).PID == cmd.Process.Pid })
 		time.Sleep(minUp + time.Duration(r.Int64N(int64(spread))))
 		select {
 		case <-published:
@@ -136,7 +154,8 @@ func TestKillBeforeRollupAcks(t *testing.T) {
 	b := newBed(t)
 	bin := buildBinary(t)
 	vars := b.env(envVars{"AGG_CONSUMER": "agg-k", "AGG_GPU": "false", "AGG_ENGINE": "false", "AGG_FEEDBACK": "false",
-		"AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "100ms", "AGG_LOG_LEVEL": "warn"})
+		"AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "100ms", "AGG_LOG_LEVEL": "warn",
+		"AGG_LEASE_TTL": "2s"}) // the restart waits for the killed process's lease
 	cmd := startProcess(t, bin, vars)
 	start := time.Now().UTC().Add(-90 * time.Second)
 	b.publish(t, spreadEvents(1000, start))

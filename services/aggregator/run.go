@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
@@ -15,6 +17,7 @@ import (
 	"github.com/tokenscope/tokenscope/pkg/events"
 	"github.com/tokenscope/tokenscope/pkg/ops"
 	"github.com/tokenscope/tokenscope/schemas"
+	"github.com/tokenscope/tokenscope/services/aggregator/internal/lease"
 	"github.com/tokenscope/tokenscope/services/aggregator/internal/pipeline"
 	"github.com/tokenscope/tokenscope/services/aggregator/internal/price"
 	"github.com/tokenscope/tokenscope/services/aggregator/internal/sink"
@@ -23,6 +26,9 @@ import (
 
 // run serves until ctx ends: it stops pulling, writes every closed window and saves the
 // replay floor, and leaves open windows above it for the next start, so nothing is lost.
+// It counts only while it holds the lease of its AGG_CONSUMER (package lease): until then it
+// waits, and if it loses the lease it stops without writing anything more and returns an
+// error.
 func run(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
 	cfg, err := loadConfig(getenv)
 	if err != nil {
@@ -67,6 +73,76 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	migration.Log(logger, db.Version())
 
+	// Serving from now on: /readyz tells a process that waits for the lease.
+	srvCtx, stopSrv := context.WithCancel(context.Background())
+	srvErr, srvDone := make(chan error, 1), make(chan struct{})
+	go func() {
+		srvErr <- srv.Run(srvCtx, 5*time.Second)
+		close(srvDone)
+	}()
+	defer func() {
+		stopSrv()
+		<-srvDone
+	}()
+	srv.AddCheck("nats", func(context.Context) error {
+		if !nc.IsConnected() {
+			return errors.New("not connected to NATS")
+		}
+		return nil
+	})
+	srv.AddCheck("clickhouse", db.Ping)
+	l, err := lease.Open(ctx, js, cfg.Agg.Consumer, cfg.Agg.LeaseTTL, cfg.NATS.Streams.Replicas, srv.Registry(), logger)
+	if err != nil {
+		return err
+	}
+	srv.AddCheck("lease", l.Check)
+	if err := l.Acquire(ctx); err != nil {
+		if ctx.Err() != nil {
+			logger.Info("stopped while waiting for the lease")
+			return nil
+		}
+		return err
+	}
+	// Renewed until everything below has stopped; should it be lost, counting stops first.
+	runCtx, cancelRun := context.WithCancel(ctx)
+	defer cancelRun()
+	keepCtx, stopKeep := context.WithCancel(context.Background())
+	keepDone := make(chan error, 1)
+	go func() {
+		err := l.Keep(keepCtx)
+		if err != nil {
+			cancelRun()
+		}
+		keepDone <- err
+	}()
+	err = counting(runCtx, cfg, logger, srv, srvErr, nc, js, db, buckets, prices, l.Held())
+	stopKeep()
+	kerr := <-keepDone
+	if kerr == nil {
+		// Nothing more is written: the next process may start at once.
+		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if rerr := l.Release(rctx); rerr != nil {
+			logger.Warn("the next process will wait for the lease to go stale", "err", rerr)
+		}
+		cancel()
+	}
+	if derr := drain(nc); derr != nil {
+		logger.Warn("cannot drain the NATS connection", "err", derr)
+	}
+	// What this run wrote and published, the last flush included.
+	logger.Info("stopped", srv.Totals("aggregator_events_total", "aggregator_rows_written_total", "aggregator_invalid_total",
+		"aggregator_published_total", "aggregator_publish_dropped_total")...)
+	if kerr != nil {
+		return kerr
+	}
+	return err
+}
+
+// counting runs the pipelines until ctx ends (or held does, the lease lost) and returns once
+// they and the rollup publisher have stopped.
+func counting(ctx context.Context, cfg Config, logger *slog.Logger, srv *ops.Server, srvErr <-chan error, nc *nats.Conn, js jetstream.JetStream, db *chdb.DB,
+	buckets events.Buckets, prices *price.Table, held context.Context) error {
+	var err error
 	pub := bus.NewPublisher(js, bus.PublisherOptions{Buffer: cfg.Agg.PublishBuffer, Namespace: "aggregator"}, srv.Registry(), logger)
 	deps := pipeline.Deps{JS: js, NC: nc, CH: db.Conn(), Publisher: pub, Metrics: pipeline.NewMetrics(srv.Registry()), Logger: logger}
 	if cfg.Agg.StoreRequests {
@@ -80,6 +156,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 			Stream: stream, Filter: filter, Consumer: cfg.Agg.Consumer,
 			Replicas: cfg.NATS.Streams.Replicas, PullBatch: cfg.Agg.PullBatch,
 			FlushEvery: cfg.Agg.FlushInterval, WriteTimeout: cfg.Agg.WriteTimeout, MaxBuffered: cfg.Agg.MaxBuffered,
+			Held: held,
 		}
 	}
 	pipes := []*pipeline.Pipeline{}
@@ -119,7 +196,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return err
 	}
 	// The watermark tells an alerter which windows this aggregator has published.
-	marks := pipeline.NewWatermarks(js, pub, cfg.Agg.Consumer, cfg.Agg.Window, srv.Registry(), logger)
+	marks := pipeline.NewWatermarks(heldPublisher{js, held}, pub, cfg.Agg.Consumer, cfg.Agg.Window, srv.Registry(), logger)
 	rollups, err := js.Stream(ctx, events.StreamRollups)
 	if err != nil {
 		return fmt.Errorf("cannot look up stream %s: %w", events.StreamRollups, err)
@@ -135,13 +212,6 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		}
 	}
 
-	srv.AddCheck("nats", func(context.Context) error {
-		if !nc.IsConnected() {
-			return errors.New("not connected to NATS")
-		}
-		return nil
-	})
-	srv.AddCheck("clickhouse", db.Ping)
 	srv.AddCheck("clickhouse_writes", func(ctx context.Context) error {
 		for _, p := range pipes {
 			if err := p.Stalled(ctx); err != nil {
@@ -161,14 +231,21 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	logger.Info("aggregating", "http", srv.Addr(), "window", cfg.Agg.Window, "lateness", cfg.Agg.Lateness, "buckets", buckets.String())
 
 	// The publisher outlives the pipelines so that the last flush's rollups go out.
-	pubCtx, stopPub := context.WithCancel(context.Background())
+	pubCtx, stopPub := context.WithCancel(held)
 	pubDone := make(chan error, 1)
 	go func() { pubDone <- pub.Run(pubCtx) }()
 	marksDone := make(chan error, 1)
 	go func() { marksDone <- marks.Run(pubCtx) }()
 
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return srv.Run(gctx, 5*time.Second) })
+	g.Go(func() error {
+		select {
+		case err := <-srvErr:
+			return err
+		case <-gctx.Done():
+			return nil
+		}
+	})
 	g.Go(func() error { return sweeper.Run(gctx) })
 	for _, p := range pipes {
 		g.Go(func() error { return p.Run(gctx) })
@@ -179,13 +256,21 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		logger.Warn("rollups left unpublished at shutdown", "err", perr)
 	}
 	<-marksDone
-	if derr := drain(nc); derr != nil {
-		logger.Warn("cannot drain the NATS connection", "err", derr)
-	}
-	// What this run wrote and published, the last flush included.
-	logger.Info("stopped", srv.Totals("aggregator_events_total", "aggregator_rows_written_total", "aggregator_invalid_total",
-		"aggregator_published_total", "aggregator_publish_dropped_total")...)
 	return err
+}
+
+// heldPublisher publishes the watermark only while the lease is held: one published after
+// another process took over could run ahead of what that one has stored.
+type heldPublisher struct {
+	js   jetstream.JetStream
+	held context.Context
+}
+
+func (h heldPublisher) PublishMsg(ctx context.Context, m *nats.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	if h.held.Err() != nil {
+		return nil, context.Cause(h.held)
+	}
+	return h.js.PublishMsg(ctx, m, opts...)
 }
 
 // drain flushes what the connection still holds (rollups published) and waits for

@@ -124,7 +124,7 @@ func (p *Pipeline) replay(ctx context.Context) bool {
 // (dropped as duplicates within its duplicate window).
 func (p *Pipeline) saveMark(ctx context.Context) {
 	o := &p.outbox
-	if o.mark == nil || o.acked <= o.saved {
+	if o.mark == nil || o.acked <= o.saved || ctx.Err() != nil {
 		return
 	}
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -30,6 +30,10 @@ type Options struct {
 	WriteTimeout time.Duration // one write attempt; a hung ClickHouse is retried, not waited on
 	MaxBuffered  int           // buffered request events and unwritten rows before pulling pauses
 	Clock        func() time.Time
+	// Held ends once this process may no longer write for Consumer (its lease lost, see
+	// package lease): the pipeline then stops as at shutdown, but writes, publishes and saves
+	// nothing more. Nil: never.
+	Held context.Context
 }
 
 // stage is what differs between the pipelines: tokens, feedback, and the samples' (samples.go).
@@ -223,6 +227,9 @@ func newPipeline(o Options, js jetstream.JetStream, nc *nats.Conn, cons jetstrea
 	if o.WriteTimeout <= 0 {
 		o.WriteTimeout = 5 * time.Minute
 	}
+	if o.Held == nil {
+		o.Held = context.Background()
+	}
 	p := &Pipeline{opts: o, js: js, nc: nc, cons: cons, floor: store, stage: st, publisher: pub, outbox: ob, m: m, logger: logger, lastSeq: floor, savedSeq: floor, kick: make(chan struct{}, 1)}
 	m.ackFloor.Set(float64(floor))
 	p.room = sync.NewCond(&p.mu)
@@ -233,7 +240,14 @@ func newPipeline(o Options, js jetstream.JetStream, nc *nats.Conn, cons jetstrea
 // (see outbox), then consumes until ctx ends, then stops pulling, writes what is closed,
 // saves the floor and returns. Windows still open are above the floor: the next start
 // replays them.
+//
+// Once o.Held ends it stops the same way, but what it holds is neither written nor published
+// and the floor is not saved: another process may be counting from that floor already, and
+// it reads what this one stored, as after a crash.
 func (p *Pipeline) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(p.opts.Held, cancel)()
 	if !p.replay(ctx) {
 		return nil
 	}
@@ -267,7 +281,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 			p.cycle(ctx)
 		case <-ctx.Done():
 			cerr := <-consumed
-			final, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			final, cancel := context.WithTimeout(p.opts.Held, 15*time.Second)
 			p.cycle(final) // finishes an interrupted flush, or writes what is closed
 			if p.pending == nil {
 				p.cycle(final) // then what is closed
@@ -510,6 +524,9 @@ func (p *Pipeline) publish(ctx context.Context, msgs []sink.OutboxMsg) (ok bool)
 	if len(msgs) == 0 {
 		return true
 	}
+	if ctx.Err() != nil {
+		return false
+	}
 	p.mu.Lock()
 	if p.acking.IsZero() {
 		p.acking, p.ackLogged = time.Now(), false
@@ -556,6 +573,9 @@ func (p *Pipeline) write(ctx context.Context, f *cutFlush) bool {
 	}()
 	backoff := 100 * time.Millisecond
 	for {
+		if ctx.Err() != nil { // the lease lost, or shutdown's bound passed: nothing more is sent
+			return false
+		}
 		start := time.Now()
 		wctx, cancel := context.WithTimeout(ctx, p.opts.WriteTimeout)
 		err := p.store(wctx, f, p.opts.Clock())
@@ -665,7 +685,7 @@ func (p *Pipeline) floorNow() uint64 {
 // did not fail; the next cycle saves a later floor, and a start meanwhile replays more, which
 // the ledger skips.
 func (p *Pipeline) saveFloor(ctx context.Context, floor uint64) {
-	if floor <= p.savedSeq {
+	if floor <= p.savedSeq || ctx.Err() != nil {
 		return
 	}
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)

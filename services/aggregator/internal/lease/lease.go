@@ -1,0 +1,337 @@
+package lease
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tokenscope/tokenscope/pkg/bus"
+)
+
+// Bucket is the key-value bucket holding one lease per AGG_CONSUMER, under its name. It is
+// apart from the floors' bucket (AGGREGATOR): what is there must never go away.
+const Bucket = "AGGREGATOR_LEASE"
+
+// ErrLost is returned by Keep when this process may no longer count: the lease was not
+// renewed in time, or another process holds it.
+var ErrLost = errors.New("lost the lease")
+
+// Holder is a lease's value: who holds it, for the log and /readyz of those who wait.
+type Holder struct {
+	ID      string    `json:"id"` // one per process
+	Host    string    `json:"host"`
+	PID     int       `json:"pid"`
+	Started time.Time `json:"started"`
+	TTL     string    `json:"ttl"` // the holder's AGG_LEASE_TTL: a waiter waits the longer of it and its own
+}
+
+func (h Holder) attrs() []any {
+	return []any{"holder_host", h.Host, "holder_pid", h.PID, "holder_started", h.Started.Format(time.RFC3339)}
+}
+
+func (h Holder) String() string {
+	return fmt.Sprintf("%s pid %d, started %s", h.Host, h.PID, h.Started.Format(time.RFC3339))
+}
+
+type state int
+
+const (
+	waiting state = iota
+	holding
+	lost
+)
+
+// Lease is this process's lease for one AGG_CONSUMER.
+type Lease struct {
+	kv       jetstream.KeyValue
+	consumer string
+	ttl      time.Duration
+	me       Holder
+	value    []byte
+	logger   *slog.Logger
+
+	held        prometheus.Gauge
+	renewErrors prometheus.Counter
+
+	// rev and deadline are the revision of the last renewal and when Held ends unless the
+	// next one succeeds; only Acquire, then Keep's goroutine, touch them.
+	rev      uint64
+	deadline time.Time
+	heldCtx  context.Context
+	lose     context.CancelCauseFunc
+
+	mu     sync.Mutex
+	state  state
+	holder Holder // while waiting: the process that holds it (zero when unknown)
+	why    error  // once lost
+}
+
+// Open makes or updates Bucket (replicas as the streams') and returns the lease of
+// consumer, with ttl; its metrics are registered on reg.
+func Open(ctx context.Context, js jetstream.JetStream, consumer string, ttl time.Duration, replicas int, reg prometheus.Registerer, logger *slog.Logger) (*Lease, error) {
+	kv, err := bus.EnsureKeyValue(ctx, js, Bucket, "tokenscope aggregator: the process that counts for each AGG_CONSUMER", replicas)
+	if err != nil {
+		return nil, err
+	}
+	host, _ := os.Hostname()
+	me := Holder{ID: nuid.Next(), Host: host, PID: os.Getpid(), Started: time.Now().UTC().Truncate(time.Millisecond), TTL: ttl.String()}
+	value, _ := json.Marshal(me)
+	l := &Lease{
+		kv: kv, consumer: consumer, ttl: ttl, me: me, value: value, logger: logger.With("component", "lease"),
+		held: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "aggregator", Name: "lease_held",
+			Help: "1 while this process holds the lease of its AGG_CONSUMER and counts; 0 while it waits for it."}),
+		renewErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "aggregator", Name: "lease_renew_errors_total",
+			Help: "Renewals of the lease that failed (retried until two thirds of AGG_LEASE_TTL have passed since the last that succeeded; then the process stops)."}),
+	}
+	l.heldCtx, l.lose = context.WithCancelCause(context.Background())
+	reg.MustRegister(l.held, l.renewErrors)
+	return l, nil
+}
+
+// Me returns what this process stores in the lease once it holds it.
+func (l *Lease) Me() Holder { return l.me }
+
+func (l *Lease) renewEvery() time.Duration { return l.ttl / 5 }
+
+// fenceAfter is how long after sending its last renewal JetStream acknowledged a holder
+// keeps counting: a waiter takes over no sooner than the TTL after it.
+func (l *Lease) fenceAfter() time.Duration { return l.ttl * 2 / 3 }
+
+// poll is how often a waiter reads the lease, and a failed renewal is tried again.
+func (l *Lease) poll() time.Duration { return min(l.ttl/10, 500*time.Millisecond) }
+
+// Acquire returns once this process holds the lease, or with ctx's error when ctx ends
+// first. While another process holds it, it waits, and says who holds it once (and again if
+// another takes it). It takes a lease that was released at once, and one whose holder has
+// not renewed it for the longer of its TTL and the holder's own.
+func (l *Lease) Acquire(ctx context.Context) error {
+	var (
+		seen    uint64    // the revision last read
+		seenAt  time.Time // when it was first read
+		seenTTL time.Duration
+		failing bool
+		logged  string // the holder last logged
+		start   = time.Now()
+	)
+	failed := func(err error) {
+		if !failing {
+			l.logger.Warn("cannot read the lease; retrying", "consumer", l.consumer, "bucket", Bucket, "err", err)
+			failing = true
+		}
+	}
+	for {
+		now := time.Now()
+		e, err := l.kv.Get(ctx, l.consumer)
+		switch {
+		case errors.Is(err, jetstream.ErrInvalidKey):
+			return fmt.Errorf("cannot take the lease of AGG_CONSUMER=%q in %s: %w", l.consumer, Bucket, err)
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+			rev, err := l.kv.Create(ctx, l.consumer, l.value)
+			if err == nil {
+				l.take(rev, now, time.Since(start), Holder{})
+				return nil
+			}
+			if !errors.Is(err, jetstream.ErrKeyExists) {
+				failed(err)
+			}
+		case err != nil:
+			failed(err)
+		case e.Revision() != seen:
+			failing = false
+			seen, seenAt, seenTTL = e.Revision(), now, l.ttl
+			var h Holder
+			if json.Unmarshal(e.Value(), &h) == nil {
+				if d, err := time.ParseDuration(h.TTL); err == nil && d > seenTTL {
+					seenTTL = d
+				}
+			}
+			l.mu.Lock()
+			l.holder = h
+			l.mu.Unlock()
+			if h.ID != logged {
+				logged = h.ID
+				l.logger.Warn("another process holds the lease of this AGG_CONSUMER; waiting until it stops", append([]any{"consumer", l.consumer}, h.attrs()...)...)
+			}
+		case now.Sub(seenAt) >= seenTTL:
+			failing = false
+			rev, err := l.kv.Update(ctx, l.consumer, l.value, seen)
+			if err == nil {
+				l.mu.Lock()
+				h := l.holder
+				l.mu.Unlock()
+				l.take(rev, now, time.Since(start), h)
+				return nil
+			}
+			if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+				failed(err)
+			}
+		default:
+			failing = false
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(l.poll()):
+		}
+	}
+}
+
+// take records the lease taken at revision rev, its request sent at sent; from is the
+// holder it took over from, zero when the lease was free.
+func (l *Lease) take(rev uint64, sent time.Time, waited time.Duration, from Holder) {
+	l.rev, l.deadline = rev, sent.Add(l.fenceAfter())
+	l.mu.Lock()
+	l.state, l.holder = holding, Holder{}
+	l.mu.Unlock()
+	l.held.Set(1)
+	attrs := []any{"consumer", l.consumer, "ttl", l.ttl.String(), "waited", waited.Round(time.Millisecond).String()}
+	if from.ID != "" {
+		l.logger.Info("took over the lease from a process that stopped renewing it", append(attrs, from.attrs()...)...)
+		return
+	}
+	l.logger.Info("took the lease", attrs...)
+}
+
+// Held returns a context that ends once this process may no longer count: Keep found the
+// lease lost, or did not renew it in time. Every write for the consumer is made under it.
+func (l *Lease) Held() context.Context { return l.heldCtx }
+
+// Keep renews the lease every fifth of the TTL until ctx ends (it returns nil; the lease is
+// still held, for Release). A failed renewal is tried again every poll; once two thirds of
+// the TTL have passed since the last renewal JetStream acknowledged was sent, or another
+// process holds the lease, Held ends and Keep returns an error wrapping ErrLost.
+func (l *Lease) Keep(ctx context.Context) error {
+	t := time.NewTimer(min(l.renewEvery(), time.Until(l.deadline)))
+	defer t.Stop()
+	var last error // the last renewal's failure, nil when it succeeded
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if !time.Now().Before(l.deadline) {
+			if last == nil {
+				last = errors.New("no renewal could be sent in time")
+			}
+			why := fmt.Errorf("the lease of AGG_CONSUMER=%s was not renewed for %s (AGG_LEASE_TTL=%s): %w", l.consumer, l.fenceAfter(), l.ttl, last)
+			return l.lost(fmt.Errorf("%w: %w", ErrLost, why))
+		}
+		rctx, cancel := context.WithDeadline(ctx, l.deadline)
+		sent := time.Now()
+		rev, err := l.kv.Update(rctx, l.consumer, l.value, l.rev)
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			err = l.recheck(rctx)
+		}
+		cancel()
+		switch {
+		case err == nil && rev > 0:
+			l.rev, l.deadline = rev, sent.Add(l.fenceAfter())
+			if last != nil {
+				l.logger.Info("renewing the lease again", "consumer", l.consumer)
+			}
+			last = nil
+			t.Reset(l.renewEvery())
+			continue
+		case errors.Is(err, ErrLost):
+			return l.lost(err)
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
+			l.renewErrors.Inc()
+			if last == nil {
+				l.logger.Warn("cannot renew the lease; retrying", "consumer", l.consumer, "fenced_in", time.Until(l.deadline).Round(time.Millisecond).String(), "err", err)
+			}
+			last = err
+		}
+		t.Reset(max(0, min(l.poll(), time.Until(l.deadline))))
+	}
+}
+
+// recheck reads the lease after a renewal found another revision: the renewal before may
+// have been stored with its acknowledgement lost, and then the lease is still this
+// process's (at that revision, renewed at the next try). Otherwise it is lost.
+func (l *Lease) recheck(ctx context.Context) error {
+	e, err := l.kv.Get(ctx, l.consumer)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return fmt.Errorf("%w: the lease of AGG_CONSUMER=%s was deleted", ErrLost, l.consumer)
+	case err != nil:
+		return err
+	case bytes.Equal(e.Value(), l.value):
+		l.rev = e.Revision()
+		return nil
+	}
+	var h Holder
+	if json.Unmarshal(e.Value(), &h) != nil {
+		return fmt.Errorf("%w: the lease of AGG_CONSUMER=%s holds %q", ErrLost, l.consumer, truncate(e.Value()))
+	}
+	return fmt.Errorf("%w: the lease of AGG_CONSUMER=%s is held by %s", ErrLost, l.consumer, h)
+}
+
+func (l *Lease) lost(why error) error {
+	l.lose(why)
+	l.mu.Lock()
+	l.state, l.why = lost, why
+	l.mu.Unlock()
+	l.held.Set(0)
+	l.logger.Error("stopped counting: this process no longer holds the lease of its AGG_CONSUMER", "consumer", l.consumer, "err", why)
+	return why
+}
+
+// Release deletes the lease, if this process still holds it, so that a process waiting for
+// it takes over at once. Call it once Keep has returned nil and nothing more is written.
+func (l *Lease) Release(ctx context.Context) error {
+	l.mu.Lock()
+	st := l.state
+	l.state = lost
+	l.why = errors.New("the lease was released at shutdown")
+	l.mu.Unlock()
+	l.lose(l.why)
+	l.held.Set(0)
+	if st != holding {
+		return nil
+	}
+	if err := l.recheck(ctx); err != nil {
+		if errors.Is(err, ErrLost) {
+			return nil
+		}
+		return fmt.Errorf("cannot release the lease of AGG_CONSUMER=%s: %w", l.consumer, err)
+	}
+	if err := l.kv.Delete(ctx, l.consumer, jetstream.LastRevision(l.rev)); err != nil {
+		return fmt.Errorf("cannot release the lease of AGG_CONSUMER=%s: %w", l.consumer, err)
+	}
+	return nil
+}
+
+// Check fails, for /readyz, unless this process holds the lease.
+func (l *Lease) Check(context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case l.state == holding:
+		return nil
+	case l.state == lost:
+		return l.why
+	case l.holder.ID != "":
+		return fmt.Errorf("waiting for the lease of AGG_CONSUMER=%s (bucket %s), held by %s", l.consumer, Bucket, l.holder)
+	}
+	return fmt.Errorf("waiting for the lease of AGG_CONSUMER=%s (bucket %s)", l.consumer, Bucket)
+}
+
+func truncate(b []byte) string {
+	if len(b) > 64 {
+		return string(b[:64]) + "…"
+	}
+	return string(b)
+}
