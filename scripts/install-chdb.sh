@@ -19,8 +19,8 @@ fail() {
 	echo "warning: chDB not installed ($1): the ClickHouse 26.7 compatibility tests will skip" >&2
 	exit 0
 }
-command -v node >/dev/null || fail "node not found: install Node.js 20+"
-command -v npm >/dev/null || fail "npm not found: install Node.js 20+"
+command -v node >/dev/null || fail "node not found: install Node.js 18 or newer"
+command -v npm >/dev/null || fail "npm not found: install Node.js 18 or newer"
 echo "installing chDB (ClickHouse 26.7 for Node.js, ~550 MB) into ${dir#"$PWD"/}…"
 # npm install, not npm ci: the lock holds the Linux x64 engine only (the registry serves no
 # other platform's here), which npm ci refuses as out of sync; npm install keeps the lock.

@@ -3,14 +3,19 @@ package main
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tokenscope/tokenscope/cli/internal/report"
+	"github.com/tokenscope/tokenscope/pkg/chdb"
 )
 
 func TestParseReportArgs(t *testing.T) {
@@ -198,5 +203,247 @@ func TestRunUsage(t *testing.T) {
 	}
 	if err := run(t.Context(), []string{"deploy"}, func(string) string { return "" }, &out, &out); err == nil || !strings.Contains(err.Error(), `unknown command "deploy"`) {
 		t.Fatalf("unknown command: %v", err)
+	}
+}
+
+// readmeCommands returns the shell commands of a Markdown file's ```sh blocks, one per
+// command (a line continued with a backslash is joined to the next), split into words as
+// the shell would (single and double quotes; an unquoted # starts a comment).
+func readmeCommands(t *testing.T, path string) [][]string {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out [][]string
+	in := false
+	cont := ""
+	for _, line := range strings.Split(string(raw), "\n") {
+		switch {
+		case !in && strings.TrimSpace(line) == "```sh":
+			in = true
+			continue
+		case in && strings.HasPrefix(strings.TrimSpace(line), "```"):
+			in = false
+			continue
+		case !in:
+			continue
+		}
+		if s, ok := strings.CutSuffix(line, `\`); ok {
+			cont += s + " "
+			continue
+		}
+		words, err := shellWords(cont + line)
+		cont = ""
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		if len(words) > 0 {
+			out = append(out, words)
+		}
+	}
+	return out
+}
+
+func shellWords(line string) ([]string, error) {
+	var words []string
+	var cur strings.Builder
+	inWord := false
+	for i := 0; i < len(line); i++ {
+		c := line[i]
+		switch {
+		case c == '\'' || c == '"':
+			j := strings.IndexByte(line[i+1:], c)
+			if j < 0 {
+				return nil, fmt.Errorf("unclosed quote in %q", line)
+			}
+			cur.WriteString(line[i+1 : i+1+j])
+			i += j + 1
+			inWord = true
+		case c == ' ' || c == '\t':
+			if inWord {
+				words = append(words, cur.String())
+				cur.Reset()
+				inWord = false
+			}
+		case c == '#' && !inWord:
+			i = len(line)
+		default:
+			cur.WriteByte(c)
+			inWord = true
+		}
+	}
+	if inWord {
+		words = append(words, cur.String())
+	}
+	return words, nil
+}
+
+// TestReadmeCommands checks the commands the READMEs show: every `tokenscope report` and
+// `tokenscope demo` (or scripts/demo.sh) line parses with the command's own flags, a
+// `--sql` file exists and its parameters are the `--param`s given (with values of their
+// types), and a `clickhouse-client --param_…` line names the parameters of its file. The
+// root README's table of the SQL cookbook lists every file of schemas/clickhouse/queries.
+func TestReadmeCommands(t *testing.T) {
+	root := rootDir(t)
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	checked := map[string]int{}
+	for _, doc := range []string{"README.md", "cli/README.md", "schemas/README.md", "deploy/README.md"} {
+		for _, w := range readmeCommands(t, filepath.Join(root, doc)) {
+			cmd := strings.Join(w, " ")
+			switch {
+			case filepath.Base(w[0]) == "tokenscope" && len(w) > 1 && w[1] == "report":
+				a, err := parseReportArgs(w[2:], now, time.UTC, io.Discard)
+				if err != nil {
+					t.Errorf("%s: %s: %v", doc, cmd, err)
+					continue
+				}
+				if a.sqlFile != "" {
+					if _, err := readSQL(filepath.Join(root, a.sqlFile), a.params, now, time.UTC); err != nil {
+						t.Errorf("%s: %s: %v", doc, cmd, err)
+					}
+				}
+			case filepath.Base(w[0]) == "tokenscope" && len(w) > 1 && w[1] == "demo", filepath.Base(w[0]) == "demo.sh":
+				args := w[1:]
+				if filepath.Base(w[0]) == "tokenscope" {
+					args = w[2:]
+				}
+				if _, err := parseDemoArgs(args, root, t.TempDir(), false, io.Discard); err != nil {
+					t.Errorf("%s: %s: %v", doc, cmd, err)
+				}
+			case w[0] == "clickhouse-client" && strings.Contains(cmd, "--param_"):
+				var file string
+				given := map[string]bool{}
+				for i, a := range w {
+					if (a == "<" || a == "--queries-file") && i+1 < len(w) {
+						file = w[i+1]
+					}
+					if name, ok := strings.CutPrefix(a, "--param_"); ok {
+						name, _, _ = strings.Cut(name, "=")
+						given[name] = true
+					}
+				}
+				raw, err := os.ReadFile(filepath.Join(root, file))
+				if err != nil {
+					t.Errorf("%s: %s: %v", doc, cmd, err)
+					continue
+				}
+				want := map[string]bool{}
+				for _, p := range chdb.Params(string(raw)) {
+					want[p.Name] = true
+				}
+				if !maps.Equal(given, want) {
+					t.Errorf("%s: %s: gives the parameters %v, %s has %v", doc, cmd, slices.Sorted(maps.Keys(given)), file, slices.Sorted(maps.Keys(want)))
+				}
+			default:
+				continue
+			}
+			checked[doc]++
+		}
+	}
+	t.Logf("commands checked: %v", checked)
+	if checked["README.md"] < 8 || checked["cli/README.md"] < 10 {
+		t.Fatalf("only %v commands found", checked)
+	}
+
+	// The cookbook table: a row per query file, and no row for a file that is not there.
+	raw, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := map[string]bool{}
+	for _, line := range strings.Split(string(raw), "\n") {
+		cells := strings.Split(line, "|")
+		if len(cells) < 3 || !strings.Contains(cells[1], ".sql`") {
+			continue
+		}
+		for _, m := range regexp.MustCompile("`([a-z0-9_]+\\.sql)`").FindAllStringSubmatch(cells[1], -1) {
+			listed[m[1]] = true
+		}
+	}
+	files, err := filepath.Glob(filepath.Join(root, "schemas", "clickhouse", "queries", "*.sql"))
+	if err != nil || len(files) < 10 {
+		t.Fatalf("cookbook: %d files, %v", len(files), err)
+	}
+	for _, f := range files {
+		if !listed[filepath.Base(f)] {
+			t.Errorf("README.md: the cookbook table has no row for %s", filepath.Base(f))
+		}
+		delete(listed, filepath.Base(f))
+	}
+	for name := range listed {
+		t.Errorf("README.md: the cookbook table lists %s, which schemas/clickhouse/queries does not hold", name)
+	}
+}
+
+// TestDemoFlagTable checks cli/README.md's table of the demo's flags against the flags
+// tokenscope demo defines: one row each, no row for a flag it lacks, and the default it
+// prints where the table gives one as a value.
+func TestDemoFlagTable(t *testing.T) {
+	var usage strings.Builder
+	if _, err := parseDemoArgs([]string{"-h"}, "/src", "/nonexistent", false, &usage); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: %v", err)
+	}
+	// flag -> its default as the usage prints it: nothing for a zero value (false for a
+	// bool, whose line names no type), and nothing known for a flag.Func ("value").
+	defaults := map[string]string{}
+	known := map[string]bool{}
+	flagLine := regexp.MustCompile(`^  -([a-z-]+)(?: (\w+))?`)
+	defaultRE := regexp.MustCompile(`\(default "?([^")]*)"?\)$`)
+	last := ""
+	for _, line := range strings.Split(usage.String(), "\n") {
+		if m := flagLine.FindStringSubmatch(line); m != nil {
+			last = m[1]
+			defaults[last], known[last] = "", m[2] != "value"
+			if m[2] == "" {
+				defaults[last] = "false"
+			}
+		}
+		if m := defaultRE.FindStringSubmatch(line); m != nil && last != "" {
+			defaults[last] = m[1]
+		}
+	}
+	if len(defaults) < 10 {
+		t.Fatalf("only %d flags in the usage:\n%s", len(defaults), usage.String())
+	}
+	raw, err := os.ReadFile(filepath.Join(rootDir(t), "cli", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string]bool{}
+	for _, line := range strings.Split(string(raw), "\n") {
+		cells := strings.Split(line, "|")
+		if len(cells) < 4 {
+			continue
+		}
+		m := regexp.MustCompile("^`--([a-z-]+)`$").FindStringSubmatch(strings.TrimSpace(cells[1]))
+		if m == nil {
+			continue
+		}
+		name := m[1]
+		rows[name] = true
+		def, ok := defaults[name]
+		if !ok {
+			t.Errorf("cli/README.md: --%s is in the demo's table, but tokenscope demo has no such flag", name)
+			continue
+		}
+		cell := strings.TrimSpace(cells[2])
+		v, isValue := strings.CutPrefix(cell, "`")
+		v = strings.TrimSuffix(v, "`")
+		if !isValue || strings.ContainsAny(v, "$<") {
+			continue // a default in words, or one that depends on the machine
+		}
+		if !known[name] || v == def {
+			continue
+		}
+		if d, err := time.ParseDuration(v); err == nil && d.String() == def {
+			continue
+		}
+		t.Errorf("cli/README.md: --%s defaults to %q, the table says %q", name, def, v)
+	}
+	for name := range defaults {
+		if !rows[name] {
+			t.Errorf("cli/README.md: tokenscope demo's --%s has no row in the table of its flags", name)
+		}
 	}
 }

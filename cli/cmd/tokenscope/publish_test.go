@@ -74,9 +74,10 @@ func startService(t *testing.T, bin, name, httpAddr string, env ...string) {
 	}
 }
 
-// TestPublishAnyLanguage publishes the README's request event with nats.js (npm nats) to
-// JetStream and with curl to the emitter's HTTP ingest, runs the real aggregator binary,
-// and finds every event, with the README's values, in ClickHouse.
+// TestPublishAnyLanguage publishes schemas/README.md's request event with nats.js (npm nats)
+// to JetStream and, with the root README's curl commands, to the emitter's HTTP ingest with a
+// verdict on one of them, runs the real aggregator binary, and finds every event, with the
+// README's values, and the verdict in ClickHouse.
 func TestPublishAnyLanguage(t *testing.T) {
 	need(t, "node", "npm", "curl")
 	if _, err := os.Stat(filepath.Join(natsjsDir, "node_modules")); err != nil {
@@ -126,18 +127,35 @@ func TestPublishAnyLanguage(t *testing.T) {
 		line, _ := json.Marshal(ev)
 		ndjson.Write(append(line, '\n'))
 	}
-	body := filepath.Join(t.TempDir(), "events.ndjson")
-	if err := os.WriteFile(body, ndjson.Bytes(), 0o644); err != nil {
+	// The root README's commands, run as shown, against this emitter: the events in
+	// events.ndjson, then a thumbs up on the first of them.
+	work := t.TempDir()
+	if err := os.WriteFile(filepath.Join(work, "events.ndjson"), ndjson.Bytes(), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, err = exec.CommandContext(ctx, "curl", "-sS", "--fail-with-body", "-X", "POST", "http://"+emitterAddr+"/v1/events",
-		"-H", "Content-Type: application/x-ndjson", "--data-binary", "@"+body).CombinedOutput()
-	if err != nil {
-		t.Fatalf("curl: %v\n%s", err, out)
+	readmeCurl := func(path string, replace ...string) []byte {
+		t.Helper()
+		cmd := rootReadmeCurl(t, path)
+		cmd = strings.ReplaceAll(cmd, "localhost:8080", emitterAddr)
+		cmd = strings.NewReplacer(replace...).Replace(cmd)
+		c := exec.CommandContext(ctx, "bash", "-c", cmd)
+		c.Dir = work
+		var stderr bytes.Buffer
+		c.Stderr = &stderr
+		out, err := c.Output()
+		if err != nil {
+			t.Fatalf("the README's %s: %v\n%s%s", cmd, err, out, stderr.String())
+		}
+		return out
 	}
-	var ack struct{ Accepted, Rejected int }
+	out = readmeCurl("/v1/events")
+	var ack struct{ Accepted, Stored, Rejected int }
 	if err := json.Unmarshal(out, &ack); err != nil || ack.Accepted != n || ack.Rejected != 0 {
-		t.Fatalf("ingest answered %s", out)
+		t.Fatalf("ingest answered the README's curl %s", out)
+	}
+	out = readmeCurl("/v1/feedback", "<event_id>", curlIDs[0])
+	if err := json.Unmarshal(out, &ack); err != nil || ack.Accepted != 1 || ack.Rejected != 0 {
+		t.Fatalf("ingest answered the README's feedback curl %s", out)
 	}
 
 	db, err := chdb.Open(ctx, chCfg)
@@ -158,11 +176,15 @@ func TestPublishAnyLanguage(t *testing.T) {
 		if err == nil {
 			err = db.Conn().QueryRow(ctx, "SELECT sum(requests) FROM token_rollups WHERE scene = ?", want["scene"]).Scan(&rolled)
 		}
-		if err == nil && got == 2*n && rolled == 2*n {
+		var rated uint64
+		if err == nil {
+			err = db.Conn().QueryRow(ctx, "SELECT count() FROM feedback WHERE request_id = ? AND name = 'thumbs' AND value = 1", curlIDs[0]).Scan(&rated)
+		}
+		if err == nil && got == 2*n && rolled == 2*n && rated == 1 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after 90 s: %d of %d events in requests, %d in token_rollups (%v)", got, 2*n, rolled, err)
+			t.Fatalf("after 90 s: %d of %d events in requests, %d in token_rollups, %d of the README's thumbs up in feedback (%v)", got, 2*n, rolled, rated, err)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
@@ -253,4 +275,22 @@ func TestReadmeSnippetsSamePayload(t *testing.T) {
 			t.Errorf("the %s snippet sets no Nats-Msg-Id", c.lang)
 		}
 	}
+}
+
+// rootReadmeCurl returns the curl command of the root README's ```sh block that posts to
+// path, its continued lines joined.
+func rootReadmeCurl(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(rootDir(t), "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(string(b), -1) {
+		cmd := strings.TrimSpace(strings.ReplaceAll(m[1], "\\\n", " "))
+		if strings.HasPrefix(cmd, "curl ") && strings.Contains(cmd, "localhost:8080"+path+" ") && !strings.Contains(cmd, "\n") {
+			return cmd
+		}
+	}
+	t.Fatalf("README.md has no ```sh block with one curl command to localhost:8080%s", path)
+	return ""
 }

@@ -191,9 +191,13 @@ func (s *demo) start(ctx context.Context) error {
 	if err := s.startGPU(ctx, common); err != nil {
 		return err
 	}
+	// The fake engine sends its opening event at once and queues the request after it, so a
+	// request's wait in the incident's queue is silence inside the stream: the idle timeout
+	// must be longer than that wait (a few seconds), or the queue's TTFT tail would read as
+	// timeouts. A stall (it hangs until the client leaves) is still a timeout within 15 s.
 	em, err := s.run(stack.Cmd{Name: "emitter", Path: bin("emitter"), Env: append(common, "HTTP_ADDR="+s.a.emitter,
 		"EMITTER_UPSTREAM_URL=http://"+s.a.fakellm, "EMITTER_DEFAULT_SCENE=chat", "EMITTER_DEFAULT_ENV=demo",
-		"EMITTER_STREAM_IDLE_TIMEOUT=5s", "EMITTER_UPSTREAM_TIMEOUT=30s",
+		"EMITTER_STREAM_IDLE_TIMEOUT=15s", "EMITTER_UPSTREAM_TIMEOUT=30s",
 		"EMITTER_OTLP_HTTP_ADDR="+s.a.otlpHTTP, "EMITTER_OTLP_GRPC_ADDR="+s.a.otlpGRPC)})
 	if err != nil {
 		return err
