@@ -78,7 +78,10 @@ func Connect(cfg Config, name string, logger *slog.Logger) (*nats.Conn, error) {
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(time.Second),
 		nats.RetryOnFailedConnect(false),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+			if nc.IsClosed() {
+				return // the service closed it: not lost
+			}
 			logger.Warn("disconnected from NATS", "err", err)
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
