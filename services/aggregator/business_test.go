@@ -136,7 +136,9 @@ func TestBusinessAcrossDays(t *testing.T) {
 		req("r5", "conv-x", 1, d2, 100, events.OutcomeAbandoned),
 		req("r6", long, 1, d2.Add(30*time.Hour), 600, events.OutcomeCompleted),
 	}
-	cost := func(e events.RequestEvent) float64 { return (float64(e.InputTokens)*0.4 + float64(e.OutputTokens)*1.2) / 1e6 }
+	cost := func(e events.RequestEvent) float64 {
+		return (float64(e.InputTokens)*0.4 + float64(e.OutputTokens)*1.2) / 1e6
+	}
 	fb := func(id, reqID, conv, name string, v float64, at time.Time, source events.FeedbackSource) events.FeedbackEvent {
 		return events.FeedbackEvent{V: 1, EventID: id, TS: at, RequestID: reqID, ConversationID: conv, Name: name, Value: v, Source: source}
 	}
