@@ -412,6 +412,9 @@ func (d *decodeState) scores(field string) ([]Score, error) {
 				v = 0
 			case d.i < len(d.s) && (d.s[d.i] == '-' || ('0' <= d.s[d.i] && d.s[d.i] <= '9')):
 				if v, err = d.float(field); err != nil {
+					if fe, ok := err.(*FieldError); ok {
+						fe.Field = field + "." + name // which score, as Validate names it
+					}
 					return nil, err
 				}
 			default:

@@ -25,6 +25,10 @@ var (
 	ErrWrongType          = errors.New("wrong JSON type")
 	ErrBadTimestamp       = errors.New("not an RFC 3339 timestamp")
 	ErrBadTraceID         = errors.New("not a W3C trace id (32 lowercase hex digits, not all zero)")
+	// ErrReusedEventID rejects a feedback event whose event_id an earlier verdict with
+	// another value (or on another request, conversation, name or source) already has: a
+	// changed verdict is a new verdict, with an event_id of its own.
+	ErrReusedEventID = errors.New("event_id already names another verdict")
 )
 
 // reasons maps each sentinel to the bounded label it is counted under.
@@ -45,6 +49,7 @@ var reasons = []struct {
 	{ErrNotUTF8, "not_utf8"},
 	{ErrTooLong, "too_long"},
 	{ErrBadTraceID, "bad_trace_id"},
+	{ErrReusedEventID, "reused_event_id"},
 }
 
 // Reasons lists every label Reason can return, for pre-setting metric label values.
@@ -96,6 +101,10 @@ func (e *SyntaxError) Error() string {
 
 // Unwrap lets errors.Is match ErrInvalidEvent and ErrMalformed.
 func (e *SyntaxError) Unwrap() []error { return []error{ErrInvalidEvent, ErrMalformed} }
+
+// ReusedEventIDError returns the error of a feedback event whose event_id an earlier,
+// different verdict already has (ErrReusedEventID); detail says which part differs.
+func ReusedEventIDError(detail string) error { return fieldErr("event_id", ErrReusedEventID, detail) }
 
 func fieldErr(field string, err error, detail string) error {
 	return &FieldError{Field: field, Err: err, Detail: detail}

@@ -31,7 +31,10 @@ const (
 // boolean is taken as 1 (true) or 0 (false). No free text is stored: a "comment" in the JSON
 // is read only for its length (CommentLength, in characters) and dropped.
 type FeedbackEvent struct {
-	V       int       `json:"v"`
+	V int `json:"v"`
+	// EventID names this verdict: sent again, it counts once; a changed verdict (a rating
+	// made better) is a new verdict with an id of its own, and the aggregator dead-letters
+	// one that reuses the id with another value as ErrReusedEventID.
 	EventID string    `json:"event_id"`
 	TS      time.Time `json:"ts"` // when the verdict was given
 

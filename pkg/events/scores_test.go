@@ -54,6 +54,7 @@ func TestDecodeScores(t *testing.T) {
 		{name: "empty name", scores: `{"":1}`, wantErr: events.ErrMissingField, wantField: "scores"},
 		{name: "long name", scores: `{"` + strings.Repeat("x", 65) + `":1}`, wantErr: events.ErrTooLong, wantField: "scores"},
 		{name: "value too big", scores: `{"quality":2e9}`, wantErr: events.ErrOutOfRange, wantField: "scores.quality"},
+		{name: "value beyond a float64", scores: `{"quality":1e400}`, wantErr: events.ErrOutOfRange, wantField: "scores.quality"},
 		{name: "bad number", scores: `{"quality":1.}`, wantErr: events.ErrMalformed},
 		{name: "unterminated", scores: `{"quality":1`, wantErr: events.ErrMalformed},
 		{name: "missing colon", scores: `{"quality" 1}`, wantErr: events.ErrMalformed},

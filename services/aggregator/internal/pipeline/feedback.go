@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"encoding/binary"
 	"hash/maphash"
 	"math"
 	"strconv"
@@ -46,13 +47,13 @@ func NewFeedback(ctx context.Context, o Options, cfg window.Config, dedup int, d
 		}
 		ids.reset()
 		var newestFirst []idSeq
-		if err := sk.RecentFeedbackIDs(ctx, dedup, func(id string, seq uint64) {
-			newestFirst = append(newestFirst, idSeq{ids.hash(id), seq})
+		if err := sk.RecentFeedbackIDs(ctx, dedup, func(ev *events.FeedbackEvent, seq uint64) {
+			newestFirst = append(newestFirst, idSeq{ids.hash(ev.EventID), ids.verdict(ev), seq})
 		}); err != nil {
 			return err
 		}
 		for i := len(newestFirst) - 1; i >= 0; i-- {
-			ids.add(newestFirst[i].h, newestFirst[i].seq)
+			ids.add(newestFirst[i].h, newestFirst[i].verdict, newestFirst[i].seq)
 		}
 		return nil
 	})
@@ -70,24 +71,48 @@ func NewFeedback(ctx context.Context, o Options, cfg window.Config, dedup int, d
 	return newPipeline(o, d.JS, d.NC, cons, floor, store, ob, st, d.Publisher, m, d.Logger.With("stream", o.Stream)), nil
 }
 
-type idSeq struct{ h, seq uint64 }
+type idSeq struct{ h, verdict, seq uint64 }
 
-// recentIDs remembers the stream position of the first event of each of the last max
-// event_ids, by a 64-bit hash (a false duplicate needs two of a million ids to collide:
-// odds of about 1 in 10^7), forgetting the oldest first.
+// firstSeen is what recentIDs keeps of an id's first event: its stream position and the
+// hash of its verdict.
+type firstSeen struct{ seq, verdict uint64 }
+
+// recentIDs remembers the stream position and the verdict of the first event of each of
+// the last max event_ids, by 64-bit hashes (a false duplicate needs two of a million ids to
+// collide: odds of about 1 in 10^7), forgetting the oldest first.
 type recentIDs struct {
 	seed  maphash.Seed
-	first map[uint64]uint64
+	first map[uint64]firstSeen
 	ring  []uint64
 	next  int
 	max   int
 }
 
 func newRecentIDs(n int) *recentIDs {
-	return &recentIDs{seed: maphash.MakeSeed(), first: make(map[uint64]uint64, min(n, 1<<16)), max: n}
+	return &recentIDs{seed: maphash.MakeSeed(), first: make(map[uint64]firstSeen, min(n, 1<<16)), max: n}
 }
 
 func (r *recentIDs) hash(id string) uint64 { return maphash.String(r.seed, id) }
+
+// verdict hashes what a verdict says: what it rates, its name, source and value. A message
+// sent again says the same; labels and the comment's length may differ without it being
+// another verdict.
+func (r *recentIDs) verdict(ev *events.FeedbackEvent) uint64 {
+	var h maphash.Hash
+	h.SetSeed(r.seed)
+	for _, s := range [...]string{ev.RequestID, ev.ConversationID, ev.Name, string(ev.Source)} {
+		_, _ = h.WriteString(s)
+		_ = h.WriteByte(0)
+	}
+	v := ev.Value
+	if v == 0 {
+		v = 0 // -0 says what 0 does
+	}
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], math.Float64bits(v))
+	_, _ = h.Write(b[:])
+	return h.Sum64()
+}
 
 func (r *recentIDs) len() int { return len(r.first) }
 
@@ -96,13 +121,13 @@ func (r *recentIDs) reset() {
 	r.ring, r.next = r.ring[:0], 0
 }
 
-// add records seq as the first position of h unless h is known; it returns the first.
-func (r *recentIDs) add(h, seq uint64) uint64 {
+// add records seq and verdict as the first of h unless h is known; it returns the first.
+func (r *recentIDs) add(h, verdict, seq uint64) firstSeen {
 	if first, ok := r.first[h]; ok {
 		return first
 	}
 	if r.max <= 0 {
-		return seq
+		return firstSeen{seq, verdict}
 	}
 	if len(r.ring) < r.max {
 		r.ring = append(r.ring, h)
@@ -111,8 +136,8 @@ func (r *recentIDs) add(h, seq uint64) uint64 {
 		r.ring[r.next] = h
 		r.next = (r.next + 1) % r.max
 	}
-	r.first[h] = seq
-	return seq
+	r.first[h] = firstSeen{seq, verdict}
+	return firstSeen{seq, verdict}
 }
 
 type feedbackStage struct {
@@ -138,8 +163,15 @@ func (s *feedbackStage) handle(data []byte, seq uint64, now time.Time) (result, 
 	if err := s.ev.ValidateAt(now); err != nil {
 		return 0, err
 	}
-	// The first position of an id decides, so a replay judges every message as before.
-	if first := s.ids.add(s.ids.hash(s.ev.EventID), seq); first < seq {
+	// The first position of an id decides, so a replay judges every message as before. A
+	// later message with the id is the same verdict sent again, or another verdict under
+	// an id already taken (a rating changed and sent with the old id): that one is refused
+	// with its reason, never dropped unseen as a copy.
+	verdict := s.ids.verdict(&s.ev)
+	if first := s.ids.add(s.ids.hash(s.ev.EventID), verdict, seq); first.seq < seq {
+		if first.verdict != verdict {
+			return 0, events.ReusedEventIDError("an earlier message with it has another value, request_id, conversation_id, name or source: give a changed verdict an event_id of its own")
+		}
 		return resDuplicate, nil
 	}
 	res := s.agg.Add(&s.ev, seq, now)

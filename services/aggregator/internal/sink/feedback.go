@@ -100,22 +100,25 @@ func (c *ClickHouse) StoredFeedback(ctx context.Context, lo, hi uint64) ([]uint6
 	return seqs, nil
 }
 
-// RecentFeedbackIDs calls f with the event_id and stream position of this consumer's
-// latest n stored feedback events, newest first, so that a restart remembers which
-// verdicts it has already counted.
-func (c *ClickHouse) RecentFeedbackIDs(ctx context.Context, n int, f func(id string, seq uint64)) error {
-	rows, err := c.conn.Query(fullRead(ctx), "SELECT event_id, stream_seq FROM feedback WHERE consumer = ? ORDER BY stream_seq DESC LIMIT ?", c.consumer, uint64(n))
+// RecentFeedbackIDs calls f with the verdict (event_id, request_id, conversation_id, name,
+// source, value) and stream position of this consumer's latest n stored feedback events,
+// newest first, so that a restart remembers which verdicts it has already counted. ev is
+// reused between calls.
+func (c *ClickHouse) RecentFeedbackIDs(ctx context.Context, n int, f func(ev *events.FeedbackEvent, seq uint64)) error {
+	rows, err := c.conn.Query(fullRead(ctx), "SELECT event_id, request_id, conversation_id, name, source, value, stream_seq FROM feedback WHERE consumer = ? ORDER BY stream_seq DESC LIMIT ?", c.consumer, uint64(n))
 	if err != nil {
 		return fmt.Errorf("cannot read the stored feedback ids: %w", err)
 	}
 	defer rows.Close()
+	var ev events.FeedbackEvent
 	for rows.Next() {
-		var id string
+		var source string
 		var seq uint64
-		if err := rows.Scan(&id, &seq); err != nil {
+		if err := rows.Scan(&ev.EventID, &ev.RequestID, &ev.ConversationID, &ev.Name, &source, &ev.Value, &seq); err != nil {
 			return fmt.Errorf("cannot read the stored feedback ids: %w", err)
 		}
-		f(id, seq)
+		ev.Source = events.FeedbackSource(source)
+		f(&ev, seq)
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("cannot read the stored feedback ids: %w", err)
