@@ -1,9 +1,7 @@
 package meter
 
 import (
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
 )
@@ -72,27 +70,6 @@ func TestNotErrorChunks(t *testing.T) {
 	}
 }
 
-// TestResponsesLongAnswer: a Responses stream's response.completed repeats the whole
-// output, so it is as long as the answer: a long answer's terminal event must still give
-// its usage and end the stream, not pass unread (meter_overflow) and leave it truncated.
-func TestResponsesLongAnswer(t *testing.T) {
-	text := strings.Repeat("a", 4<<10)
-	stream := "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"" + text[:100] + "\"}\n\n" +
-		"event: response.output_text.done\ndata: {\"type\":\"response.output_text.done\",\"text\":\"" + text + "\"}\n\n" +
-		"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"status\":\"completed\",\"output\":[{\"type\":\"message\",\"content\":[{\"type\":\"output_text\",\"text\":\"" + text + "\"}]}],\"usage\":{\"input_tokens\":9,\"output_tokens\":1000}}}\n\n"
-	m := New(OpenAIResponses, true, t0)
-	m.SetMaxEvent(1 << 10)
-	m.SetInputEstimate(7)
-	for i, ev := range splitEvents([]byte(stream)) {
-		m.Feed(ev, t0.Add(time.Duration(i+1)*time.Millisecond), nil)
-	}
-	m.Flush(t0.Add(10*time.Millisecond), nil)
-	r := m.Result(t0.Add(10 * time.Millisecond))
-	if st, code := r.Status(true); st != events.StatusOK || r.Usage != (Usage{9, 1000, 0}) {
-		t.Fatalf("status %s %q usage %+v estimated %v, want ok {9 1000 0}", st, code, r.Usage, r.Estimated)
-	}
-}
-
 // TestRealZerosAndSplitCounts: a count of zero is a count, not an absent one; Anthropic's
 // output count in message_delta with the input in message_start is a whole usage.
 func TestRealZerosAndSplitCounts(t *testing.T) {
@@ -135,5 +112,15 @@ func TestRealZerosAndSplitCounts(t *testing.T) {
 		if r := m.Result(t0); r.Usage != b.usage || r.Estimated {
 			t.Errorf("%s: usage %+v estimated %v, want %+v reported", b.name, r.Usage, r.Estimated, b.usage)
 		}
+	}
+}
+
+// TestObjectNotAString: a chunk whose object member is no string is no error chunk, and its
+// usage is read, as before error chunks were read: it is not malformed.
+func TestObjectNotAString(t *testing.T) {
+	r := feedSSE(t, OpenAIChat, "data: {\"object\":1,\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n"+
+		"data: {\"object\":{\"x\":1},\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n")
+	if st, code := r.Status(true); st != events.StatusOK || r.Usage != (Usage{5, 1, 0}) {
+		t.Fatalf("status %s %q usage %+v, want ok {5 1 0}", st, code, r.Usage)
 	}
 }

@@ -599,9 +599,9 @@ func readOpenAIChunk(data []byte) (c openAIChunk, ok bool) {
 				c.err, ok = readError(v)
 			}
 		case "object":
-			var s string
-			s, ok = text(v)
-			isError = s == "error"
+			// Only the string "error" says anything: another object is no reason to doubt the chunk.
+			s, isText := text(v)
+			isError, ok = isText && s == "error", true
 		case "type", "code", "error_type":
 			ok = flat.read(string(name), v)
 		default:
