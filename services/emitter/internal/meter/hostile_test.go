@@ -124,3 +124,23 @@ func TestObjectNotAString(t *testing.T) {
 		t.Fatalf("status %s %q usage %+v, want ok {5 1 0}", st, code, r.Usage)
 	}
 }
+
+// TestAnthropicBodyWithoutOutputCount: a body whose usage leaves output_tokens out has not
+// counted it as zero: it is estimated from the content, as a stream's would be.
+func TestAnthropicBodyWithoutOutputCount(t *testing.T) {
+	for _, b := range []struct {
+		body  string
+		usage Usage
+	}{
+		{`{"type":"message","content":[{"type":"text","text":"abcdefgh"}],"usage":{"input_tokens":5}}`, Usage{5, 2, 0}},
+		{`{"type":"message","content":[{"type":"text","text":"abcdefgh"}],"usage":{}}`, Usage{7, 2, 0}},
+		{`{"type":"message","content":[{"type":"text","text":"abcdefgh"}],"usage":{"input_tokens":5,"output_tokens":null}}`, Usage{5, 2, 0}},
+	} {
+		m := New(Anthropic, false, t0)
+		m.SetInputEstimate(7)
+		m.Feed([]byte(b.body), t0, nil)
+		if r := m.Result(t0); r.Usage != b.usage || !r.Estimated {
+			t.Errorf("%s: usage %+v estimated %v, want %+v estimated", b.body, r.Usage, r.Estimated, b.usage)
+		}
+	}
+}
