@@ -144,3 +144,13 @@ func TestAnthropicBodyWithoutOutputCount(t *testing.T) {
 		}
 	}
 }
+
+// TestEmptyErrorString: the OpenAI SDKs raise on a chunk's error only when it is truthy
+// (data.get("error"), data.error): an empty string beside the content is no error.
+func TestEmptyErrorString(t *testing.T) {
+	r := feedSSE(t, OpenAIChat, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}],\"error\":\"\"}\n\n"+
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":1},\"error\":\"\"}\n\ndata: [DONE]\n\n")
+	if st, code := r.Status(true); st != events.StatusOK || r.ContentEvents != 1 || r.Usage != (Usage{5, 1, 0}) {
+		t.Fatalf("status %s %q, %d content events, usage %+v, want ok, 1, {5 1 0}", st, code, r.ContentEvents, r.Usage)
+	}
+}
