@@ -594,7 +594,8 @@ func readOpenAIChunk(data []byte) (c openAIChunk, ok bool) {
 		case "error":
 			c.err, errText = nil, false
 			if v[0] == '"' {
-				errText, ok = true, true
+				// TGI's; an empty one is no error, as the SDKs raise only on a truthy one.
+				errText, ok = string(v) != `""`, true
 			} else {
 				c.err, ok = readError(v)
 			}
