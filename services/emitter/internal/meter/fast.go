@@ -110,7 +110,9 @@ func scanJSON(d []byte, measure bool) (n int, ok bool) {
 					n += end - i
 				case kind == kindSlow && c != 'n':
 					return 0, false
-				case kind == kindObject && depth == 1 && string(d[i:end]) == `"error"`:
+				case kind == kindObject && depth == 1 && c == '"' &&
+					(string(d[i:end]) == `"error"` || bytes.IndexByte(d[i:end], '\\') >= 0):
+					// An error chunk, or a string the decoder must read: "\u0065rror" is "error".
 					return 0, false
 				}
 			}

@@ -594,14 +594,15 @@ func readOpenAIChunk(data []byte) (c openAIChunk, ok bool) {
 		case "error":
 			c.err, errText = nil, false
 			if v[0] == '"' {
-				errText, ok = true, true
+				// TGI's; an empty one is no error, as the SDKs raise only on a truthy one.
+				errText, ok = string(v) != `""`, true
 			} else {
 				c.err, ok = readError(v)
 			}
 		case "object":
-			var s string
-			s, ok = text(v)
-			isError = s == "error"
+			// Only the string "error" says anything: another object is no reason to doubt the chunk.
+			s, isText := text(v)
+			isError, ok = isText && s == "error", true
 		case "type", "code", "error_type":
 			ok = flat.read(string(name), v)
 		default:

@@ -127,8 +127,10 @@ func outputContent(item []byte) (n int, ok bool) {
 // responsesEvent measures one event of a Responses stream.
 func (m *Meter) responsesEvent(name, data []byte, now time.Time) {
 	// The frequent events need no decoding: a delta is content whatever it holds, and the
-	// events around the content (an item or part added or done) carry no usage.
-	if len(name) > 0 && !terminalResponseEvent(name) && wellFormed(data) {
+	// events around the content (an item or part added or done) carry no usage. The clients
+	// read an event by its JSON type, not its event: line, so the name stands for the type
+	// only when the data's one type member, first as OpenAI writes it, says the same.
+	if len(name) > 0 && !terminalResponseEvent(name) && typedAs(data, name) && wellFormed(data) {
 		if bytes.HasSuffix(name, []byte(".delta")) {
 			m.content(now, len(data))
 		}
@@ -207,4 +209,16 @@ func terminalResponseEvent(name []byte) bool {
 		return true
 	}
 	return false
+}
+
+// typedAs reports whether data begins with a type member naming the event as name does and
+// has no other: a "type" that is not a member name is a string value, and a string cannot
+// hold one unescaped, so one occurrence is that member. An escaped member name makes
+// wellFormed fail.
+func typedAs(data, name []byte) bool {
+	rest, ok := bytes.CutPrefix(data, []byte(`{"type":"`))
+	if !ok || !bytes.HasPrefix(rest, name) || !bytes.HasPrefix(rest[len(name):], []byte(`"`)) {
+		return false
+	}
+	return bytes.Count(data, []byte(`"type"`)) == 1
 }

@@ -183,7 +183,7 @@ func (m *Meter) parseBody(end time.Time) {
 	}
 	if aUsage != nil {
 		m.mergeAnthropic(aUsage)
-		m.finalOut = true
+		m.finalOut = aUsage.OutputTokens != nil // a body's count is final; an absent one is estimated
 	}
 	if perr != nil {
 		m.errCode = perr.String()

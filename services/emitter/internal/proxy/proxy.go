@@ -300,6 +300,7 @@ func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.m.passthrough.Inc()
+	start := time.Now()
 	base, body, length := p.cfg.Upstream, io.Reader(r.Body), int64(-1)
 	held, streamed := int64(0), true
 	if len(p.cfg.Routes) > 0 {
@@ -357,10 +358,12 @@ func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 	defer p.bufs.Put(bp)
 	client := &response{w: w, rc: http.NewResponseController(w)}
 	// A body silent for the idle timeout is cut, as a measured one is; the time the client
-	// takes to read a piece does not count.
+	// takes to read a piece does not count. Until its first byte it may be silent, as a
+	// measured answer until its first token, up to the upstream timeout since the request
+	// began (a GET of a background response's stream while the model still reasons).
 	idle := func(bool) {}
 	if d := p.cfg.IdleTimeout; d > 0 {
-		t := time.AfterFunc(d, func() { cancel(errStreamIdle) })
+		t := time.AfterFunc(max(d, p.cfg.UpstreamTimeout-time.Since(start)), func() { cancel(errStreamIdle) })
 		defer t.Stop()
 		idle = func(on bool) {
 			if on {
