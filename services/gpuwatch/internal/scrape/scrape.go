@@ -434,8 +434,8 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily, now time.Ti
 			}
 			if f >= firstCounter {
 				sv, known := t.track(name, m, now)
-				c := t.createdOf(mp.created, m)
-				remade := sv.remade(c)
+				c := t.createdOf(mp.created, m, now)
+				remade := sv.remade(c) && t.madeSince(c)
 				d, moved := v, !known // a new series counts from zero
 				switch {
 				case !known && t.madeBefore(c):
@@ -558,13 +558,17 @@ func (t *target) readCreated() {
 }
 
 // createdOf returns the creation time of m, a series of a family whose creation times are
-// the family created, or 0 when this scrape has none.
-func (t *target) createdOf(created string, m *dto.Metric) float64 {
+// the family created, or 0 when this scrape has none: a time further ahead of now than the
+// clocks may be apart is none (a series cannot be made in the future).
+func (t *target) createdOf(created string, m *dto.Metric, now time.Time) float64 {
 	if created == "" || len(t.created) == 0 {
 		return 0
 	}
 	t.key = seriesKey(t.key[:0], created, m)
 	if c := t.created[string(t.key)]; c != nil && c.gen == t.gen { // no allocation for the lookup
+		if c.v > float64(now.Add(events.MaxClockSkew).UnixNano())/1e9 {
+			return 0
+		}
 		return c.v
 	}
 	return 0
@@ -575,6 +579,18 @@ func (t *target) createdOf(created string, m *dto.Metric) float64 {
 func (t *target) madeBefore(c float64) bool {
 	return c != 0 && !t.read.IsZero() && c <= float64(t.read.UnixNano())/1e9
 }
+
+// madeSince reports whether a creation time c could be that of a series made since the
+// previous good scrape, as one made anew since its last value must be: not before that
+// scrape (by more than createdSlack). A new creation time from before it (an exposition
+// alternating between two processes' times, or writing an old one anew) is no reset.
+func (t *target) madeSince(c float64) bool {
+	return t.read.IsZero() || c > float64(t.read.Add(-createdSlack).UnixNano())/1e9
+}
+
+// createdSlack is how far before the previous scrape a series made anew may say it was
+// made: creation times written to the second.
+const createdSlack = time.Second
 
 // seriesKey appends the key of the series of family name with m's labels to dst: the name
 // and each label's name and value, length-prefixed, in the labels' order (sorted by name).
@@ -736,9 +752,9 @@ func (s *Scraper) readHist(t *target, st *state, f field, name, created string, 
 	if !sv.ok {
 		old = nil
 	}
-	c := t.createdOf(created, m)
-	back := !known && t.madeBefore(c)  // back after it was forgotten
-	anew := sv.remade(c) && old != nil // made anew since its last value
+	c := t.createdOf(created, m, now)
+	back := !known && t.madeBefore(c)                    // back after it was forgotten
+	anew := sv.remade(c) && t.madeSince(c) && old != nil // made anew since its last value
 	sv.h, sv.ok = ch, true
 	if !read {
 		return
