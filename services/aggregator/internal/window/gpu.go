@@ -139,11 +139,13 @@ func (a *GPUAggregator) Add(s *events.GPUSample, seq uint64, now time.Time) Resu
 	return res
 }
 
-// remember keeps s as its GPU's last reading when it is the latest, and returns the reading
-// before it.
+// remember keeps s as its GPU's last reading when it is the latest and carries energy or
+// power, and returns the reading before it. A sample with neither (a GPU whose NVML reads
+// hung publishes its identity alone, before the late sample of the tick it was reading) is
+// nothing to take a delta or integrate from.
 func (a *GPUAggregator) remember(k GPUKey, s *events.GPUSample, ts int64) (prev lastReading, seen bool) {
 	prev, seen = a.last[k]
-	if seen && ts <= prev.ts {
+	if seen && ts <= prev.ts || s.EnergyJ == nil && s.PowerW == nil {
 		return prev, seen
 	}
 	r := lastReading{ts: ts}

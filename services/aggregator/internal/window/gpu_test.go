@@ -117,6 +117,27 @@ func TestGPUPowerIntegrationWithoutCounter(t *testing.T) {
 	}
 }
 
+// TestGPUPowerIntegrationAcrossAHungRead: a GPU whose reads hung publishes its busy ticks'
+// samples (its identity, no readings) before the late sample of the tick it was reading:
+// those carry nothing to integrate from, so they do not become its last reading, and the
+// late sample's interval is still counted.
+func TestGPUPowerIntegrationAcrossAHungRead(t *testing.T) {
+	a := window.NewGPU(cfg(t), nil)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	power := func(s int) *events.GPUSample {
+		return &events.GPUSample{V: 1, TS: at(s), Host: "h", GPUUUID: "u", PowerW: f64(100)}
+	}
+	bare := func(s int) *events.GPUSample { return &events.GPUSample{V: 1, TS: at(s), Host: "h", GPUUUID: "u"} }
+	// Published order: tick 1, the busy ticks 3 and 4, the late tick 2, then tick 5.
+	for i, s := range []*events.GPUSample{power(1), bare(3), bare(4), power(2), power(5)} {
+		a.Add(s, uint64(i+1), t0.Add(time.Minute))
+	}
+	rows := a.Rollups(a.Advance(t0.Add(time.Hour))[0], nil)
+	if rows[0].EnergyJ != 400 {
+		t.Fatalf("energy %v, want 4 s × 100 W", rows[0].EnergyJ)
+	}
+}
+
 // TestGPUReadingsBounded: a flood of GPUs that each send one sample (hostile, or a fleet
 // far past one aggregator's size) keeps a bounded number of last readings, not one per GPU
 // for an hour; the GPUs remembered first still get their counter deltas.
