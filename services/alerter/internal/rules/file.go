@@ -353,6 +353,9 @@ func (d *fileDynamic) apply(r *Dynamic, at string) error {
 		}
 		r.MinDelta = *d.MinDelta
 	}
+	if r.Method == MedianMAD && r.MinChange == 0 && r.MinDelta == 0 && (d.MinChange != nil || d.MinDelta != nil) {
+		return invalid(at, "min_delta", "min_change and min_delta are both 0: a series at one value in most of its baseline windows (an error rate that is usually 0) has a MAD of 0 and would fire at every change; keep one above 0, or set method: %s", MeanSigma)
+	}
 	if d.MinPoints != nil {
 		if *d.MinPoints < 1 {
 			return invalid(at, "min_points", "must be at least 1 (got %d)", *d.MinPoints)

@@ -127,6 +127,7 @@ func TestParseErrors(t *testing.T) {
 		{"bad for", "defaults:\n  engine:\n    down: {for: soon}\n", "invalid rules"},
 		{"negative for", "defaults:\n  engine:\n    down: {for: -1m}\n", "defaults.engine.down.for"},
 		{"engine severity", "defaults:\n  engine:\n    down: {severity: page}\n", "defaults.engine.down.severity"},
+		{"no floor under the median", "defaults:\n  dynamic:\n    error_rate: {min_change: 0, min_delta: 0}\n", "defaults.dynamic.error_rate.min_delta: min_change and min_delta are both 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse([]byte(tc.yaml))
@@ -208,6 +209,14 @@ func TestWholeNumbers(t *testing.T) {
 
 // A file that names a method keeps it: mean_sigma stays selectable, in the defaults or per
 // scene, and a metric or scene that names none gets the built-in median_mad.
+// TestNoFloorUnderMeanSigma: mean ± k·σ with neither floor is allowed (σ is 0 only on a
+// series flat in every window), the median's is refused (MAD is 0 on one flat in most).
+func TestNoFloorUnderMeanSigma(t *testing.T) {
+	if _, err := Parse([]byte("defaults:\n  dynamic:\n    error_rate: {method: mean_sigma, min_change: 0, min_delta: 0}\n")); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestMethodNamedInFileIsKept(t *testing.T) {
 	s, err := Parse([]byte("defaults:\n  dynamic:\n    ttft_p95: {method: mean_sigma}\nscenes:\n  chat:\n    dynamic:\n      error_rate: {method: mean_sigma}\n"))
 	if err != nil {
