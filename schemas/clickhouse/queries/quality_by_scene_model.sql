@@ -3,7 +3,8 @@
 -- view: feedback and the requests' inline scores) on a request are joined to it
 -- (verdicts.request_id = requests.event_id); verdicts on a conversation only (request_id
 -- empty) are joined to its requests by conversation_id, and count for its scene and the
--- model of its last request in the range. The latest verdict of each source on a request or
+-- model of its last request in the range (of the greatest event_id among those of the same
+-- ts). The latest verdict of each source on a request or
 -- conversation counts: one sent twice counts once, and one changed (sent again under an
 -- event_id of its own) counts with its last value only. Verdicts whose request or
 -- conversation is unknown are left out (see feedback_coverage.sql). ANY LEFT JOIN keeps
@@ -46,7 +47,7 @@ FROM
     ) AS f
     ANY LEFT JOIN
     (
-        SELECT conversation_id, any(scene) AS scene, argMax(model, ts) AS model, 1 AS known
+        SELECT conversation_id, any(scene) AS scene, argMax(model, (ts, event_id)) AS model, 1 AS known
         FROM requests
         WHERE ts >= {from:DateTime} AND ts < {to:DateTime} AND layer = {layer:String} AND conversation_id != ''
         GROUP BY conversation_id
