@@ -277,7 +277,8 @@ func b2f(b bool) float64 {
 // started before the range (left out) and one that goes on after it (counted whole), a
 // verdict changed under an event_id of its own (the latest counts), a rating given to a
 // conversation (counted for its scene and model), an inline score beside an evaluator's on
-// the same request (both count), and a range with no conversation (0 turns, not NaN).
+// the same request (both count), a range with no conversation (0 turns, not NaN), and the
+// 7 days read before and after the range.
 func TestBusinessQueriesCountWhole(t *testing.T) {
 	b := newBed(t)
 	prices := filepath.Join(t.TempDir(), "prices.json")
@@ -324,6 +325,33 @@ func TestBusinessQueriesCountWhole(t *testing.T) {
 	b.waitRows(t, time.Minute, uint64(len(evs)), "SELECT count() FROM requests")
 	b.waitRows(t, time.Minute, uint64(len(fbs)), "SELECT count() FROM feedback")
 
+	// The bounds, at the app layer, written as rows (days off the range): c-prior started 6
+	// days before the range (left out), c-silent 8 days before it (past the 7 days read: it
+	// counts as starting in the range, its old request unread), and c-long goes on 6 and 8
+	// days after it (the first counts, the second is past the 7 days read).
+	rb, err := b.db.Conn().PrepareBatch(context.Background(), "INSERT INTO requests (ts, event_id, env, scene, model, conversation_id, turn, layer, cost_usd)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	day := 24 * time.Hour
+	for _, r := range []struct {
+		id, conv string
+		turn     uint32
+		at       time.Duration
+		cost     float64
+	}{
+		{"p1", "c-prior", 1, -6 * day, 0.1}, {"p2", "c-prior", 2, 30 * time.Minute, 0.1},
+		{"s1", "c-silent", 1, -8 * day, 0.1}, {"s2", "c-silent", 2, 10 * time.Minute, 0.1},
+		{"l1", "c-long", 1, 20 * time.Minute, 0.2}, {"l2", "c-long", 2, time.Hour + 6*day, 0.2}, {"l3", "c-long", 3, time.Hour + 8*day, 0.2},
+	} {
+		if err := rb.Append(base.Add(r.at), r.id, "prod", "chat", "qwen", r.conv, r.turn, "app", r.cost); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := rb.Send(); err != nil {
+		t.Fatal(err)
+	}
+
 	params := map[string]string{"from": dt(base), "to": dt(base.Add(time.Hour)), "limit": "100", "layer": "gateway", "name": "thumbs", "satisfied_at": "1"}
 	with := func(kv ...string) map[string]string {
 		p := maps.Clone(params)
@@ -366,6 +394,10 @@ func TestBusinessQueriesCountWhole(t *testing.T) {
 	}{
 		// c-noturn: 3 turns, completed; c-after: 2 turns, every request; c-before: not here.
 		{"conversations", "conversations.sql", params, rows([]any{2.0, 2.5, 1.0, 0.0, 1.0})},
+		{"7 days either side", "conversations.sql", with("layer", "app"), rows([]any{2.0, 1.5, 0.0, 0.0, 0.0})},
+		{"cost 7 days either side", "cost_per_conversation.sql", with("layer", "app"), rows(
+			[]any{"c-long", 2.0, 2.0, 0.4, 0.0, 0.0},
+			[]any{"c-silent", 1.0, 1.0, 0.1, 0.0, 0.0})},
 		{"no conversation", "conversations.sql", with("from", dt(base.Add(2*time.Hour)), "to", dt(base.Add(3*time.Hour))), rows([]any{0.0, 0.0, 0.0, 0.0, 0.0})},
 		{"cost per conversation", "cost_per_conversation.sql", params, rows(
 			[]any{"c-after", 3.0, 2.0, 3 * cost(5000), 15000.0, 30.0},
@@ -384,8 +416,14 @@ func TestBusinessQueriesCountWhole(t *testing.T) {
 		// 7 latest verdicts (one inline, one on a conversation), 3 superseded.
 		{"coverage", "feedback_coverage.sql", with("from", dt(base.Add(-time.Hour)), "to", dt(time.Now().Add(time.Hour))), rows([]any{7.0, 0.0, 0.0, 1.0, 1.0, 3.0})},
 	}
-	if small > large {
-		checks[6].check = rows([]any{"qwen", "chat", large, 1.0, 0.5, 0.5, 0.5}, []any{"qwen", "chat", small, 3.0, 0.6, 0.8, 0.9})
+	if i := slices.IndexFunc(checks, func(c struct {
+		name, file string
+		params     map[string]string
+		check      func(t *testing.T, res *testbed.Result)
+	}) bool {
+		return c.file == "quality_by_bucket.sql"
+	}); small > large {
+		checks[i].check = rows([]any{"qwen", "chat", large, 1.0, 0.5, 0.5, 0.5}, []any{"qwen", "chat", small, 3.0, 0.6, 0.8, 0.9})
 	}
 	for _, srv := range []struct {
 		name string
