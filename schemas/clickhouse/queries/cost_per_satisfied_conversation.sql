@@ -6,8 +6,9 @@
 -- request or conversation counts (one sent twice counts once, a changed one with its last
 -- value only). Conversations are counted whole, in the range of their first request, as in
 -- conversations.sql (their requests up to 7 days after to count; requests are read from 7
--- days before from). Parameters: layer (String: the layer of the requests read, gateway, engine or app), from, to (DateTime, of the requests), name
--- (String), satisfied_at (Float64).
+-- days before from). Parameters: layer (String: the layer of the requests read, gateway,
+-- engine or app), from, to (DateTime: the range the conversations start in), name (String),
+-- satisfied_at (Float64).
 SELECT
     scene,
     count() AS conversations,
