@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -209,8 +210,9 @@ func TestBusinessAcrossDays(t *testing.T) {
 		}},
 		{"feedback_coverage.sql", cookbook(t, "feedback_coverage.sql"), func(t *testing.T, res *testbed.Result) {
 			r := res.Rows[0]
-			if num(t, r[0]) != float64(sent) || num(t, r[1]) != 0 || num(t, r[2]) != 1 || num(t, r[3]) != 1 {
-				t.Fatalf("got %v, want %d verdicts, no duplicate row, 1 unknown request, 1 on a conversation", r, sent)
+			// The evaluator's 200 quality scores on r6 are one verdict, its latest, and 199 superseded.
+			if num(t, r[0]) != float64(sent-199) || num(t, r[1]) != 0 || num(t, r[2]) != 1 || num(t, r[3]) != 1 || num(t, r[5]) != 199 {
+				t.Fatalf("got %v, want %d verdicts, no duplicate row, 1 unknown request, 1 on a conversation, 199 superseded", r, sent-199)
 			}
 		}},
 		{"outcomes per bucket", `SELECT bucket, sum(completed), sum(abandoned) FROM token_rollups WHERE layer = 'gateway' GROUP BY bucket ORDER BY bucket`, func(t *testing.T, res *testbed.Result) {
@@ -267,4 +269,180 @@ func b2f(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// TestBusinessQueriesCountWhole checks, on 18.16 and on the current engine, what the
+// business queries count: a conversation whose requests carry no turn number (each request
+// a turn), a turn asked twice (one turn), the last outcome reported, a conversation that
+// started before the range (left out) and one that goes on after it (counted whole), a
+// verdict changed under an event_id of its own (the latest counts), a rating given to a
+// conversation (counted for its scene and model), an inline score beside an evaluator's on
+// the same request (both count), a range with no conversation (0 turns, not NaN), and the
+// 7 days read before and after the range.
+func TestBusinessQueriesCountWhole(t *testing.T) {
+	b := newBed(t)
+	prices := filepath.Join(t.TempDir(), "prices.json")
+	if err := os.WriteFile(prices, []byte(`[{"model":"qwen","input":0.4,"output":1.2}]`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	startAggregator(t, b.env(envVars{"AGG_PRICES": prices}))
+	base := time.Now().UTC().Truncate(time.Hour).Add(-3 * time.Hour)
+	req := func(id, conv string, turn int, at time.Duration, in int64, outcome events.Outcome) events.RequestEvent {
+		return events.RequestEvent{V: 1, EventID: id, TS: base.Add(at), Model: "qwen", Scene: "chat", Env: "prod",
+			InputTokens: in, OutputTokens: 10, TTFTMs: 100, TotalMs: 500, Status: events.StatusOK,
+			ConversationID: conv, Turn: turn, Outcome: outcome}
+	}
+	evs := []events.RequestEvent{
+		req("b1", "c-before", 1, -30*time.Minute, 100, ""), // started before the range
+		req("b2", "c-before", 2, 5*time.Minute, 100, ""),
+		req("a", "c-noturn", 0, time.Minute, 100, events.OutcomeAbandoned), // no turn numbers
+		req("bb", "c-noturn", 0, 2*time.Minute, 100, ""),
+		req("c3", "c-noturn", 0, 3*time.Minute, 100, events.OutcomeCompleted), // the last outcome
+		req("x1", "c-after", 1, 50*time.Minute, 5000, ""),
+		req("x2", "c-after", 1, 50*time.Minute+2*time.Second, 5000, ""), // turn 1 asked again
+		req("x3", "c-after", 2, 70*time.Minute, 5000, ""),               // after the range
+	}
+	evs[3].Scores = []events.Score{{Name: "quality", Value: 0.6}}
+	cost := func(in int64) float64 { return (float64(in)*0.4 + 10*1.2) / 1e6 }
+	b.publish(t, evs)
+	fb := func(id, reqID, conv, name string, v float64, at time.Duration, source events.FeedbackSource) events.FeedbackEvent {
+		return events.FeedbackEvent{V: 1, EventID: id, TS: base.Add(at), RequestID: reqID, ConversationID: conv, Name: name, Value: v, Source: source}
+	}
+	fbs := []events.FeedbackEvent{
+		fb("f1", "a", "", "thumbs", 0, 10*time.Minute, events.SourceUser),
+		fb("f2", "a", "", "thumbs", 1, 20*time.Minute, events.SourceUser), // changed: up
+		fb("f3", "bb", "", "thumbs", 1, 10*time.Minute, events.SourceUser),
+		fb("f4", "", "c-noturn", "rating", 2, 10*time.Minute, events.SourceUser),
+		fb("f5", "", "c-noturn", "rating", 5, 20*time.Minute, events.SourceUser), // changed: 5
+		fb("f6", "a", "", "quality", 0.1, 10*time.Minute, events.SourceEvaluator),
+		fb("f7", "a", "", "quality", 0.8, 20*time.Minute, events.SourceEvaluator), // changed: 0.8
+		fb("f8", "bb", "", "quality", 0.9, 10*time.Minute, events.SourceEvaluator),
+		fb("f9", "x1", "", "quality", 0.5, 55*time.Minute, events.SourceEvaluator),
+	}
+	for _, f := range fbs {
+		b.publishFeedback(t, f, f.EventID)
+	}
+	b.waitRows(t, time.Minute, uint64(len(evs)), "SELECT count() FROM requests")
+	b.waitRows(t, time.Minute, uint64(len(fbs)), "SELECT count() FROM feedback")
+
+	// The bounds, at the app layer, written as rows (days off the range): c-prior started 6
+	// days before the range (left out), c-silent 8 days before it (past the 7 days read: it
+	// counts as starting in the range, its old request unread), and c-long goes on 6 and 8
+	// days after it (the first counts, the second is past the 7 days read).
+	rb, err := b.db.Conn().PrepareBatch(context.Background(), "INSERT INTO requests (ts, event_id, env, scene, model, conversation_id, turn, layer, cost_usd)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	day := 24 * time.Hour
+	for _, r := range []struct {
+		id, conv string
+		turn     uint32
+		at       time.Duration
+		cost     float64
+	}{
+		{"p1", "c-prior", 1, -6 * day, 0.1}, {"p2", "c-prior", 2, 30 * time.Minute, 0.1},
+		{"s1", "c-silent", 1, -8 * day, 0.1}, {"s2", "c-silent", 2, 10 * time.Minute, 0.1},
+		{"l1", "c-long", 1, 20 * time.Minute, 0.2}, {"l2", "c-long", 2, time.Hour + 6*day, 0.2}, {"l3", "c-long", 3, time.Hour + 8*day, 0.2},
+	} {
+		if err := rb.Append(base.Add(r.at), r.id, "prod", "chat", "qwen", r.conv, r.turn, "app", r.cost); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := rb.Send(); err != nil {
+		t.Fatal(err)
+	}
+
+	params := map[string]string{"from": dt(base), "to": dt(base.Add(time.Hour)), "limit": "100", "layer": "gateway", "name": "thumbs", "satisfied_at": "1"}
+	with := func(kv ...string) map[string]string {
+		p := maps.Clone(params)
+		for i := 0; i < len(kv); i += 2 {
+			p[kv[i]] = kv[i+1]
+		}
+		return p
+	}
+	buckets := events.DefaultBucketBounds()
+	small, large := buckets.Label(buckets.Index(100)), buckets.Label(buckets.Index(5000))
+	rows := func(want ...[]any) func(t *testing.T, res *testbed.Result) {
+		return func(t *testing.T, res *testbed.Result) {
+			t.Helper()
+			if len(res.Rows) != len(want) {
+				t.Fatalf("%d rows, want %d: %v", len(res.Rows), len(want), res.Rows)
+			}
+			for i, w := range want {
+				if len(res.Rows[i]) != len(w) {
+					t.Fatalf("row %d: %v, want %v", i, res.Rows[i], w)
+				}
+				for j, x := range w {
+					switch x := x.(type) {
+					case string:
+						if str(t, res.Rows[i][j]) != x {
+							t.Fatalf("row %d, %s: %v, want %v", i, res.Columns[j].Name, res.Rows[i], w)
+						}
+					case float64:
+						if got := num(t, res.Rows[i][j]); math.IsNaN(got) || !near(got, x, 1e-9) {
+							t.Fatalf("row %d, %s: %v, want %v", i, res.Columns[j].Name, res.Rows[i], w)
+						}
+					}
+				}
+			}
+		}
+	}
+	checks := []struct {
+		name, file string
+		params     map[string]string
+		check      func(t *testing.T, res *testbed.Result)
+	}{
+		// c-noturn: 3 turns, completed; c-after: 2 turns, every request; c-before: not here.
+		{"conversations", "conversations.sql", params, rows([]any{2.0, 2.5, 1.0, 0.0, 1.0})},
+		{"7 days either side", "conversations.sql", with("layer", "app"), rows([]any{2.0, 1.5, 0.0, 0.0, 0.0})},
+		{"cost 7 days either side", "cost_per_conversation.sql", with("layer", "app"), rows(
+			[]any{"c-long", 2.0, 2.0, 0.4, 0.0, 0.0},
+			[]any{"c-silent", 1.0, 1.0, 0.1, 0.0, 0.0})},
+		{"no conversation", "conversations.sql", with("from", dt(base.Add(2*time.Hour)), "to", dt(base.Add(3*time.Hour))), rows([]any{0.0, 0.0, 0.0, 0.0, 0.0})},
+		{"cost per conversation", "cost_per_conversation.sql", params, rows(
+			[]any{"c-after", 3.0, 2.0, 3 * cost(5000), 15000.0, 30.0},
+			[]any{"c-noturn", 3.0, 3.0, 3 * cost(100), 300.0, 30.0})},
+		// The latest thumbs on a (up) and bb's (up).
+		{"ttft band", "satisfaction_by_ttft_band.sql", params, rows([]any{"1: <= 500 ms", 2.0, 1.0, 1.0})},
+		{"stall", "satisfaction_by_stall.sql", params, rows([]any{"0: not streamed", 2.0, 1.0, 1.0})},
+		// Quality: a's latest 0.8, bb's 0.9 and its inline 0.6, x1's 0.5; the rating of c-noturn.
+		{"quality per scene and model", "quality_by_scene_model.sql", params, rows([]any{"chat", "qwen", 2.0, 1.0, 1.0, 5.0, 4.0, 0.7})},
+		{"quality per bucket", "quality_by_bucket.sql", with("name", "quality"), rows(
+			[]any{"qwen", "chat", small, 3.0, 0.6, 0.8, 0.9},
+			[]any{"qwen", "chat", large, 1.0, 0.5, 0.5, 0.5})},
+		// c-noturn rated by its latest thumbs (both up): satisfied at 0.75.
+		{"cost per satisfied conversation", "cost_per_satisfied_conversation.sql", with("satisfied_at", "0.75"), rows(
+			[]any{"chat", 2.0, (3*cost(100) + 3*cost(5000)) / 2, 1.0, 1.0, 3 * cost(100)})},
+		// 7 latest verdicts (one inline, one on a conversation), 3 superseded.
+		{"coverage", "feedback_coverage.sql", with("from", dt(base.Add(-time.Hour)), "to", dt(time.Now().Add(time.Hour))), rows([]any{7.0, 0.0, 0.0, 1.0, 1.0, 3.0})},
+	}
+	if i := slices.IndexFunc(checks, func(c struct {
+		name, file string
+		params     map[string]string
+		check      func(t *testing.T, res *testbed.Result)
+	}) bool {
+		return c.file == "quality_by_bucket.sql"
+	}); small > large {
+		checks[i].check = rows([]any{"qwen", "chat", large, 1.0, 0.5, 0.5, 0.5}, []any{"qwen", "chat", small, 3.0, 0.6, 0.8, 0.9})
+	}
+	for _, srv := range []struct {
+		name string
+		srv  func(t *testing.T) server
+	}{
+		{"18.16", func(*testing.T) server { return server18(b.db) }},
+		{"current", func(t *testing.T) server { return serverCurrent(current(t, b, "requests", "feedback")) }},
+	} {
+		t.Run(srv.name, func(t *testing.T) {
+			s := srv.srv(t)
+			for _, c := range checks {
+				t.Run(c.name, func(t *testing.T) {
+					res, err := s.run(cookbook(t, c.file), c.params)
+					if err != nil {
+						t.Fatalf("ClickHouse %s: %v", s.name, err)
+					}
+					c.check(t, res)
+				})
+			}
+		})
+	}
 }

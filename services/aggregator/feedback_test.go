@@ -25,6 +25,7 @@ var businessQueries = map[string]bool{
 	"satisfaction_by_ttft_band.sql":       true,
 	"satisfaction_by_stall.sql":           true,
 	"quality_by_scene_model.sql":          true,
+	"quality_by_bucket.sql":               true,
 	"feedback_coverage.sql":               true,
 	"cost_per_satisfied_conversation.sql": true,
 	"retries.sql":                         true,
@@ -261,6 +262,8 @@ func TestFeedbackThroughAggregator(t *testing.T) {
 	type sm struct{ scene, model string }
 	type quality struct{ thumbs, up, ratings, ratingSum, scores, scoreSum float64 }
 	qual := map[sm]*quality{}
+	buckets := events.DefaultBucketBounds()
+	qualBucket := map[[3]string][]float64{} // model, scene, bucket: quality verdicts
 	convThumbs := map[string][]float64{}
 	unknown, convOnly := 0, 0
 	verdicts := slices.Clone(fbs) // what the queries count: feedback, and each inline score
@@ -270,9 +273,30 @@ func TestFeedbackThroughAggregator(t *testing.T) {
 				ConversationID: e.ConversationID, Name: sc.Name, Value: sc.Value, Source: "app"})
 		}
 	}
+	// A conversation's rating counts for its scene and the model of its last request, of the
+	// greatest event_id among those of the same ts (18.16 stores ts in seconds, and the
+	// current engine's copy holds the same).
+	last := map[string]*events.RequestEvent{}
+	later := func(a, b *events.RequestEvent) bool {
+		at, bt := a.TS.Truncate(time.Second), b.TS.Truncate(time.Second)
+		return at.After(bt) || at.Equal(bt) && a.EventID > b.EventID
+	}
+	for i := range evs {
+		if l := last[evs[i].ConversationID]; l == nil || later(&evs[i], l) {
+			last[evs[i].ConversationID] = &evs[i]
+		}
+	}
 	for _, f := range verdicts {
 		if f.RequestID == "" {
 			convOnly++
+			if e := last[f.ConversationID]; e != nil && f.Name == "rating" {
+				k := sm{e.Scene, e.Model}
+				if qual[k] == nil {
+					qual[k] = &quality{}
+				}
+				qual[k].ratings++
+				qual[k].ratingSum += f.Value
+			}
 			continue
 		}
 		e := byReq[f.RequestID]
@@ -296,6 +320,8 @@ func TestFeedbackThroughAggregator(t *testing.T) {
 		case "quality":
 			qual[k].scores++
 			qual[k].scoreSum += f.Value
+			bk := [3]string{e.Model, e.Scene, buckets.Label(buckets.Index(e.InputTokens))}
+			qualBucket[bk] = append(qualBucket[bk], f.Value)
 		}
 	}
 	type conv struct {
@@ -331,7 +357,11 @@ func TestFeedbackThroughAggregator(t *testing.T) {
 			tu.first, tu.at = e.Status, e.TS
 		}
 	}
-	if unknown != 50 || convOnly == 0 {
+	ratings := 0.0
+	for _, q := range qual {
+		ratings += q.ratings
+	}
+	if unknown != 50 || convOnly == 0 || ratings != float64(convOnly) {
 		t.Fatalf("test data: %d unknown, %d on conversations only", unknown, convOnly)
 	}
 
@@ -368,16 +398,34 @@ func TestFeedbackThroughAggregator(t *testing.T) {
 				if q == nil {
 					t.Fatalf("unexpected row %v", row)
 				}
-				if num(t, row[2]) != q.thumbs || !near(num(t, row[3]), q.up/q.thumbs, 1e-9) || num(t, row[4]) != 0 ||
-					num(t, row[6]) != q.scores || !near(num(t, row[7]), q.scoreSum/q.scores, 1e-9) {
+				if num(t, row[2]) != q.thumbs || !near(num(t, row[3]), ratio(q.up, q.thumbs), 1e-9) ||
+					num(t, row[4]) != q.ratings || !near(num(t, row[5]), ratio(q.ratingSum, q.ratings), 1e-9) ||
+					num(t, row[6]) != q.scores || !near(num(t, row[7]), ratio(q.scoreSum, q.scores), 1e-9) {
 					t.Fatalf("row %v, want %+v", row, q)
+				}
+			}
+		}},
+		{"quality_by_bucket.sql", map[string]string{"from": dt(base), "to": dt(base.Add(span + time.Hour)), "name": "quality", "layer": "gateway"}, func(t *testing.T, res *testbed.Result) {
+			if len(res.Rows) != len(qualBucket) {
+				t.Fatalf("%d rows, want %d", len(res.Rows), len(qualBucket))
+			}
+			for _, row := range res.Rows {
+				vs := qualBucket[[3]string{str(t, row[0]), str(t, row[1]), str(t, row[2])}]
+				if len(vs) == 0 || num(t, row[3]) != float64(len(vs)) {
+					t.Fatalf("row %v, want %d verdicts", row, len(vs))
+				}
+				slices.Sort(vs)
+				for i, q := range []float64{0.1, 0.5, 0.9} {
+					if w := vs[int(q*float64(len(vs)))]; num(t, row[4+i]) != w { // quantileExact: the value at rank q·n
+						t.Fatalf("row %v: p%g, want %v", row, q*100, w)
+					}
 				}
 			}
 		}},
 		{"feedback_coverage.sql", map[string]string{"from": dt(base), "to": dt(time.Now().Add(time.Hour))}, func(t *testing.T, res *testbed.Result) {
 			row := res.Rows[0]
-			if num(t, row[0]) != float64(len(verdicts)) || num(t, row[1]) != 0 || num(t, row[2]) != 50 || num(t, row[3]) != float64(convOnly) || num(t, row[4]) != float64(inline) {
-				t.Fatalf("got %v, want %d verdicts, 0 duplicate rows, 50 unknown, %d on conversations, %d inline", row, len(verdicts), convOnly, inline)
+			if num(t, row[0]) != float64(len(verdicts)) || num(t, row[1]) != 0 || num(t, row[2]) != 50 || num(t, row[3]) != float64(convOnly) || num(t, row[4]) != float64(inline) || num(t, row[5]) != 0 {
+				t.Fatalf("got %v, want %d verdicts, 0 duplicate rows, 50 unknown, %d on conversations, %d inline, none superseded", row, len(verdicts), convOnly, inline)
 			}
 		}},
 		{"cost_per_satisfied_conversation.sql", map[string]string{"from": dt(base), "to": dt(base.Add(span + time.Hour)), "name": "thumbs", "satisfied_at": "0.5", "layer": "gateway"},
@@ -488,4 +536,12 @@ func TestFeedbackThroughAggregator(t *testing.T) {
 			})
 		}
 	})
+}
+
+// ratio is a / b, 0 when b is: what the queries answer for a share of nothing.
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
 }

@@ -213,9 +213,14 @@ func TestReportSQL(t *testing.T) {
 	if got := business("--layer", "engine")["satisfaction_by_ttft_band.sql"]; len(got) != 1 || got[0]["verdicts"] != float64(3) || math.Abs(got[0]["satisfied"].(float64)-2.0/3) > 1e-9 {
 		t.Errorf("business view of the engine layer, satisfaction by TTFT band = %v", got)
 	}
-	// e5's inline quality score is the gateway's only one.
-	if got := bySection["quality_by_scene_model.sql"]; len(got) != 1 || got[0]["quality_scores"] != float64(1) || got[0]["quality_avg"] != 0.9 || got[0]["thumbs"] != float64(3) {
+	// e5's inline quality score is the gateway's only one; c1's rating counts for its scene
+	// and model.
+	if got := bySection["quality_by_scene_model.sql"]; len(got) != 1 || got[0]["quality_scores"] != float64(1) || got[0]["quality_avg"] != 0.9 || got[0]["thumbs"] != float64(3) ||
+		got[0]["ratings"] != float64(1) || got[0]["rating_avg"] != float64(4) {
 		t.Errorf("business view, quality by scene and model = %v", got)
+	}
+	if got := bySection["quality_by_bucket.sql"]; len(got) != 1 || got[0]["bucket"] != "0-500" || got[0]["verdicts"] != float64(1) || got[0]["value_p50"] != 0.9 {
+		t.Errorf("business view, quality by bucket = %v", got)
 	}
 	if got := bySection["retries.sql"]; len(got) != 1 || got[0]["conversations"] != float64(2) {
 		t.Errorf("business view, retries = %v", got)

@@ -23,9 +23,10 @@ type BusinessSection struct {
 }
 
 // businessSections lists the questions in the order they are printed; the verdict
-// questions use thumbs, satisfied when up.
+// questions use thumbs, satisfied when up, and the percentiles the quality scores.
 var businessSections = []struct{ title, file string }{
 	{"Satisfaction and quality per scene and model", "quality_by_scene_model.sql"},
+	{"Quality score percentiles per model, scene and input bucket", "quality_by_bucket.sql"},
 	{"Satisfaction (thumbs up) by TTFT band of the rated request", "satisfaction_by_ttft_band.sql"},
 	{"Satisfaction (thumbs up) by the longest stall of the rated stream", "satisfaction_by_stall.sql"},
 	{"Task completion and turns per conversation", "conversations.sql"},
@@ -62,6 +63,9 @@ func QueryBusiness(ctx context.Context, conn driver.Conn, r Range, layer string)
 		p := params
 		if s.file == "cost_per_satisfied_conversation.sql" {
 			p = map[string]string{"from": params["from"], "to": params["to"], "name": "thumbs", "satisfied_at": "0.5", "layer": layer}
+		}
+		if s.file == "quality_by_bucket.sql" {
+			p = map[string]string{"from": params["from"], "to": params["to"], "name": "quality", "layer": layer}
 		}
 		if s.file == "feedback_coverage.sql" {
 			p = map[string]string{"from": params["from"], "to": strconv.FormatInt(r.To.Unix()+7*86400, 10)}

@@ -1,10 +1,16 @@
 -- The business layer: average turns per conversation, and task completion rate — the
--- share of conversations whose outcome (sent by the app on the last request) is
--- 'completed' among those with an outcome. Parameters: from, to (DateTime), layer (String:
--- gateway, engine or app; the same requests seen at two layers are never summed).
+-- share of conversations whose outcome (sent by the app, the last one reported counts) is
+-- 'completed' among those with an outcome. A conversation belongs to the range of its first
+-- request and counts whole: its requests up to 7 days after to count too, and one whose
+-- first request lies before from is left to that range. Requests are read from 7 days
+-- before from: a conversation silent for longer than that before the range counts as
+-- starting in it. turns counts the distinct turn numbers the requests carry (the
+-- X-Tokenscope-Turn header, or the event's turn), and each request without one as a turn of
+-- its own. Parameters: from, to (DateTime), layer (String: gateway, engine or app; the same
+-- requests seen at two layers are never summed). avg_turns is 0 when no conversation started.
 SELECT
     count() AS conversations,
-    avg(turns) AS avg_turns,
+    if(count() = 0, 0, avg(turns)) AS avg_turns,
     countIf(outcome = 'completed') AS completed,
     countIf(outcome = 'abandoned') AS abandoned,
     if(countIf(outcome != '') = 0, 0, countIf(outcome = 'completed') / countIf(outcome != '')) AS completion_rate
@@ -12,9 +18,11 @@ FROM
 (
     SELECT
         conversation_id,
-        max(turn) AS turns,
-        anyIf(outcome, outcome != '') AS outcome
+        uniqExactIf(turn, turn > 0) + countIf(turn = 0) AS turns,
+        argMaxIf(outcome, ts, outcome != '') AS outcome
     FROM requests
-    WHERE ts >= {from:DateTime} AND ts < {to:DateTime} AND conversation_id != '' AND layer = {layer:String}
+    WHERE ts >= {from:DateTime} - INTERVAL 7 DAY AND ts < {to:DateTime} + INTERVAL 7 DAY
+        AND conversation_id != '' AND layer = {layer:String}
     GROUP BY conversation_id
+    HAVING min(ts) >= {from:DateTime} AND min(ts) < {to:DateTime}
 )

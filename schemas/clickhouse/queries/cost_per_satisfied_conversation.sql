@@ -2,8 +2,13 @@
 -- costs. A conversation is satisfied when its verdicts named name (thumbs, rating, …) on
 -- any of its requests or on the conversation itself average at least satisfied_at;
 -- conversations without such a verdict are counted apart (unrated). Verdicts (the verdicts
--- view: feedback and the requests' inline scores) are deduplicated by event_id. Parameters: layer (String: the layer of the requests read, gateway, engine or app), from, to (DateTime, of the requests), name
--- (String), satisfied_at (Float64).
+-- view: feedback and the requests' inline scores): the latest verdict of each source on a
+-- request or conversation counts (one sent twice counts once, a changed one with its last
+-- value only). Conversations are counted whole, in the range of their first request, as in
+-- conversations.sql (their requests up to 7 days after to count; requests are read from 7
+-- days before from). Parameters: layer (String: the layer of the requests read, gateway,
+-- engine or app), from, to (DateTime: the range the conversations start in), name (String),
+-- satisfied_at (Float64).
 SELECT
     scene,
     count() AS conversations,
@@ -19,8 +24,10 @@ FROM
     (
         SELECT conversation_id, any(scene) AS scene, sum(cost_usd) AS cost_usd
         FROM requests
-        WHERE ts >= {from:DateTime} AND ts < {to:DateTime} AND layer = {layer:String} AND conversation_id != ''
+        WHERE ts >= {from:DateTime} - INTERVAL 7 DAY AND ts < {to:DateTime} + INTERVAL 7 DAY
+            AND layer = {layer:String} AND conversation_id != ''
         GROUP BY conversation_id
+        HAVING min(ts) >= {from:DateTime} AND min(ts) < {to:DateTime}
     ) AS c
     ANY LEFT JOIN
     (
@@ -30,16 +37,17 @@ FROM
             SELECT if(fb_conversation != '', fb_conversation, req_conversation) AS conversation_id, value
             FROM
             (
-                SELECT event_id, any(request_id) AS request_id, any(conversation_id) AS fb_conversation, any(value) AS value
+                SELECT request_id, conversation_id AS fb_conversation, argMax(value, ts) AS value
                 FROM verdicts
                 WHERE name = {name:String} AND ts >= {from:DateTime}
-                GROUP BY event_id
+                GROUP BY request_id, conversation_id, source
             ) AS f
             ANY LEFT JOIN
             (
                 SELECT event_id AS request_id, conversation_id AS req_conversation
                 FROM requests
-                WHERE ts >= {from:DateTime} AND ts < {to:DateTime} AND layer = {layer:String} AND conversation_id != ''
+                WHERE ts >= {from:DateTime} AND ts < {to:DateTime} + INTERVAL 7 DAY
+                    AND layer = {layer:String} AND conversation_id != ''
             ) AS r USING request_id
         )
         WHERE conversation_id != ''

@@ -1,19 +1,23 @@
--- How much feedback there is and how much of it could be tied to a request: verdicts
--- (one per event_id), duplicate rows stored, verdicts on a request_id that requests does
--- not hold (kept, never dropped: the request may be older than the table's TTL, from
--- another env, or not yet stored), verdicts on a conversation only, and the verdicts that
--- came inline, as scores on their request event (from the verdicts view; their ts is the
--- request's). Parameters: from, to (DateTime, when the verdicts were given).
+-- How much feedback there is and how much of it could be tied to a request: verdicts (the
+-- latest of each source on a request or conversation, as the other queries count them),
+-- duplicate rows stored (the same event_id twice), verdicts on a request_id that requests
+-- does not hold (kept, never dropped: the request may be older than the table's TTL, from
+-- another env, or not yet stored), verdicts on a conversation only, the verdicts that came
+-- inline, as scores on their request event (source app, from the verdicts view; their ts is
+-- the request's), and superseded: verdicts replaced by a later one of the same source (a
+-- changed verdict, sent under an event_id of its own). Parameters: from, to (DateTime, when
+-- the verdicts were given).
 SELECT
     count() AS verdicts,
-    sum(copies) - count() AS duplicate_rows,
+    sum(copies) - sum(ids) AS duplicate_rows,
     countIf(request_id != '' AND request_id NOT IN (SELECT event_id FROM requests WHERE ts < {to:DateTime})) AS unknown_request,
     countIf(request_id = '') AS conversation_only,
-    countIf(source = 'app') AS inline_scores
+    countIf(source = 'app') AS inline_scores,
+    sum(ids) - count() AS superseded
 FROM
 (
-    SELECT event_id, any(request_id) AS request_id, any(source) AS source, count() AS copies
+    SELECT request_id, source, count() AS copies, uniqExact(event_id) AS ids
     FROM verdicts
     WHERE ts >= {from:DateTime} AND ts < {to:DateTime}
-    GROUP BY event_id
+    GROUP BY request_id, conversation_id, name, source
 )

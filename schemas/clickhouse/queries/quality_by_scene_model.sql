@@ -1,9 +1,15 @@
--- Satisfaction and quality per scene and model of the rated requests: the share of thumbs
--- up, the mean rating, the mean evaluator quality score, and how many verdicts of each.
--- Verdicts (the verdicts view: feedback and the requests' inline scores) are joined to their
--- requests (verdicts.request_id = requests.event_id) and
--- deduplicated by event_id; those whose request is unknown are left out (see
--- feedback_coverage.sql). Parameters: layer (String: the layer of the requests read, gateway, engine or app), from, to (DateTime, of the rated requests).
+-- Satisfaction and quality per scene and model: the share of thumbs up, the mean rating,
+-- the mean evaluator quality score, and how many verdicts of each. Verdicts (the verdicts
+-- view: feedback and the requests' inline scores) on a request are joined to it
+-- (verdicts.request_id = requests.event_id); verdicts on a conversation only (request_id
+-- empty) are joined to its requests by conversation_id, and count for its scene and the
+-- model of its last request in the range (of the greatest event_id among those of the same
+-- ts). The latest verdict of each source on a request or
+-- conversation counts: one sent twice counts once, and one changed (sent again under an
+-- event_id of its own) counts with its last value only. Verdicts whose request or
+-- conversation is unknown are left out (see feedback_coverage.sql). ANY LEFT JOIN keeps
+-- every verdict of a request on every engine. Parameters: layer (String: the layer of the
+-- requests read, gateway, engine or app), from, to (DateTime, of the rated requests).
 SELECT
     scene,
     model,
@@ -15,17 +21,38 @@ SELECT
     if(countIf(name = 'quality') = 0, 0, sumIf(value, name = 'quality') / countIf(name = 'quality')) AS quality_avg
 FROM
 (
-    SELECT request_id, any(name) AS name, any(value) AS value
-    FROM verdicts
-    WHERE request_id != '' AND ts >= {from:DateTime}
-    GROUP BY event_id, request_id
-) AS f
-ANY LEFT JOIN
-(
-    SELECT event_id AS request_id, scene, model, 1 AS known
-    FROM requests
-    WHERE ts >= {from:DateTime} AND ts < {to:DateTime} AND layer = {layer:String}
-) AS r USING request_id
-WHERE known = 1
+    SELECT scene, model, name, value
+    FROM
+    (
+        SELECT request_id, name, argMax(value, ts) AS value
+        FROM verdicts
+        WHERE request_id != '' AND ts >= {from:DateTime}
+        GROUP BY request_id, conversation_id, name, source
+    ) AS f
+    ANY LEFT JOIN
+    (
+        SELECT event_id AS request_id, scene, model, 1 AS known
+        FROM requests
+        WHERE ts >= {from:DateTime} AND ts < {to:DateTime} AND layer = {layer:String}
+    ) AS r USING request_id
+    WHERE known = 1
+    UNION ALL
+    SELECT scene, model, name, value
+    FROM
+    (
+        SELECT conversation_id, name, argMax(value, ts) AS value
+        FROM verdicts
+        WHERE request_id = '' AND conversation_id != '' AND ts >= {from:DateTime}
+        GROUP BY conversation_id, name, source
+    ) AS f
+    ANY LEFT JOIN
+    (
+        SELECT conversation_id, any(scene) AS scene, argMax(model, (ts, event_id)) AS model, 1 AS known
+        FROM requests
+        WHERE ts >= {from:DateTime} AND ts < {to:DateTime} AND layer = {layer:String} AND conversation_id != ''
+        GROUP BY conversation_id
+    ) AS c USING conversation_id
+    WHERE known = 1
+)
 GROUP BY scene, model
 ORDER BY scene, model

@@ -1,7 +1,7 @@
 -- User satisfaction by the longest gap between two streamed tokens (max_itl_ms) of the
 -- rated request: a stream that stalls loses users even when its first token was fast.
 -- Bands: no gap measured (not streamed), <= 100 ms, <= 500 ms, <= 2 s, > 2 s. Read from the verdicts
--- view (feedback and inline scores), joined and deduplicated as satisfaction_by_ttft_band.sql. Parameters: layer (String: the layer of the requests read, gateway, engine or app), from, to (DateTime), name
+-- view (feedback and inline scores), joined as satisfaction_by_ttft_band.sql, the latest verdict of each source on a request counting. Parameters: layer (String: the layer of the requests read, gateway, engine or app), from, to (DateTime), name
 -- (String), satisfied_at (Float64).
 SELECT
     multiIf(max_itl_ms = 0, '0: not streamed', max_itl_ms <= 100, '1: <= 100 ms', max_itl_ms <= 500, '2: <= 500 ms',
@@ -11,10 +11,10 @@ SELECT
     avg(value) AS mean_value
 FROM
 (
-    SELECT request_id, any(value) AS value
+    SELECT request_id, argMax(value, ts) AS value
     FROM verdicts
     WHERE name = {name:String} AND request_id != '' AND ts >= {from:DateTime}
-    GROUP BY event_id, request_id
+    GROUP BY request_id, conversation_id, source
 ) AS f
 ANY LEFT JOIN
 (

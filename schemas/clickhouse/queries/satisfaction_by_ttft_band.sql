@@ -5,7 +5,9 @@
 -- requests.event_id; ANY LEFT JOIN keeps every verdict of a request on every engine), so
 -- one given hours later still counts
 -- for the request's band; verdicts whose request is unknown are left out here (see
--- feedback_coverage.sql), and a verdict sent twice counts once (one row per event_id).
+-- feedback_coverage.sql). The latest verdict of each source on a request counts: one sent
+-- twice counts once, and one changed (sent again under an event_id of its own) counts with
+-- its last value only.
 -- satisfied is the share of verdicts with value >= satisfied_at (1 for thumbs, 4 for a
 -- 1–5 rating). Parameters: layer (String: the layer of the requests read, gateway, engine or app), from, to (DateTime, of the rated requests), name (String,
 -- e.g. thumbs), satisfied_at (Float64).
@@ -16,10 +18,10 @@ SELECT
     avg(value) AS mean_value
 FROM
 (
-    SELECT request_id, any(value) AS value
+    SELECT request_id, argMax(value, ts) AS value
     FROM verdicts
     WHERE name = {name:String} AND request_id != '' AND ts >= {from:DateTime}
-    GROUP BY event_id, request_id
+    GROUP BY request_id, conversation_id, source
 ) AS f
 ANY LEFT JOIN
 (

@@ -2,7 +2,9 @@
 -- aggregator from the FEEDBACK stream. One row per feedback event; no free text (a comment
 -- is kept as its length only). A verdict sent again with the same event_id is stored once
 -- while the aggregator remembers the id (AGG_FEEDBACK_DEDUP ids); the cookbook's queries
--- also keep one row per event_id, so even a duplicate past that memory counts once there.
+-- keep the latest verdict (by ts) of each source on a request or conversation, so even a
+-- duplicate past that memory counts once there, and a changed verdict (sent under an
+-- event_id of its own) counts with its last value only.
 -- A verdict is tied to the request it rates at query time, by request_id = requests.event_id:
 -- feedback arrives hours after its request, and one whose request is unknown is kept.
 CREATE TABLE IF NOT EXISTS feedback
