@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -67,6 +68,7 @@ type Lease struct {
 	// next one succeeds; only Acquire, then Keep's goroutine, touch them.
 	rev      uint64
 	deadline time.Time
+	fence    atomic.Pointer[time.Time] // deadline, for Held's Err on any goroutine
 	heldCtx  context.Context
 	lose     context.CancelCauseFunc
 
@@ -93,7 +95,9 @@ func Open(ctx context.Context, js jetstream.JetStream, consumer string, ttl time
 		renewErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "aggregator", Name: "lease_renew_errors_total",
 			Help: "Renewals of the lease that failed (retried until two thirds of AGG_LEASE_TTL have passed since the last that succeeded; then the process stops)."}),
 	}
-	l.heldCtx, l.lose = context.WithCancelCause(context.Background())
+	var held context.Context
+	held, l.lose = context.WithCancelCause(context.Background())
+	l.heldCtx = heldContext{held, l}
 	reg.MustRegister(l.held, l.renewErrors)
 	return l, nil
 }
@@ -189,7 +193,8 @@ func (l *Lease) Acquire(ctx context.Context) error {
 // take records the lease taken at revision rev, its request sent at sent; from is the
 // holder it took over from, zero when the lease was free.
 func (l *Lease) take(rev uint64, sent time.Time, waited time.Duration, from Holder) {
-	l.rev, l.deadline = rev, sent.Add(l.fenceAfter())
+	l.rev = rev
+	l.setDeadline(sent.Add(l.fenceAfter()))
 	l.mu.Lock()
 	l.state, l.holder = holding, Holder{}
 	l.mu.Unlock()
@@ -203,8 +208,32 @@ func (l *Lease) take(rev uint64, sent time.Time, waited time.Duration, from Hold
 }
 
 // Held returns a context that ends once this process may no longer count: Keep found the
-// lease lost, or did not renew it in time. Every write for the consumer is made under it.
+// lease lost, or did not renew it in time. Every write for the consumer is made under it,
+// and its Err is asked right before each: it reads the clock, so that a process paused past
+// its deadline (a GC pause, SIGSTOP) finds the lease lost at once when it resumes, before
+// Keep's late timer has run.
 func (l *Lease) Held() context.Context { return l.heldCtx }
+
+func (l *Lease) setDeadline(d time.Time) {
+	l.deadline = d
+	l.fence.Store(&d)
+}
+
+// heldContext is Held: its Err ends it once the deadline has passed.
+type heldContext struct {
+	context.Context // ended by lose
+	l               *Lease
+}
+
+func (h heldContext) Err() error {
+	if err := h.Context.Err(); err != nil {
+		return err
+	}
+	if d := h.l.fence.Load(); d != nil && !time.Now().Before(*d) {
+		h.l.lost(fmt.Errorf("%w: the lease of AGG_CONSUMER=%s was not renewed for %s (AGG_LEASE_TTL=%s): this process did not run in time", ErrLost, h.l.consumer, h.l.fenceAfter(), h.l.ttl))
+	}
+	return h.Context.Err()
+}
 
 // Keep renews the lease every fifth of the TTL until ctx ends (it returns nil; the lease is
 // still held, for Release). A failed renewal is tried again every poll; once two thirds of
@@ -236,7 +265,8 @@ func (l *Lease) Keep(ctx context.Context) error {
 		cancel()
 		switch {
 		case err == nil && rev > 0:
-			l.rev, l.deadline = rev, sent.Add(l.fenceAfter())
+			l.rev = rev
+			l.setDeadline(sent.Add(l.fenceAfter()))
 			if last != nil {
 				l.logger.Info("renewing the lease again", "consumer", l.consumer)
 			}
@@ -279,11 +309,17 @@ func (l *Lease) recheck(ctx context.Context) error {
 	return fmt.Errorf("%w: the lease of AGG_CONSUMER=%s is held by %s", ErrLost, l.consumer, h)
 }
 
+// lost ends Held with why, once; it returns the first reason.
 func (l *Lease) lost(why error) error {
-	l.lose(why)
 	l.mu.Lock()
+	if l.state == lost {
+		why = l.why
+		l.mu.Unlock()
+		return why
+	}
 	l.state, l.why = lost, why
 	l.mu.Unlock()
+	l.lose(why)
 	l.held.Set(0)
 	l.logger.Error("stopped counting: this process no longer holds the lease of its AGG_CONSUMER", "consumer", l.consumer, "err", why)
 	return why
