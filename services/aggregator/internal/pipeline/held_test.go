@@ -16,7 +16,6 @@ import (
 // between its deadline and the late timer of a process that was paused past it.
 type lostClock struct{ context.Context }
 
-
 func (lostClock) Err() error { return context.Canceled }
 
 func (l lostClock) Value(key any) any { return l.Context.Value(key) }
