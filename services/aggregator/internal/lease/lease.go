@@ -121,7 +121,7 @@ func (l *Lease) poll() time.Duration { return min(l.ttl/10, 500*time.Millisecond
 func (l *Lease) Acquire(ctx context.Context) error {
 	var (
 		seen    uint64    // the revision last read
-		seenAt  time.Time // when it was first read
+		seenAt  time.Time // when it was first read (the answer came)
 		seenTTL time.Duration
 		failing bool
 		logged  string // the holder last logged
@@ -152,7 +152,10 @@ func (l *Lease) Acquire(ctx context.Context) error {
 			failed(err)
 		case e.Revision() != seen:
 			failing = false
-			seen, seenAt, seenTTL = e.Revision(), now, l.ttl
+			// From the read's answer, not its request: a request slow to reach the server
+			// sees a renewal sent after it, and the holder counts until two thirds of its TTL
+			// after that.
+			seen, seenAt, seenTTL = e.Revision(), time.Now(), l.ttl
 			var h Holder
 			if json.Unmarshal(e.Value(), &h) == nil {
 				if d, err := time.ParseDuration(h.TTL); err == nil && d > seenTTL {
