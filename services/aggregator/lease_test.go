@@ -60,7 +60,7 @@ func readyz(addr string) (int, string) {
 	return resp.StatusCode, string(body)
 }
 
-// leaseHolder returns the process that holds consumer's lease, zero when none does.
+// leaseHolder returns the process that holds consumer's lease, zero when none does (released).
 func leaseHolder(t testing.TB, js jetstream.JetStream, consumer string) lease.Holder {
 	t.Helper()
 	kv, err := js.KeyValue(context.Background(), lease.Bucket)
@@ -72,7 +72,9 @@ func leaseHolder(t testing.TB, js jetstream.JetStream, consumer string) lease.Ho
 		return lease.Holder{}
 	}
 	var h lease.Holder
-	_ = json.Unmarshal(e.Value(), &h)
+	if json.Unmarshal(e.Value(), &h) != nil || h.Released {
+		return lease.Holder{}
+	}
 	return h
 }
 

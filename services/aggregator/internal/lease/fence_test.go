@@ -192,3 +192,22 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// TestWaitForIsBounded: a lease's value is not trusted to hold waiters off for ever.
+func TestWaitForIsBounded(t *testing.T) {
+	for _, c := range []struct {
+		held string
+		want time.Duration
+	}{
+		{"", 15 * time.Second},
+		{"garbage", 15 * time.Second},
+		{"-1h", 15 * time.Second},
+		{"5s", 15 * time.Second},
+		{"1m", time.Minute},
+		{"1000h", MaxTTL},
+	} {
+		if got := waitFor(15*time.Second, c.held); got != c.want {
+			t.Errorf("waitFor(15s, %q) = %s, want %s", c.held, got, c.want)
+		}
+	}
+}

@@ -34,6 +34,8 @@ type Holder struct {
 	PID     int       `json:"pid"`
 	Started time.Time `json:"started"`
 	TTL     string    `json:"ttl"` // the holder's AGG_LEASE_TTL: a waiter waits the longer of it and its own
+	// Released: the holder stopped and wrote nothing more after it; a waiter takes over at once.
+	Released bool `json:"released,omitempty"`
 }
 
 func (h Holder) attrs() []any {
@@ -114,18 +116,27 @@ func (l *Lease) fenceAfter() time.Duration { return l.ttl * 2 / 3 }
 // poll is how often a waiter reads the lease, and a failed renewal is tried again.
 func (l *Lease) poll() time.Duration { return min(l.ttl/10, 500*time.Millisecond) }
 
+// MaxTTL is the longest AGG_LEASE_TTL: a waiter waits no longer than it, whatever TTL a
+// lease's value claims.
+const MaxTTL = 10 * time.Minute
+
 // Acquire returns once this process holds the lease, or with ctx's error when ctx ends
 // first. While another process holds it, it waits, and says who holds it once (and again if
-// another takes it). It takes a lease that was released at once, and one whose holder has
-// not renewed it for the longer of its TTL and the holder's own.
+// another takes it). It takes a lease never held, or released, at once, and one whose holder
+// has not renewed it for the longer of its TTL and the holder's own. A lease deleted by other
+// means than a release (`nats kv del`) is waited on as one not renewed: its holder counts
+// until its next renewal finds it gone.
 func (l *Lease) Acquire(ctx context.Context) error {
 	var (
-		seen    uint64    // the revision last read
-		seenAt  time.Time // when it was first read (the answer came)
-		seenTTL time.Duration
-		failing bool
-		logged  string // the holder last logged
-		start   = time.Now()
+		seen     uint64    // the revision last read
+		seenAt   time.Time // when it was first read (the answer came)
+		seenTTL  time.Duration
+		released bool   // seen is a release
+		lastTTL  string // the TTL of the last holder seen, for a lease then deleted
+		failing  bool
+		told     bool   // the waiting line was logged
+		logged   string // for the holder logged
+		start    = time.Now()
 	)
 	failed := func(err error) {
 		if !failing {
@@ -135,48 +146,17 @@ func (l *Lease) Acquire(ctx context.Context) error {
 	}
 	for {
 		now := time.Now()
-		e, err := l.kv.Get(ctx, l.consumer)
+		rev, value, deleted, err := l.read(ctx)
 		switch {
 		case errors.Is(err, jetstream.ErrInvalidKey):
 			return fmt.Errorf("cannot take the lease of AGG_CONSUMER=%q in %s: %w", l.consumer, Bucket, err)
-		case errors.Is(err, jetstream.ErrKeyNotFound):
-			rev, err := l.kv.Create(ctx, l.consumer, l.value)
-			if err == nil {
-				l.take(rev, now, time.Since(start), Holder{})
-				return nil
-			}
-			if !errors.Is(err, jetstream.ErrKeyExists) {
-				failed(err)
-			}
 		case err != nil:
 			failed(err)
-		case e.Revision() != seen:
+		case rev == 0: // never held: take it if still so
 			failing = false
-			// From the read's answer, not its request: a request slow to reach the server
-			// sees a renewal sent after it, and the holder counts until two thirds of its TTL
-			// after that.
-			seen, seenAt, seenTTL = e.Revision(), time.Now(), l.ttl
-			var h Holder
-			if json.Unmarshal(e.Value(), &h) == nil {
-				if d, err := time.ParseDuration(h.TTL); err == nil && d > seenTTL {
-					seenTTL = d
-				}
-			}
-			l.mu.Lock()
-			l.holder = h
-			l.mu.Unlock()
-			if h.ID != logged {
-				logged = h.ID
-				l.logger.Warn("another process holds the lease of this AGG_CONSUMER; waiting until it stops", append([]any{"consumer", l.consumer}, h.attrs()...)...)
-			}
-		case now.Sub(seenAt) >= seenTTL:
-			failing = false
-			rev, err := l.kv.Update(ctx, l.consumer, l.value, seen)
+			rev, err := l.kv.Update(ctx, l.consumer, l.value, 0)
 			if err == nil {
-				l.mu.Lock()
-				h := l.holder
-				l.mu.Unlock()
-				l.take(rev, now, time.Since(start), h)
+				l.take(rev, now, time.Since(start), Holder{}, false)
 				return nil
 			}
 			if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
@@ -184,6 +164,49 @@ func (l *Lease) Acquire(ctx context.Context) error {
 			}
 		default:
 			failing = false
+			if rev != seen {
+				// From the read's answer, not its request: a request slow to reach the server
+				// sees a renewal sent after it, and the holder counts until two thirds of its TTL
+				// after that.
+				seen, seenAt = rev, time.Now()
+				var h Holder
+				parsed := !deleted && json.Unmarshal(value, &h) == nil
+				if parsed {
+					lastTTL = h.TTL
+				}
+				released = parsed && h.Released
+				seenTTL = waitFor(l.ttl, lastTTL)
+				l.mu.Lock()
+				l.holder = h
+				l.mu.Unlock()
+				switch {
+				case released:
+				case deleted:
+					l.logger.Warn("the lease of this AGG_CONSUMER was deleted without a release; waiting for its holder to stop", "consumer", l.consumer, "wait", seenTTL.String())
+					told, logged = true, ""
+				case !told || h.ID != logged:
+					told, logged = true, h.ID
+					attrs := h.attrs()
+					if h.ID == "" {
+						attrs = []any{"holder", "unknown (the lease's value is not a holder's)"}
+					}
+					l.logger.Warn("another process holds the lease of this AGG_CONSUMER; waiting until it stops", append([]any{"consumer", l.consumer}, attrs...)...)
+				}
+			}
+			if !released && now.Sub(seenAt) < seenTTL {
+				break
+			}
+			rev, err := l.kv.Update(ctx, l.consumer, l.value, seen)
+			if err == nil {
+				l.mu.Lock()
+				h := l.holder
+				l.mu.Unlock()
+				l.take(rev, now, time.Since(start), h, released)
+				return nil
+			}
+			if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+				failed(err)
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -193,9 +216,39 @@ func (l *Lease) Acquire(ctx context.Context) error {
 	}
 }
 
+// read returns the lease's last revision and value, or whether it was deleted or purged;
+// revision 0 when it was never written.
+func (l *Lease) read(ctx context.Context) (rev uint64, value []byte, deleted bool, err error) {
+	e, err := l.kv.Get(ctx, l.consumer)
+	if err == nil {
+		return e.Revision(), e.Value(), false, nil
+	}
+	if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return 0, nil, false, err
+	}
+	hist, err := l.kv.History(ctx, l.consumer) // the delete marker, which Get does not return
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return 0, nil, false, nil
+	case err != nil:
+		return 0, nil, false, err
+	}
+	last := hist[len(hist)-1]
+	return last.Revision(), last.Value(), last.Operation() != jetstream.KeyValuePut, nil
+}
+
+// waitFor is how long a waiter waits on a revision: the longer of its own TTL and the
+// holder's (held), at most MaxTTL.
+func waitFor(own time.Duration, held string) time.Duration {
+	if d, err := time.ParseDuration(held); err == nil && d > own {
+		return min(d, MaxTTL)
+	}
+	return own
+}
+
 // take records the lease taken at revision rev, its request sent at sent; from is the
 // holder it took over from, zero when the lease was free.
-func (l *Lease) take(rev uint64, sent time.Time, waited time.Duration, from Holder) {
+func (l *Lease) take(rev uint64, sent time.Time, waited time.Duration, from Holder, released bool) {
 	l.rev = rev
 	l.setDeadline(sent.Add(l.fenceAfter()))
 	l.mu.Lock()
@@ -203,6 +256,10 @@ func (l *Lease) take(rev uint64, sent time.Time, waited time.Duration, from Hold
 	l.mu.Unlock()
 	l.held.Set(1)
 	attrs := []any{"consumer", l.consumer, "ttl", l.ttl.String(), "waited", waited.Round(time.Millisecond).String()}
+	if from.ID != "" && released {
+		l.logger.Info("took the lease released by the process that held it", append(attrs, from.attrs()...)...)
+		return
+	}
 	if from.ID != "" {
 		l.logger.Info("took over the lease from a process that stopped renewing it", append(attrs, from.attrs()...)...)
 		return
@@ -328,8 +385,8 @@ func (l *Lease) lost(why error) error {
 	return why
 }
 
-// Release deletes the lease, if this process still holds it, so that a process waiting for
-// it takes over at once. Call it once Keep has returned nil and nothing more is written.
+// Release marks the lease released, if this process still holds it, so that a process
+// waiting for it takes over at once. Call it once Keep has returned nil and nothing more is written.
 func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	st := l.state
@@ -347,7 +404,10 @@ func (l *Lease) Release(ctx context.Context) error {
 		}
 		return fmt.Errorf("cannot release the lease of AGG_CONSUMER=%s: %w", l.consumer, err)
 	}
-	if err := l.kv.Delete(ctx, l.consumer, jetstream.LastRevision(l.rev)); err != nil {
+	released := l.me
+	released.Released = true
+	value, _ := json.Marshal(released)
+	if _, err := l.kv.Update(ctx, l.consumer, value, l.rev); err != nil {
 		return fmt.Errorf("cannot release the lease of AGG_CONSUMER=%s: %w", l.consumer, err)
 	}
 	return nil
