@@ -558,6 +558,11 @@ func (p *Pipeline) publish(ctx context.Context, msgs []sink.OutboxMsg) (ok bool)
 	return err == nil
 }
 
+// Unsettled reports, once Run has returned, whether it left a flush's write unfinished
+// (ClickHouse away or hung at shutdown): an insert of it may still run on the server, or
+// start once the server reads its socket again.
+func (p *Pipeline) Unsettled() bool { return p.pending != nil && !p.pending.stored }
+
 // stopped reports whether nothing more may be written: ctx ended, or Held did. Held is asked
 // itself, right before each write: it reads the clock (see lease.Held), and a context made
 // from it hears only later that it ended.
