@@ -11,6 +11,7 @@ import (
 	"github.com/tokenscope/tokenscope/pkg/chdb"
 	"github.com/tokenscope/tokenscope/pkg/envconf"
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/aggregator/internal/lease"
 )
 
 // Config is the aggregator's configuration, from the environment.
@@ -82,7 +83,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("AGG_MAX_SERIES=%d must be at least 1", a.MaxSeries)
 	case a.Consumer == "" || strings.ContainsAny(a.Consumer, ".*> \t\n"):
 		return fmt.Errorf("AGG_CONSUMER=%q must be a non-empty name without '.', '*', '>' or spaces", a.Consumer)
-	case a.LeaseTTL < time.Second || a.LeaseTTL > 10*time.Minute:
+	case a.LeaseTTL < time.Second || a.LeaseTTL > lease.MaxTTL:
 		return fmt.Errorf("AGG_LEASE_TTL=%s must be from 1s to 10m", a.LeaseTTL)
 	case a.Filter != events.SubjectRequestsAll && !strings.HasPrefix(a.Filter, "llm.req."):
 		return fmt.Errorf("AGG_FILTER=%q must be llm.req.> or a narrower subject under llm.req. (such as llm.req.prod.>)", a.Filter)

@@ -115,10 +115,16 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		}
 		keepDone <- err
 	}()
-	err = counting(runCtx, cfg, logger, srv, srvErr, nc, js, db, buckets, prices, l.Held())
+	var unsettled bool
+	err = counting(runCtx, cfg, logger, srv, srvErr, nc, js, db, buckets, prices, l.Held(), &unsettled)
 	stopKeep()
 	kerr := <-keepDone
-	if kerr == nil {
+	if kerr == nil && unsettled {
+		// An insert this process gave up on may still land: the next process must not read
+		// the ledger before it has, so it waits for the lease to go stale, as after a crash.
+		logger.Warn("a write to ClickHouse was left unfinished; the lease is not released, and the next process waits AGG_LEASE_TTL", "ttl", cfg.Agg.LeaseTTL.String())
+	}
+	if kerr == nil && !unsettled {
 		// Nothing more is written: the next process may start at once.
 		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		if rerr := l.Release(rctx); rerr != nil {
@@ -139,9 +145,10 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 }
 
 // counting runs the pipelines until ctx ends (or held does, the lease lost) and returns once
-// they and the rollup publisher have stopped.
+// they and the rollup publisher have stopped; unsettled tells whether one left a write
+// unfinished.
 func counting(ctx context.Context, cfg Config, logger *slog.Logger, srv *ops.Server, srvErr <-chan error, nc *nats.Conn, js jetstream.JetStream, db *chdb.DB,
-	buckets events.Buckets, prices *price.Table, held context.Context) error {
+	buckets events.Buckets, prices *price.Table, held context.Context, unsettled *bool) error {
 	var err error
 	pub := bus.NewPublisher(js, bus.PublisherOptions{Buffer: cfg.Agg.PublishBuffer, Namespace: "aggregator"}, srv.Registry(), logger)
 	deps := pipeline.Deps{JS: js, NC: nc, CH: db.Conn(), Publisher: pub, Metrics: pipeline.NewMetrics(srv.Registry()), Logger: logger}
@@ -251,6 +258,9 @@ func counting(ctx context.Context, cfg Config, logger *slog.Logger, srv *ops.Ser
 		g.Go(func() error { return p.Run(gctx) })
 	}
 	err = g.Wait()
+	for _, p := range pipes {
+		*unsettled = *unsettled || p.Unsettled()
+	}
 	stopPub()
 	if perr := <-pubDone; perr != nil {
 		logger.Warn("rollups left unpublished at shutdown", "err", perr)

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -33,6 +34,8 @@ type Holder struct {
 	PID     int       `json:"pid"`
 	Started time.Time `json:"started"`
 	TTL     string    `json:"ttl"` // the holder's AGG_LEASE_TTL: a waiter waits the longer of it and its own
+	// Released: the holder stopped and wrote nothing more after it; a waiter takes over at once.
+	Released bool `json:"released,omitempty"`
 }
 
 func (h Holder) attrs() []any {
@@ -67,6 +70,7 @@ type Lease struct {
 	// next one succeeds; only Acquire, then Keep's goroutine, touch them.
 	rev      uint64
 	deadline time.Time
+	fence    atomic.Pointer[time.Time] // deadline, for Held's Err on any goroutine
 	heldCtx  context.Context
 	lose     context.CancelCauseFunc
 
@@ -93,7 +97,9 @@ func Open(ctx context.Context, js jetstream.JetStream, consumer string, ttl time
 		renewErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "aggregator", Name: "lease_renew_errors_total",
 			Help: "Renewals of the lease that failed (retried until two thirds of AGG_LEASE_TTL have passed since the last that succeeded; then the process stops)."}),
 	}
-	l.heldCtx, l.lose = context.WithCancelCause(context.Background())
+	var held context.Context
+	held, l.lose = context.WithCancelCause(context.Background())
+	l.heldCtx = heldContext{held, l}
 	reg.MustRegister(l.held, l.renewErrors)
 	return l, nil
 }
@@ -110,18 +116,27 @@ func (l *Lease) fenceAfter() time.Duration { return l.ttl * 2 / 3 }
 // poll is how often a waiter reads the lease, and a failed renewal is tried again.
 func (l *Lease) poll() time.Duration { return min(l.ttl/10, 500*time.Millisecond) }
 
+// MaxTTL is the longest AGG_LEASE_TTL: a waiter waits no longer than it, whatever TTL a
+// lease's value claims.
+const MaxTTL = 10 * time.Minute
+
 // Acquire returns once this process holds the lease, or with ctx's error when ctx ends
 // first. While another process holds it, it waits, and says who holds it once (and again if
-// another takes it). It takes a lease that was released at once, and one whose holder has
-// not renewed it for the longer of its TTL and the holder's own.
+// another takes it). It takes a lease never held, or released, at once, and one whose holder
+// has not renewed it for the longer of its TTL and the holder's own. A lease deleted by other
+// means than a release (`nats kv del`) is waited on as one not renewed: its holder counts
+// until its next renewal finds it gone.
 func (l *Lease) Acquire(ctx context.Context) error {
 	var (
-		seen    uint64    // the revision last read
-		seenAt  time.Time // when it was first read
-		seenTTL time.Duration
-		failing bool
-		logged  string // the holder last logged
-		start   = time.Now()
+		seen     uint64    // the revision last read
+		seenAt   time.Time // when it was first read (the answer came)
+		seenTTL  time.Duration
+		released bool   // seen is a release
+		lastTTL  string // the TTL of the last holder seen, for a lease then deleted
+		failing  bool
+		told     bool   // the waiting line was logged
+		logged   string // for the holder logged
+		start    = time.Now()
 	)
 	failed := func(err error) {
 		if !failing {
@@ -131,45 +146,17 @@ func (l *Lease) Acquire(ctx context.Context) error {
 	}
 	for {
 		now := time.Now()
-		e, err := l.kv.Get(ctx, l.consumer)
+		rev, value, deleted, err := l.read(ctx)
 		switch {
 		case errors.Is(err, jetstream.ErrInvalidKey):
 			return fmt.Errorf("cannot take the lease of AGG_CONSUMER=%q in %s: %w", l.consumer, Bucket, err)
-		case errors.Is(err, jetstream.ErrKeyNotFound):
-			rev, err := l.kv.Create(ctx, l.consumer, l.value)
-			if err == nil {
-				l.take(rev, now, time.Since(start), Holder{})
-				return nil
-			}
-			if !errors.Is(err, jetstream.ErrKeyExists) {
-				failed(err)
-			}
 		case err != nil:
 			failed(err)
-		case e.Revision() != seen:
+		case rev == 0: // never held: take it if still so
 			failing = false
-			seen, seenAt, seenTTL = e.Revision(), now, l.ttl
-			var h Holder
-			if json.Unmarshal(e.Value(), &h) == nil {
-				if d, err := time.ParseDuration(h.TTL); err == nil && d > seenTTL {
-					seenTTL = d
-				}
-			}
-			l.mu.Lock()
-			l.holder = h
-			l.mu.Unlock()
-			if h.ID != logged {
-				logged = h.ID
-				l.logger.Warn("another process holds the lease of this AGG_CONSUMER; waiting until it stops", append([]any{"consumer", l.consumer}, h.attrs()...)...)
-			}
-		case now.Sub(seenAt) >= seenTTL:
-			failing = false
-			rev, err := l.kv.Update(ctx, l.consumer, l.value, seen)
+			rev, err := l.kv.Update(ctx, l.consumer, l.value, 0)
 			if err == nil {
-				l.mu.Lock()
-				h := l.holder
-				l.mu.Unlock()
-				l.take(rev, now, time.Since(start), h)
+				l.take(rev, now, time.Since(start), Holder{}, false)
 				return nil
 			}
 			if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
@@ -177,6 +164,49 @@ func (l *Lease) Acquire(ctx context.Context) error {
 			}
 		default:
 			failing = false
+			if rev != seen {
+				// From the read's answer, not its request: a request slow to reach the server
+				// sees a renewal sent after it, and the holder counts until two thirds of its TTL
+				// after that.
+				seen, seenAt = rev, time.Now()
+				var h Holder
+				parsed := !deleted && json.Unmarshal(value, &h) == nil
+				if parsed {
+					lastTTL = h.TTL
+				}
+				released = parsed && h.Released
+				seenTTL = waitFor(l.ttl, lastTTL)
+				l.mu.Lock()
+				l.holder = h
+				l.mu.Unlock()
+				switch {
+				case released:
+				case deleted:
+					l.logger.Warn("the lease of this AGG_CONSUMER was deleted without a release; waiting for its holder to stop", "consumer", l.consumer, "wait", seenTTL.String())
+					told, logged = true, ""
+				case !told || h.ID != logged:
+					told, logged = true, h.ID
+					attrs := h.attrs()
+					if h.ID == "" {
+						attrs = []any{"holder", "unknown (the lease's value is not a holder's)"}
+					}
+					l.logger.Warn("another process holds the lease of this AGG_CONSUMER; waiting until it stops", append([]any{"consumer", l.consumer}, attrs...)...)
+				}
+			}
+			if !released && now.Sub(seenAt) < seenTTL {
+				break
+			}
+			rev, err := l.kv.Update(ctx, l.consumer, l.value, seen)
+			if err == nil {
+				l.mu.Lock()
+				h := l.holder
+				l.mu.Unlock()
+				l.take(rev, now, time.Since(start), h, released)
+				return nil
+			}
+			if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+				failed(err)
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -186,15 +216,50 @@ func (l *Lease) Acquire(ctx context.Context) error {
 	}
 }
 
+// read returns the lease's last revision and value, or whether it was deleted or purged;
+// revision 0 when it was never written.
+func (l *Lease) read(ctx context.Context) (rev uint64, value []byte, deleted bool, err error) {
+	e, err := l.kv.Get(ctx, l.consumer)
+	if err == nil {
+		return e.Revision(), e.Value(), false, nil
+	}
+	if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return 0, nil, false, err
+	}
+	hist, err := l.kv.History(ctx, l.consumer) // the delete marker, which Get does not return
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return 0, nil, false, nil
+	case err != nil:
+		return 0, nil, false, err
+	}
+	last := hist[len(hist)-1]
+	return last.Revision(), last.Value(), last.Operation() != jetstream.KeyValuePut, nil
+}
+
+// waitFor is how long a waiter waits on a revision: the longer of its own TTL and the
+// holder's (held), at most MaxTTL.
+func waitFor(own time.Duration, held string) time.Duration {
+	if d, err := time.ParseDuration(held); err == nil && d > own {
+		return min(d, MaxTTL)
+	}
+	return own
+}
+
 // take records the lease taken at revision rev, its request sent at sent; from is the
 // holder it took over from, zero when the lease was free.
-func (l *Lease) take(rev uint64, sent time.Time, waited time.Duration, from Holder) {
-	l.rev, l.deadline = rev, sent.Add(l.fenceAfter())
+func (l *Lease) take(rev uint64, sent time.Time, waited time.Duration, from Holder, released bool) {
+	l.rev = rev
+	l.setDeadline(sent.Add(l.fenceAfter()))
 	l.mu.Lock()
 	l.state, l.holder = holding, Holder{}
 	l.mu.Unlock()
 	l.held.Set(1)
 	attrs := []any{"consumer", l.consumer, "ttl", l.ttl.String(), "waited", waited.Round(time.Millisecond).String()}
+	if from.ID != "" && released {
+		l.logger.Info("took the lease released by the process that held it", append(attrs, from.attrs()...)...)
+		return
+	}
 	if from.ID != "" {
 		l.logger.Info("took over the lease from a process that stopped renewing it", append(attrs, from.attrs()...)...)
 		return
@@ -203,8 +268,32 @@ func (l *Lease) take(rev uint64, sent time.Time, waited time.Duration, from Hold
 }
 
 // Held returns a context that ends once this process may no longer count: Keep found the
-// lease lost, or did not renew it in time. Every write for the consumer is made under it.
+// lease lost, or did not renew it in time. Every write for the consumer is made under it,
+// and its Err is asked right before each: it reads the clock, so that a process paused past
+// its deadline (a GC pause, SIGSTOP) finds the lease lost at once when it resumes, before
+// Keep's late timer has run.
 func (l *Lease) Held() context.Context { return l.heldCtx }
+
+func (l *Lease) setDeadline(d time.Time) {
+	l.deadline = d
+	l.fence.Store(&d)
+}
+
+// heldContext is Held: its Err ends it once the deadline has passed.
+type heldContext struct {
+	context.Context // ended by lose
+	l               *Lease
+}
+
+func (h heldContext) Err() error {
+	if err := h.Context.Err(); err != nil {
+		return err
+	}
+	if d := h.l.fence.Load(); d != nil && !time.Now().Before(*d) {
+		h.l.lost(fmt.Errorf("%w: the lease of AGG_CONSUMER=%s was not renewed for %s (AGG_LEASE_TTL=%s): this process did not run in time", ErrLost, h.l.consumer, h.l.fenceAfter(), h.l.ttl))
+	}
+	return h.Context.Err()
+}
 
 // Keep renews the lease every fifth of the TTL until ctx ends (it returns nil; the lease is
 // still held, for Release). A failed renewal is tried again every poll; once two thirds of
@@ -236,7 +325,8 @@ func (l *Lease) Keep(ctx context.Context) error {
 		cancel()
 		switch {
 		case err == nil && rev > 0:
-			l.rev, l.deadline = rev, sent.Add(l.fenceAfter())
+			l.rev = rev
+			l.setDeadline(sent.Add(l.fenceAfter()))
 			if last != nil {
 				l.logger.Info("renewing the lease again", "consumer", l.consumer)
 			}
@@ -279,18 +369,24 @@ func (l *Lease) recheck(ctx context.Context) error {
 	return fmt.Errorf("%w: the lease of AGG_CONSUMER=%s is held by %s", ErrLost, l.consumer, h)
 }
 
+// lost ends Held with why, once; it returns the first reason.
 func (l *Lease) lost(why error) error {
-	l.lose(why)
 	l.mu.Lock()
+	if l.state == lost {
+		why = l.why
+		l.mu.Unlock()
+		return why
+	}
 	l.state, l.why = lost, why
 	l.mu.Unlock()
+	l.lose(why)
 	l.held.Set(0)
 	l.logger.Error("stopped counting: this process no longer holds the lease of its AGG_CONSUMER", "consumer", l.consumer, "err", why)
 	return why
 }
 
-// Release deletes the lease, if this process still holds it, so that a process waiting for
-// it takes over at once. Call it once Keep has returned nil and nothing more is written.
+// Release marks the lease released, if this process still holds it, so that a process
+// waiting for it takes over at once. Call it once Keep has returned nil and nothing more is written.
 func (l *Lease) Release(ctx context.Context) error {
 	l.mu.Lock()
 	st := l.state
@@ -308,7 +404,10 @@ func (l *Lease) Release(ctx context.Context) error {
 		}
 		return fmt.Errorf("cannot release the lease of AGG_CONSUMER=%s: %w", l.consumer, err)
 	}
-	if err := l.kv.Delete(ctx, l.consumer, jetstream.LastRevision(l.rev)); err != nil {
+	released := l.me
+	released.Released = true
+	value, _ := json.Marshal(released)
+	if _, err := l.kv.Update(ctx, l.consumer, value, l.rev); err != nil {
 		return fmt.Errorf("cannot release the lease of AGG_CONSUMER=%s: %w", l.consumer, err)
 	}
 	return nil

@@ -94,6 +94,12 @@ func (p *Pipeline) store(ctx context.Context, fl *cutFlush, now time.Time) error
 			fl.outboxed = true
 		}
 	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if p.opts.Held.Err() != nil { // between the outbox's insert and the rows'
+		return context.Cause(p.opts.Held)
+	}
 	return fl.write(ctx, now)
 }
 
@@ -124,7 +130,7 @@ func (p *Pipeline) replay(ctx context.Context) bool {
 // (dropped as duplicates within its duplicate window).
 func (p *Pipeline) saveMark(ctx context.Context) {
 	o := &p.outbox
-	if o.mark == nil || o.acked <= o.saved || ctx.Err() != nil {
+	if o.mark == nil || o.acked <= o.saved || p.stopped(ctx) {
 		return
 	}
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -524,7 +524,7 @@ func (p *Pipeline) publish(ctx context.Context, msgs []sink.OutboxMsg) (ok bool)
 	if len(msgs) == 0 {
 		return true
 	}
-	if ctx.Err() != nil {
+	if p.stopped(ctx) {
 		return false
 	}
 	p.mu.Lock()
@@ -558,6 +558,18 @@ func (p *Pipeline) publish(ctx context.Context, msgs []sink.OutboxMsg) (ok bool)
 	return err == nil
 }
 
+// Unsettled reports, once Run has returned, whether it left a flush's write unfinished
+// (ClickHouse away or hung at shutdown): an insert of it may still run on the server, or
+// start once the server reads its socket again.
+func (p *Pipeline) Unsettled() bool { return p.pending != nil && !p.pending.stored }
+
+// stopped reports whether nothing more may be written: ctx ended, or Held did. Held is asked
+// itself, right before each write: it reads the clock (see lease.Held), and a context made
+// from it hears only later that it ended.
+func (p *Pipeline) stopped(ctx context.Context) bool {
+	return ctx.Err() != nil || p.opts.Held.Err() != nil
+}
+
 func (p *Pipeline) write(ctx context.Context, f *cutFlush) bool {
 	p.mu.Lock()
 	p.writing, p.stallLogged = time.Now(), false
@@ -573,13 +585,16 @@ func (p *Pipeline) write(ctx context.Context, f *cutFlush) bool {
 	}()
 	backoff := 100 * time.Millisecond
 	for {
-		if ctx.Err() != nil { // the lease lost, or shutdown's bound passed: nothing more is sent
+		if p.stopped(ctx) { // the lease lost, or shutdown's bound passed: nothing more is sent
 			return false
 		}
 		start := time.Now()
 		wctx, cancel := context.WithTimeout(ctx, p.opts.WriteTimeout)
 		err := p.store(wctx, f, p.opts.Clock())
 		cancel()
+		if err != nil && p.stopped(ctx) {
+			return false
+		}
 		if err == nil {
 			p.m.flushDuration.Observe(time.Since(start).Seconds())
 			p.m.rowsWritten.Add(float64(f.count()))
@@ -685,7 +700,7 @@ func (p *Pipeline) floorNow() uint64 {
 // did not fail; the next cycle saves a later floor, and a start meanwhile replays more, which
 // the ledger skips.
 func (p *Pipeline) saveFloor(ctx context.Context, floor uint64) {
-	if floor <= p.savedSeq || ctx.Err() != nil {
+	if floor <= p.savedSeq || p.stopped(ctx) {
 		return
 	}
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
