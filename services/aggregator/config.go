@@ -81,8 +81,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("AGG_LATENESS=%s must not be negative", a.Lateness)
 	case a.MaxSeries < 1:
 		return fmt.Errorf("AGG_MAX_SERIES=%d must be at least 1", a.MaxSeries)
-	case a.Consumer == "" || strings.ContainsAny(a.Consumer, ".*> \t\n"):
-		return fmt.Errorf("AGG_CONSUMER=%q must be a non-empty name without '.', '*', '>' or spaces", a.Consumer)
+	case !validConsumer(a.Consumer):
+		return fmt.Errorf("AGG_CONSUMER=%q must be 1 to 64 of the letters a-z and A-Z, the digits, '-' and '_' (it names a NATS consumer and keys in the AGGREGATOR buckets)", a.Consumer)
 	case a.LeaseTTL < time.Second || a.LeaseTTL > lease.MaxTTL:
 		return fmt.Errorf("AGG_LEASE_TTL=%s must be from 1s to 10m", a.LeaseTTL)
 	case a.Filter != events.SubjectRequestsAll && !strings.HasPrefix(a.Filter, "llm.req."):
@@ -113,4 +113,19 @@ func parseLevel(s string) (slog.Level, error) {
 		return l, fmt.Errorf("AGG_LOG_LEVEL=%q must be debug, info, warn or error", s)
 	}
 	return l, nil
+}
+
+// validConsumer reports whether name may be an AGG_CONSUMER: a NATS consumer's name prefix,
+// a key-value key and a prefix of the ClickHouse query ids of its inserts, which must not be
+// a prefix of another consumer's (a '/' would make it so).
+func validConsumer(name string) bool {
+	if name == "" || len(name) > 64 {
+		return false
+	}
+	for _, c := range []byte(name) {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
 }
