@@ -229,7 +229,7 @@ func (s *demo) start(ctx context.Context) error {
 	// the emitter's POST /v1/feedback.
 	load := []string{"replay", "-url", "http://" + s.a.emitter, "-protocol", "openai", "-model", chatModel,
 		"-loop", "-publish=false", "-concurrency", "256", "-speed", fmt.Sprint(o.Speed),
-		"-turns", fmt.Sprint(demoTurns), "-feedback", "0.3"}
+		"-turns", fmt.Sprint(demoTurns), "-feedback", "0.3", "-scene", "chat", "-env", "demo"} // the verdicts' labels: the proxy's defaults
 	what := "generated conversation workload"
 	if o.Trace != "" {
 		load = append(load, "-trace", o.Trace)
