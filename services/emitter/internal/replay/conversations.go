@@ -41,7 +41,8 @@ type conversation struct {
 	turn, turns  int // turns given out, turns planned
 	slow, failed int
 	ended        bool
-	upShare      float64 // the lowest chance of a thumbs up among its turns (Users' upShare)
+	upSum        float64 // of its turns' chances of a thumbs up (Users' upShare)
+	rated        int     // turns in upSum
 }
 
 // Turn is one request's place in its conversation.
@@ -67,7 +68,7 @@ func (cs *Conversations) next() Turn {
 	c := cs.open[i]
 	if c == nil || c.ended || c.turn >= c.turns {
 		cs.n++
-		c = &conversation{id: fmt.Sprintf("%s-%d", cs.prefix, cs.n), turns: cs.plan(), upShare: 1}
+		c = &conversation{id: fmt.Sprintf("%s-%d", cs.prefix, cs.n), turns: cs.plan()}
 		cs.open[i] = c
 	}
 	c.turn++
@@ -94,7 +95,8 @@ func (cs *Conversations) done(t Turn, ev *events.RequestEvent) events.Outcome {
 	if c.ended {
 		return ""
 	}
-	c.upShare = min(c.upShare, upShare(ev))
+	c.upSum += upShare(ev)
+	c.rated++
 	quit := 0.0
 	switch {
 	case ev.Status != events.StatusOK:
@@ -124,9 +126,12 @@ func (cs *Conversations) done(t Turn, ev *events.RequestEvent) events.Outcome {
 	return events.OutcomeAbandoned
 }
 
-// upShareOf is the lowest chance of a thumbs up among the turns of t's conversation.
+// upShareOf is the mean chance of a thumbs up of the turns of t's conversation that ended.
 func (cs *Conversations) upShareOf(t Turn) float64 {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
-	return t.c.upShare
+	if t.c.rated == 0 {
+		return 0
+	}
+	return t.c.upSum / float64(t.c.rated)
 }

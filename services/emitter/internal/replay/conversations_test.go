@@ -139,8 +139,8 @@ func TestConversationsThroughAnEndpoint(t *testing.T) {
 	var fb memFeedback
 	var st Stats
 	client := &llmclient.Client{BaseURL: srv.URL, Protocol: meter.OpenAIChat, HTTP: srv.Client()}
-	Run(context.Background(), recs, Options{Speed: 200, Model: "m", Scene: "chat", Env: "test",
-		Target: &Target{Client: client, Stream: true, Concurrency: 8}, Users: NewUsers(0.5, &fb, 3),
+	Run(context.Background(), recs, Options{Speed: 50, Model: "m", Scene: "chat", Env: "test",
+		Target: &Target{Client: client, Stream: true, Concurrency: 64}, Users: NewUsers(0.5, &fb, 3),
 		Conversations: NewConversations(3, 3)}, &em, &st)
 	if st.Sent.Load() != int64(len(recs)) || st.OK.Load()+st.Skipped.Load() < int64(len(recs))-5 {
 		t.Fatalf("sent %d ok %d skipped %d", st.Sent.Load(), st.OK.Load(), st.Skipped.Load())

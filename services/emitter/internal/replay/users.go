@@ -22,8 +22,8 @@ type FeedbackEmitter interface {
 // beyond, 25 points fewer when the stream stalled for more than a second; an answer that
 // failed or timed out gets thumbs down. Against an endpoint, whose request events are the
 // endpoint's (the proxy's) and whose event_ids the users cannot know, they rate the
-// conversation instead when it ends (Conversations): a share of them give thumbs on its worst
-// turn's odds, and every one says whether the task was done (task_completed, 1 or 0), as an
+// conversation instead when it ends (Conversations): a share of them give thumbs on the mean
+// odds of its turns, and every one says whether the task was done (task_completed, 1 or 0), as an
 // app behind the proxy reports an outcome. Users are deterministic for a seed when the
 // requests end in order; safe for concurrent use.
 type Users struct {
@@ -103,8 +103,8 @@ func (u *Users) score(ev *events.RequestEvent) {
 	ev.Scores = append(ev.Scores, events.Score{Name: "quality", Value: math.Round(q*1000) / 1000})
 }
 
-// ended gives the verdicts on a conversation that ended with outcome, whose worst turn
-// had a chance up of a thumbs up, at now: thumbs for a share of them, task_completed always.
+// ended gives the verdicts on a conversation that ended with outcome, whose turns had a
+// mean chance up of a thumbs up, at now: thumbs for a share of them, task_completed always.
 func (u *Users) ended(ev *events.RequestEvent, outcome events.Outcome, up float64, now time.Time, stats *Stats) {
 	if u == nil || outcome == "" {
 		return
