@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/pkg/ops"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/llmclient"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/replay"
 )
@@ -46,7 +49,8 @@ func runReplay(ctx context.Context, args []string, environ map[string]string, st
 	instance := fs.String("instance", "", "instance of the events (default sim-1 when simulating)")
 	seed := fs.Uint64("seed", 1, "random seed of the generator and the model")
 	publish := fs.Bool("publish", true, "publish events to NATS (NATS_* variables)")
-	feedback := fs.Float64("feedback", 0, "with -simulate: the share of answers (0–1) simulated users rate, thumbs and ratings worse the slower the first token and the longer the stalls")
+	feedback := fs.Float64("feedback", 0, "the share of answers (0–1; of conversations against an endpoint) simulated users rate, thumbs and ratings worse the slower the first token and the longer the stalls; against an endpoint the verdicts go to -url's POST /v1/feedback (an emitter's) and need -turns")
+	turns := fs.Float64("turns", 0, "mean turns of the simulated users' conversations (0: requests are in no conversation); each conversation ends completed or abandoned, less often completed after slow or failed turns")
 	m := replay.DefaultModel
 	fs.DurationVar(&m.BaseTTFT, "model-ttft", m.BaseTTFT, "model: base TTFT")
 	fs.DurationVar(&m.PrefillPerToken, "model-prefill", m.PrefillPerToken, "model: TTFT per input token")
@@ -119,15 +123,26 @@ func runReplay(ctx context.Context, args []string, environ map[string]string, st
 		opts.Target = &replay.Target{Stream: *stream, Concurrency: *concurrency,
 			Client: &llmclient.Client{BaseURL: *url, APIKey: key, Protocol: proto, HTTP: &http.Client{Transport: tr, Timeout: 600 * time.Second}}}
 	}
-	if !(*feedback >= 0 && *feedback <= 1) || (*feedback > 0 && !*simulate) {
-		return fmt.Errorf("-feedback=%g must be between 0 and 1, and goes with -simulate", *feedback)
+	if !(*feedback >= 0 && *feedback <= 1) || (*feedback > 0 && !*simulate && *turns == 0) {
+		return fmt.Errorf("-feedback=%g must be between 0 and 1, and goes with -simulate or -turns", *feedback)
+	}
+	if !(*turns == 0 || *turns >= 1 && *turns <= 50) {
+		return fmt.Errorf("-turns=%g must be 0 or from 1 to 50", *turns)
+	}
+	if *turns > 0 {
+		opts.Conversations = replay.NewConversations(*turns, *seed)
 	}
 	em, stop, err := publishing(ctx, environ, *publish, stderr)
 	if err != nil {
 		return fmt.Errorf("%w (run with -publish=false to replay without NATS)", err)
 	}
 	if *feedback > 0 {
-		opts.Users = replay.NewUsers(*feedback, em, *seed)
+		var fe replay.FeedbackEmitter = em
+		if !*simulate {
+			fe = &feedbackPoster{url: strings.TrimSuffix(strings.TrimSuffix(*url, "/"), "/v1") + "/v1/feedback",
+				token: environ["EMITTER_INGEST_TOKEN"], client: &http.Client{Timeout: 10 * time.Second}}
+		}
+		opts.Users = replay.NewUsers(*feedback, fe, *seed)
 	}
 	var stats replay.Stats
 	fmt.Fprintf(stderr, "replaying %d requests (%s, scene %s) at %gx\n", len(records), name, *scene, *speed)
@@ -155,4 +170,35 @@ wait:
 	fmt.Fprintf(stderr, "\r")
 	fmt.Fprintln(stdout, line())
 	return stop()
+}
+
+// feedbackPoster sends each verdict to an emitter's POST /v1/feedback, as an app behind the
+// proxy does, with EMITTER_INGEST_TOKEN when set.
+type feedbackPoster struct {
+	url, token string
+	client     *http.Client
+}
+
+func (p *feedbackPoster) EmitFeedback(fb *events.FeedbackEvent, now time.Time) error {
+	if err := fb.ValidateAt(now); err != nil {
+		return err
+	}
+	req, err := http.NewRequest(http.MethodPost, p.url, bytes.NewReader(events.AppendFeedback(nil, fb)))
+	if err != nil {
+		return fmt.Errorf("cannot send feedback: %w", err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if p.token != "" {
+		req.Header.Set("Authorization", "Bearer "+p.token)
+	}
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("cannot send feedback: %w", err)
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusAccepted {
+		return fmt.Errorf("cannot send feedback: %s answered %d", ops.RedactURL(p.url), resp.StatusCode)
+	}
+	return nil
 }

@@ -73,7 +73,8 @@ func TestReplayCommandPublishes(t *testing.T) {
 	// Refused before anything runs, NATS or not: numbers that are not numbers, or that the
 	// model cannot use.
 	for _, bad := range [][]string{{"-speed", "NaN"}, {"-speed", "+Inf"}, {"-model-queue", "NaN"}, {"-model-decode", "-1"},
-		{"-model-errors", "NaN"}, {"-model-errors", "2"}, {"-model-ttft", "-1s"}, {"-model-tpot", "-1ms"}, {"-feedback", "NaN"}} {
+		{"-model-errors", "NaN"}, {"-model-errors", "2"}, {"-model-ttft", "-1s"}, {"-model-tpot", "-1ms"}, {"-feedback", "NaN"},
+		{"-turns", "NaN"}, {"-turns", "0.5"}, {"-turns", "51"}} {
 		args := append([]string{"replay", "-simulate", "-publish=false", "-duration", "10s", "-limit", "3"}, bad...)
 		if err := run(context.Background(), args, nil, io.Discard, io.Discard); err == nil || !strings.Contains(err.Error(), bad[0]) {
 			t.Errorf("%v: error %v, want one naming %s", bad, err, bad[0])

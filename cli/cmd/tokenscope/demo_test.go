@@ -1,7 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -10,13 +13,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tokenscope/tokenscope/cli/internal/report"
 	"github.com/tokenscope/tokenscope/cli/internal/stack"
 	"github.com/tokenscope/tokenscope/pkg/chdb"
 )
 
 // TestDemo starts the whole demo stack on free ports for about half a minute: rows from
 // both loads and from the fake engine (through gpuwatch) must land in ClickHouse, the
-// table and the engine view must render them, and cancelling (Ctrl-C)
+// table and the engine view must render them, the business view must show conversations,
+// their turns and completion, satisfaction, quality and cost, and cancelling (Ctrl-C)
 // must stop every child in reverse order.
 func TestDemo(t *testing.T) {
 	if testing.Short() {
@@ -76,7 +81,7 @@ func TestDemo(t *testing.T) {
 	// Both scenes must reach token_rollups (through the aggregator), the proxied one must
 	// reach requests too, GPU rollups must come from gpuwatch, and the support scene's
 	// simulated users' verdicts must reach feedback.
-	deadline = time.Now().Add(60 * time.Second)
+	deadline = time.Now().Add(90 * time.Second)
 	for {
 		var chat, support, reqs, gpu, verdicts, eng uint64
 		q := func(sql string, dst *uint64) {
@@ -99,13 +104,22 @@ func TestDemo(t *testing.T) {
 			engineSpans = strings.Contains(string(b), `emitter_otlp_spans_accepted_total{layer="engine"}`) &&
 				!strings.Contains(string(b), `emitter_otlp_spans_accepted_total{layer="engine"} 0`+"\n")
 		}
+		// The business layer: both scenes' users hold conversations that end with an
+		// outcome (support: on its last request; chat, behind the proxy: task_completed
+		// posted to /v1/feedback), both models are priced, and the business view answers.
+		var chatConvs, chatTasks, unpriced uint64
+		q("SELECT uniqExact(conversation_id) FROM requests WHERE scene = 'chat' AND provider = 'openai' AND conversation_id != '' AND turn > 0", &chatConvs)
+		q("SELECT count() FROM feedback WHERE scene = 'chat' AND name = 'task_completed' AND conversation_id != ''", &chatTasks)
+		q("SELECT sum(unpriced) FROM token_rollups WHERE scene IN ('chat', 'support')", &unpriced)
+		missing := businessMissing(ctx, chAddr)
 		if chat > 0 && support > 0 && reqs > 0 && gpu > 0 && engineSpans && verdicts > 0 && eng > 0 && strings.Contains(o, "TTFT p50") && strings.Contains(o, "queue p95") &&
-			strings.Contains(o, "llama-3.1-70b") && strings.Contains(o, "qwen2.5-72b") {
+			strings.Contains(o, "llama-3.1-70b") && strings.Contains(o, "qwen2.5-72b") && chatConvs > 0 && chatTasks > 0 && unpriced == 0 && missing == "" {
 			break
 		}
 		if time.Now().After(deadline) {
-			fail("after 60 s: chat %d, support %d requests in token_rollups, %d proxied requests, %d GPU rollups, engine spans %v, %d support verdicts, %d engine rollups",
-				chat, support, reqs, gpu, engineSpans, verdicts, eng)
+			fail("after 90 s: chat %d, support %d requests in token_rollups, %d proxied requests, %d GPU rollups, engine spans %v, %d support verdicts, %d engine rollups, "+
+				"%d chat conversations, %d chat task_completed verdicts, %d unpriced requests; business view: %s",
+				chat, support, reqs, gpu, engineSpans, verdicts, eng, chatConvs, chatTasks, unpriced, missing)
 		}
 		select {
 		case err := <-done:
@@ -139,4 +153,50 @@ func TestDemo(t *testing.T) {
 			t.Fatalf("no log for %s: %v", n, err)
 		}
 	}
+}
+
+// businessMissing runs `tokenscope report --business` on the demo's ClickHouse and says
+// which of its sections lack figures: conversations with turns and a completion rate,
+// thumbs and quality scores, cost per conversation; "" when none does.
+func businessMissing(ctx context.Context, chAddr string) string {
+	env := map[string]string{"CLICKHOUSE_ADDR": chAddr, "CLICKHOUSE_DB": "tokenscope"}
+	var out, errOut bytes.Buffer
+	if err := run(ctx, []string{"report", "--business", "--last", "10m", "--json"}, func(k string) string { return env[k] }, &out, &errOut); err != nil {
+		return fmt.Sprintf("report --business: %v %s", err, errOut.String())
+	}
+	var b report.Business
+	if err := json.Unmarshal(out.Bytes(), &b); err != nil {
+		return fmt.Sprintf("report --business --json: %v", err)
+	}
+	rows := map[string][]map[string]any{}
+	for _, s := range b.Sections {
+		rows[s.Query] = s.Rows
+	}
+	num := func(r map[string]any, k string) float64 {
+		f, _ := r[k].(float64)
+		return f
+	}
+	var missing []string
+	if c := rows["conversations.sql"]; len(c) != 1 || num(c[0], "conversations") == 0 || num(c[0], "avg_turns") < 1.5 ||
+		num(c[0], "completed") == 0 || num(c[0], "abandoned") == 0 || !(num(c[0], "completion_rate") > 0) {
+		missing = append(missing, fmt.Sprintf("conversations %v", c))
+	}
+	var thumbs, quality bool
+	for _, r := range rows["quality_by_scene_model.sql"] {
+		thumbs = thumbs || num(r, "thumbs") > 0
+		quality = quality || num(r, "quality_scores") > 0
+	}
+	if !thumbs || !quality {
+		missing = append(missing, fmt.Sprintf("satisfaction and quality %v", rows["quality_by_scene_model.sql"]))
+	}
+	costs := map[string]bool{}
+	for _, r := range rows["cost_per_satisfied_conversation.sql"] {
+		if num(r, "cost_per_conversation") > 0 && num(r, "rated_conversations") > 0 {
+			costs[fmt.Sprint(r["scene"])] = true
+		}
+	}
+	if !costs["chat"] || !costs["support"] {
+		missing = append(missing, fmt.Sprintf("cost per conversation %v", rows["cost_per_satisfied_conversation.sql"]))
+	}
+	return strings.Join(missing, "; ")
 }

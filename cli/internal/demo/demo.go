@@ -100,6 +100,17 @@ type demo struct {
 // chatModel is the proxied scene's model, and the model_name the fake engine reports.
 const chatModel = "llama-3.1-70b"
 
+// demoTurns is the mean length of the simulated users' conversations.
+const demoTurns = 4
+
+// demoPrices is the aggregator's price table (AGG_PRICES) for the demo's two models, USD per
+// million tokens, near what hosted 70B models cost.
+const demoPrices = `[
+  {"model": "llama-3.1-70b", "input": 0.6, "output": 0.8, "cached_input": 0.3},
+  {"model": "qwen2.5-72b", "input": 0.9, "output": 1.2}
+]
+`
+
 func (s *demo) incident() Incident {
 	if s.o.Incident == (Incident{}) {
 		return DefaultIncident
@@ -158,8 +169,12 @@ func (s *demo) start(ctx context.Context) error {
 		return nil
 	}
 
+	prices := filepath.Join(o.Dir, "prices.json")
+	if err := os.WriteFile(prices, []byte(demoPrices), 0o644); err != nil {
+		return fmt.Errorf("cannot write the price table: %w", err)
+	}
 	agg, err := s.run(stack.Cmd{Name: "aggregator", Path: bin("aggregator"), Env: append(common, "HTTP_ADDR="+s.a.aggregator,
-		"AGG_WINDOW="+o.Window.String(), "AGG_LATENESS=5s")})
+		"AGG_WINDOW="+o.Window.String(), "AGG_LATENESS=5s", "AGG_PRICES="+prices)})
 	if err != nil {
 		return err
 	}
@@ -208,9 +223,13 @@ func (s *demo) start(ctx context.Context) error {
 	s.say("%-23s http://%s/v1/traces, gRPC %s (the fake LLM's llm_request spans)", "OTLP receivers", s.a.otlpHTTP, s.a.otlpGRPC)
 
 	// The proxied load: real HTTP through the emitter to the fake LLM; the proxy measures
-	// and publishes, so the replay itself publishes nothing.
+	// and publishes, so the replay itself publishes nothing. Its simulated users hold
+	// conversations (the proxy's conversation and turn headers) and post, as an app does, on
+	// each conversation's end whether its task was done, and for a share of them thumbs, to
+	// the emitter's POST /v1/feedback.
 	load := []string{"replay", "-url", "http://" + s.a.emitter, "-protocol", "openai", "-model", chatModel,
-		"-loop", "-publish=false", "-concurrency", "256", "-speed", fmt.Sprint(o.Speed)}
+		"-loop", "-publish=false", "-concurrency", "256", "-speed", fmt.Sprint(o.Speed),
+		"-turns", fmt.Sprint(demoTurns), "-feedback", "0.3", "-scene", "chat", "-env", "demo"} // the verdicts' labels: the proxy's defaults
 	what := "generated conversation workload"
 	if o.Trace != "" {
 		load = append(load, "-trace", o.Trace)
@@ -226,11 +245,14 @@ func (s *demo) start(ctx context.Context) error {
 	// is its own: it never ran on the fake engine, whose queue must not explain its TTFT.
 	if _, err := s.run(stack.Cmd{Name: "replay-support", Path: bin("emitter"), Env: common, Args: []string{"replay", "-simulate",
 		"-shape", "conversation", "-duration", "6m", "-loop", "-speed", "3", "-model", "qwen2.5-72b", "-scene", "support",
-		"-env", "demo", "-instance", "sim-1", "-incident", "start=2m,for=2m,ttft=8", "-seed", "7", "-feedback", "0.3"}}); err != nil {
+		"-env", "demo", "-instance", "sim-1", "-incident", "start=2m,for=2m,ttft=8", "-seed", "7", "-feedback", "0.3",
+		"-turns", fmt.Sprint(demoTurns)}}); err != nil {
 		return err
 	}
-	s.say("load: scene support     simulated events; TTFT ×8 for 40 s of every 2 minutes (alerts fire, then resolve);")
-	s.say("                        30 %% of answers rated by their users, worse when slow: tokenscope report --business")
+	s.say("load: scene support     simulated events; TTFT ×8 for 40 s of every 2 minutes (alerts fire, then resolve)")
+	s.say("business: both scenes   users hold conversations of %d turns on average, which end completed or abandoned;", demoTurns)
+	s.say("                        30 %% of answers (chat: of conversations) rated, a fifth scored for quality; worse")
+	s.say("                        when slow; priced (%s): tokenscope report --business", prices)
 	// The incident: a burst of chat requests beyond the engine's batch, so a queue builds
 	// in the engine and TTFT grows by the time requests wait in it.
 	s.burst = newBurst("http://"+s.a.emitter, chatModel, s.incident())

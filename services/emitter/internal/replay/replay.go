@@ -2,12 +2,15 @@ package replay
 
 import (
 	"context"
+	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
 	"github.com/tokenscope/tokenscope/services/emitter/internal/llmclient"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/proxy"
 )
 
 // Emitter publishes one event without blocking; emit.Emitter is one.
@@ -32,8 +35,12 @@ type Options struct {
 	Instance  string
 	Simulator *Simulator
 	Target    *Target
-	Users     *Users           // simulated users rating the simulated answers; nil: none
-	Now       func() time.Time // the clock of event timestamps; time.Now when nil
+	Users     *Users // simulated users rating the answers; nil: none
+	// Conversations make each request a turn of a simulated user's conversation: the event
+	// carries conversation_id, turn and, on the last, the outcome; against an endpoint the
+	// request sends them as X-Tokenscope-Conversation-Id and X-Tokenscope-Turn. nil: none.
+	Conversations *Conversations
+	Now           func() time.Time // the clock of event timestamps; time.Now when nil
 }
 
 // Stats counts what a replay did.
@@ -102,11 +109,15 @@ func Run(ctx context.Context, records []Record, opts Options, emit Emitter, stat
 				stats.Skipped.Add(1)
 				continue
 			}
+			var turn Turn
+			if opts.Conversations != nil {
+				turn = opts.Conversations.next()
+			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				defer func() { <-sem }()
-				real(ctx, opts, rec, i, emit, stats)
+				real(ctx, opts, rec, i, turn, emit, stats)
 			}()
 		}
 		if !opts.Loop || len(records) == 0 {
@@ -130,6 +141,12 @@ func simulate(opts Options, rec Record, ts time.Time, emit Emitter, stats *Stats
 	if rec.Output > 1 && s.Status == events.StatusOK {
 		ev.MaxITLMs = ms((s.Total - s.TTFT) / time.Duration(rec.Output-1) * 3)
 	}
+	if cs := opts.Conversations; cs != nil {
+		t := cs.next()
+		ev.ConversationID, ev.Turn = t.ID(), t.N
+		ev.Outcome = cs.done(t, ev)
+	}
+	opts.Users.score(ev)
 	stats.count(s.Status)
 	if emit.Emit(ev, ts) != nil {
 		stats.Unpublished.Add(1)
@@ -138,9 +155,20 @@ func simulate(opts Options, rec Record, ts time.Time, emit Emitter, stats *Stats
 	opts.Users.rate(ev, stats)
 }
 
-func real(ctx context.Context, opts Options, rec Record, i int, emit Emitter, stats *Stats) {
+func real(ctx context.Context, opts Options, rec Record, i int, turn Turn, emit Emitter, stats *Stats) {
 	t := opts.Target
-	out := t.Client.Do(ctx, llmclient.Request{Model: opts.Model, Prompt: llmclient.Prompt(int(rec.Input), i),
+	client := t.Client
+	if turn.c != nil {
+		c := *client
+		c.Header = make(http.Header, len(client.Header)+2)
+		for k, v := range client.Header {
+			c.Header[k] = v
+		}
+		c.Header.Set(proxy.HeaderConversation, turn.ID())
+		c.Header.Set(proxy.HeaderTurn, strconv.Itoa(turn.N))
+		client = &c
+	}
+	out := client.Do(ctx, llmclient.Request{Model: opts.Model, Prompt: llmclient.Prompt(int(rec.Input), i),
 		MaxTokens: int(max(rec.Output, 1)), Stream: t.Stream})
 	if out.Status == events.StatusCanceled && ctx.Err() != nil {
 		// The replay itself stopped: not the endpoint's doing, not an event.
@@ -148,8 +176,17 @@ func real(ctx context.Context, opts Options, rec Record, i int, emit Emitter, st
 	}
 	stats.count(out.Status)
 	ev := out.Event(opts.Model, opts.Scene, opts.Env, t.Client.Protocol.Provider(), opts.Instance, t.Stream)
+	var outcome events.Outcome
+	if turn.c != nil {
+		ev.ConversationID, ev.Turn = turn.ID(), turn.N
+		outcome = opts.Conversations.done(turn, ev)
+		ev.Outcome = outcome
+	}
 	if emit.Emit(ev, time.Now()) != nil {
 		stats.Unpublished.Add(1)
+	}
+	if outcome != "" {
+		opts.Users.ended(ev, outcome, opts.Conversations.upShareOf(turn), time.Now(), stats)
 	}
 }
 

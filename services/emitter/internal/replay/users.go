@@ -1,13 +1,16 @@
 package replay
 
 import (
+	"math"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
 )
 
-// FeedbackEmitter publishes one feedback event without blocking; emit.Emitter is one.
+// FeedbackEmitter publishes or sends one feedback event; emit.Emitter is one (it does not
+// block), so is a poster to an emitter's POST /v1/feedback.
 type FeedbackEmitter interface {
 	EmitFeedback(fb *events.FeedbackEvent, now time.Time) error
 }
@@ -17,10 +20,16 @@ type FeedbackEmitter interface {
 // first token's wait and with stalls in the stream, as real users' do: thumbs up for 92 % of
 // answers whose first token came within 500 ms, 75 % within 2 s, 45 % within 5 s and 20 %
 // beyond, 25 points fewer when the stream stalled for more than a second; an answer that
-// failed or timed out gets thumbs down. Users are deterministic for a seed.
+// failed or timed out gets thumbs down. Against an endpoint, whose request events are the
+// endpoint's (the proxy's) and whose event_ids the users cannot know, they rate the
+// conversation instead when it ends (Conversations): a share of them give thumbs on the mean
+// odds of its turns, and every one says whether the task was done (task_completed, 1 or 0), as an
+// app behind the proxy reports an outcome. Users are deterministic for a seed when the
+// requests end in order; safe for concurrent use.
 type Users struct {
-	Share float64 // of requests rated, 0–1
+	Share float64 // of requests (of conversations, against an endpoint) rated, 0–1
 	Emit  FeedbackEmitter
+	mu    sync.Mutex
 	rng   *rand.Rand
 }
 
@@ -52,7 +61,12 @@ func upShare(ev *events.RequestEvent) float64 {
 // rate gives the verdicts of ev's user, if any, at the end of the answer, and counts those
 // the emitter refused in stats.
 func (u *Users) rate(ev *events.RequestEvent, stats *Stats) {
-	if u == nil || u.rng.Float64() >= u.Share {
+	if u == nil {
+		return
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.rng.Float64() >= u.Share {
 		return
 	}
 	at := ev.TS.Add(time.Duration(ev.TotalMs * float64(time.Millisecond))).Truncate(time.Millisecond)
@@ -66,6 +80,48 @@ func (u *Users) rate(ev *events.RequestEvent, stats *Stats) {
 	if u.rng.IntN(4) == 0 {
 		fb.EventID, fb.Name = events.NewEventID(), "rating"
 		fb.Value = float64(min(5, max(1, int(1+4*p+u.rng.NormFloat64()*0.7+0.5))))
+		u.emit(&fb, stats)
+	}
+}
+
+// qualityShare is the share of ok answers a simulated app's evaluator scores.
+const qualityShare = 0.2
+
+// score has the simulated app's evaluator score a fifth of the ok answers for quality, 0–1
+// (mean 0.85, σ 0.07), inline on the request event as an app that judges its answers at once
+// sends it.
+func (u *Users) score(ev *events.RequestEvent) {
+	if u == nil || ev.Status != events.StatusOK {
+		return
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.rng.Float64() >= qualityShare {
+		return
+	}
+	q := min(1, max(0, 0.85+0.07*u.rng.NormFloat64()))
+	ev.Scores = append(ev.Scores, events.Score{Name: "quality", Value: math.Round(q*1000) / 1000})
+}
+
+// ended gives the verdicts on a conversation that ended with outcome, whose turns had a
+// mean chance up of a thumbs up, at now: thumbs for a share of them, task_completed always.
+func (u *Users) ended(ev *events.RequestEvent, outcome events.Outcome, up float64, now time.Time, stats *Stats) {
+	if u == nil || outcome == "" {
+		return
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	fb := events.FeedbackEvent{V: events.Version, EventID: events.NewEventID(), TS: now.UTC().Truncate(time.Millisecond),
+		ConversationID: ev.ConversationID, Name: "task_completed", Source: events.SourceUser, Env: ev.Env, Scene: ev.Scene, Model: ev.Model}
+	if outcome == events.OutcomeCompleted {
+		fb.Value = 1
+	}
+	u.emit(&fb, stats)
+	if u.rng.Float64() < u.Share {
+		fb.EventID, fb.Name, fb.Value = events.NewEventID(), "thumbs", 0
+		if u.rng.Float64() < up {
+			fb.Value = 1
+		}
 		u.emit(&fb, stats)
 	}
 }
