@@ -87,6 +87,11 @@ type Meter struct {
 	skip      bool
 	skipping  bool
 	overflows int
+	unread    int // of them, those whose passing unread leaves the measure in doubt
+
+	// A Responses event past the limit is read as it passes (responses_big.go).
+	big   *bigEvent
+	bigOn bool
 
 	// A line may end with CR, LF or CRLF (the SSE format): crLF is set when a CR ended the
 	// last piece, so that an LF starting the next belongs to it, and says where that LF goes.
@@ -130,7 +135,7 @@ func New(proto Protocol, stream bool, start time.Time) *Meter {
 // Reset readies the meter for another response, keeping its buffers (those not grown large).
 func (m *Meter) Reset(proto Protocol, stream bool, start time.Time) {
 	*m = Meter{proto: proto, stream: stream, start: start,
-		pending: kept(m.pending), data: kept(m.data), name: kept(m.name), body: kept(m.body), held: m.held}
+		pending: kept(m.pending), data: kept(m.data), name: kept(m.name), body: kept(m.body), held: m.held, big: m.big}
 }
 
 // SetMaxEvent sets the longest SSE event the meter reads, n bytes with its lines' ends (at
@@ -226,6 +231,10 @@ func (m *Meter) Flush(now time.Time, out []byte) []byte {
 	}
 	if m.skip {
 		m.skip, m.skipping = false, false // the event past the limit ended with the body
+		if m.bigOn {
+			m.big.endLine()
+			m.bigEnd(now)
+		}
 	}
 	m.crLF = crNone
 	if rest := bytes.TrimSuffix(m.pending[m.lineAt:], []byte{'\r'}); len(rest) > 0 {
@@ -304,7 +313,7 @@ func (m *Meter) scan(p []byte, now time.Time, out []byte) []byte {
 	}
 	for len(p) > 0 {
 		if m.skip {
-			n := m.skipEvent(p)
+			n := m.skipEvent(p, now)
 			if m.strip {
 				out = append(out, p[:n]...)
 			}
@@ -379,8 +388,16 @@ var lf = []byte{'\n'}
 // overflow gives up the event being read, which piece would take past the limit: what is
 // held of it is forwarded (stripping), and the rest of it is passed over as it comes. piece
 // ends a line when complete is set.
+//
+// A Responses event is read as it passes (bigStart): its kind of event needs no more than a
+// few members of it. Another is not read, and the measure is in doubt.
 func (m *Meter) overflow(piece []byte, complete bool, out []byte) []byte {
 	m.overflows++
+	if m.proto == OpenAIResponses {
+		m.bigStart(piece, complete)
+	} else {
+		m.unread++
+	}
 	m.skip, m.skipping = true, !complete && len(m.pending)-m.lineAt+len(piece) > 0
 	if m.strip {
 		out = append(out, m.pending...)
@@ -392,23 +409,33 @@ func (m *Meter) overflow(piece []byte, complete bool, out []byte) []byte {
 }
 
 // skipEvent passes over the event past the limit up to the blank line that ends it, and
-// returns how much of p that took.
-func (m *Meter) skipEvent(p []byte) int {
+// returns how much of p that took. A Responses event is read as it passes.
+func (m *Meter) skipEvent(p []byte, now time.Time) int {
 	pos := 0
 	for {
 		i, k := lineEnd(p[pos:])
 		if i < 0 {
 			m.skipping = m.skipping || pos < len(p)
+			if m.bigOn {
+				m.big.line(p[pos:])
+			}
 			return len(p)
 		}
 		blank := i == 0 && !m.skipping
 		m.skipping = false
+		if m.bigOn && !blank {
+			m.big.line(p[pos : pos+i])
+			m.big.endLine()
+		}
 		pos += i + k
 		if pos == len(p) && k == 1 && p[pos-1] == '\r' {
 			m.crLF = crOut // its LF, if it comes, goes the same way
 		}
 		if blank {
 			m.skip = false
+			if m.bigOn {
+				m.bigEnd(now)
+			}
 			return pos
 		}
 	}
