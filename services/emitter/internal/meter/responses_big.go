@@ -89,6 +89,7 @@ type bigEvent struct {
 	litAt      int
 	depth      int // open brackets
 	maxDepth   int
+	escName    bool                           // a member name has an escape
 	objects    [maxNestingDepth/64 + 1]uint64 // which open brackets are objects
 	isName     bool
 	key        []byte // the member name being read, quoted
@@ -183,20 +184,45 @@ func (b *bigEvent) data(p []byte) {
 		b.head = append(b.head, p[:min(room, len(p))]...)
 	}
 	b.dataN += len(p)
-	const pat = `"type"`
-	for _, c := range p {
-		switch {
-		case c == pat[b.typeAt]:
-			b.typeAt++
-			if b.typeAt == len(pat) {
-				b.types, b.typeAt = b.types+1, 0
+	for i := 0; i < len(p); {
+		if b.state == jString && b.esc == 0 && !b.isName && !b.capturing {
+			// The bulk of a long event: a run of a string's plain bytes.
+			j := i
+			for j < len(p) && p[j] != '"' && p[j] != '\\' && p[j] >= 0x20 {
+				j++
 			}
-		case c == '"':
-			b.typeAt = 1
-		default:
-			b.typeAt = 0
+			if j > i {
+				// Past its first bytes, a run without a quote matches no part of `"type"`.
+				for _, c := range p[i:min(j, i+5)] {
+					b.countType(c)
+				}
+				if j-i > 5 {
+					b.typeAt = 0
+				}
+				i = j
+				continue
+			}
 		}
-		b.step(c)
+		b.countType(p[i])
+		b.step(p[i])
+		i++
+	}
+}
+
+// countType counts `"type"` in the data, as bytes.Count does: the occurrences that do not
+// overlap, from the left.
+func (b *bigEvent) countType(c byte) {
+	const pat = `"type"`
+	switch {
+	case c == pat[b.typeAt]:
+		b.typeAt++
+		if b.typeAt == len(pat) {
+			b.types, b.typeAt = b.types+1, 0
+		}
+	case c == '"':
+		b.typeAt = 1
+	default:
+		b.typeAt = 0
 	}
 }
 
@@ -336,6 +362,7 @@ func (b *bigEvent) scan(c byte) (again bool) {
 			}
 		case c == '\\':
 			b.esc = 1
+			b.escName = b.escName || b.isName
 		case c < 0x20:
 			b.state = jBad
 		case c == '"':
@@ -355,6 +382,8 @@ func (b *bigEvent) scan(c byte) (again bool) {
 	case jNumber:
 		digit := '0' <= c && c <= '9'
 		switch {
+		case c == '0' && b.num == nSign:
+			b.num = nZero
 		case digit && (b.num == nSign || b.num == nInt):
 			b.num = nInt
 		case digit && (b.num == nDot || b.num == nFrac):
@@ -514,7 +543,7 @@ func (b *bigEvent) complete() bool { return b.state == jEnd }
 // (responsesEvent's fast path).
 func (b *bigEvent) fast() bool {
 	name := b.name
-	if len(name) == 0 || b.nameLong || terminalResponseEvent(name) || b.types != 1 || b.maxDepth > maxFastDepth {
+	if len(name) == 0 || b.nameLong || terminalResponseEvent(name) || b.types != 1 || b.maxDepth > maxFastDepth || b.escName {
 		return false
 	}
 	rest, ok := bytes.CutPrefix(b.head, []byte(`{"type":"`))
