@@ -644,16 +644,17 @@ func readOpenAIChunk(data []byte) (c openAIChunk, ok bool) {
 }
 
 // choiceContent is the content of one choice of a chunk (its delta) or of a body (its message):
-// text, reasoning, refusal and tool calls, in bytes.
+// text, reasoning, refusal, audio (its transcript and data: gpt-4o's audio output) and tool
+// calls, in bytes.
 func choiceContent(ch []byte, msg string) (n int, ok bool) {
-	var texts [5]int // content, reasoning_content, reasoning, refusal, and the choice's text
+	var texts [7]int // content, reasoning_content, reasoning, refusal, the choice's text, audio transcript and data
 	var tools, fn []byte
 	ok = object(ch, func(name, v []byte) (ok bool) {
 		switch string(name) {
 		case "text":
 			texts[4], ok = textLen(v)
 		case msg:
-			texts[0], texts[1], texts[2], texts[3], tools, fn = 0, 0, 0, 0, nil, nil
+			texts[0], texts[1], texts[2], texts[3], texts[5], texts[6], tools, fn = 0, 0, 0, 0, 0, 0, nil, nil
 			ok = object(v, func(name, v []byte) (ok bool) {
 				switch string(name) {
 				case "content":
@@ -664,6 +665,19 @@ func choiceContent(ch []byte, msg string) (n int, ok bool) {
 					texts[2], ok = textLen(v)
 				case "refusal":
 					texts[3], ok = textLen(v)
+				case "audio":
+					texts[5], texts[6] = 0, 0
+					ok = object(v, func(name, v []byte) (ok bool) {
+						switch string(name) {
+						case "transcript":
+							texts[5], ok = textLen(v)
+						case "data":
+							texts[6], ok = textLen(v)
+						default:
+							ok = true
+						}
+						return ok
+					})
 				case "tool_calls":
 					tools, ok = v, true
 				case "function_call":
