@@ -39,7 +39,7 @@ const (
 	CodeMalformed = "malformed_sse"    // a data line that is not the JSON the protocol sends
 	CodeTruncated = "stream_truncated" // the stream ended before its terminal event
 	// CodeOverflow: an SSE event longer than the meter's limit, or a body longer than
-	// MaxBody, passed to the client unread.
+	// MaxBody, passed to the client unread (a Responses event is read as it passes).
 	CodeOverflow = "meter_overflow"
 )
 
@@ -48,8 +48,9 @@ const (
 const MaxBody = 8 << 20
 
 // DefaultMaxEvent is the longest SSE event, its lines up to the blank line that ends it,
-// that the meter reads when SetMaxEvent was not called. A longer one passes through as it
-// comes, unread, and marks the response with CodeOverflow.
+// that the meter holds when SetMaxEvent was not called. A longer one passes through as it
+// comes, unread, and marks the response with CodeOverflow; a Responses event is read as it
+// passes.
 const DefaultMaxEvent = 1 << 20
 
 // keepCap is the largest buffer the meter keeps for the next event or stream: one that grew

@@ -67,7 +67,7 @@ func newMetrics(reg prometheus.Registerer, maxLabels int) *metrics {
 		passthrough: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "passthrough_total",
 			Help: "Requests to other upstream paths (model lists, token counting) forwarded without measuring."}),
 		overflows: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "meter_overflows_total",
-			Help: "Responses with an SSE event longer than EMITTER_MAX_SSE_EVENT_BYTES (or a body over 8 MiB): passed to the client unread, the event marked meter_overflow."}),
+			Help: "Responses with an SSE event longer than EMITTER_MAX_SSE_EVENT_BYTES (or a body over 8 MiB), passed to the client as it came: unread, the event marked meter_overflow, or, a Responses API event, read as it passed."}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "refused_total",
 			Help: "Requests refused with 400 before going upstream, by reason: a path whose segments an upstream could read otherwise (dot_segment, encoded_slash)."}, []string{"reason"}),
 		framing: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "ambiguous_framing_total",
