@@ -114,7 +114,6 @@ type bigEvent struct {
 	usageLong bool
 	respErr   *providerError
 	failed    bool
-	lossy     bool // a member was too long to keep: what it said is not known
 }
 
 // begin readies b for an event of which name and data were read before it went past the limit.
@@ -489,9 +488,6 @@ func (b *bigEvent) startValue(c byte) {
 func (b *bigEvent) endValue() {
 	b.capturing, b.capDone = false, false
 	v, long := b.value, b.valueLong
-	if long {
-		b.lossy = true
-	}
 	// A value too long to keep is read by its first byte: its type.
 	isObject := v[0] == '{'
 	ok := true
