@@ -2,6 +2,7 @@ package meter
 
 import (
 	"fmt"
+	"math/rand"
 	"strings"
 	"testing"
 
@@ -179,4 +180,61 @@ func FuzzResponsesBigEvent(f *testing.F) {
 			t.Fatalf("past the limit %+v, within it %+v", whole, short)
 		}
 	})
+}
+
+// TestResponsesBigEventMutated: streams made from a few by random edits (brackets, quotes,
+// escapes, line ends, member names that matter, bytes) are read past the limit as within it,
+// and alike however they are cut. FuzzResponsesBigEvent does the same, open-ended.
+func TestResponsesBigEventMutated(t *testing.T) {
+	pad := strings.Repeat("abc ", 300)
+	seeds := []string{
+		"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"output\":[{\"type\":\"message\",\"content\":[{\"type\":\"output_text\",\"text\":\"" + pad + "\"}]}],\"usage\":{\"input_tokens\":9,\"output_tokens\":1000}}}\n\n",
+		"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"" + pad + "\"}\n\nevent: response.failed\ndata: {\"type\":\"response.failed\",\"response\":{\"status\":\"failed\",\"error\":{\"code\":\"e\"},\"x\":[1,-2.5e3,true,null,{\"usage\":{\"input_tokens\":1}}],\"usage\":{\"input_tokens\":9},\"y\":\"" + pad + "\\u00e9\\\"\"}}\n\n",
+		"event: error\r\ndata: {\"type\":\"error\",\"code\":\"c\",\r\ndata: \"message\":\"" + pad + "\"}\r\n\r\ndata: {\"type\":\"response.incomplete\",\"response\":{\"\\u0075sage\":{\"input_tokens\":2,\"output_tokens\":3}},\"z\":\"" + pad + "\"}",
+		"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"" + pad + "\",\"response\":5}\n\n",
+		"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"status\":\"completed\",\"output\":[\"" + pad + "\"]},\"usage\":{\"input_tokens\":1,\"output_tokens\":2},\"code\":-0}\n\n",
+		"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"d\\u0065lta\":\"" + pad + "\",\"response\":{\"usage\":1}}\n\n",
+		"data: {\"type\":\"response.completed\",\"response\":{\"status\":\"completed\",\"output\":[" + strings.Repeat("[", 35) + "0" + strings.Repeat("]", 35) + ",\"" + pad + "\"],\"usage\":{\"input_tokens\":9,\"output_tokens\":1.0,\"input_tokens_details\":{\"cached_tokens\":3}}},\"type\":\"response.incomplete\"}\n\n",
+	}
+	toks := []string{"{", "}", "[", "]", "\"", ",", ":", "\\", "\\u00", "\n", "\r", "\n\n", "data: ", "event: response.completed\n", "\"type\"", "\"usage\"", "\"response\"", "\"error\"", "\"code\"", "\"status\"", "null", "1", "-0.5e+2", "\"failed\"", "{\"input_tokens\":3}", " ", "\x01", "true"}
+	rng := rand.New(rand.NewSource(1))
+	for range 5000 {
+		b := []byte(seeds[rng.Intn(len(seeds))])
+		for k := rng.Intn(4) + 1; k > 0; k-- {
+			i := rng.Intn(len(b) + 1)
+			switch rng.Intn(4) {
+			case 0:
+				b = append(b[:i:i], append([]byte(toks[rng.Intn(len(toks))]), b[i:]...)...)
+			case 1:
+				if i < len(b) {
+					j := min(len(b), i+rng.Intn(8)+1)
+					b = append(b[:i:i], b[j:]...)
+				}
+			case 2:
+				if i < len(b) {
+					b[i] = byte(rng.Intn(256))
+				}
+			case 3:
+				if i < len(b) {
+					b[i] = "{}[]\",:\\\n "[rng.Intn(10)]
+				}
+			}
+		}
+		raw := b
+		stream := string(raw)
+		short, _ := feedResponses(stream, 1<<20, max(len(raw), 1))
+		whole, _ := feedResponses(stream, 1<<10, max(len(raw), 1))
+		step := rng.Intn(13) + 1
+		cut, _ := feedResponses(stream, 1<<10, step)
+		if cut != whole {
+			t.Fatalf("%q cut in pieces: %+v, whole: %+v", stream, cut, whole)
+		}
+		if whole.Unread > 0 || len(raw) > bigValueMax {
+			continue
+		}
+		whole.Overflows = 0
+		if whole != short {
+			t.Fatalf("%q past the limit %+v, within it %+v", stream, whole, short)
+		}
+	}
 }
