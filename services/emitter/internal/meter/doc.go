@@ -5,5 +5,6 @@
 // Responses SSE, Anthropic's messages SSE, and both providers' non-streamed JSON bodies, and
 // reads their JSON as the providers' clients do: member names exactly, the last of a duplicate winning.
 // It holds at most one SSE event at a time, up to a limit (SetMaxEvent): a longer event
-// passes through unread and the result says so (CodeOverflow).
+// passes through unread and the result says so (CodeOverflow), but for a Responses event,
+// read as it passes, keeping only the few members the meter needs of it.
 package meter

@@ -4,7 +4,7 @@ import "bytes"
 
 // The fast path reads a chunk's JSON in one pass, without decoding it: it checks the syntax
 // and finds the members that matter by name at any depth. A chunk it cannot vouch for goes
-// to the decoder (jsonread.go): usage and errors (once per stream), escaped member names,
+// to the decoder (jsonread.go): usage and errors (once per stream), audio, escaped member names,
 // deep nesting, and anything that is not JSON (which the decoder then counts as malformed).
 
 const maxFastDepth = 32
@@ -16,7 +16,7 @@ const (
 	kindOther   fastKind = iota
 	kindContent          // a string value is content: content, text, reasoning…
 	kindTool             // a value other than null and [] is content: tool_calls, function_call
-	kindSlow             // a value other than null needs the decoder: usage, error
+	kindSlow             // a value other than null needs the decoder: usage, error, audio
 	kindObject           // the chunk's object: "error" needs the decoder (vLLM's and SGLang's error chunk)
 )
 
@@ -28,7 +28,7 @@ func kindOf(name []byte) fastKind {
 		return kindContent
 	case "tool_calls", "function_call":
 		return kindTool
-	case "usage", "error":
+	case "usage", "error", "audio":
 		return kindSlow
 	case "object":
 		return kindObject

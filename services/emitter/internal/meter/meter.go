@@ -39,7 +39,7 @@ const (
 	CodeMalformed = "malformed_sse"    // a data line that is not the JSON the protocol sends
 	CodeTruncated = "stream_truncated" // the stream ended before its terminal event
 	// CodeOverflow: an SSE event longer than the meter's limit, or a body longer than
-	// MaxBody, passed to the client unread.
+	// MaxBody, passed to the client unread (a Responses event is read as it passes).
 	CodeOverflow = "meter_overflow"
 )
 
@@ -48,8 +48,9 @@ const (
 const MaxBody = 8 << 20
 
 // DefaultMaxEvent is the longest SSE event, its lines up to the blank line that ends it,
-// that the meter reads when SetMaxEvent was not called. A longer one passes through as it
-// comes, unread, and marks the response with CodeOverflow.
+// that the meter holds when SetMaxEvent was not called. A longer one passes through as it
+// comes, unread, and marks the response with CodeOverflow; a Responses event is read as it
+// passes.
 const DefaultMaxEvent = 1 << 20
 
 // keepCap is the largest buffer the meter keeps for the next event or stream: one that grew
@@ -87,6 +88,11 @@ type Meter struct {
 	skip      bool
 	skipping  bool
 	overflows int
+	unread    int // of them, those whose passing unread leaves the measure in doubt
+
+	// A Responses event past the limit is read as it passes (responses_big.go).
+	big   *bigEvent
+	bigOn bool
 
 	// A line may end with CR, LF or CRLF (the SSE format): crLF is set when a CR ended the
 	// last piece, so that an LF starting the next belongs to it, and says where that LF goes.
@@ -130,7 +136,7 @@ func New(proto Protocol, stream bool, start time.Time) *Meter {
 // Reset readies the meter for another response, keeping its buffers (those not grown large).
 func (m *Meter) Reset(proto Protocol, stream bool, start time.Time) {
 	*m = Meter{proto: proto, stream: stream, start: start,
-		pending: kept(m.pending), data: kept(m.data), name: kept(m.name), body: kept(m.body), held: m.held}
+		pending: kept(m.pending), data: kept(m.data), name: kept(m.name), body: kept(m.body), held: m.held, big: m.big}
 }
 
 // SetMaxEvent sets the longest SSE event the meter reads, n bytes with its lines' ends (at
@@ -226,6 +232,10 @@ func (m *Meter) Flush(now time.Time, out []byte) []byte {
 	}
 	if m.skip {
 		m.skip, m.skipping = false, false // the event past the limit ended with the body
+		if m.bigOn {
+			m.big.endLine()
+			m.bigEnd(now)
+		}
 	}
 	m.crLF = crNone
 	if rest := bytes.TrimSuffix(m.pending[m.lineAt:], []byte{'\r'}); len(rest) > 0 {
@@ -304,7 +314,7 @@ func (m *Meter) scan(p []byte, now time.Time, out []byte) []byte {
 	}
 	for len(p) > 0 {
 		if m.skip {
-			n := m.skipEvent(p)
+			n := m.skipEvent(p, now)
 			if m.strip {
 				out = append(out, p[:n]...)
 			}
@@ -379,8 +389,16 @@ var lf = []byte{'\n'}
 // overflow gives up the event being read, which piece would take past the limit: what is
 // held of it is forwarded (stripping), and the rest of it is passed over as it comes. piece
 // ends a line when complete is set.
+//
+// A Responses event is read as it passes (bigStart): its kind of event needs no more than a
+// few members of it. Another is not read, and the measure is in doubt.
 func (m *Meter) overflow(piece []byte, complete bool, out []byte) []byte {
 	m.overflows++
+	if m.proto == OpenAIResponses {
+		m.bigStart(piece, complete)
+	} else {
+		m.unread++
+	}
 	m.skip, m.skipping = true, !complete && len(m.pending)-m.lineAt+len(piece) > 0
 	if m.strip {
 		out = append(out, m.pending...)
@@ -392,23 +410,33 @@ func (m *Meter) overflow(piece []byte, complete bool, out []byte) []byte {
 }
 
 // skipEvent passes over the event past the limit up to the blank line that ends it, and
-// returns how much of p that took.
-func (m *Meter) skipEvent(p []byte) int {
+// returns how much of p that took. A Responses event is read as it passes.
+func (m *Meter) skipEvent(p []byte, now time.Time) int {
 	pos := 0
 	for {
 		i, k := lineEnd(p[pos:])
 		if i < 0 {
 			m.skipping = m.skipping || pos < len(p)
+			if m.bigOn {
+				m.big.line(p[pos:])
+			}
 			return len(p)
 		}
 		blank := i == 0 && !m.skipping
 		m.skipping = false
+		if m.bigOn && !blank {
+			m.big.line(p[pos : pos+i])
+			m.big.endLine()
+		}
 		pos += i + k
 		if pos == len(p) && k == 1 && p[pos-1] == '\r' {
 			m.crLF = crOut // its LF, if it comes, goes the same way
 		}
 		if blank {
 			m.skip = false
+			if m.bigOn {
+				m.bigEnd(now)
+			}
 			return pos
 		}
 	}
@@ -617,16 +645,17 @@ func readOpenAIChunk(data []byte) (c openAIChunk, ok bool) {
 }
 
 // choiceContent is the content of one choice of a chunk (its delta) or of a body (its message):
-// text, reasoning, refusal and tool calls, in bytes.
+// text, reasoning, refusal, audio (its transcript and data: gpt-4o's audio output) and tool
+// calls, in bytes.
 func choiceContent(ch []byte, msg string) (n int, ok bool) {
-	var texts [5]int // content, reasoning_content, reasoning, refusal, and the choice's text
+	var texts [7]int // content, reasoning_content, reasoning, refusal, the choice's text, audio transcript and data
 	var tools, fn []byte
 	ok = object(ch, func(name, v []byte) (ok bool) {
 		switch string(name) {
 		case "text":
 			texts[4], ok = textLen(v)
 		case msg:
-			texts[0], texts[1], texts[2], texts[3], tools, fn = 0, 0, 0, 0, nil, nil
+			texts[0], texts[1], texts[2], texts[3], texts[5], texts[6], tools, fn = 0, 0, 0, 0, 0, 0, nil, nil
 			ok = object(v, func(name, v []byte) (ok bool) {
 				switch string(name) {
 				case "content":
@@ -637,6 +666,19 @@ func choiceContent(ch []byte, msg string) (n int, ok bool) {
 					texts[2], ok = textLen(v)
 				case "refusal":
 					texts[3], ok = textLen(v)
+				case "audio":
+					texts[5], texts[6] = 0, 0
+					ok = object(v, func(name, v []byte) (ok bool) {
+						switch string(name) {
+						case "transcript":
+							texts[5], ok = textLen(v)
+						case "data":
+							texts[6], ok = textLen(v)
+						default:
+							ok = true
+						}
+						return ok
+					})
 				case "tool_calls":
 					tools, ok = v, true
 				case "function_call":

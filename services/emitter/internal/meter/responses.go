@@ -21,8 +21,9 @@ type responseObject struct {
 	content int  // bytes of its output's text, refusals and tool-call arguments
 }
 
-// readResponse reads a response object; v must be valid JSON.
-func readResponse(v []byte) (r responseObject, ok bool) {
+// readResponse reads a response object, its output's content too when content is set (a
+// body's: a stream's content came in its deltas); v must be valid JSON.
+func readResponse(v []byte, content bool) (r responseObject, ok bool) {
 	ok = object(v, func(name, v []byte) (ok bool) {
 		switch string(name) {
 		case "usage":
@@ -34,6 +35,9 @@ func readResponse(v []byte) (r responseObject, ok bool) {
 			s, ok = text(v)
 			r.failed = s == "failed"
 		case "output":
+			if !content {
+				return true
+			}
 			r.content = 0
 			ok = array(v, func(item []byte) bool { n, ok := outputContent(item); r.content += n; return ok })
 		default:
@@ -161,7 +165,7 @@ func (m *Meter) responsesEvent(name, data []byte, now time.Time) {
 			resp = nil
 			if !isNull(v) {
 				var r responseObject
-				r, ok = readResponse(v)
+				r, ok = readResponse(v, false)
 				resp = &r
 			} else {
 				ok = true

@@ -19,7 +19,12 @@ type Result struct {
 	Done                bool  // the terminal event ([DONE], message_stop) arrived
 	ErrCode             string
 	Malformed           int // data lines that were not the protocol's JSON
-	Overflows           int // SSE events past the meter's limit, or a body past MaxBody: not read
+	Overflows           int // SSE events past the meter's limit, or a body past MaxBody
+	// Unread: of the Overflows, those the meter could not read what it needed of: an event
+	// of a protocol other than Responses, a Responses event whose usage was too long to keep,
+	// a body. A Responses event past the limit is read as it passes (its type, usage, status
+	// and error), so it alone is no failure.
+	Unread int
 }
 
 // SetInputEstimate gives the input token count to report when the response carries no usage.
@@ -43,9 +48,10 @@ func (m *Meter) Result(end time.Time) Result {
 		m.parseBody(end)
 	}
 	r := Result{Usage: m.usage, ContentEvents: m.contentCount, Done: m.done, ErrCode: m.errCode, Malformed: m.malformed,
-		Overflows: m.overflows, MaxGap: m.maxGap}
+		Overflows: m.overflows, Unread: m.unread, MaxGap: m.maxGap}
 	if m.bodyOver {
 		r.Overflows++
+		r.Unread++
 	}
 	if m.contentCount > 0 {
 		r.TTFT, r.Total = m.first.Sub(m.start), m.last.Sub(m.start)
@@ -108,7 +114,7 @@ func (r *Result) Status(stream bool) (events.Status, string) {
 		return events.StatusError, r.ErrCode
 	case stream && !r.Done:
 		return events.StatusError, CodeTruncated
-	case r.Overflows > 0:
+	case r.Unread > 0:
 		return events.StatusError, CodeOverflow
 	case r.Malformed > 0 && stream:
 		return events.StatusError, CodeMalformed
@@ -139,7 +145,7 @@ func (m *Meter) parseBody(end time.Time) {
 		return
 	}
 	if m.proto == OpenAIResponses {
-		r, ok := readResponse(m.body)
+		r, ok := readResponse(m.body, true)
 		if !ok {
 			m.malformed++
 			return

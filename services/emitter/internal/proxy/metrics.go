@@ -3,6 +3,7 @@ package proxy
 import (
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -66,7 +67,7 @@ func newMetrics(reg prometheus.Registerer, maxLabels int) *metrics {
 		passthrough: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "passthrough_total",
 			Help: "Requests to other upstream paths (model lists, token counting) forwarded without measuring."}),
 		overflows: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "meter_overflows_total",
-			Help: "Responses with an SSE event longer than EMITTER_MAX_SSE_EVENT_BYTES (or a body over 8 MiB): passed to the client unread, the event marked meter_overflow."}),
+			Help: "Responses with an SSE event longer than EMITTER_MAX_SSE_EVENT_BYTES (or a body over 8 MiB), passed to the client as it came: unread, the event marked meter_overflow, or, a Responses API event, read as it passed."}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "refused_total",
 			Help: "Requests refused with 400 before going upstream, by reason: a path whose segments an upstream could read otherwise (dot_segment, encoded_slash)."}, []string{"reason"}),
 		framing: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "ambiguous_framing_total",
@@ -109,24 +110,44 @@ func (m *metrics) observe(ev *events.RequestEvent, now time.Time) {
 	}
 }
 
-// retryAfter is the wait an answer asks for: retry-after-ms (OpenAI's, which its SDKs read
-// first), else Retry-After in seconds or as an HTTP date (RFC 9110, 10.2.3); ok is false
-// when it asks for none that parses.
+// maxRetryAfter is the longest wait the histogram counts, in seconds, its top bucket: a
+// longer one counts as it, so that one value, however large, cannot outweigh the others in
+// the sum.
+const maxRetryAfter = 3600
+
+// retryAfter is the wait an answer asks for, at most maxRetryAfter: retry-after-ms (OpenAI's,
+// which its SDKs read first), a decimal number of milliseconds, else Retry-After in seconds
+// or as an HTTP date (RFC 9110, 10.2.3); ok is false when it asks for none that parses.
 func retryAfter(h http.Header, now time.Time) (seconds float64, ok bool) {
-	if v := h.Get("Retry-After-Ms"); v != "" {
-		if ms, err := strconv.ParseFloat(v, 64); err == nil && ms >= 0 && ms <= 1e12 {
-			return ms / 1000, true
-		}
+	if v := h.Get("Retry-After-Ms"); isDecimal(v) {
+		ms, _ := strconv.ParseFloat(v, 64) // a decimal too large is +Inf: past the cap
+		return min(ms/1000, maxRetryAfter), true
 	}
 	v := h.Get("Retry-After")
 	if v == "" {
 		return 0, false
 	}
-	if s, err := strconv.ParseUint(v, 10, 32); err == nil {
-		return float64(s), true
+	if isDecimal(v) && !strings.Contains(v, ".") {
+		s, _ := strconv.ParseFloat(v, 64)
+		return min(s, maxRetryAfter), true
 	}
 	if t, err := http.ParseTime(v); err == nil {
-		return max(t.Sub(now).Seconds(), 0), true
+		return min(max(t.Sub(now).Seconds(), 0), maxRetryAfter), true
 	}
 	return 0, false
+}
+
+// isDecimal reports whether v is digits, with a fraction of digits or without: no sign, no
+// exponent, no hex (which strconv.ParseFloat would take).
+func isDecimal(v string) bool {
+	whole, frac, dot := strings.Cut(v, ".")
+	digits := func(s string) bool {
+		for i := 0; i < len(s); i++ {
+			if s[i] < '0' || s[i] > '9' {
+				return false
+			}
+		}
+		return s != ""
+	}
+	return digits(whole) && (!dot || digits(frac))
 }

@@ -156,3 +156,49 @@ func (f *firstBytes) Write(p []byte) (int, error) {
 func sseEvent(content string) string {
 	return `data: {"id":"x","object":"chat.completion.chunk","model":"gpt-4o","choices":[{"index":0,"delta":{"content":"` + content + `"}}]}` + "\n\n"
 }
+
+// TestResponsesOverflowRead: a Responses stream's response.completed repeats the whole
+// output, so a long answer's is past the limit, and so is a long image event before it: the
+// client gets every byte, and the request's event is ok with the usage the terminal event
+// carries, not one in the output's text; meter_overflows_total counts the response.
+func TestResponsesOverflowRead(t *testing.T) {
+	const (
+		limit = 64 << 10
+		huge  = 8 << 20 // each long event's content: 128 times the limit
+	)
+	long := strings.Repeat("a", huge)
+	stream := "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"status\":\"in_progress\",\"usage\":null}}\n\n" +
+		"event: response.image_generation_call.partial_image\ndata: {\"type\":\"response.image_generation_call.partial_image\",\"partial_image_b64\":\"" + long + "\"}\n\n" +
+		"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"hi\"}\n\n" +
+		"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"status\":\"completed\",\"output\":[{\"type\":\"message\",\"content\":[{\"type\":\"output_text\",\"text\":\"" + long + "\\\"usage\\\":{\\\"input_tokens\\\":1}\"}]}],\"usage\":{\"input_tokens\":11,\"output_tokens\":22},\"metadata\":{}},\"sequence_number\":4}\n\n"
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for s := stream; len(s) > 0; {
+			n := min(len(s), 32<<10)
+			if _, err := io.WriteString(w, s[:n]); err != nil {
+				return
+			}
+			s = s[n:]
+		}
+	}))
+	t.Cleanup(up.Close)
+	p, cap, _ := newTestProxy(t, up.URL+"/v1", func(c *Config) { c.MaxEventBytes = limit })
+	srv := serveProxy(t, p, nil, nil)
+	resp, err := http.Post(srv.URL+responsesPath, "application/json", strings.NewReader(`{"model":"gpt-5","stream":true,"input":"hi"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || string(got) != stream {
+		t.Fatalf("the client got %d bytes (%v), not the upstream's %d", len(got), err, len(stream))
+	}
+	ev := cap.next(t)
+	if ev.Status != events.StatusOK || ev.InputTokens != 11 || ev.OutputTokens != 22 || ev.TokensEstimated {
+		t.Fatalf("event %s %q, tokens %d/%d estimated %v", ev.Status, ev.ErrorCode, ev.InputTokens, ev.OutputTokens, ev.TokensEstimated)
+	}
+	if got := testutil.ToFloat64(p.m.overflows); got != 1 {
+		t.Fatalf("meter_overflows_total = %v", got)
+	}
+}

@@ -33,9 +33,24 @@ func TestRetryAfter(t *testing.T) {
 	f(map[string]string{"Retry-After": "7", "Retry-After-Ms": "soon"}, 7, true)
 	f(map[string]string{"Retry-After": "-3"}, 0, false)
 	f(map[string]string{"Retry-After": "1.5"}, 0, false)
-	f(map[string]string{"Retry-After": "99999999999999999999"}, 0, false)
 	f(map[string]string{"Retry-After": "soon"}, 0, false)
 	f(nil, 0, false)
+
+	// retry-after-ms is a decimal number: hex, signs, exponents and words are not.
+	for _, v := range []string{"0x1p4", "0x10", "+5", "-5", "1e3", "Inf", "NaN", "1_000", " 5", "5.", ".5", "1.2.3", ""} {
+		f(map[string]string{"Retry-After": "7", "Retry-After-Ms": v}, 7, true)
+	}
+	f(map[string]string{"Retry-After-Ms": "0.5"}, 0.0005, true)
+
+	// One cap for the three forms: a wait past it counts as the cap, so that one value
+	// cannot outweigh all the others in the histogram's sum.
+	f(map[string]string{"Retry-After-Ms": "86400000"}, maxRetryAfter, true)
+	f(map[string]string{"Retry-After-Ms": "99999999999999999999999999999"}, maxRetryAfter, true)
+	f(map[string]string{"Retry-After": "86400"}, maxRetryAfter, true)
+	f(map[string]string{"Retry-After": "99999999999999999999"}, maxRetryAfter, true)
+	f(map[string]string{"Retry-After": now.Add(24 * time.Hour).Format(http.TimeFormat)}, maxRetryAfter, true)
+	f(map[string]string{"Retry-After": "Fri, 31 Dec 9999 23:59:59 GMT"}, maxRetryAfter, true)
+	f(map[string]string{"Retry-After": "3600"}, 3600, true)
 }
 
 // TestRetryAfterObserved: the wait an upstream 429 asks for is in
