@@ -204,7 +204,8 @@ func TestClickHouseOutage(t *testing.T) {
 	srv.Resume()
 	addr := freeAddr(t)
 	startAggregator(t, b.env(envVars{"HTTP_ADDR": addr, "AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "200ms",
-		"AGG_WRITE_TIMEOUT": "2s", "AGG_MAX_BUFFERED": "1000"}))
+		"AGG_WRITE_TIMEOUT": "2s", "AGG_MAX_BUFFERED": "1000",
+		"AGG_LEASE_TTL": "2m"})) // a machine as loaded as the outage's retries make it must not fence the lease
 	now := time.Now().UTC()
 	evs := buildEvents(rows, now.Add(-time.Minute), 7)
 	for i := range evs {

@@ -139,6 +139,9 @@ func TestLaggingPartition(t *testing.T) {
 			"CLICKHOUSE_USER": b.environ["CLICKHOUSE_USER"], "CLICKHOUSE_PASSWORD": b.environ["CLICKHOUSE_PASSWORD"],
 			"HTTP_ADDR": "127.0.0.1:0", "AGG_CONSUMER": consumer, "AGG_FILTER": filter, "AGG_GPU": "false", "AGG_STORE_REQUESTS": "false",
 			"AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "100ms", "AGG_LOG_LEVEL": "info",
+			// The pauses are the lag under test: one past two thirds of the lease's TTL would
+			// make the aggregator stop counting and exit, as a holder that cannot renew.
+			"AGG_LEASE_TTL": "10m",
 		}
 	}
 	startAggregatorProcess(t, bin, aggEnv("agg-prod", "llm.req.prod.>"))
