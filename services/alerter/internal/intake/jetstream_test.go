@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -80,11 +81,20 @@ func (b *bed) publishToken(t *testing.T, start time.Time, model string) uint64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ack, err := b.js.Publish(b.ctx, events.TokenRollupSubject("prod", "chat"), data)
-	if err != nil {
-		t.Fatal(err)
+	// Sent again, under one message id, when no acknowledgement comes: a publish that lands as
+	// the stream is made again can go unanswered, and a publisher retries it.
+	id := nuid.Next()
+	for try := 1; ; try++ {
+		ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+		ack, err := b.js.Publish(ctx, events.TokenRollupSubject("prod", "chat"), data, jetstream.WithMsgID(id))
+		cancel()
+		if err == nil {
+			return ack.Sequence
+		}
+		if try == 5 || b.ctx.Err() != nil {
+			t.Fatal(err)
+		}
 	}
-	return ack.Sequence
 }
 
 func (b *bed) alertsHeld(t *testing.T) uint64 {
