@@ -103,6 +103,8 @@ func TestResponsesBigEvent(t *testing.T) {
 			events.StatusOK, "", Usage{9, 1000, 4}, false},
 		{"a long error event", delta + "event: error\ndata: {\"type\":\"error\",\"code\":\"server_error\",\"message\":\"" + pad + "\"}\n\n" + completed(`{`+usage+`}`),
 			events.StatusError, "server_error", Usage{9, 1000, 4}, false},
+		{"[DONE] after a long comment, as within the limit", delta + completed(`{`+usage+`}`) + ": " + pad + "\ndata: [DONE]\n\n",
+			events.StatusOK, "", Usage{9, 1000, 4}, false},
 		{"a long error object", delta + "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"" + pad[:2000] + "\"}}\n\n" + completed(`{`+usage+`}`),
 			events.StatusError, "invalid_request_error", Usage{9, 1000, 4}, false},
 	}
