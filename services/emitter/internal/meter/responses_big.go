@@ -579,6 +579,9 @@ func (m *Meter) bigEnd(now time.Time) {
 		}
 		return
 	}
+	if b.dataN == len("[DONE]") && string(b.head) == "[DONE]" {
+		return // not the API's, but some compatible servers end with it too
+	}
 	if !b.complete() || b.invalid {
 		m.malformed++
 		return
