@@ -33,3 +33,31 @@ func TestChatAudioDelta(t *testing.T) {
 		t.Fatalf("content events %d TTFT %v total %v malformed %d, want 2, 3ms, 4ms, 0", r.ContentEvents, r.TTFT, r.Total, r.Malformed)
 	}
 }
+
+// TestChatAudioEmpty: an audio delta with nothing of the answer in it, its id alone, an
+// empty transcript or data, null, is not content; one that has it after an empty one is.
+func TestChatAudioEmpty(t *testing.T) {
+	for _, tt := range []struct {
+		delta   string
+		content bool
+	}{
+		{`{"audio":{"id":"audio_1"}}`, false},
+		{`{"audio":{"transcript":""}}`, false},
+		{`{"audio":{"transcript":"","data":""}}`, false},
+		{`{"audio":{"id":"audio_1","transcript":null,"data":null}}`, false},
+		{`{"audio":null}`, false},
+		{`{"audio":{}}`, false},
+		{`{"audio":{"transcript":"Hi"},"audio":{"id":"a"}}`, false}, // the last audio member counts
+		{`{"audio":{"transcript":"","transcript":"Hi"}}`, true},
+		{`{"audio":{"data":"\u0041"}}`, true},
+	} {
+		m := New(OpenAIChat, true, t0)
+		m.Feed([]byte(`data: {"choices":[{"index":0,"delta":`+tt.delta+`}]}`+"\n\n"), t0, nil)
+		if m.Begun() != tt.content {
+			t.Errorf("%s: content %v, want %v", tt.delta, m.Begun(), tt.content)
+		}
+		if r := m.Result(t0); r.Malformed != 0 {
+			t.Errorf("%s: malformed", tt.delta)
+		}
+	}
+}
