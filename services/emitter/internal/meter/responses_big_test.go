@@ -240,3 +240,49 @@ func TestResponsesBigEventMutated(t *testing.T) {
 		}
 	}
 }
+
+// TestPlainRun: the run of a string's plain bytes ends at the first quote, backslash or
+// control byte, wherever it is in the 8 bytes read at a time, whatever bytes are beside it.
+func TestPlainRun(t *testing.T) {
+	var ends []byte
+	for c := range 0x20 {
+		ends = append(ends, byte(c))
+	}
+	ends = append(ends, '"', '\\')
+	for _, fill := range []byte{'a', 0x7f, 0x80, 0xff, '!', '#', '[', ']', 0x21, 0x5d} {
+		for n := range 20 {
+			p := make([]byte, 20)
+			for i := range p {
+				p[i] = fill
+			}
+			if got := plainRun(p[:n]); got != n {
+				t.Fatalf("plainRun of %d bytes %#x = %d", n, fill, got)
+			}
+			for _, end := range ends {
+				p[n] = end
+				if got := plainRun(p); got != n {
+					t.Fatalf("plainRun with %#x at %d among %#x = %d", end, n, fill, got)
+				}
+				p[n] = fill
+			}
+		}
+	}
+}
+// BenchmarkResponsesBigFeed: the meter's own cost of a 50 MiB image event read as it
+// passes, fed in 256 KiB pieces, the relay's read size.
+func BenchmarkResponsesBigFeed(b *testing.B) {
+	stream := []byte("event: response.image_generation_call.partial_image\ndata: {\"type\":\"response.image_generation_call.partial_image\",\"partial_image_index\":0,\"partial_image_b64\":\"" +
+		strings.Repeat("iVBORw0KGgoAAAANSUhEUgAA", (50<<20)/24) + "\"}\n\n")
+	m := New(OpenAIResponses, true, t0)
+	b.SetBytes(int64(len(stream)))
+	for b.Loop() {
+		m.Reset(OpenAIResponses, true, t0)
+		for i := 0; i < len(stream); i += 256 << 10 {
+			m.Feed(stream[i:min(i+256<<10, len(stream))], t0, nil)
+		}
+		m.Flush(t0, nil)
+		if r := m.Result(t0); r.Overflows != 1 || r.Unread != 0 || r.Malformed != 0 {
+			b.Fatalf("%+v", r)
+		}
+	}
+}
