@@ -268,6 +268,7 @@ func TestPlainRun(t *testing.T) {
 		}
 	}
 }
+
 // BenchmarkResponsesBigFeed: the meter's own cost of a 50 MiB image event read as it
 // passes, fed in 256 KiB pieces, the relay's read size.
 func BenchmarkResponsesBigFeed(b *testing.B) {
