@@ -105,6 +105,10 @@ func TestResponsesBigEvent(t *testing.T) {
 			events.StatusError, "server_error", Usage{9, 1000, 4}, false},
 		{"[DONE] after a long comment, as within the limit", delta + completed(`{`+usage+`}`) + ": " + pad + "\ndata: [DONE]\n\n",
 			events.StatusOK, "", Usage{9, 1000, 4}, false},
+		{"no type, and a long event: line ending .delta: a delta", "event: " + strings.Repeat("x", 2*bigNameMax) + ".delta\ndata: {\"x\":\"" + pad + "\"}\n\n" + completed(`{`+usage+`}`),
+			events.StatusOK, "", Usage{9, 1000, 4}, false},
+		{"no type, and a long event: line: nothing", "event: " + strings.Repeat("x", 2*bigNameMax) + ".delt\ndata: {\"x\":\"" + pad + "\"}\n\n" + delta + completed(`{`+usage+`}`),
+			events.StatusOK, "", Usage{9, 1000, 4}, false},
 		{"a long error object", delta + "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"" + pad[:2000] + "\"}}\n\n" + completed(`{`+usage+`}`),
 			events.StatusError, "invalid_request_error", Usage{9, 1000, 4}, false},
 	}
