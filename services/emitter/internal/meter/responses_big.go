@@ -78,6 +78,7 @@ type bigEvent struct {
 	space    bool   // the space after the field's colon may come next
 	name     []byte // the event: line's value
 	nameLong bool
+	nameTail []byte // the event: line's last bytes, as many as ".delta" has: a long one's kind
 	dataN    int    // the data's bytes so far, the newlines between its lines included
 	head     []byte // the data's first bytes, for the test the fast path makes
 	types    int    // occurrences of `"type"` in the data, as bytes.Count counts them
@@ -119,15 +120,30 @@ type bigEvent struct {
 
 // begin readies b for an event of which name and data were read before it went past the limit.
 func (b *bigEvent) begin(name, data []byte) {
-	*b = bigEvent{field: b.field[:0], name: b.name[:0], head: b.head[:0], key: b.key[:0], value: kept(b.value)}
+	*b = bigEvent{field: b.field[:0], name: b.name[:0], nameTail: b.nameTail[:0], head: b.head[:0], key: b.key[:0], value: kept(b.value)}
 	b.setName(name)
 	b.data(data)
 }
 
 func (b *bigEvent) setName(v []byte) {
-	b.name, b.nameLong = b.name[:0], len(v) > bigNameMax
+	b.name, b.nameLong, b.nameTail = b.name[:0], len(v) > bigNameMax, b.nameTail[:0]
 	if !b.nameLong {
 		b.name = append(b.name, v...)
+	}
+	b.tail(v)
+}
+
+// tail keeps the last bytes of the event: line, v the next of them.
+func (b *bigEvent) tail(v []byte) {
+	const n = len(".delta")
+	if len(v) >= n {
+		b.nameTail = append(b.nameTail[:0], v[len(v)-n:]...)
+		return
+	}
+	b.nameTail = append(b.nameTail, v...)
+	if k := len(b.nameTail); k > n {
+		copy(b.nameTail, b.nameTail[k-n:])
+		b.nameTail = b.nameTail[:n]
 	}
 }
 
@@ -147,7 +163,7 @@ func (b *bigEvent) line(p []byte) {
 				}
 			case string(b.field) == "event:":
 				b.lineKind, b.space = lnName, true
-				b.name, b.nameLong = b.name[:0], false
+				b.name, b.nameLong, b.nameTail = b.name[:0], false, b.nameTail[:0]
 			case !bytes.HasPrefix([]byte("data:"), b.field) && !bytes.HasPrefix([]byte("event:"), b.field):
 				b.lineKind = lnSkip
 			}
@@ -168,6 +184,7 @@ func (b *bigEvent) line(p []byte) {
 			} else if !b.nameLong {
 				b.name = append(b.name, p...)
 			}
+			b.tail(p)
 			return
 		default:
 			return
@@ -605,7 +622,15 @@ func (m *Meter) bigEnd(now time.Time) {
 		m.malformed++
 		return
 	}
-	if b.typLong || (b.typ == "" && b.nameLong) {
+	if b.typ == "" && b.nameLong {
+		// No type, and a name too long to keep, none the API sends: the name is the type,
+		// a delta by its end.
+		if string(b.nameTail) == ".delta" {
+			m.content(now, b.dataN)
+		}
+		return
+	}
+	if b.typLong {
 		m.unread++ // an event of a type too long to keep: none the API sends
 		return
 	}
