@@ -1,6 +1,7 @@
 package meter
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -59,5 +60,18 @@ func TestChatAudioEmpty(t *testing.T) {
 		if r := m.Result(t0); r.Malformed != 0 {
 			t.Errorf("%s: malformed", tt.delta)
 		}
+	}
+}
+
+// TestChatAudioBodyEstimate: a body with audio and no usage estimates its output from the
+// transcript, the answer's text: the audio's base64 data is not text, 40 KB of it a second
+// or so of speech, not 10,000 tokens.
+func TestChatAudioBodyEstimate(t *testing.T) {
+	data := strings.Repeat("UklGRnoGAABXQVZF", 2500)
+	m := New(OpenAIChat, false, t0)
+	m.Feed([]byte(`{"choices":[{"index":0,"message":{"role":"assistant","content":null,"audio":{"id":"audio_1","expires_at":1729234747,"data":"`+data+`","transcript":"Hello there, friend."}}}]}`), t0, nil)
+	r := m.Result(t0.Add(time.Second))
+	if !r.Estimated || r.Usage.Output > 6 || r.Usage.Output < 5 {
+		t.Fatalf("output %d estimated %v, want 5 or 6 (the transcript's 20 bytes / 4), estimated", r.Usage.Output, r.Estimated)
 	}
 }
