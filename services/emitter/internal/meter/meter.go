@@ -645,8 +645,8 @@ func readOpenAIChunk(data []byte) (c openAIChunk, ok bool) {
 }
 
 // choiceContent is the content of one choice of a chunk (its delta) or of a body (its message):
-// text, reasoning, refusal, audio (its transcript and data: gpt-4o's audio output) and tool
-// calls, in bytes.
+// text, reasoning, refusal, audio (its transcript, and 1 for its data: gpt-4o's audio output)
+// and tool calls, in bytes.
 func choiceContent(ch []byte, msg string) (n int, ok bool) {
 	var texts [7]int // content, reasoning_content, reasoning, refusal, the choice's text, audio transcript and data
 	var tools, fn []byte
@@ -673,7 +673,9 @@ func choiceContent(ch []byte, msg string) (n int, ok bool) {
 						case "transcript":
 							texts[5], ok = textLen(v)
 						case "data":
+							// The audio's base64 says the answer has begun, not how long it is.
 							texts[6], ok = textLen(v)
+							texts[6] = min(texts[6], 1)
 						default:
 							ok = true
 						}

@@ -2,6 +2,7 @@ package meter
 
 import (
 	"bytes"
+	"encoding/binary"
 	"time"
 )
 
@@ -77,6 +78,7 @@ type bigEvent struct {
 	space    bool   // the space after the field's colon may come next
 	name     []byte // the event: line's value
 	nameLong bool
+	nameTail []byte // the event: line's last bytes, as many as ".delta" has: a long one's kind
 	dataN    int    // the data's bytes so far, the newlines between its lines included
 	head     []byte // the data's first bytes, for the test the fast path makes
 	types    int    // occurrences of `"type"` in the data, as bytes.Count counts them
@@ -118,15 +120,30 @@ type bigEvent struct {
 
 // begin readies b for an event of which name and data were read before it went past the limit.
 func (b *bigEvent) begin(name, data []byte) {
-	*b = bigEvent{field: b.field[:0], name: b.name[:0], head: b.head[:0], key: b.key[:0], value: kept(b.value)}
+	*b = bigEvent{field: b.field[:0], name: b.name[:0], nameTail: b.nameTail[:0], head: b.head[:0], key: b.key[:0], value: kept(b.value)}
 	b.setName(name)
 	b.data(data)
 }
 
 func (b *bigEvent) setName(v []byte) {
-	b.name, b.nameLong = b.name[:0], len(v) > bigNameMax
+	b.name, b.nameLong, b.nameTail = b.name[:0], len(v) > bigNameMax, b.nameTail[:0]
 	if !b.nameLong {
 		b.name = append(b.name, v...)
+	}
+	b.tail(v)
+}
+
+// tail keeps the last bytes of the event: line, v the next of them.
+func (b *bigEvent) tail(v []byte) {
+	const n = len(".delta")
+	if len(v) >= n {
+		b.nameTail = append(b.nameTail[:0], v[len(v)-n:]...)
+		return
+	}
+	b.nameTail = append(b.nameTail, v...)
+	if k := len(b.nameTail); k > n {
+		copy(b.nameTail, b.nameTail[k-n:])
+		b.nameTail = b.nameTail[:n]
 	}
 }
 
@@ -146,7 +163,7 @@ func (b *bigEvent) line(p []byte) {
 				}
 			case string(b.field) == "event:":
 				b.lineKind, b.space = lnName, true
-				b.name, b.nameLong = b.name[:0], false
+				b.name, b.nameLong, b.nameTail = b.name[:0], false, b.nameTail[:0]
 			case !bytes.HasPrefix([]byte("data:"), b.field) && !bytes.HasPrefix([]byte("event:"), b.field):
 				b.lineKind = lnSkip
 			}
@@ -167,6 +184,7 @@ func (b *bigEvent) line(p []byte) {
 			} else if !b.nameLong {
 				b.name = append(b.name, p...)
 			}
+			b.tail(p)
 			return
 		default:
 			return
@@ -186,10 +204,7 @@ func (b *bigEvent) data(p []byte) {
 	for i := 0; i < len(p); {
 		if b.state == jString && b.esc == 0 && !b.isName && !b.capturing {
 			// The bulk of a long event: a run of a string's plain bytes.
-			j := i
-			for j < len(p) && p[j] != '"' && p[j] != '\\' && p[j] >= 0x20 {
-				j++
-			}
+			j := i + plainRun(p[i:])
 			if j > i {
 				// Past its first bytes, a run without a quote matches no part of `"type"`.
 				for _, c := range p[i:min(j, i+5)] {
@@ -206,6 +221,27 @@ func (b *bigEvent) data(p []byte) {
 		b.step(p[i])
 		i++
 	}
+}
+
+// plainRun is the length of the run of a string's plain bytes p begins with: up to a
+// quote, a backslash or a control byte. It reads 8 bytes at a time: an image is the bulk
+// of the longest events, and this loop the bulk of the time they take.
+func plainRun(p []byte) int {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	n := 0
+	for ; n+8 <= len(p); n += 8 {
+		x := binary.LittleEndian.Uint64(p[n:])
+		quote, backslash := x^(ones*'"'), x^(ones*'\\')
+		// A word has a byte below k when (x - ones*k) &^ x has a high bit set (k <= 0x80):
+		// here a zero byte of quote or backslash (k = 1), or a control byte of x (k = 0x20).
+		if ((quote-ones)&^quote|(backslash-ones)&^backslash|(x-ones*0x20)&^x)&highs != 0 {
+			break
+		}
+	}
+	for n < len(p) && p[n] != '"' && p[n] != '\\' && p[n] >= 0x20 {
+		n++
+	}
+	return n
 }
 
 // countType counts `"type"` in the data, as bytes.Count does: the occurrences that do not
@@ -579,11 +615,22 @@ func (m *Meter) bigEnd(now time.Time) {
 		}
 		return
 	}
+	if b.dataN == len("[DONE]") && string(b.head) == "[DONE]" {
+		return // not the API's, but some compatible servers end with it too
+	}
 	if !b.complete() || b.invalid {
 		m.malformed++
 		return
 	}
-	if b.typLong || (b.typ == "" && b.nameLong) {
+	if b.typ == "" && b.nameLong {
+		// No type, and a name too long to keep, none the API sends: the name is the type,
+		// a delta by its end.
+		if string(b.nameTail) == ".delta" {
+			m.content(now, b.dataN)
+		}
+		return
+	}
+	if b.typLong {
 		m.unread++ // an event of a type too long to keep: none the API sends
 		return
 	}

@@ -103,6 +103,12 @@ func TestResponsesBigEvent(t *testing.T) {
 			events.StatusOK, "", Usage{9, 1000, 4}, false},
 		{"a long error event", delta + "event: error\ndata: {\"type\":\"error\",\"code\":\"server_error\",\"message\":\"" + pad + "\"}\n\n" + completed(`{`+usage+`}`),
 			events.StatusError, "server_error", Usage{9, 1000, 4}, false},
+		{"[DONE] after a long comment, as within the limit", delta + completed(`{`+usage+`}`) + ": " + pad + "\ndata: [DONE]\n\n",
+			events.StatusOK, "", Usage{9, 1000, 4}, false},
+		{"no type, and a long event: line ending .delta: a delta", "event: " + strings.Repeat("x", 2*bigNameMax) + ".delta\ndata: {\"x\":\"" + pad + "\"}\n\n" + completed(`{`+usage+`}`),
+			events.StatusOK, "", Usage{9, 1000, 4}, false},
+		{"no type, and a long event: line: nothing", "event: " + strings.Repeat("x", 2*bigNameMax) + ".delt\ndata: {\"x\":\"" + pad + "\"}\n\n" + delta + completed(`{`+usage+`}`),
+			events.StatusOK, "", Usage{9, 1000, 4}, false},
 		{"a long error object", delta + "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"" + pad[:2000] + "\"}}\n\n" + completed(`{`+usage+`}`),
 			events.StatusError, "invalid_request_error", Usage{9, 1000, 4}, false},
 	}
@@ -235,6 +241,53 @@ func TestResponsesBigEventMutated(t *testing.T) {
 		whole.Overflows = 0
 		if whole != short {
 			t.Fatalf("%q past the limit %+v, within it %+v", stream, whole, short)
+		}
+	}
+}
+
+// TestPlainRun: the run of a string's plain bytes ends at the first quote, backslash or
+// control byte, wherever it is in the 8 bytes read at a time, whatever bytes are beside it.
+func TestPlainRun(t *testing.T) {
+	var ends []byte
+	for c := range 0x20 {
+		ends = append(ends, byte(c))
+	}
+	ends = append(ends, '"', '\\')
+	for _, fill := range []byte{'a', 0x7f, 0x80, 0xff, '!', '#', '[', ']', 0x21, 0x5d} {
+		for n := range 20 {
+			p := make([]byte, 20)
+			for i := range p {
+				p[i] = fill
+			}
+			if got := plainRun(p[:n]); got != n {
+				t.Fatalf("plainRun of %d bytes %#x = %d", n, fill, got)
+			}
+			for _, end := range ends {
+				p[n] = end
+				if got := plainRun(p); got != n {
+					t.Fatalf("plainRun with %#x at %d among %#x = %d", end, n, fill, got)
+				}
+				p[n] = fill
+			}
+		}
+	}
+}
+
+// BenchmarkResponsesBigFeed: the meter's own cost of a 50 MiB image event read as it
+// passes, fed in 256 KiB pieces, the relay's read size.
+func BenchmarkResponsesBigFeed(b *testing.B) {
+	stream := []byte("event: response.image_generation_call.partial_image\ndata: {\"type\":\"response.image_generation_call.partial_image\",\"partial_image_index\":0,\"partial_image_b64\":\"" +
+		strings.Repeat("iVBORw0KGgoAAAANSUhEUgAA", (50<<20)/24) + "\"}\n\n")
+	m := New(OpenAIResponses, true, t0)
+	b.SetBytes(int64(len(stream)))
+	for b.Loop() {
+		m.Reset(OpenAIResponses, true, t0)
+		for i := 0; i < len(stream); i += 256 << 10 {
+			m.Feed(stream[i:min(i+256<<10, len(stream))], t0, nil)
+		}
+		m.Flush(t0, nil)
+		if r := m.Result(t0); r.Overflows != 1 || r.Unread != 0 || r.Malformed != 0 {
+			b.Fatalf("%+v", r)
 		}
 	}
 }

@@ -86,7 +86,7 @@ func newRig(t *testing.T, opts fakellm.Options, tweak func(*Config)) *rig {
 // where the platform has one, long ones taken off net/http), each handler told its client's
 // connection. wrap, if set, wraps the listener under the proxy's; configure, if set, changes
 // the server before it starts. The server is closed, p drained and closed, when the test ends.
-func serveProxy(t *testing.T, p *Proxy, wrap func(net.Listener) net.Listener, configure func(*http.Server)) *httptest.Server {
+func serveProxy(t testing.TB, p *Proxy, wrap func(net.Listener) net.Listener, configure func(*http.Server)) *httptest.Server {
 	t.Helper()
 	mux := http.NewServeMux()
 	p.Register(mux)
@@ -115,7 +115,7 @@ func serveProxy(t *testing.T, p *Proxy, wrap func(net.Listener) net.Listener, co
 
 // newTestProxy returns a proxy to upstream with the tests' configuration (tweak may change
 // it), capturing its events, and its metrics registry.
-func newTestProxy(t *testing.T, upstream string, tweak func(*Config)) (*Proxy, *capture, *prometheus.Registry) {
+func newTestProxy(t testing.TB, upstream string, tweak func(*Config)) (*Proxy, *capture, *prometheus.Registry) {
 	t.Helper()
 	up, err := ParseUpstream(upstream)
 	if err != nil {

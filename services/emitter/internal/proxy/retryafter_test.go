@@ -1,7 +1,9 @@
 package proxy
 
 import (
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -86,4 +88,48 @@ func TestRetryAfterObserved(t *testing.T) {
 			t.Fatalf("%s: %d observed, sum %v, want %d of 1 s", pc.provider, m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum(), pc.count)
 		}
 	}
+}
+
+// TestRetryAfterCommonForms: the forms upstreams send, Retry-After in seconds or as an
+// HTTP date and OpenAI's retry-after-ms (sent in lower case, read first), through both
+// upstream clients, are observed as the wait they ask for.
+func TestRetryAfterCommonForms(t *testing.T) {
+	bothClients(t, func(t *testing.T, transport bool) {
+		forms := map[string]map[string]string{
+			"seconds": {"Retry-After": "20"},
+			"date":    {"Retry-After": time.Now().Add(time.Hour + 30*time.Second).UTC().Format(http.TimeFormat)},
+			"ms":      {"retry-after-ms": "1500", "Retry-After": "2"},
+		}
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			for k, v := range forms[r.Header.Get("X-Test-Form")] {
+				w.Header()[k] = []string{v} // as the upstream spells it
+			}
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusTooManyRequests)
+			_, _ = io.WriteString(w, `{"error":{"message":"slow down","type":"requests","code":"rate_limit_exceeded"}}`)
+		}))
+		t.Cleanup(up.Close)
+		p, cap, _ := newTestProxy(t, up.URL+"/v1", nil)
+		srv := serveProxy(t, p, nil, nil)
+		rig := &rig{p: p}
+		if transport {
+			rig.viaTransport()
+		}
+		for _, form := range []string{"seconds", "date", "ms"} {
+			via := call(t, srv.URL, chatPath, chatBody(false, ""), map[string]string{"X-Test-Form": form})
+			if via.status != http.StatusTooManyRequests {
+				t.Fatalf("%s: client got %d", form, via.status)
+			}
+			cap.next(t)
+		}
+		m := &dto.Metric{}
+		if err := p.m.retryAfter.WithLabelValues("openai").(prometheus.Metric).Write(m); err != nil {
+			t.Fatal(err)
+		}
+		// 20 + about 3630, capped at 3600 + 1.5.
+		if h := m.GetHistogram(); h.GetSampleCount() != 3 || h.GetSampleSum() != 20+maxRetryAfter+1.5 {
+			t.Fatalf("%d observed, sum %v, want 3, %v", h.GetSampleCount(), h.GetSampleSum(), 20+maxRetryAfter+1.5)
+		}
+	})
 }
