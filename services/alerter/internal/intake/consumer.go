@@ -59,6 +59,26 @@ type Reopener struct {
 	next uint64
 }
 
+// deletedSettle is how long a stream found missing is left before it is made again. A stream
+// made again at once, while nats-server still removes the deleted one's store, can come up
+// with the old one's sequences and never acknowledge a publish.
+const deletedSettle = 2 * time.Second
+
+// settleDeleted waits deletedSettle when one of the streams is missing (just deleted).
+func (r *Reopener) settleDeleted(ctx context.Context) error {
+	for _, name := range r.streams {
+		if _, err := r.js.Stream(ctx, name); errors.Is(err, jetstream.ErrStreamNotFound) {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(deletedSettle):
+			}
+			return nil
+		}
+	}
+	return nil
+}
+
 // NewReopener returns a Reopener of the consumer cfg describes, on its stream as it is now.
 // Before making the consumer again it makes its stream, and the other streams named (those
 // the service ensures at start: a NATS that lost its store lost them all), with limits
@@ -83,6 +103,9 @@ func NewReopener(ctx context.Context, js jetstream.JetStream, cfg bus.ConsumerCo
 // seen is the highest sequence read from the stream before: a stream whose last message is
 // below it is another one too.
 func (r *Reopener) Reopen(ctx context.Context, from, seen uint64) (jetstream.Consumer, bool, error) {
+	if err := r.settleDeleted(ctx); err != nil {
+		return nil, false, err
+	}
 	if err := bus.EnsureStreams(ctx, r.js, r.limits, r.streams...); err != nil {
 		return nil, false, err
 	}
