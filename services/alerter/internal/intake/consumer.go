@@ -52,6 +52,7 @@ type Reopener struct {
 	limits  bus.StreamLimits
 	streams []string  // made again with limits when missing, as at start
 	created time.Time // the stream's creation time when last seen
+	missing time.Time // when a stream was first found missing (zero: none is)
 	// next is the first stream sequence past the consumer's ack floor as last made or looked
 	// up (0: unknown), where one made again before anything was read starts: made again as
 	// cfg says (DeliverNew), it skipped the rollups published while it was gone, and from
@@ -64,18 +65,23 @@ type Reopener struct {
 // with the old one's sequences and never acknowledge a publish.
 const deletedSettle = 2 * time.Second
 
-// settleDeleted waits deletedSettle when one of the streams is missing (just deleted).
+// settleDeleted fails, for the intake to try again later, until deletedSettle has passed
+// since one of the streams was first found missing.
 func (r *Reopener) settleDeleted(ctx context.Context) error {
 	for _, name := range r.streams {
-		if _, err := r.js.Stream(ctx, name); errors.Is(err, jetstream.ErrStreamNotFound) {
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(deletedSettle):
-			}
-			return nil
+		_, err := r.js.Stream(ctx, name)
+		if !errors.Is(err, jetstream.ErrStreamNotFound) {
+			continue
 		}
+		if r.missing.IsZero() {
+			r.missing = time.Now()
+		}
+		if wait := deletedSettle - time.Since(r.missing); wait > 0 {
+			return fmt.Errorf("stream %s is gone; it is made again %s after that was seen, once nats-server has removed it", name, deletedSettle)
+		}
+		break
 	}
+	r.missing = time.Time{}
 	return nil
 }
 
