@@ -192,7 +192,7 @@ func (s *demo) start(ctx context.Context) error {
 	// KV cache and a prefix cache, vLLM's metrics on /metrics, which gpuwatch reads. It
 	// starts first, so gpuwatch never finds it down.
 	fake, err := s.run(stack.Cmd{Name: "fakellm", Path: bin("emitter"), Args: []string{"fakellm", "-addr", s.a.fakellm,
-		"-ttft", "120ms", "-prefill-per-1k", "150ms", "-tpot", "15ms", "-error-rate", "0.01", "-rate-limit-rate", "0.01",
+		"-ttft", engineTTFT.String(), "-prefill-per-1k", enginePrefillPer.String(), "-tpot", engineTPOT.String(), "-error-rate", "0.01", "-rate-limit-rate", "0.01",
 		"-stall-rate", "0.01", "-disconnect-rate", "0.005", "-otlp-endpoint", "http://" + s.a.otlpHTTP,
 		"-max-batch", fmt.Sprint(engineBatch), "-kv-tokens", fmt.Sprint(engineKVTokens), "-prefix-cache", "-model-name", chatModel},
 		// Its llm_request spans become the chat scene's engine-layer events, beside the proxy's.
