@@ -24,9 +24,11 @@ FROM
     SELECT scene, model, name, value
     FROM
     (
-        SELECT request_id, name, argMax(value, ts) AS value
+        -- the latest: of equal ts (whole seconds on 18.16), the greatest event_id (UUIDv7 ids sort
+        -- by time); verdicts given up to 7 days after to count, as the business view says
+        SELECT request_id, name, argMax(value, (ts, event_id)) AS value
         FROM verdicts
-        WHERE request_id != '' AND ts >= {from:DateTime}
+        WHERE request_id != '' AND ts >= {from:DateTime} AND ts < {to:DateTime} + INTERVAL 7 DAY
         GROUP BY request_id, conversation_id, name, source
     ) AS f
     ANY LEFT JOIN
@@ -40,9 +42,11 @@ FROM
     SELECT scene, model, name, value
     FROM
     (
-        SELECT conversation_id, name, argMax(value, ts) AS value
+        -- the latest: of equal ts (whole seconds on 18.16), the greatest event_id (UUIDv7 ids sort
+        -- by time); verdicts given up to 7 days after to count, as the business view says
+        SELECT conversation_id, name, argMax(value, (ts, event_id)) AS value
         FROM verdicts
-        WHERE request_id = '' AND conversation_id != '' AND ts >= {from:DateTime}
+        WHERE request_id = '' AND conversation_id != '' AND ts >= {from:DateTime} AND ts < {to:DateTime} + INTERVAL 7 DAY
         GROUP BY conversation_id, name, source
     ) AS f
     ANY LEFT JOIN
