@@ -177,3 +177,89 @@ func toFloat(v any) float64 {
 	}
 	return math.NaN()
 }
+
+// TestConversationIDAcrossScenes: the same conversation id in two scenes (two apps numbering
+// their conversations alike) and in another env is three conversations, on 18.16 and on the
+// current engine: each with its own turns and outcome, none merged with another.
+func TestConversationIDAcrossScenes(t *testing.T) {
+	db := openDB(t)
+	cur := testbed.CurrentClickHouse(t)
+	ctx := context.Background()
+	if _, err := chdb.MigrateOn(ctx, cur, cur.DB, cur.Version, schemas.Migrations()); err != nil {
+		t.Fatal(err)
+	}
+	from := time.Now().UTC().Truncate(time.Hour).Add(-3 * time.Hour)
+	const reqs = "INSERT INTO requests (ts, event_id, env, scene, model, layer, conversation_id, turn, outcome, cost_usd)"
+	for _, r := range [][]any{
+		{from.Add(time.Minute), "a1", "prod", "chat", "m", "gateway", "1", uint32(1), "", 0.1},
+		{from.Add(2 * time.Minute), "a2", "prod", "chat", "m", "gateway", "1", uint32(2), "completed", 0.1},
+		{from.Add(3 * time.Minute), "b1", "prod", "support", "m", "gateway", "1", uint32(1), "abandoned", 0.1},
+		{from.Add(4 * time.Minute), "c1", "staging", "chat", "m", "gateway", "1", uint32(1), "abandoned", 0.1},
+	} {
+		b, err := db.Conn().PrepareBatch(ctx, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Append(r...); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Send(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cur.Insert(ctx, reqs, r...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	params := map[string]string{"from": from.Format(time.DateTime), "to": from.Add(time.Hour).Format(time.DateTime), "layer": "gateway",
+		"limit": "10", "name": "thumbs", "satisfied_at": "1"}
+	for _, c := range []struct {
+		file string
+		want [][]float64 // each row's numeric columns
+	}{
+		// 3 conversations of 2, 1 and 1 turns; 1 completed, 2 abandoned
+		{"conversations.sql", [][]float64{{3, 4.0 / 3, 1, 2, 1.0 / 3}}},
+		// requests, turns, cost, tokens
+		{"cost_per_conversation.sql", [][]float64{{2, 2, 0.2, 0, 0}, {1, 1, 0.1, 0, 0}, {1, 1, 0.1, 0, 0}}},
+		// chat: 2 conversations at 0.15; support: 1 at 0.1
+		{"cost_per_satisfied_conversation.sql", [][]float64{{2, 0.15, 0, 0, 0}, {1, 0.1, 0, 0, 0}}},
+	} {
+		raw, err := fs.ReadFile(schemas.Queries, "clickhouse/queries/"+c.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bound, err := chdb.Bind(string(raw), params)
+		if err != nil {
+			t.Fatal(err)
+		}
+		old, err := testbed.Query(ctx, db.Conn(), bound)
+		if err != nil {
+			t.Fatalf("%s on 18.16: %v", c.file, err)
+		}
+		now, err := cur.Query(bound, nil) // bound here, as report does
+		if err != nil {
+			t.Fatalf("%s on ClickHouse %s: %v", c.file, cur.Version, err)
+		}
+		for _, res := range []struct {
+			name string
+			r    *testbed.Result
+		}{{"18.16", old}, {cur.Version, now}} {
+			if len(res.r.Rows) != len(c.want) {
+				t.Fatalf("%s on %s: %d rows, want %d: %v", c.file, res.name, len(res.r.Rows), len(c.want), res.r.Rows)
+			}
+			for i, w := range c.want {
+				var got []float64
+				for _, v := range res.r.Rows[i] {
+					if _, ok := v.(string); !ok {
+						got = append(got, toFloat(v))
+					}
+				}
+				for j := range w {
+					if j >= len(got) || math.Abs(got[j]-w[j]) > 1e-9 {
+						t.Errorf("%s on %s: row %d %v, want %v", c.file, res.name, i, res.r.Rows[i], w)
+						break
+					}
+				}
+			}
+		}
+	}
+}
