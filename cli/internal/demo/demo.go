@@ -251,8 +251,8 @@ func (s *demo) start(ctx context.Context) error {
 	}
 	s.say("load: scene support     simulated events; TTFT ×8 for 40 s of every 2 minutes (alerts fire, then resolve)")
 	s.say("business: both scenes   users hold conversations of %d turns on average, which end completed or abandoned;", demoTurns)
-	s.say("                        30 %% of answers (chat: of conversations) rated, a fifth scored for quality; worse")
-	s.say("                        when slow; priced (%s): tokenscope report --business", prices)
+	s.say("                        30 %% of answers (chat: of conversations) rated, a fifth of support's scored for")
+	s.say("                        quality; worse when slow; priced (%s): tokenscope report --business", prices)
 	// The incident: a burst of chat requests beyond the engine's batch, so a queue builds
 	// in the engine and TTFT grows by the time requests wait in it.
 	s.burst = newBurst("http://"+s.a.emitter, chatModel, s.incident())

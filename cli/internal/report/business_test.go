@@ -263,3 +263,71 @@ func TestConversationIDAcrossScenes(t *testing.T) {
 		}
 	}
 }
+
+// TestConversationRatingInOneRange: a rating given to a conversation counts in
+// quality_by_scene_model.sql in the range of the conversation's first request only, for the
+// model of its last request, on 18.16 and on the current engine: one that started before
+// the range is left to that range (a daily report never counts it twice), one that goes on
+// after it counts, for the model it ended on.
+func TestConversationRatingInOneRange(t *testing.T) {
+	db := openDB(t)
+	cur := testbed.CurrentClickHouse(t)
+	ctx := context.Background()
+	if _, err := chdb.MigrateOn(ctx, cur, cur.DB, cur.Version, schemas.Migrations()); err != nil {
+		t.Fatal(err)
+	}
+	from := time.Now().UTC().Truncate(time.Hour).Add(-3 * time.Hour)
+	to := from.Add(time.Hour)
+	const reqs = "INSERT INTO requests (ts, event_id, env, scene, model, layer, conversation_id, turn)"
+	const fbs = "INSERT INTO feedback (ts, event_id, request_id, conversation_id, name, value, source, env, scene, model)"
+	for _, r := range []struct {
+		insert string
+		vals   []any
+	}{
+		{reqs, []any{from.Add(-30 * time.Minute), "s1", "prod", "chat", "m1", "gateway", "c-span", uint32(1)}},
+		{reqs, []any{from.Add(10 * time.Minute), "s2", "prod", "chat", "m1", "gateway", "c-span", uint32(2)}},
+		{reqs, []any{from.Add(10 * time.Minute), "i1", "prod", "chat", "m1", "gateway", "c-in", uint32(1)}},
+		{reqs, []any{to.Add(30 * time.Minute), "i2", "prod", "chat", "m2", "gateway", "c-in", uint32(2)}},
+		{fbs, []any{from.Add(20 * time.Minute), "f1", "", "c-span", "rating", 5.0, "user", "prod", "chat", ""}},
+		{fbs, []any{to.Add(40 * time.Minute), "f2", "", "c-in", "rating", 3.0, "user", "prod", "chat", ""}},
+	} {
+		b, err := db.Conn().PrepareBatch(ctx, r.insert)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Append(r.vals...); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Send(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cur.Insert(ctx, r.insert, r.vals...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	raw, err := fs.ReadFile(schemas.Queries, "clickhouse/queries/quality_by_scene_model.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bound, err := chdb.Bind(string(raw), map[string]string{"from": from.Format(time.DateTime), "to": to.Format(time.DateTime), "layer": "gateway"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := testbed.Query(ctx, db.Conn(), bound)
+	if err != nil {
+		t.Fatalf("18.16: %v", err)
+	}
+	now, err := cur.Query(bound, nil) // bound here, as report does
+	if err != nil {
+		t.Fatalf("ClickHouse %s: %v", cur.Version, err)
+	}
+	for _, res := range []struct {
+		name string
+		r    *testbed.Result
+	}{{"18.16", old}, {cur.Version, now}} {
+		// c-in's rating of 3, for m2
+		if len(res.r.Rows) != 1 || res.r.Rows[0][1] != "m2" || toFloat(res.r.Rows[0][4]) != 1 || toFloat(res.r.Rows[0][5]) != 3 {
+			t.Errorf("%s: %v, want one row: chat, m2, 1 rating of 3", res.name, res.r.Rows)
+		}
+	}
+}
