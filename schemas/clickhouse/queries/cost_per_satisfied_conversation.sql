@@ -9,8 +9,8 @@
 -- days before from). Parameters: layer (String: the layer of the requests read, gateway,
 -- engine or app), from, to (DateTime: the range the conversations start in), name (String),
 -- satisfied_at (Float64).
--- A conversation is its env, scene and conversation_id: the same id in two envs or scenes
--- (two apps numbering their conversations alike) is two conversations.
+-- A conversation is its env and conversation_id (as in conversations.sql), counted for one of
+-- its scenes.
 SELECT
     scene,
     count() AS conversations,
@@ -24,11 +24,11 @@ FROM
     SELECT conversation_id, scene, cost_usd, if(verdicts > 0, 1, 0) AS rated, verdict
     FROM
     (
-        SELECT conversation_id, scene, sum(cost_usd) AS cost_usd
+        SELECT conversation_id, any(scene) AS scene, sum(cost_usd) AS cost_usd
         FROM requests
         WHERE ts >= {from:DateTime} - INTERVAL 7 DAY AND ts < {to:DateTime} + INTERVAL 7 DAY
             AND layer = {layer:String} AND conversation_id != ''
-        GROUP BY env, scene, conversation_id
+        GROUP BY env, conversation_id
         HAVING min(ts) >= {from:DateTime} AND min(ts) < {to:DateTime}
     ) AS c
     ANY LEFT JOIN
