@@ -16,13 +16,19 @@ import (
 // The demo's fake engine and the load burst that overruns it: the fake runs at most
 // engineBatch requests at once, the burst keeps burstClients requests in flight on top of
 // the steady load, so requests wait in the engine's queue and TTFT grows by the queueing
-// delay, not by prefill.
+// delay, not by prefill. The batch holds the proxied load's peaks with room to spare (the
+// generated conversation workload's swell and its own ×3 bursts, about 53 requests
+// running at once at 1×), so that between incidents nothing queues and a queue left by an
+// incident drains within seconds; the burst's clients, three times the batch, overrun it.
 const (
-	engineBatch    = 24
-	engineKVTokens = 96_000
-	burstClients   = 72
-	burstWords     = 600 // words of each burst request's question, after the shared system prompt
-	burstTokens    = 64  // output tokens of each burst request
+	engineTTFT       = 120 * time.Millisecond
+	enginePrefillPer = 150 * time.Millisecond // per 1k uncached prompt tokens
+	engineTPOT       = 15 * time.Millisecond
+	engineBatch      = 64
+	engineKVTokens   = 256_000 // 4,000 per running request
+	burstClients     = 192
+	burstWords       = 600 // words of each burst request's question, after the shared system prompt
+	burstTokens      = 64  // output tokens of each burst request
 )
 
 // Incident is when the burst runs: from At after the start, for For, every Every.

@@ -192,7 +192,7 @@ func (s *demo) start(ctx context.Context) error {
 	// KV cache and a prefix cache, vLLM's metrics on /metrics, which gpuwatch reads. It
 	// starts first, so gpuwatch never finds it down.
 	fake, err := s.run(stack.Cmd{Name: "fakellm", Path: bin("emitter"), Args: []string{"fakellm", "-addr", s.a.fakellm,
-		"-ttft", "120ms", "-prefill-per-1k", "150ms", "-tpot", "15ms", "-error-rate", "0.01", "-rate-limit-rate", "0.01",
+		"-ttft", engineTTFT.String(), "-prefill-per-1k", enginePrefillPer.String(), "-tpot", engineTPOT.String(), "-error-rate", "0.01", "-rate-limit-rate", "0.01",
 		"-stall-rate", "0.01", "-disconnect-rate", "0.005", "-otlp-endpoint", "http://" + s.a.otlpHTTP,
 		"-max-batch", fmt.Sprint(engineBatch), "-kv-tokens", fmt.Sprint(engineKVTokens), "-prefix-cache", "-model-name", chatModel},
 		// Its llm_request spans become the chat scene's engine-layer events, beside the proxy's.
@@ -251,8 +251,8 @@ func (s *demo) start(ctx context.Context) error {
 	}
 	s.say("load: scene support     simulated events; TTFT ×8 for 40 s of every 2 minutes (alerts fire, then resolve)")
 	s.say("business: both scenes   users hold conversations of %d turns on average, which end completed or abandoned;", demoTurns)
-	s.say("                        30 %% of answers (chat: of conversations) rated, a fifth scored for quality; worse")
-	s.say("                        when slow; priced (%s): tokenscope report --business", prices)
+	s.say("                        30 %% of answers (chat: of conversations) rated, a fifth of support's scored for")
+	s.say("                        quality; worse when slow; priced (%s): tokenscope report --business", prices)
 	// The incident: a burst of chat requests beyond the engine's batch, so a queue builds
 	// in the engine and TTFT grows by the time requests wait in it.
 	s.burst = newBurst("http://"+s.a.emitter, chatModel, s.incident())

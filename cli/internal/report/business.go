@@ -45,7 +45,7 @@ type Business struct {
 }
 
 // QueryBusiness runs the business view's queries over r: requests of one layer (the
-// gateway's when layer is "") starting in r and the verdicts given on them, however late.
+// gateway's when layer is "") starting in r and the verdicts given on them up to 7 days after r.
 func QueryBusiness(ctx context.Context, conn driver.Conn, r Range, layer string) (Business, error) {
 	if layer == "" {
 		layer = DefaultLayer

@@ -8,6 +8,9 @@
 -- X-Tokenscope-Turn header, or the event's turn), and each request without one as a turn of
 -- its own. Parameters: from, to (DateTime), layer (String: gateway, engine or app; the same
 -- requests seen at two layers are never summed). avg_turns is 0 when no conversation started.
+-- A conversation is its env and conversation_id: the same id in two envs (staging numbering
+-- its conversations as prod does) is two conversations; one id's requests in two scenes are
+-- one conversation (a chat whose turns call a search scene).
 SELECT
     count() AS conversations,
     if(count() = 0, 0, avg(turns)) AS avg_turns,
@@ -23,6 +26,6 @@ FROM
     FROM requests
     WHERE ts >= {from:DateTime} - INTERVAL 7 DAY AND ts < {to:DateTime} + INTERVAL 7 DAY
         AND conversation_id != '' AND layer = {layer:String}
-    GROUP BY conversation_id
+    GROUP BY env, conversation_id
     HAVING min(ts) >= {from:DateTime} AND min(ts) < {to:DateTime}
 )

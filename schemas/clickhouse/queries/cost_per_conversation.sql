@@ -7,6 +7,9 @@
 -- each request without one as a turn of its own. Parameters: from, to (DateTime), limit
 -- (UInt32), layer (String: gateway, engine or app; the same requests seen at two layers
 -- are never summed).
+-- A conversation is its env and conversation_id: the same id in two envs (staging numbering
+-- its conversations as prod does) is two conversations; one id's requests in two scenes are
+-- one conversation (a chat whose turns call a search scene).
 SELECT
     conversation_id,
     count() AS requests,
@@ -17,7 +20,7 @@ SELECT
 FROM requests
 WHERE ts >= {from:DateTime} - INTERVAL 7 DAY AND ts < {to:DateTime} + INTERVAL 7 DAY
     AND conversation_id != '' AND layer = {layer:String}
-GROUP BY conversation_id
+GROUP BY env, conversation_id
 HAVING min(ts) >= {from:DateTime} AND min(ts) < {to:DateTime}
 ORDER BY cost_usd DESC, conversation_id
 LIMIT {limit:UInt32}

@@ -9,6 +9,8 @@
 -- days before from). Parameters: layer (String: the layer of the requests read, gateway,
 -- engine or app), from, to (DateTime: the range the conversations start in), name (String),
 -- satisfied_at (Float64).
+-- A conversation is its env and conversation_id (as in conversations.sql), counted for one of
+-- its scenes.
 SELECT
     scene,
     count() AS conversations,
@@ -26,7 +28,7 @@ FROM
         FROM requests
         WHERE ts >= {from:DateTime} - INTERVAL 7 DAY AND ts < {to:DateTime} + INTERVAL 7 DAY
             AND layer = {layer:String} AND conversation_id != ''
-        GROUP BY conversation_id
+        GROUP BY env, conversation_id
         HAVING min(ts) >= {from:DateTime} AND min(ts) < {to:DateTime}
     ) AS c
     ANY LEFT JOIN
@@ -37,9 +39,11 @@ FROM
             SELECT if(fb_conversation != '', fb_conversation, req_conversation) AS conversation_id, value
             FROM
             (
-                SELECT request_id, conversation_id AS fb_conversation, argMax(value, ts) AS value
+                -- the latest: of equal ts (whole seconds on 18.16), the greatest event_id (UUIDv7 ids sort
+                -- by time); verdicts given up to 7 days after to count, as the business view says
+                SELECT request_id, conversation_id AS fb_conversation, argMax(value, (ts, event_id)) AS value
                 FROM verdicts
-                WHERE name = {name:String} AND ts >= {from:DateTime}
+                WHERE name = {name:String} AND ts >= {from:DateTime} AND ts < {to:DateTime} + INTERVAL 7 DAY
                 GROUP BY request_id, conversation_id, source
             ) AS f
             ANY LEFT JOIN

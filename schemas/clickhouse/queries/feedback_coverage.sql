@@ -2,7 +2,8 @@
 -- latest of each source on a request or conversation, as the other queries count them),
 -- duplicate rows stored (the same event_id twice), verdicts on a request_id that requests
 -- does not hold (kept, never dropped: the request may be older than the table's TTL, from
--- another env, or not yet stored), verdicts on a conversation only, the verdicts that came
+-- another env, not yet stored, or more than 7 days older than from: requests are read from
+-- then, so that the scan is bounded), verdicts on a conversation only, the verdicts that came
 -- inline, as scores on their request event (source app, from the verdicts view; their ts is
 -- the request's), and superseded: verdicts replaced by a later one of the same source (a
 -- changed verdict, sent under an event_id of its own). Parameters: from, to (DateTime, when
@@ -10,7 +11,7 @@
 SELECT
     count() AS verdicts,
     sum(copies) - sum(ids) AS duplicate_rows,
-    countIf(request_id != '' AND request_id NOT IN (SELECT event_id FROM requests WHERE ts < {to:DateTime})) AS unknown_request,
+    countIf(request_id != '' AND request_id NOT IN (SELECT event_id FROM requests WHERE ts >= {from:DateTime} - INTERVAL 7 DAY AND ts < {to:DateTime})) AS unknown_request,
     countIf(request_id = '') AS conversation_only,
     countIf(source = 'app') AS inline_scores,
     sum(ids) - count() AS superseded

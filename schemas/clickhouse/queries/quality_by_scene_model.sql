@@ -3,8 +3,10 @@
 -- view: feedback and the requests' inline scores) on a request are joined to it
 -- (verdicts.request_id = requests.event_id); verdicts on a conversation only (request_id
 -- empty) are joined to its requests by conversation_id, and count for its scene and the
--- model of its last request in the range (of the greatest event_id among those of the same
--- ts). The latest verdict of each source on a request or
+-- model of its last request (of the greatest event_id among those of the same ts), in the
+-- range of its first request only, as conversations.sql counts it (its requests up to 7 days
+-- after to count; requests are read from 7 days before from), so that a conversation's
+-- rating is never counted in two ranges. The latest verdict of each source on a request or
 -- conversation counts: one sent twice counts once, and one changed (sent again under an
 -- event_id of its own) counts with its last value only. Verdicts whose request or
 -- conversation is unknown are left out (see feedback_coverage.sql). ANY LEFT JOIN keeps
@@ -24,9 +26,11 @@ FROM
     SELECT scene, model, name, value
     FROM
     (
-        SELECT request_id, name, argMax(value, ts) AS value
+        -- the latest: of equal ts (whole seconds on 18.16), the greatest event_id (UUIDv7 ids sort
+        -- by time); verdicts given up to 7 days after to count, as the business view says
+        SELECT request_id, name, argMax(value, (ts, event_id)) AS value
         FROM verdicts
-        WHERE request_id != '' AND ts >= {from:DateTime}
+        WHERE request_id != '' AND ts >= {from:DateTime} AND ts < {to:DateTime} + INTERVAL 7 DAY
         GROUP BY request_id, conversation_id, name, source
     ) AS f
     ANY LEFT JOIN
@@ -40,17 +44,21 @@ FROM
     SELECT scene, model, name, value
     FROM
     (
-        SELECT conversation_id, name, argMax(value, ts) AS value
+        -- the latest: of equal ts (whole seconds on 18.16), the greatest event_id (UUIDv7 ids sort
+        -- by time); verdicts given up to 7 days after to count, as the business view says
+        SELECT conversation_id, name, argMax(value, (ts, event_id)) AS value
         FROM verdicts
-        WHERE request_id = '' AND conversation_id != '' AND ts >= {from:DateTime}
+        WHERE request_id = '' AND conversation_id != '' AND ts >= {from:DateTime} AND ts < {to:DateTime} + INTERVAL 7 DAY
         GROUP BY conversation_id, name, source
     ) AS f
     ANY LEFT JOIN
     (
         SELECT conversation_id, any(scene) AS scene, argMax(model, (ts, event_id)) AS model, 1 AS known
         FROM requests
-        WHERE ts >= {from:DateTime} AND ts < {to:DateTime} AND layer = {layer:String} AND conversation_id != ''
+        WHERE ts >= {from:DateTime} - INTERVAL 7 DAY AND ts < {to:DateTime} + INTERVAL 7 DAY
+            AND layer = {layer:String} AND conversation_id != ''
         GROUP BY conversation_id
+        HAVING min(ts) >= {from:DateTime} AND min(ts) < {to:DateTime}
     ) AS c USING conversation_id
     WHERE known = 1
 )

@@ -18,9 +18,11 @@ SELECT
     avg(value) AS mean_value
 FROM
 (
-    SELECT request_id, argMax(value, ts) AS value
+    -- the latest: of equal ts (whole seconds on 18.16), the greatest event_id (UUIDv7 ids sort
+    -- by time); verdicts given up to 7 days after to count, as the business view says
+    SELECT request_id, argMax(value, (ts, event_id)) AS value
     FROM verdicts
-    WHERE name = {name:String} AND request_id != '' AND ts >= {from:DateTime}
+    WHERE name = {name:String} AND request_id != '' AND ts >= {from:DateTime} AND ts < {to:DateTime} + INTERVAL 7 DAY
     GROUP BY request_id, conversation_id, source
 ) AS f
 ANY LEFT JOIN
