@@ -499,17 +499,23 @@ func (m *Meter) setUsage(u *reported) {
 
 // openAIUsage reads OpenAI's usage object; nil for null.
 func openAIUsage(v []byte) (u *reported, ok bool) {
+	return usageObject(v, "prompt_tokens", "completion_tokens", "prompt_tokens_details")
+}
+
+// usageObject reads a usage object of an OpenAI API, whose input, output and input details
+// (holding cached_tokens) members are named in, out and details; nil for null.
+func usageObject(v []byte, in, out, details string) (u *reported, ok bool) {
 	if isNull(v) {
 		return nil, true
 	}
-	var in, out, cached *int64
+	var inN, outN, cached *int64
 	ok = object(v, func(name, v []byte) (ok bool) {
 		switch string(name) {
-		case "prompt_tokens":
-			in, ok = count(v)
-		case "completion_tokens":
-			out, ok = count(v)
-		case "prompt_tokens_details":
+		case in:
+			inN, ok = count(v)
+		case out:
+			outN, ok = count(v)
+		case details:
 			cached = nil
 			ok = object(v, func(name, v []byte) (ok bool) {
 				if string(name) != "cached_tokens" {
@@ -526,7 +532,7 @@ func openAIUsage(v []byte) (u *reported, ok bool) {
 	if !ok {
 		return nil, false
 	}
-	return newReported(in, out, cached), true
+	return newReported(inN, outN, cached), true
 }
 
 // newReported is the usage of the counts given, those absent not known.

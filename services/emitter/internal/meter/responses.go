@@ -61,36 +61,10 @@ func (m *Meter) response(r *responseObject) {
 	}
 }
 
-// responsesUsage reads the Responses API's usage object; nil for null.
+// responsesUsage reads the Responses API's usage object (its output_tokens hold the
+// reasoning tokens); nil for null.
 func responsesUsage(v []byte) (u *reported, ok bool) {
-	if isNull(v) {
-		return nil, true
-	}
-	var in, out, cached *int64
-	ok = object(v, func(name, v []byte) (ok bool) {
-		switch string(name) {
-		case "input_tokens":
-			in, ok = count(v)
-		case "output_tokens": // reasoning tokens included
-			out, ok = count(v)
-		case "input_tokens_details":
-			cached = nil
-			ok = object(v, func(name, v []byte) (ok bool) {
-				if string(name) != "cached_tokens" {
-					return true
-				}
-				cached, ok = count(v)
-				return ok
-			})
-		default:
-			ok = true
-		}
-		return ok
-	})
-	if !ok {
-		return nil, false
-	}
-	return newReported(in, out, cached), true
+	return usageObject(v, "input_tokens", "output_tokens", "input_tokens_details")
 }
 
 // outputContent is the content of one output item, in bytes: a message's text and
