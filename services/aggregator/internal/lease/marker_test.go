@@ -1,0 +1,70 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tokenscope/tokenscope/pkg/testbed"
+)
+
+// TestRemovedLeaseWaitsForTheHolderTTL: a process started after the lease was deleted or
+// purged (`nats kv del`, `nats kv purge`) finds only the marker, not the TTL of the holder,
+// which counts until its next renewal, a fifth of its own TTL away. A waiter with a shorter
+// TTL (a rolling update that lowers AGG_LEASE_TTL) must not take the lease before the holder
+// has stopped.
+func TestRemovedLeaseWaitsForTheHolderTTL(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		remove func(ctx context.Context, kv jetstream.KeyValue) error
+	}{
+		{"delete", func(ctx context.Context, kv jetstream.KeyValue) error { return kv.Delete(ctx, "agg") }},
+		{"purge", func(ctx context.Context, kv jetstream.KeyValue) error { return kv.Purge(ctx, "agg") }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			url := testbed.NATS(t).ClientURL()
+			a, nc := open(t, url, "agg", 10*time.Second) // renews every 2 s
+			if err := a.Acquire(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			js, _ := jetstream.New(nc)
+			kv, err := js.KeyValue(t.Context(), Bucket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w, err := kv.Watch(t.Context(), "agg", jetstream.UpdatesOnly())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer w.Stop()
+			keepDone := make(chan error, 1)
+			go func() { keepDone <- a.Keep(t.Context()) }()
+			<-w.Updates() // a renewal: the next is 2 s away
+			if err := c.remove(t.Context(), kv); err != nil {
+				t.Fatal(err)
+			}
+			b, _ := open(t, url, "agg", time.Second)
+			got := acquired(t.Context(), b)
+			select {
+			case <-got:
+				if a.Held().Err() == nil {
+					t.Fatal("a process started after the lease was removed took it while its holder still counts")
+				}
+			case err := <-keepDone:
+				if !errors.Is(err, ErrLost) {
+					t.Fatalf("Keep = %v, want ErrLost", err)
+				}
+				select {
+				case <-got:
+					t.Fatal("the waiter took the lease as its holder stopped")
+				default:
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the holder never found its lease removed")
+			}
+		})
+	}
+}
