@@ -124,8 +124,9 @@ const MaxTTL = 10 * time.Minute
 // first. While another process holds it, it waits, and says who holds it once (and again if
 // another takes it). It takes a lease never held, or released, at once, and one whose holder
 // has not renewed it for the longer of its TTL and the holder's own. A lease deleted by other
-// means than a release (`nats kv del`) is waited on as one not renewed: its holder counts
-// until its next renewal finds it gone.
+// means than a release (`nats kv del`, `nats kv purge`) is waited on as one not renewed: its
+// holder counts until its next renewal finds it gone. When this process has not read the
+// holder's value before the marker, it waits MaxTTL: the holder's TTL went with the value.
 func (l *Lease) Acquire(ctx context.Context) error {
 	var (
 		seen     uint64    // the revision last read
@@ -176,6 +177,11 @@ func (l *Lease) Acquire(ctx context.Context) error {
 				}
 				released = parsed && h.Released
 				seenTTL = waitFor(l.ttl, lastTTL)
+				if deleted && lastTTL == "" {
+					// Only the marker is left: the holder's TTL, and so when its next renewal
+					// finds the lease gone, is unknown; it may be up to MaxTTL.
+					seenTTL = MaxTTL
+				}
 				l.mu.Lock()
 				l.holder = h
 				l.mu.Unlock()
