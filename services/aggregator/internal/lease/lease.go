@@ -171,11 +171,14 @@ func (l *Lease) Acquire(ctx context.Context) error {
 				// after that.
 				seen, seenAt = rev, time.Now()
 				var h Holder
-				parsed := !deleted && json.Unmarshal(value, &h) == nil
-				if parsed {
+				parsed := json.Unmarshal(value, &h) == nil
+				if parsed && h.TTL != "" {
 					lastTTL = h.TTL
 				}
-				released = parsed && h.Released
+				if deleted {
+					h = Holder{} // value is the one before the marker, for its TTL only
+				}
+				released = parsed && !deleted && h.Released
 				seenTTL = waitFor(l.ttl, lastTTL)
 				if deleted && lastTTL == "" {
 					// Only the marker is left: the holder's TTL, and so when its next renewal
@@ -222,8 +225,9 @@ func (l *Lease) Acquire(ctx context.Context) error {
 	}
 }
 
-// read returns the lease's last revision and value, or whether it was deleted or purged;
-// revision 0 when it was never written.
+// read returns the lease's last revision and value, or whether it was deleted or purged
+// (then the value is the last before the marker that the bucket's history still holds, nil
+// when none); revision 0 when it was never written.
 func (l *Lease) read(ctx context.Context) (rev uint64, value []byte, deleted bool, err error) {
 	e, err := l.kv.Get(ctx, l.consumer)
 	if err == nil {
@@ -240,7 +244,15 @@ func (l *Lease) read(ctx context.Context) (rev uint64, value []byte, deleted boo
 		return 0, nil, false, err
 	}
 	last := hist[len(hist)-1]
-	return last.Revision(), last.Value(), last.Operation() != jetstream.KeyValuePut, nil
+	if last.Operation() == jetstream.KeyValuePut {
+		return last.Revision(), last.Value(), false, nil
+	}
+	for i := len(hist) - 2; i >= 0; i-- { // at most the bucket's history (64)
+		if hist[i].Operation() == jetstream.KeyValuePut {
+			return last.Revision(), hist[i].Value(), true, nil
+		}
+	}
+	return last.Revision(), nil, true, nil
 }
 
 // waitFor is how long a waiter waits on a revision: the longer of its own TTL and the

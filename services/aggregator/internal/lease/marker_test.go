@@ -68,3 +68,33 @@ func TestRemovedLeaseWaitsForTheHolderTTL(t *testing.T) {
 		})
 	}
 }
+
+// TestDeletedLeaseWaitsTheTTLInHistory: in a bucket whose history keeps the value before a
+// delete marker, a process started after the deletion waits the holder's TTL read there,
+// not the longest.
+func TestDeletedLeaseWaitsTheTTLInHistory(t *testing.T) {
+	url := testbed.NATS(t).ClientURL()
+	const ttl = 4 * time.Second
+	a, nc := open(t, url, "agg", ttl)
+	b, _ := open(t, url, "agg", time.Second) // opened first: Open sets the bucket's history to 1
+	js, _ := jetstream.New(nc)
+	kv, err := js.UpdateKeyValue(t.Context(), jetstream.KeyValueConfig{Bucket: Bucket, History: 2, Storage: jetstream.FileStorage, Replicas: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Acquire(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Delete(t.Context(), "agg"); err != nil {
+		t.Fatal(err)
+	}
+	deleted := time.Now()
+	select {
+	case at := <-acquired(t.Context(), b):
+		if d := at.Sub(deleted); d < ttl || d > ttl+2*time.Second {
+			t.Fatalf("took the deleted lease %s after the deletion, want the holder's TTL (%s) to 2 s more", d, ttl)
+		}
+	case <-time.After(ttl + 5*time.Second):
+		t.Fatal("the waiter did not take the deleted lease after the holder's TTL")
+	}
+}
