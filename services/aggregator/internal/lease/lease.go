@@ -431,6 +431,22 @@ func (l *Lease) Release(ctx context.Context) error {
 	return nil
 }
 
+// Abandon stops this process holding the lease without releasing it: a write it gave up on
+// may still land, so the next process waits for the lease to go stale, as after a crash.
+// Held ends, and aggregator_lease_held reads 0 from now on. Call it once Keep has returned.
+func (l *Lease) Abandon() {
+	l.mu.Lock()
+	if l.state == lost {
+		l.mu.Unlock()
+		return
+	}
+	l.state = lost
+	l.why = errors.New("the lease was left to go stale at shutdown: a write to ClickHouse was left unfinished")
+	l.mu.Unlock()
+	l.lose(l.why)
+	l.held.Set(0)
+}
+
 // Check fails, for /readyz, once this process has lost the lease (it stops then). A process
 // waiting for the lease is ready: it stands by, and a rolling update that waits for the new
 // process to be ready before it stops the old one goes on, the old one's stop handing the

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/tokenscope/tokenscope/pkg/testbed"
 )
@@ -96,5 +97,39 @@ func TestDeletedLeaseWaitsTheTTLInHistory(t *testing.T) {
 		}
 	case <-time.After(ttl + 5*time.Second):
 		t.Fatal("the waiter did not take the deleted lease after the holder's TTL")
+	}
+}
+
+// TestAbandonLeavesTheLease: a process that stops with a write unsettled leaves the lease as
+// it is (the next process waits the TTL), and no longer says it holds it.
+func TestAbandonLeavesTheLease(t *testing.T) {
+	url := testbed.NATS(t).ClientURL()
+	a, _ := open(t, url, "agg", 10*time.Second)
+	if err := a.Acquire(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	before, err := a.kv.Get(t.Context(), "agg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.Abandon()
+	if v := testutil.ToFloat64(a.held); v != 0 {
+		t.Fatalf("aggregator_lease_held = %v after Abandon, want 0", v)
+	}
+	if a.Held().Err() == nil {
+		t.Fatal("Held has not ended")
+	}
+	if a.Check(t.Context()) == nil {
+		t.Fatal("Check passes once the lease is abandoned")
+	}
+	if err := a.Release(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	after, err := a.kv.Get(t.Context(), "agg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Revision() != before.Revision() {
+		t.Fatalf("the lease was written after Abandon: revision %d, then %d", before.Revision(), after.Revision())
 	}
 }
