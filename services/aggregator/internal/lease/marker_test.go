@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenscope/tokenscope/pkg/testbed"
 )
@@ -105,15 +105,27 @@ func TestDeletedLeaseWaitsTheTTLInHistory(t *testing.T) {
 func TestAbandonLeavesTheLease(t *testing.T) {
 	url := testbed.NATS(t).ClientURL()
 	a, _ := open(t, url, "agg", 10*time.Second)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(a.held)
+	held := func() float64 {
+		mfs, err := reg.Gather()
+		if err != nil || len(mfs) != 1 {
+			t.Fatalf("gather: %v, %d families", err, len(mfs))
+		}
+		return mfs[0].GetMetric()[0].GetGauge().GetValue()
+	}
 	if err := a.Acquire(t.Context()); err != nil {
 		t.Fatal(err)
+	}
+	if v := held(); v != 1 {
+		t.Fatalf("aggregator_lease_held = %v once taken, want 1", v)
 	}
 	before, err := a.kv.Get(t.Context(), "agg")
 	if err != nil {
 		t.Fatal(err)
 	}
 	a.Abandon()
-	if v := testutil.ToFloat64(a.held); v != 0 {
+	if v := held(); v != 0 {
 		t.Fatalf("aggregator_lease_held = %v after Abandon, want 0", v)
 	}
 	if a.Held().Err() == nil {
