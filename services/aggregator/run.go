@@ -123,6 +123,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		// An insert this process gave up on may still land: the next process must not read
 		// the ledger before it has, so it waits for the lease to go stale, as after a crash.
 		logger.Warn("a write to ClickHouse was left unfinished; the lease is not released, and the next process waits AGG_LEASE_TTL", "ttl", cfg.Agg.LeaseTTL.String())
+		l.Abandon()
 	}
 	if kerr == nil && !unsettled {
 		// Nothing more is written: the next process may start at once.

@@ -124,8 +124,9 @@ const MaxTTL = 10 * time.Minute
 // first. While another process holds it, it waits, and says who holds it once (and again if
 // another takes it). It takes a lease never held, or released, at once, and one whose holder
 // has not renewed it for the longer of its TTL and the holder's own. A lease deleted by other
-// means than a release (`nats kv del`) is waited on as one not renewed: its holder counts
-// until its next renewal finds it gone.
+// means than a release (`nats kv del`, `nats kv purge`) is waited on as one not renewed: its
+// holder counts until its next renewal finds it gone. When this process has not read the
+// holder's value before the marker, it waits MaxTTL: the holder's TTL went with the value.
 func (l *Lease) Acquire(ctx context.Context) error {
 	var (
 		seen     uint64    // the revision last read
@@ -170,12 +171,20 @@ func (l *Lease) Acquire(ctx context.Context) error {
 				// after that.
 				seen, seenAt = rev, time.Now()
 				var h Holder
-				parsed := !deleted && json.Unmarshal(value, &h) == nil
-				if parsed {
+				parsed := json.Unmarshal(value, &h) == nil
+				if parsed && h.TTL != "" {
 					lastTTL = h.TTL
 				}
-				released = parsed && h.Released
+				if deleted {
+					h = Holder{} // value is the one before the marker, for its TTL only
+				}
+				released = parsed && !deleted && h.Released
 				seenTTL = waitFor(l.ttl, lastTTL)
+				if deleted && lastTTL == "" {
+					// Only the marker is left: the holder's TTL, and so when its next renewal
+					// finds the lease gone, is unknown; it may be up to MaxTTL.
+					seenTTL = MaxTTL
+				}
 				l.mu.Lock()
 				l.holder = h
 				l.mu.Unlock()
@@ -216,8 +225,9 @@ func (l *Lease) Acquire(ctx context.Context) error {
 	}
 }
 
-// read returns the lease's last revision and value, or whether it was deleted or purged;
-// revision 0 when it was never written.
+// read returns the lease's last revision and value, or whether it was deleted or purged
+// (then the value is the last before the marker that the bucket's history still holds, nil
+// when none); revision 0 when it was never written.
 func (l *Lease) read(ctx context.Context) (rev uint64, value []byte, deleted bool, err error) {
 	e, err := l.kv.Get(ctx, l.consumer)
 	if err == nil {
@@ -234,7 +244,15 @@ func (l *Lease) read(ctx context.Context) (rev uint64, value []byte, deleted boo
 		return 0, nil, false, err
 	}
 	last := hist[len(hist)-1]
-	return last.Revision(), last.Value(), last.Operation() != jetstream.KeyValuePut, nil
+	if last.Operation() == jetstream.KeyValuePut {
+		return last.Revision(), last.Value(), false, nil
+	}
+	for i := len(hist) - 2; i >= 0; i-- { // at most the bucket's history (64)
+		if hist[i].Operation() == jetstream.KeyValuePut {
+			return last.Revision(), hist[i].Value(), true, nil
+		}
+	}
+	return last.Revision(), nil, true, nil
 }
 
 // waitFor is how long a waiter waits on a revision: the longer of its own TTL and the
@@ -411,6 +429,22 @@ func (l *Lease) Release(ctx context.Context) error {
 		return fmt.Errorf("cannot release the lease of AGG_CONSUMER=%s: %w", l.consumer, err)
 	}
 	return nil
+}
+
+// Abandon stops this process holding the lease without releasing it: a write it gave up on
+// may still land, so the next process waits for the lease to go stale, as after a crash.
+// Held ends, and aggregator_lease_held reads 0 from now on. Call it once Keep has returned.
+func (l *Lease) Abandon() {
+	l.mu.Lock()
+	if l.state == lost {
+		l.mu.Unlock()
+		return
+	}
+	l.state = lost
+	l.why = errors.New("the lease was left to go stale at shutdown: a write to ClickHouse was left unfinished")
+	l.mu.Unlock()
+	l.lose(l.why)
+	l.held.Set(0)
 }
 
 // Check fails, for /readyz, once this process has lost the lease (it stops then). A process
