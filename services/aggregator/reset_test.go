@@ -176,7 +176,11 @@ func TestConnectionResets(t *testing.T) {
 	}
 	b.publish(t, evs[:backlog])
 	vars := b.env(envVars{"NATS_URL": relay.url(), "AGG_WINDOW": "2s", "AGG_LATENESS": "1s", "AGG_FLUSH_INTERVAL": "100ms",
-		"AGG_PULL_BATCH": "2000", "AGG_GPU": "false", "AGG_LOG_LEVEL": "warn"})
+		"AGG_PULL_BATCH": "2000", "AGG_GPU": "false", "AGG_LOG_LEVEL": "warn",
+		// A connection reset every 400 ms can cut every renewal for two thirds of the default
+		// TTL on a loaded machine, and the holder would stop counting: the test is the
+		// delivery, not the lease.
+		"AGG_LEASE_TTL": "10m"})
 	startAggregator(t, vars)
 	// Resets start once the aggregator is consuming: one during its start would stop it, as
 	// any failure to set up does.
