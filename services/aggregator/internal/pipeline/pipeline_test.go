@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -147,6 +148,25 @@ func TestFloor(t *testing.T) {
 // TestCheckPositions: a floor or ledger past every position the stream has held is refused
 // (the stream was made again); a purge or a deleted last message keeps the positions and is
 // no reason, and neither is a stream made again with its first sequence past the floor.
+// untilStoreRemoved runs create, a stream made again right after its deletion, until
+// nats-server has removed the deleted one's store: until then it answers "error creating
+// store for stream" (JetStream error 10049).
+func untilStoreRemoved(t *testing.T, create func() error) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := create()
+		var apiErr *jetstream.APIError
+		if err == nil {
+			return
+		}
+		if !errors.As(err, &apiErr) || apiErr.ErrorCode != 10049 || time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 func TestCheckPositions(t *testing.T) {
 	_, js := testbed.JetStream(t)
 	ctx := context.Background()
@@ -187,9 +207,7 @@ func TestCheckPositions(t *testing.T) {
 	if err := js.DeleteStream(ctx, o.Stream); err != nil {
 		t.Fatal(err)
 	}
-	if err := bus.EnsureStreams(ctx, js, limits, events.StreamEvents); err != nil {
-		t.Fatal(err)
-	}
+	untilStoreRemoved(t, func() error { return bus.EnsureStreams(ctx, js, limits, events.StreamEvents) })
 	if _, err := js.Publish(ctx, "llm.req.prod.chat", []byte("{}")); err != nil {
 		t.Fatal(err)
 	}
@@ -204,9 +222,7 @@ func TestCheckPositions(t *testing.T) {
 		t.Fatalf("first stream config is %s", cfg.Name)
 	}
 	cfg.FirstSeq = 6
-	if _, err := js.CreateStream(ctx, cfg); err != nil {
-		t.Fatal(err)
-	}
+	untilStoreRemoved(t, func() error { _, err := js.CreateStream(ctx, cfg); return err })
 	if err := bus.EnsureStreams(ctx, js, limits, events.StreamEvents); err != nil {
 		t.Fatal(err)
 	}
