@@ -8,6 +8,20 @@ const (
 	AlertResolved = "resolved"
 )
 
+// Why a resolved alert resolved (Alert.ResolveReason).
+const (
+	// ResolvedNormal: its last windows were judged normal; Value and Threshold are the
+	// latest one's value and the level it came back past.
+	ResolvedNormal = "normal"
+	// ResolvedSilent: at least one of its last windows had no value to judge (its series
+	// sent no rollups, or its rule could no longer be evaluated). Value and Threshold are
+	// those of the latest window judged normal, else of the last breaching window.
+	ResolvedSilent = "silent"
+	// ResolvedWithinSLA: a gpu_saturation alert whose host is still busy while no series
+	// it serves breaks its TTFT SLA any more.
+	ResolvedWithinSLA = "within_sla"
+)
+
 // Alert severities.
 const (
 	SeverityWarning  = "warning"
@@ -24,8 +38,11 @@ type Alert struct {
 	State       string            `json:"state"`
 	Severity    string            `json:"severity"`
 	Labels      map[string]string `json:"labels"`
-	Value       float64           `json:"value"`
-	Threshold   float64           `json:"threshold"`
+	// Value and Threshold are one window's (WindowStart): on a firing alert the value that
+	// breached and the level it crossed; on a resolved one the value judged normal and the
+	// level it came back past (the firing level moved toward normal by the hysteresis).
+	Value     float64 `json:"value"`
+	Threshold float64 `json:"threshold"`
 	// Baseline of a dynamic rule: mean and σ, or median and MAD for the robust variant.
 	BaselineMethod string    `json:"baseline_method,omitempty"`
 	BaselineCenter float64   `json:"baseline_center,omitempty"`
@@ -35,6 +52,9 @@ type Alert struct {
 	EndsAt         time.Time `json:"ends_at,omitzero"`
 	At             time.Time `json:"at"`
 	Summary        string    `json:"summary,omitempty"`
+	// ResolveReason, on a resolved alert only: ResolvedNormal, ResolvedSilent or
+	// ResolvedWithinSLA.
+	ResolveReason string `json:"resolve_reason,omitempty"`
 	// EngineCause, on a TTFT alert of a series served by a host with engine data, says
 	// which of the engine's queue time and prefill time grew with it.
 	EngineCause *EngineCause `json:"engine_cause,omitempty"`

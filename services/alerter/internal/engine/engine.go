@@ -153,8 +153,19 @@ func (e *Engine) Counts() Counts {
 // defaults').
 func (e *Engine) Restore(alerts []events.Alert) {
 	for _, a := range alerts {
-		e.life.Restore(a, e.rules.For(a.Labels["scene"]).KeepFiringFor)
+		e.life.Restore(a, e.rules.For(a.Labels["scene"]).KeepFiringFor, highIsBad(a.Rule))
 	}
+}
+
+// highIsBad reports a rule's bad direction: low for the dynamic rules of metrics where low
+// is bad, high for every other rule (static SLAs, saturation, engine levels).
+func highIsBad(rule string) bool {
+	for m := range rules.Metric(rules.NumMetrics) {
+		if rules.DynamicName(m) == rule {
+			return m.HighIsBad()
+		}
+	}
+	return true
 }
 
 // MergeSeries adds a baseline cell loaded from elsewhere (ClickHouse): n windows of metric
@@ -488,8 +499,8 @@ func (e *Engine) checkSaturation(r *rules.Rules, host string, ha *hostAgg, util 
 				break
 			}
 		}
-		if !breaking { // busy but within SLA: normal
-			o.Threshold, o.ResolveAt = math.Inf(1), math.Inf(1)
+		if !breaking { // busy but within SLA: normal, and a firing alert says why it resolves
+			o.Normal = events.ResolvedWithinSLA
 		}
 	}
 	e.life.Observe(lk, o)

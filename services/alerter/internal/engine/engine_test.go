@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -119,6 +120,36 @@ func TestSaturation(t *testing.T) {
 	}
 	if sat[0].Labels["instance"] != "gpu-a" || sat[0].Value != 98 || sat[0].Threshold != 95 {
 		t.Errorf("saturation %+v", sat[0])
+	}
+	if r := sat[1]; r.Value != 60 || r.Threshold != 95 || r.ResolveReason != events.ResolvedNormal {
+		t.Errorf("resolved value %v threshold %v reason %q, want 60 under 95, normal", r.Value, r.Threshold, r.ResolveReason)
+	}
+}
+
+// TestSaturationResolvedWithinSLA: a saturated host that stays busy once its series are
+// fast again resolves saying why, with the utilisation threshold it is still above. It
+// resolved as "value 99, threshold 95" (from an infinite resolve level), numbers that say
+// it still breaches.
+func TestSaturationResolvedWithinSLA(t *testing.T) {
+	e := newEngine(t, rules.NewSet())
+	t0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	var sat []events.Alert
+	for i, c := range []struct{ util, ttft float64 }{{97, 2500}, {98, 2600}, {99, 500}, {99, 500}} {
+		start := t0.Add(time.Duration(i) * time.Minute)
+		for _, a := range e.Evaluate(engine.Window{Start: start, Seconds: 60,
+			Tokens: []events.TokenRollup{row(start, "gpu-a", 50, events.Latency{Count: 50, P95: c.ttft})},
+			GPUs:   []events.GPURollup{{WindowStart: start, WindowSeconds: 60, Kind: events.KindWindow, Host: "gpu-a", Samples: 60, UtilAvg: c.util, EnergyJ: 30000}},
+		}) {
+			if a.Rule == rules.SaturationName {
+				sat = append(sat, a)
+			}
+		}
+	}
+	if len(sat) != 2 || sat[1].State != events.AlertResolved {
+		t.Fatalf("saturation alerts %v, want firing then resolved", rulesOf(sat))
+	}
+	if r := sat[1]; r.ResolveReason != events.ResolvedWithinSLA || r.Value != 99 || r.Threshold != 95 || !strings.Contains(r.Summary, "no series it serves breaks its TTFT p95 SLA") {
+		t.Errorf("resolved %+v, want reason within_sla, value 99, threshold 95", r)
 	}
 }
 
@@ -290,5 +321,8 @@ func TestRestoredAlertKeepsFiringFor(t *testing.T) {
 	}
 	if got := rulesOf(sent); len(got) != 1 || got[0] != "resolved warning ttft_p95_sla" || !sent[0].At.Equal(t0.Add(7*time.Minute)) {
 		t.Fatalf("sent %v, want ttft_p95_sla resolved once, after three windows without the series", got)
+	}
+	if r := sent[0]; r.ResolveReason != events.ResolvedSilent || r.Value != 2600 || !strings.Contains(r.Summary, "last 2600 above 2000") {
+		t.Errorf("resolved %+v, want silent with the last breach, 2600 above 2000", r)
 	}
 }

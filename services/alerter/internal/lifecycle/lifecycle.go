@@ -70,6 +70,9 @@ type Observation struct {
 	Note      string // extra context for people, such as the SLA a saturated host breaks
 	// Inclusive makes a value at the threshold a breach (KV-cache usage ≥ 95 %).
 	Inclusive bool
+	// Normal makes the observation normal whatever its value, for the reason given
+	// (events.ResolvedWithinSLA): a rule whose breach needs more than its value.
+	Normal string
 	// Cause is the engine's side of a TTFT breach, carried into the alert.
 	Cause *events.EngineCause
 	// For and KeepFiringFor of the rule that produced it.
@@ -77,6 +80,9 @@ type Observation struct {
 }
 
 func (o *Observation) breach(thr float64) bool {
+	if o.Normal != "" {
+		return false
+	}
 	if o.Inclusive && o.Value == thr {
 		return true
 	}
@@ -103,9 +109,15 @@ type state struct {
 	seen     uint64
 	startsAt time.Time
 	lastSent time.Time
-	last     Observation
+	last     Observation // the latest breaching window's
 	window   time.Time
 	keepFor  int
+	// Of the normal windows counted toward resolving a firing alert: the latest one judged
+	// (normal, its start; ok once there is one) and how many had no value to judge.
+	normal       Observation
+	normalWindow time.Time
+	normalOK     bool
+	silent       int
 }
 
 // Tracker holds the pending and firing alerts.
@@ -185,6 +197,7 @@ func (t *Tracker) Observe(k Key, o Observation) bool {
 	if br {
 		s.breaches++
 		s.normals = 0
+		s.normalOK, s.silent = false, 0
 		s.last = o
 		s.window = t.start
 		if s.phase == pending && s.breaches >= max(o.For, 1) {
@@ -195,7 +208,9 @@ func (t *Tracker) Observe(k Key, o Observation) bool {
 	s.normals++
 	s.breaches = 0
 	if s.phase == firing {
-		s.last.Value = o.Value // the resolved alert carries the value that resolved it
+		// The resolved alert carries this window's value with the level it was judged
+		// by; the firing alert (a re-send meanwhile) keeps the breaching window's.
+		s.normal, s.normalWindow, s.normalOK = o, t.start, true
 	}
 	return false
 }
@@ -208,14 +223,15 @@ func (t *Tracker) End(at time.Time) []events.Alert {
 		if s.seen != t.window {
 			s.normals++
 			s.breaches = 0
+			if s.phase == firing {
+				s.silent++
+			}
 		}
 		switch {
 		case s.phase == pending && s.breaches == 0:
 			delete(t.states, k)
 		case s.phase == firing && s.normals >= max(s.keepFor, 1):
-			a := s.alert(events.AlertResolved, at)
-			a.EndsAt = at
-			out = append(out, a)
+			out = append(out, s.alert(events.AlertResolved, at))
 			delete(t.states, k)
 		case s.phase == firing && s.breaches > 0 && s.startsAt.IsZero():
 			s.startsAt = at
@@ -240,6 +256,9 @@ func (s *state) alert(st string, at time.Time) events.Alert {
 	for k, v := range s.labels {
 		labels[k] = v
 	}
+	if st == events.AlertResolved {
+		return s.resolved(labels, at)
+	}
 	return events.Alert{
 		V:              1,
 		Fingerprint:    s.fp,
@@ -255,33 +274,120 @@ func (s *state) alert(st string, at time.Time) events.Alert {
 		WindowStart:    s.window.UTC(),
 		StartsAt:       s.startsAt.UTC(),
 		At:             at.UTC(),
-		Summary:        s.summary(st),
+		Summary:        s.summary(),
 		EngineCause:    s.last.Cause,
 	}
 }
 
-func (s *state) summary(st string) string {
+// resolved returns the resolved alert. Its numbers are those of one window, the latest
+// judged normal, and the level that window was judged by (the resolve level), so a
+// subscriber never reads "resolved" next to a value beyond the threshold it is shown with.
+// Without such a window (the series went silent) they are the last breaching window's,
+// and the reason says so.
+func (s *state) resolved(labels map[string]string, at time.Time) events.Alert {
+	o, window := &s.last, s.window
+	thr := o.Threshold
+	if s.normalOK {
+		o, window = &s.normal, s.normalWindow
+		thr = o.ResolveAt
+		if o.Normal != "" {
+			thr = o.Threshold
+		}
+	}
+	reason := events.ResolvedNormal
+	switch {
+	case s.silent > 0:
+		reason = events.ResolvedSilent
+	case o.Normal != "":
+		reason = o.Normal
+	}
+	a := events.Alert{
+		V:              1,
+		Fingerprint:    s.fp,
+		Rule:           s.key.Rule,
+		State:          events.AlertResolved,
+		Severity:       s.key.Severity,
+		Labels:         labels,
+		Value:          o.Value,
+		Threshold:      thr,
+		BaselineMethod: o.Method,
+		BaselineCenter: o.Center,
+		BaselineSpread: o.Spread,
+		WindowStart:    window.UTC(),
+		StartsAt:       s.startsAt.UTC(),
+		EndsAt:         at.UTC(),
+		At:             at.UTC(),
+		ResolveReason:  reason,
+	}
+	a.Summary = s.resolvedSummary(o, thr, reason)
+	return a
+}
+
+// summary is a firing alert's line.
+func (s *state) summary() string {
 	o := &s.last
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s %s: %.4g", s.key.Rule, st, o.Value)
-	if st == events.AlertFiring {
-		switch {
+	fmt.Fprintf(&b, "%s firing: %.4g", s.key.Rule, o.Value)
+	s.direction(&b, o)
+	fmt.Fprintf(&b, "%.4g", o.Threshold)
+	s.summaryTail(&b, o)
+	return b.String()
+}
+
+func (s *state) resolvedSummary(o *Observation, thr float64, reason string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s resolved: ", s.key.Rule)
+	switch {
+	case reason == events.ResolvedWithinSLA:
+		fmt.Fprintf(&b, "%.4g, but no series it serves breaks its TTFT p95 SLA", o.Value)
+	case reason == events.ResolvedSilent && !s.normalOK:
+		fmt.Fprintf(&b, "no value to judge for %d window(s); last %.4g", s.silent, o.Value)
+		s.direction(&b, o)
+		fmt.Fprintf(&b, "%.4g", thr)
+	default:
+		fmt.Fprintf(&b, "%.4g back", o.Value)
+		switch { // the side of the level a normal value is on
 		case o.Inclusive && o.HighIsBad:
-			b.WriteString(" at or above ")
-		case o.HighIsBad:
-			b.WriteString(" above ")
-		case o.Inclusive:
-			b.WriteString(" at or below ")
-		default:
 			b.WriteString(" below ")
+		case o.HighIsBad:
+			b.WriteString(" at or below ")
+		case o.Inclusive:
+			b.WriteString(" above ")
+		default:
+			b.WriteString(" at or above ")
 		}
-		fmt.Fprintf(&b, "%.4g", o.Threshold)
+		fmt.Fprintf(&b, "%.4g", thr)
+		if reason == events.ResolvedSilent {
+			fmt.Fprintf(&b, ", then no value to judge for %d window(s)", s.silent)
+		}
 	}
+	if reason != events.ResolvedWithinSLA {
+		o = &Observation{Method: o.Method, Center: o.Center, Spread: o.Spread} // no note: it explained the breach
+	}
+	s.summaryTail(&b, o)
+	return b.String()
+}
+
+func (s *state) direction(b *strings.Builder, o *Observation) {
+	switch {
+	case o.Inclusive && o.HighIsBad:
+		b.WriteString(" at or above ")
+	case o.HighIsBad:
+		b.WriteString(" above ")
+	case o.Inclusive:
+		b.WriteString(" at or below ")
+	default:
+		b.WriteString(" below ")
+	}
+}
+
+// summaryTail writes the baseline, where and the note.
+func (s *state) summaryTail(b *strings.Builder, o *Observation) {
 	switch o.Method {
 	case "mean_sigma":
-		fmt.Fprintf(&b, " (baseline mean %.4g, σ %.4g)", o.Center, o.Spread)
+		fmt.Fprintf(b, " (baseline mean %.4g, σ %.4g)", o.Center, o.Spread)
 	case "median_mad":
-		fmt.Fprintf(&b, " (baseline median %.4g, MAD %.4g)", o.Center, o.Spread)
+		fmt.Fprintf(b, " (baseline median %.4g, MAD %.4g)", o.Center, o.Spread)
 	}
 	var where []string
 	for _, v := range []string{s.key.Env, s.key.Scene, s.key.Model, s.key.Bucket, s.key.Layer, s.key.Instance, s.key.Engine} {
@@ -297,13 +403,13 @@ func (s *state) summary(st string) string {
 		b.WriteString("; ")
 		b.WriteString(o.Note)
 	}
-	return b.String()
 }
 
 // Restore makes a firing alert read back after a restart firing again without sending it:
 // it will be re-sent at its resend time and resolved once, after keepFiringFor normal
-// windows (its rule's, as before the restart). A resolved alert clears its key.
-func (t *Tracker) Restore(a events.Alert, keepFiringFor int) {
+// windows (its rule's, as before the restart). A resolved alert clears its key. highIsBad
+// is its rule's bad direction, which the alert does not carry.
+func (t *Tracker) Restore(a events.Alert, keepFiringFor int, highIsBad bool) {
 	k := KeyOf(&a)
 	if a.State != events.AlertFiring {
 		delete(t.states, k)
@@ -325,7 +431,7 @@ func (t *Tracker) Restore(a events.Alert, keepFiringFor int) {
 		window:   a.WindowStart,
 		keepFor:  keepFiringFor,
 		last: Observation{
-			Value: a.Value, Threshold: a.Threshold, Method: a.BaselineMethod,
+			Value: a.Value, Threshold: a.Threshold, HighIsBad: highIsBad, Method: a.BaselineMethod,
 			Center: a.BaselineCenter, Spread: a.BaselineSpread,
 		},
 	}

@@ -231,6 +231,29 @@ func TestAlertmanagerEngineCause(t *testing.T) {
 	}
 }
 
+// A resolved alert's reason reaches Alertmanager as an annotation.
+func TestAlertmanagerResolveReason(t *testing.T) {
+	am := NewAlertmanager("http://127.0.0.1:1/", time.Second, time.Hour, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	a := alert(events.AlertResolved)
+	a.ResolveReason = events.ResolvedSilent
+	body, err := am.Body([]events.Alert{a, alert(events.AlertFiring)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []struct {
+		Annotations map[string]string `json:"annotations"`
+	}
+	if err := json.Unmarshal(body, &got); err != nil {
+		t.Fatal(err)
+	}
+	if r := got[0].Annotations["resolve_reason"]; r != "silent" {
+		t.Errorf("resolve_reason %q, want silent", r)
+	}
+	if _, ok := got[1].Annotations["resolve_reason"]; ok {
+		t.Errorf("a firing alert has a resolve_reason: %v", got[1].Annotations)
+	}
+}
+
 // TestAlertmanagerUnreachableSecretsNotLogged: an Alertmanager that cannot be reached,
 // behind a URL with a password, a token as its user name or a token in its query: neither
 // the log of the failed posts nor the error of a post shows them.

@@ -1,0 +1,133 @@
+package lifecycle
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+)
+
+// TestResolvedCarriesTheWindowThatResolvedIt: a resolved alert's value, threshold and
+// baseline are those of one window, the latest judged normal, and the level it was judged
+// by, so "resolved" never comes with a value beyond the threshold shown; a series gone
+// silent says so. The resolved alert used to carry the resolving window's value with the
+// breaching window's threshold and baseline (a baseline that rose since made a resolved
+// 150 next to a threshold of 100), and a silent series its last breaching value with no
+// reason.
+func TestResolvedCarriesTheWindowThatResolvedIt(t *testing.T) {
+	t0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	breach := obs(150) // threshold 100, resolve level 90, center 50
+	moved := Observation{Value: 150, Threshold: 250, ResolveAt: 240, HighIsBad: true, Method: "median_mad", Center: 200, Spread: 25, For: 2, KeepFiringFor: 2}
+	low := func(v float64) *Observation { // low is bad: fires below 0.6, resolves at or above 0.65
+		return &Observation{Value: v, Threshold: 0.6, ResolveAt: 0.65, Method: "median_mad", Center: 0.8, Spread: 0.05, For: 2, KeepFiringFor: 2}
+	}
+	for _, tc := range []struct {
+		name                 string
+		windows              []*Observation // nil: the key is not observed in the window
+		wantValue, wantThr   float64
+		wantCenter           float64
+		wantWindow           int // index of the window the numbers come from
+		wantReason, wantText string
+	}{
+		{"hysteresis: the resolve level is shown", []*Observation{&breach, &breach, ptr(obs(85)), ptr(obs(80))},
+			80, 90, 50, 3, events.ResolvedNormal, "80 back at or below 90"},
+		{"a baseline that moved: the resolving window's level and baseline", []*Observation{&breach, &breach, &moved, &moved},
+			150, 240, 200, 3, events.ResolvedNormal, "150 back at or below 240 (baseline median 200"},
+		{"low is bad", []*Observation{low(0.4), low(0.4), low(0.7), low(0.66)},
+			0.66, 0.65, 0.8, 3, events.ResolvedNormal, "0.66 back at or above 0.65"},
+		{"silent series: the last breach, and the reason", []*Observation{&breach, ptr(obs(160)), nil, nil},
+			160, 100, 50, 1, events.ResolvedSilent, "no value to judge for 2 window(s); last 160 above 100"},
+		{"normal then silent: the normal window, and the reason", []*Observation{&breach, &breach, ptr(obs(40)), nil},
+			40, 90, 50, 2, events.ResolvedSilent, "40 back at or below 90, then no value to judge for 1 window(s)"},
+		{"within SLA: the reason the value is normal", []*Observation{&breach, &breach, ptr(Observation{Value: 150, Threshold: 100, ResolveAt: 100, HighIsBad: true, Normal: events.ResolvedWithinSLA, Method: "static", KeepFiringFor: 1})},
+			150, 100, 0, 2, events.ResolvedWithinSLA, "150, but no series it serves breaks its TTFT p95 SLA"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := New(time.Hour)
+			var resolved []events.Alert
+			for i, o := range tc.windows {
+				start := t0.Add(time.Duration(i) * time.Minute)
+				tr.Begin(start)
+				if o != nil {
+					tr.Observe(key, *o)
+				}
+				for _, a := range tr.End(start.Add(time.Minute)) {
+					if a.State == events.AlertResolved {
+						resolved = append(resolved, a)
+					}
+				}
+			}
+			if len(resolved) != 1 {
+				t.Fatalf("resolved %d times, want once", len(resolved))
+			}
+			a := resolved[0]
+			if a.Value != tc.wantValue || a.Threshold != tc.wantThr || a.BaselineCenter != tc.wantCenter || a.ResolveReason != tc.wantReason {
+				t.Errorf("resolved value %v threshold %v center %v reason %q, want %v %v %v %q", a.Value, a.Threshold, a.BaselineCenter, a.ResolveReason,
+					tc.wantValue, tc.wantThr, tc.wantCenter, tc.wantReason)
+			}
+			if want := t0.Add(time.Duration(tc.wantWindow) * time.Minute); !a.WindowStart.Equal(want) {
+				t.Errorf("window_start %s, want %s (the window of the numbers)", a.WindowStart, want)
+			}
+			if end := t0.Add(time.Duration(len(tc.windows)) * time.Minute); !a.EndsAt.Equal(end) || !a.At.Equal(end) {
+				t.Errorf("ends_at %s at %s, want %s", a.EndsAt, a.At, end)
+			}
+			if !strings.Contains(a.Summary, tc.wantText) || !strings.HasPrefix(a.Summary, key.Rule+" resolved: ") {
+				t.Errorf("summary %q, want it to contain %q", a.Summary, tc.wantText)
+			}
+		})
+	}
+}
+
+// TestResendWhileResolvingKeepsTheBreach: a firing alert re-sent during the normal windows
+// that will resolve it still carries the breach it fires for. It carried the normal
+// window's value: "firing: 50 above 100".
+func TestResendWhileResolvingKeepsTheBreach(t *testing.T) {
+	t0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	tr := New(2 * time.Minute)
+	o := obs(150)
+	o.KeepFiringFor = 3
+	var sent []events.Alert
+	for i, v := range []float64{150, 150, 50, 50} {
+		start := t0.Add(time.Duration(i) * time.Minute)
+		tr.Begin(start)
+		o.Value = v
+		tr.Observe(key, o)
+		sent = append(sent, tr.End(start.Add(time.Minute))...)
+	}
+	if len(sent) != 2 || sent[1].State != events.AlertFiring {
+		t.Fatalf("sent %d alerts, want the firing one and its re-send", len(sent))
+	}
+	if r := sent[1]; r.Value != 150 || r.Threshold != 100 || !r.WindowStart.Equal(t0.Add(time.Minute)) || !strings.Contains(r.Summary, "150 above 100") {
+		t.Errorf("re-send value %v threshold %v window %s summary %q, want the breach of 12:01", r.Value, r.Threshold, r.WindowStart, r.Summary)
+	}
+}
+
+// TestRestoredAlertKnowsItsDirection: a firing alert restored after a restart, resolved
+// by silence or re-sent, names its bad direction, which the alert does not carry: it said
+// "2500 below 2000" of a TTFT SLA alert.
+func TestRestoredAlertKnowsItsDirection(t *testing.T) {
+	t0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		rule      string
+		highIsBad bool
+		value     float64
+		threshold float64
+		want      string
+	}{
+		{"ttft_p95_sla", true, 2500, 2000, "last 2500 above 2000"},
+		{"satisfaction_dynamic", false, 0.4, 0.6, "last 0.4 below 0.6"},
+	} {
+		k := Key{Rule: tc.rule, Severity: "warning", Env: "prod", Scene: "chat"}
+		tr := New(time.Hour)
+		tr.Restore(events.Alert{Rule: k.Rule, Severity: k.Severity, State: events.AlertFiring, Labels: k.Labels(),
+			Value: tc.value, Threshold: tc.threshold, StartsAt: t0, At: t0}, 1, tc.highIsBad)
+		tr.Begin(t0)
+		sent := tr.End(t0.Add(time.Minute))
+		if len(sent) != 1 || sent[0].ResolveReason != events.ResolvedSilent || !strings.Contains(sent[0].Summary, tc.want) {
+			t.Errorf("%s: sent %+v, want resolved as silent, %s", tc.rule, sent, tc.want)
+		}
+	}
+}
+
+func ptr(o Observation) *Observation { return &o }
