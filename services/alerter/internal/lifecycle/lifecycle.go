@@ -111,6 +111,7 @@ type state struct {
 	lastSent time.Time
 	last     Observation // the latest breaching window's
 	window   time.Time
+	judged   time.Time // start of the latest window observed
 	keepFor  int
 	// Of the normal windows counted toward resolving a firing alert: the latest one judged
 	// (normal, its start; ok once there is one) and how many had no value to judge.
@@ -157,11 +158,18 @@ func (t *Tracker) Count() (firingN, pendingN int) {
 	return firingN, pendingN
 }
 
+// MaxHold is how long Hold keeps an alert as it is without a window judged: past it, its
+// held windows count as windows without a value, so an alert on a series whose traffic
+// stays too thin to judge (or a scene that sends no verdicts any more) resolves as silent
+// instead of firing forever.
+const MaxHold = 24 * time.Hour
+
 // Hold marks key as seen in this window without judging it: its rule had too little
 // traffic to decide, so a pending or firing alert keeps its state instead of counting a
-// normal window (which would make an alert on a thin series flap).
+// normal window (which would make an alert on a thin series flap), for up to MaxHold
+// after its latest judged window.
 func (t *Tracker) Hold(k Key) {
-	if s, ok := t.states[k]; ok {
+	if s, ok := t.states[k]; ok && t.start.Sub(s.judged) < MaxHold {
 		s.seen = t.window
 	}
 }
@@ -193,6 +201,7 @@ func (t *Tracker) Observe(k Key, o Observation) bool {
 		t.states[k] = s
 	}
 	s.seen = t.window
+	s.judged = t.start
 	s.keepFor = o.KeepFiringFor
 	if br {
 		s.breaches++
@@ -419,6 +428,10 @@ func (t *Tracker) Restore(a events.Alert, keepFiringFor int, highIsBad bool) {
 	if a.StartsAt.IsZero() {
 		a.StartsAt = a.At
 	}
+	judged := a.WindowStart
+	if judged.IsZero() {
+		judged = a.At
+	}
 	t.states[k] = &state{
 		key:      k,
 		labels:   labels,
@@ -429,6 +442,7 @@ func (t *Tracker) Restore(a events.Alert, keepFiringFor int, highIsBad bool) {
 		startsAt: a.StartsAt,
 		lastSent: a.At,
 		window:   a.WindowStart,
+		judged:   judged,
 		keepFor:  keepFiringFor,
 		last: Observation{
 			Value: a.Value, Threshold: a.Threshold, HighIsBad: highIsBad, Method: a.BaselineMethod,

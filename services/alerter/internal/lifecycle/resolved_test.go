@@ -131,3 +131,32 @@ func TestRestoredAlertKnowsItsDirection(t *testing.T) {
 }
 
 func ptr(o Observation) *Observation { return &o }
+
+// TestHoldIsBounded: an alert held because its series' traffic stays too thin to judge
+// resolves as silent once it has had no judged window for MaxHold, instead of firing (and
+// being re-sent) forever; before then it holds. It held forever.
+func TestHoldIsBounded(t *testing.T) {
+	t0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	tr := New(time.Hour)
+	step(tr, t0, 150, 150)
+	var resolved []events.Alert
+	var at time.Time
+	for i := 2; i < 2+24*60+5; i++ {
+		start := t0.Add(time.Duration(i) * time.Minute)
+		tr.Begin(start)
+		tr.Hold(key)
+		for _, a := range tr.End(start.Add(time.Minute)) {
+			if a.State == events.AlertResolved {
+				resolved = append(resolved, a)
+				at = start.Add(time.Minute)
+			}
+		}
+	}
+	// Last judged window 12:01; held through 12:01 + 24h, then two windows count.
+	if want := t0.Add(time.Minute + MaxHold + 2*time.Minute); len(resolved) != 1 || !at.Equal(want) {
+		t.Fatalf("resolved %d times, at %s; want once at %s", len(resolved), at, want)
+	}
+	if r := resolved[0]; r.ResolveReason != events.ResolvedSilent || r.Value != 150 {
+		t.Errorf("resolved %+v, want silent with the last breach", r)
+	}
+}
