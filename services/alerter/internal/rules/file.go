@@ -134,7 +134,7 @@ func Parse(data []byte) (*Set, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("%w: %s", ErrInvalidRules, strings.TrimPrefix(err.Error(), "yaml: "))
+		return nil, fmt.Errorf("%w: %s", ErrInvalidRules, yamlError(data, err))
 	}
 	// The rules are one document: another after a "---" would be read by no one. Empty
 	// ones (a "---" at the end) hold nothing to lose.
@@ -175,6 +175,93 @@ func Parse(data []byte) (*Set, error) {
 		s.Scenes[name] = &r
 	}
 	return s, nil
+}
+
+// yamlError words a decoding error for the file's author, on one line: each of yaml.v3's
+// "line N: …" messages gets the key path it is at (defaults.dynamic.ttft_p95.kk), and the
+// Go types the file is read into are named as what the file should hold.
+func yamlError(data []byte, err error) string {
+	te, ok := errors.AsType[*yaml.TypeError](err)
+	if !ok {
+		return strings.TrimPrefix(err.Error(), "yaml: ")
+	}
+	var root yaml.Node
+	_ = yaml.Unmarshal(data, &root) // it parsed once already; on error, no paths
+	msgs := make([]string, 0, len(te.Errors))
+	for _, m := range te.Errors {
+		var line int
+		if _, err := fmt.Sscanf(m, "line %d:", &line); err == nil {
+			var key string // a duplicate key's message names it; the path ends at it
+			if _, after, ok := strings.Cut(m, `mapping key "`); ok {
+				key, _, _ = strings.Cut(after, `"`)
+			}
+			if path := keyPath(&root, line, key, nil); path != "" {
+				m = strings.Replace(m, fmt.Sprintf("line %d:", line), fmt.Sprintf("line %d (%s):", line, path), 1)
+			}
+		}
+		msgs = append(msgs, goTypes.Replace(m))
+	}
+	return strings.Join(msgs, "; ")
+}
+
+// goTypes names the types the rules file is decoded into as what the file should hold (a
+// longer pattern before one it starts with: the first that matches is used).
+var goTypes = strings.NewReplacer(
+	"not found in type rules.fileRules", "is unknown (want defaults or scenes)",
+	"not found in type rules.fileSection", "is unknown (want for, keep_firing_for, hysteresis, dynamic, static, saturation or engine)",
+	"not found in type rules.fileDynamic", "is unknown (want enabled, method, k, severity, min_change, min_delta, min_points or min_requests)",
+	"not found in type rules.fileStatic", "is unknown (want enabled, warning, critical, min_requests or always)",
+	"not found in type rules.fileSaturation", "is unknown (want enabled, util_pct or severity)",
+	"not found in type rules.fileEngineLevel", "is unknown (want enabled, usage, per_s, for or severity)",
+	"not found in type rules.fileEngine", "is unknown (want kv_cache, preemptions, down or ttft_hint)",
+	"into map[string]*rules.fileSection", "into a map of scenes",
+	"into map[string]*rules.fileDynamic", "into a map of metrics",
+	"into map[string]*rules.fileStatic", "into a map of metrics",
+	"into rules.fileRules", "into a map",
+	"into rules.fileSection", "into a map",
+	"into rules.fileDynamic", "into a map",
+	"into rules.fileStatic", "into a map",
+	"into rules.fileSaturation", "into a map",
+	"into rules.fileEngineLevel", "into a map",
+	"into rules.fileEngine", "into a map",
+	"into float64", "into a number",
+	"into bool", "into true or false",
+	"into string", "into text",
+	"into time.Duration", "into a duration such as 2m",
+)
+
+// keyPath returns the dotted path of the key or value at line under n ("" if none), the
+// deepest one (named key, when key is set): the key a decoding error on that line is about.
+func keyPath(n *yaml.Node, line int, key string, at []string) string {
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			if p := keyPath(c, line, key, at); p != "" {
+				return p
+			}
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			path := append(at[:len(at):len(at)], k.Value)
+			if p := keyPath(v, line, key, path); p != "" {
+				return p
+			}
+			if k.Line == line && (key == "" || k.Value == key) {
+				return strings.Join(path, ".")
+			}
+		}
+	case yaml.SequenceNode:
+		for _, c := range n.Content {
+			if p := keyPath(c, line, key, at); p != "" {
+				return p
+			}
+		}
+		if n.Line == line && len(at) > 0 && key == "" {
+			return strings.Join(at, ".")
+		}
+	}
+	return ""
 }
 
 func invalid(at, field, format string, args ...any) error {

@@ -108,13 +108,17 @@ func TestParseErrors(t *testing.T) {
 		{"saturation per scene", "scenes:\n  chat:\n    saturation: {util_pct: 90}\n", "scenes.chat.saturation"},
 		{"for zero", "defaults:\n  for: 0\n", "defaults.for"},
 		// yaml.v3 alone reads 2.9 into an int as 2: a fractional count is an error, not truncated.
-		{"fractional for", "defaults:\n  for: 2.9\n", "line 2: cannot unmarshal !!float `2.9` into a whole number"},
-		{"fractional keep_firing_for", "defaults:\n  keep_firing_for: 0.5\n", "line 2: cannot unmarshal !!float `0.5` into a whole number"},
-		{"fractional min_points", "defaults:\n  dynamic:\n    ttft_p95: {min_points: 59.5}\n", "line 3: cannot unmarshal !!float `59.5` into a whole number"},
-		{"fractional min_requests", "scenes:\n  chat:\n    static:\n      error_rate: {min_requests: 99.9}\n", "line 4: cannot unmarshal !!float `99.9` into a whole number"},
-		{"text for", "defaults:\n  for: two\n", "line 2: cannot unmarshal !!str `two` into a whole number"},
-		{"duplicate metric", "defaults:\n  dynamic:\n    ttft_p95: {k: 2}\n    ttft_p95: {k: 3}\n", "mapping key \"ttft_p95\" already defined"},
-		{"unknown field", "defaults:\n  dynamic:\n    ttft_p95: {kk: 2}\n", "field kk not found"},
+		{"fractional for", "defaults:\n  for: 2.9\n", "line 2 (defaults.for): cannot unmarshal !!float `2.9` into a whole number"},
+		{"fractional keep_firing_for", "defaults:\n  keep_firing_for: 0.5\n", "line 2 (defaults.keep_firing_for): cannot unmarshal !!float `0.5` into a whole number"},
+		{"fractional min_points", "defaults:\n  dynamic:\n    ttft_p95: {min_points: 59.5}\n", "line 3 (defaults.dynamic.ttft_p95.min_points): cannot unmarshal !!float `59.5` into a whole number"},
+		{"fractional min_requests", "scenes:\n  chat:\n    static:\n      error_rate: {min_requests: 99.9}\n", "line 4 (scenes.chat.static.error_rate.min_requests): cannot unmarshal !!float `99.9` into a whole number"},
+		{"text for", "defaults:\n  for: two\n", "line 2 (defaults.for): cannot unmarshal !!str `two` into a whole number"},
+		{"duplicate metric", "defaults:\n  dynamic:\n    ttft_p95: {k: 2}\n    ttft_p95: {k: 3}\n", "line 4 (defaults.dynamic.ttft_p95): mapping key \"ttft_p95\" already defined"},
+		{"unknown field", "defaults:\n  dynamic:\n    ttft_p95: {kk: 2}\n", "line 3 (defaults.dynamic.ttft_p95.kk): field kk is unknown (want enabled, method, k,"},
+		{"unknown engine field", "defaults:\n  engine:\n    down:\n      after: 30s\n", "line 4 (defaults.engine.down.after): field after is unknown (want enabled, usage, per_s, for or severity)"},
+		{"unknown section", "default:\n  for: 2\n", "line 1 (default): field default is unknown (want defaults or scenes)"},
+		{"list for a section", "defaults: [1]\n", "line 1 (defaults): cannot unmarshal !!seq into a map"},
+		{"two errors on one line", "defaults:\n  for: 2.5\n  hysteresis: x\n", "line 2 (defaults.for): cannot unmarshal !!float `2.5` into a whole number; line 3 (defaults.hysteresis): cannot unmarshal !!str `x` into a number"},
 		{"not yaml", "defaults: [", "invalid rules"},
 		{"second document", "defaults:\n  for: 2\n---\nscenes:\n  chat:\n    static:\n      ttft_p95: {warning: 1000}\n", "a second YAML document at line 3"},
 		{"bad second document", "defaults:\n  for: 2\n---\nscenes: [\n", "invalid rules"},
@@ -136,6 +140,9 @@ func TestParseErrors(t *testing.T) {
 			}
 			if !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("err = %q, want it to name %q", err, tc.want)
+			}
+			if strings.Contains(err.Error(), "\n") || strings.Contains(err.Error(), "rules.file") {
+				t.Errorf("err = %q, want one line naming no Go type", err)
 			}
 		})
 	}
