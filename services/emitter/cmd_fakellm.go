@@ -43,7 +43,7 @@ func runFakeLLM(ctx context.Context, args []string, environ map[string]string, s
 	fs.StringVar(&o.ModelName, "model-name", "fake-model", "scheduler: the model_name label on /metrics")
 	otlpEndpoint := fs.String("otlp-endpoint", "", "export an llm_request span per request, as vLLM does, to this OTLP receiver (http://host:4318; with none, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT turns it on)")
 	otlpProtocol := fs.String("otlp-protocol", "http/protobuf", "OTLP protocol of -otlp-endpoint: http/protobuf or grpc")
-	otlpToken := fs.String("otlp-token", "", "bearer token for the OTLP receiver (the emitter's EMITTER_INGEST_TOKEN)")
+	otlpToken := fs.String("otlp-token", "", "bearer token for the OTLP receiver (default $EMITTER_INGEST_TOKEN, which keeps it off the command line)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -62,7 +62,7 @@ func runFakeLLM(ctx context.Context, args []string, environ map[string]string, s
 		endpoint = cmp.Or(environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"], environ["OTEL_EXPORTER_OTLP_ENDPOINT"])
 	}
 	if endpoint != "" {
-		tp, err := spanExporter(ctx, endpoint, *otlpProtocol, *otlpToken)
+		tp, err := spanExporter(ctx, endpoint, *otlpProtocol, cmp.Or(*otlpToken, environ["EMITTER_INGEST_TOKEN"]))
 		if err != nil {
 			return err
 		}

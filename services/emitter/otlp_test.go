@@ -357,15 +357,15 @@ func BenchmarkOTLPIngestNATS(b *testing.B) {
 	b.ReportMetric(float64(retries.Load()), "retried-requests")
 }
 
-// startFakeLLM runs `emitter fakellm` with args and returns its base URL and a stop function
-// that waits for it to end (flushing its spans).
-func startFakeLLM(t *testing.T, args ...string) (base string, stop func()) {
+// startFakeLLM runs `emitter fakellm` with args and environ and returns its base URL and a
+// stop function that waits for it to end (flushing its spans).
+func startFakeLLM(t *testing.T, environ map[string]string, args ...string) (base string, stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	out := &syncBuffer{}
 	done := make(chan error, 1)
 	go func() {
-		done <- runFakeLLM(ctx, append([]string{"-addr", "127.0.0.1:0"}, args...), nil, out, io.Discard)
+		done <- runFakeLLM(ctx, append([]string{"-addr", "127.0.0.1:0"}, args...), environ, out, io.Discard)
 	}()
 	addr := regexp.MustCompile(`http://[0-9.:]+`)
 	for deadline := time.Now().Add(10 * time.Second); base == "" && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
@@ -385,14 +385,17 @@ func startFakeLLM(t *testing.T, args ...string) (base string, stop func()) {
 
 // TestFakeLLMSpansThroughTheProxy: the fake, given the emitter's OTLP endpoint, exports an
 // llm_request span for each request; through the proxy each request is then two events, a
-// gateway one and an engine one, both of the trace the client started.
+// gateway one and an engine one, both of the trace the client started. The receiver's token
+// is -otlp-token, or EMITTER_INGEST_TOKEN from the environment (kept off the command line).
 func TestFakeLLMSpansThroughTheProxy(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		args []string
+		name    string
+		args    []string
+		environ map[string]string
 	}{
-		{"latency model, http/protobuf", []string{"-otlp-protocol", "http/protobuf"}},
-		{"scheduler, grpc", []string{"-otlp-protocol", "grpc", "-max-batch", "1"}},
+		{"latency model, http/protobuf", []string{"-otlp-protocol", "http/protobuf", "-otlp-token", "tok"}, nil},
+		{"scheduler, grpc", []string{"-otlp-protocol", "grpc", "-max-batch", "1", "-otlp-token", "tok"}, nil},
+		{"token from the environment", []string{"-otlp-protocol", "http/protobuf"}, map[string]string{"EMITTER_INGEST_TOKEN": "tok"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			httpAddr, grpcAddr := freeAddr(t), freeAddr(t)
@@ -400,8 +403,8 @@ func TestFakeLLMSpansThroughTheProxy(t *testing.T) {
 			if tc.args[1] == "grpc" {
 				endpoint = "http://" + grpcAddr
 			}
-			fake, stopFake := startFakeLLM(t, append([]string{"-ttft", "20ms", "-tpot", "2ms", "-tokens", "5",
-				"-otlp-endpoint", endpoint, "-otlp-token", "tok"}, tc.args...)...)
+			fake, stopFake := startFakeLLM(t, tc.environ, append([]string{"-ttft", "20ms", "-tpot", "2ms", "-tokens", "5",
+				"-otlp-endpoint", endpoint}, tc.args...)...)
 			base, js, stop := serveRig(t, "EMITTER_INGEST_TOKEN=tok", "EMITTER_OTLP_HTTP_ADDR="+httpAddr,
 				"EMITTER_OTLP_GRPC_ADDR="+grpcAddr, "EMITTER_UPSTREAM_URL="+fake)
 			defer stop()
