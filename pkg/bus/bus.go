@@ -342,10 +342,16 @@ func EnsureConsumer(ctx context.Context, js jetstream.JetStream, c ConsumerConfi
 // latest value, as the services keep their checkpoints, and returns it; it retries on a
 // forming cluster as EnsureStreams does.
 func EnsureKeyValue(ctx context.Context, js jetstream.JetStream, bucket, description string, replicas int) (jetstream.KeyValue, error) {
+	return EnsureKeyValueHistory(ctx, js, bucket, description, replicas, 1)
+}
+
+// EnsureKeyValueHistory is EnsureKeyValue keeping history values of each key (1 to 64); a
+// bucket that exists is updated to it.
+func EnsureKeyValueHistory(ctx context.Context, js jetstream.JetStream, bucket, description string, replicas int, history uint8) (jetstream.KeyValue, error) {
 	cfg := jetstream.KeyValueConfig{
 		Bucket:      bucket,
 		Description: description,
-		History:     1,
+		History:     max(history, 1),
 		Storage:     jetstream.FileStorage,
 		Replicas:    max(replicas, 1),
 	}

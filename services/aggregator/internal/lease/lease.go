@@ -80,10 +80,12 @@ type Lease struct {
 	why    error  // once lost
 }
 
-// Open makes or updates Bucket (replicas as the streams') and returns the lease of
+// Open makes or updates Bucket (replicas as the streams', history 2) and returns the lease of
 // consumer, with ttl; its metrics are registered on reg.
 func Open(ctx context.Context, js jetstream.JetStream, consumer string, ttl time.Duration, replicas int, reg prometheus.Registerer, logger *slog.Logger) (*Lease, error) {
-	kv, err := bus.EnsureKeyValue(ctx, js, Bucket, "tokenscope aggregator: the process that counts for each AGG_CONSUMER", replicas)
+	// A history of 2 keeps the holder's value, and its TTL, behind a delete marker (`nats kv
+	// del`): a waiter then waits that TTL, not MaxTTL. A bucket made with history 1 is updated.
+	kv, err := bus.EnsureKeyValueHistory(ctx, js, Bucket, "tokenscope aggregator: the process that counts for each AGG_CONSUMER", replicas, 2)
 	if err != nil {
 		return nil, err
 	}
@@ -125,8 +127,9 @@ const MaxTTL = 10 * time.Minute
 // another takes it). It takes a lease never held, or released, at once, and one whose holder
 // has not renewed it for the longer of its TTL and the holder's own. A lease deleted by other
 // means than a release (`nats kv del`, `nats kv purge`) is waited on as one not renewed: its
-// holder counts until its next renewal finds it gone. When this process has not read the
-// holder's value before the marker, it waits MaxTTL: the holder's TTL went with the value.
+// holder counts until its next renewal finds it gone. The bucket's history keeps the
+// holder's value, and its TTL, behind a delete's marker; behind a purge's, unless this
+// process read it before the marker, it waits MaxTTL: the holder's TTL went with the value.
 func (l *Lease) Acquire(ctx context.Context) error {
 	var (
 		seen     uint64    // the revision last read
