@@ -202,15 +202,18 @@ func StreamConfigs(l StreamLimits) []jetstream.StreamConfig {
 
 // EnsureStreams creates the named streams, or updates them to the configuration when they
 // exist, so any start order of the services works. With no names it ensures all of them.
-// On a NATS cluster that is still forming it retries (see retryForming).
+// On a NATS cluster that is still forming it retries (see retryForming), and so it does for
+// a moment on a stream just deleted (see retryStore).
 func EnsureStreams(ctx context.Context, js jetstream.JetStream, l StreamLimits, names ...string) error {
 	for _, cfg := range StreamConfigs(l) {
 		if len(names) > 0 && !contains(names, cfg.Name) {
 			continue
 		}
 		err := retryForming(ctx, func(ctx context.Context) error {
-			_, err := js.CreateOrUpdateStream(ctx, cfg)
-			return err
+			return retryStore(ctx, func() error {
+				_, err := js.CreateOrUpdateStream(ctx, cfg)
+				return err
+			})
 		})
 		if err != nil {
 			return fmt.Errorf("cannot create or update stream %s: %w", cfg.Name, err)
@@ -247,6 +250,30 @@ func retryForming(ctx context.Context, do func(context.Context) error) error {
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+// jsStoreCreate is what nats-server answers creating a stream whose deleted namesake's store
+// it has not yet removed: "error creating store for stream".
+const jsStoreCreate jetstream.ErrorCode = 10049
+
+// retryStore calls do until it fails with another error than jsStoreCreate, at most 8 times
+// over about 2.5 s: a stream deleted by hand and made again at once (a start right after
+// `nats stream rm`) waits for nats-server to remove the old store rather than exit.
+func retryStore(ctx context.Context, do func() error) error {
+	wait := 20 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		err := do()
+		var apiErr *jetstream.APIError
+		if err == nil || !errors.As(err, &apiErr) || apiErr.ErrorCode != jsStoreCreate || attempt == 8 {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
 	}
 }
 
@@ -315,10 +342,16 @@ func EnsureConsumer(ctx context.Context, js jetstream.JetStream, c ConsumerConfi
 // latest value, as the services keep their checkpoints, and returns it; it retries on a
 // forming cluster as EnsureStreams does.
 func EnsureKeyValue(ctx context.Context, js jetstream.JetStream, bucket, description string, replicas int) (jetstream.KeyValue, error) {
+	return EnsureKeyValueHistory(ctx, js, bucket, description, replicas, 1)
+}
+
+// EnsureKeyValueHistory is EnsureKeyValue keeping history values of each key (1 to 64); a
+// bucket that exists is updated to it.
+func EnsureKeyValueHistory(ctx context.Context, js jetstream.JetStream, bucket, description string, replicas int, history uint8) (jetstream.KeyValue, error) {
 	cfg := jetstream.KeyValueConfig{
 		Bucket:      bucket,
 		Description: description,
-		History:     1,
+		History:     max(history, 1),
 		Storage:     jetstream.FileStorage,
 		Replicas:    max(replicas, 1),
 	}

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"net/http"
 	"strconv"
@@ -179,8 +178,8 @@ func TestKilledHolderTakenOverAfterTTL(t *testing.T) {
 
 // TestCutOffHolderStopsCounting cuts the holder's NATS connection while it holds open windows
 // (ClickHouse still reachable): it must stop before the waiting aggregator takes over and
-// write nothing more — its windows would otherwise be stored by both — then exit with an
-// error that says the lease was lost. The totals are exact.
+// write nothing more — its windows would otherwise be stored by both — then stand by for the
+// lease (it does not exit). The totals are exact.
 func TestCutOffHolderStopsCounting(t *testing.T) {
 	b := newBed(t)
 	relay := startResettingRelay(t, strings.TrimPrefix(b.natsURL, "nats://"))
@@ -233,10 +232,20 @@ func TestCutOffHolderStopsCounting(t *testing.T) {
 	if d := fenced.Sub(cut); fenced.IsZero() || !took.After(fenced) || d > ttl || took.Sub(cut) < ttl*4/5-200*time.Millisecond {
 		t.Errorf("cut at 0, the holder stopped at %s, the waiter took over at %s", d, took.Sub(cut))
 	}
+	// It stands by for the lease, as a second process would, rather than exit.
 	select {
 	case err := <-doneA:
-		if !errors.Is(err, lease.ErrLost) || !strings.Contains(err.Error(), "AGG_CONSUMER=agg-l") {
-			t.Fatalf("the cut-off aggregator stopped with %v", err)
+		t.Fatalf("the cut-off aggregator stopped with %v; want it to stand by", err)
+	default:
+	}
+	if held := gauge(addrA, "aggregator_lease_held"); held != 0 {
+		t.Fatalf("aggregator_lease_held of the cut-off aggregator = %v, want 0", held)
+	}
+	cancel()
+	select {
+	case err := <-doneA:
+		if err != nil {
+			t.Fatalf("the cut-off aggregator, standing by, stopped with %v", err)
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("the cut-off aggregator did not stop")
@@ -244,6 +253,63 @@ func TestCutOffHolderStopsCounting(t *testing.T) {
 	if got := b.scalar(t, "SELECT count() FROM requests"); got != 2000 {
 		t.Fatalf("count() FROM requests = %d, want 2000", got)
 	}
+}
+
+// TestPausedHolderTakesItsLeaseBack pauses (SIGSTOP) the only aggregator past its fence while
+// its windows are open: it stops counting as it resumes, drops them, and, since no other
+// process took the lease, takes it back without exiting and counts again from its floor. Every
+// event is counted once, those of the dropped windows included.
+func TestPausedHolderTakesItsLeaseBack(t *testing.T) {
+	b := newBed(t)
+	bin := buildBinary(t)
+	const ttl = 3 * time.Second
+	// A lateness longer than the pause: the windows are open when it starts and ends.
+	vars := leaseVars(b, envVars{"AGG_LEASE_TTL": ttl.String(), "AGG_LATENESS": "8s"})
+	p := startProcess(t, bin, vars)
+	waitFor(t, 30*time.Second, "the process holds the lease", func() bool { return leaseHolder(t, b.js, "agg-l").PID == p.Process.Pid })
+	evs := spreadEvents(2000, time.Time{})
+	for i, base := 0, time.Now().UTC().Add(-time.Second); i < len(evs); i++ {
+		evs[i].TS = base.Add(time.Duration(i) * 500 * time.Microsecond) // one second: closed 8 s from now
+	}
+	b.publish(t, evs)
+	b.waitRows(t, 30*time.Second, 2000, "SELECT count() FROM requests")
+	if n := b.scalar(t, "SELECT count() FROM token_rollups"); n != 0 {
+		t.Fatalf("%d rollups stored already: the windows should still be open", n)
+	}
+	kv, err := b.js.KeyValue(context.Background(), lease.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := kv.Get(context.Background(), "agg-l")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(ttl) // past the fence (two thirds of it)
+	if err := p.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	// Renewed again: it holds the lease, and has not exited.
+	waitFor(t, 3*ttl, "the process renews its lease again", func() bool {
+		e, err := kv.Get(context.Background(), "agg-l")
+		return err == nil && e.Revision() > before.Revision()+1 && leaseHolder(t, b.js, "agg-l").PID == p.Process.Pid
+	})
+	b.publish(t, spreadEvents(1000, time.Now().UTC()))
+	b.waitRows(t, time.Minute, 3000, "SELECT sum(requests) FROM token_rollups")
+	b.waitRows(t, 30*time.Second, 3000, "SELECT count() FROM requests")
+	time.Sleep(2 * time.Second)
+	if got := b.scalar(t, "SELECT sum(requests) FROM token_rollups"); got != 3000 {
+		t.Fatalf("sum(requests) moved on to %d", got)
+	}
+	if u := b.scalar(t, "SELECT uniqExact(event_id) FROM requests"); u != 3000 {
+		t.Fatalf("%d distinct events in requests, want 3000", u)
+	}
+	if got := b.scalar(t, "SELECT count() FROM requests"); got != 3000 {
+		t.Fatalf("count() FROM requests = %d, want 3000", got)
+	}
+	checkRollupsPublished(t, b, "agg-l", 3000)
 }
 
 // TestShutdownDuringOutageLeavesLease stops the holder (SIGTERM) while ClickHouse hangs with a

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/tokenscope/tokenscope/pkg/bus"
@@ -27,8 +29,9 @@ import (
 // run serves until ctx ends: it stops pulling, writes every closed window and saves the
 // replay floor, and leaves open windows above it for the next start, so nothing is lost.
 // It counts only while it holds the lease of its AGG_CONSUMER (package lease): until then it
-// waits, and if it loses the lease it stops without writing anything more and returns an
-// error.
+// waits. If it loses the lease it stops counting without writing anything more, drops what
+// it held and waits for the lease again, as a process just started would: it takes it back
+// when no other process took it meanwhile, and stands by otherwise.
 func run(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
 	cfg, err := loadConfig(getenv)
 	if err != nil {
@@ -96,42 +99,73 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return err
 	}
 	srv.AddCheck("lease", l.Check)
-	if err := l.Acquire(ctx); err != nil {
-		if ctx.Err() != nil {
-			logger.Info("stopped while waiting for the lease")
-			return nil
+	// What a term of the lease makes again: the pipelines' metrics live on, and the checks
+	// ask the pipelines of the term that counts.
+	metrics := pipeline.NewMetrics(srv.Registry())
+	pipes := &termPipes{}
+	srv.AddCheck("clickhouse_writes", func(ctx context.Context) error {
+		for _, p := range pipes.get() {
+			if err := p.Stalled(ctx); err != nil {
+				return err
+			}
 		}
-		return err
-	}
-	// Renewed until everything below has stopped; should it be lost, counting stops first.
-	runCtx, cancelRun := context.WithCancel(ctx)
-	defer cancelRun()
-	keepCtx, stopKeep := context.WithCancel(context.Background())
-	keepDone := make(chan error, 1)
-	go func() {
-		err := l.Keep(keepCtx)
-		if err != nil {
-			cancelRun()
+		return nil
+	})
+	srv.AddCheck("streams", func(ctx context.Context) error {
+		for _, p := range pipes.get() {
+			if err := p.Remade(ctx); err != nil {
+				return err
+			}
 		}
-		keepDone <- err
-	}()
-	var unsettled bool
-	err = counting(runCtx, cfg, logger, srv, srvErr, nc, js, db, buckets, prices, l.Held(), &unsettled)
-	stopKeep()
-	kerr := <-keepDone
-	if kerr == nil && unsettled {
-		// An insert this process gave up on may still land: the next process must not read
-		// the ledger before it has, so it waits for the lease to go stale, as after a crash.
-		logger.Warn("a write to ClickHouse was left unfinished; the lease is not released, and the next process waits AGG_LEASE_TTL", "ttl", cfg.Agg.LeaseTTL.String())
-		l.Abandon()
-	}
-	if kerr == nil && !unsettled {
-		// Nothing more is written: the next process may start at once.
-		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		if rerr := l.Release(rctx); rerr != nil {
-			logger.Warn("the next process will wait for the lease to go stale", "err", rerr)
+		return nil
+	})
+	var kerr error
+	for {
+		if err := l.Acquire(ctx); err != nil {
+			if ctx.Err() != nil {
+				logger.Info("stopped while waiting for the lease")
+				return nil
+			}
+			return err
 		}
-		cancel()
+		// Renewed until everything below has stopped; should it be lost, counting stops first.
+		runCtx, cancelRun := context.WithCancel(ctx)
+		keepCtx, stopKeep := context.WithCancel(context.Background())
+		keepDone := make(chan error, 1)
+		go func() {
+			err := l.Keep(keepCtx)
+			if err != nil {
+				cancelRun()
+			}
+			keepDone <- err
+		}()
+		var unsettled bool
+		err = counting(runCtx, cfg, logger, srv, srvErr, nc, js, db, buckets, prices, metrics, pipes, l.Held(), &unsettled)
+		stopKeep()
+		kerr = <-keepDone
+		cancelRun()
+		pipes.set(nil)
+		if kerr == nil && unsettled {
+			// An insert this process gave up on may still land: the next process must not read
+			// the ledger before it has, so it waits for the lease to go stale, as after a crash.
+			logger.Warn("a write to ClickHouse was left unfinished; the lease is not released, and the next process waits AGG_LEASE_TTL", "ttl", cfg.Agg.LeaseTTL.String())
+			l.Abandon()
+		}
+		if kerr == nil && !unsettled {
+			// Nothing more is written: the next process may start at once.
+			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			if rerr := l.Release(rctx); rerr != nil {
+				logger.Warn("the next process will wait for the lease to go stale", "err", rerr)
+			}
+			cancel()
+		}
+		if kerr == nil || !errors.Is(kerr, lease.ErrLost) || ctx.Err() != nil {
+			break
+		}
+		// Lost: this term's pipelines have stopped and what they held is dropped. Nothing of it
+		// was acknowledged (the consumer acknowledges nothing) nor saved in the floor, so the
+		// next term, started from the floor and the ledger as at a start, reads it again.
+		logger.Warn("waiting for the lease again; counting starts again from the floor once it is held")
 	}
 	if derr := drain(nc); derr != nil {
 		logger.Warn("cannot drain the NATS connection", "err", derr)
@@ -149,10 +183,11 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 // they and the rollup publisher have stopped; unsettled tells whether one left a write
 // unfinished.
 func counting(ctx context.Context, cfg Config, logger *slog.Logger, srv *ops.Server, srvErr <-chan error, nc *nats.Conn, js jetstream.JetStream, db *chdb.DB,
-	buckets events.Buckets, prices *price.Table, held context.Context, unsettled *bool) error {
+	buckets events.Buckets, prices *price.Table, metrics *pipeline.Metrics, current *termPipes, held context.Context, unsettled *bool) error {
 	var err error
-	pub := bus.NewPublisher(js, bus.PublisherOptions{Buffer: cfg.Agg.PublishBuffer, Namespace: "aggregator"}, srv.Registry(), logger)
-	deps := pipeline.Deps{JS: js, NC: nc, CH: db.Conn(), Publisher: pub, Metrics: pipeline.NewMetrics(srv.Registry()), Logger: logger}
+	reg := termRegisterer{srv.Registry()}
+	pub := bus.NewPublisher(js, bus.PublisherOptions{Buffer: cfg.Agg.PublishBuffer, Namespace: "aggregator"}, reg, logger)
+	deps := pipeline.Deps{JS: js, NC: nc, CH: db.Conn(), Publisher: pub, Metrics: metrics, Logger: logger}
 	if cfg.Agg.StoreRequests {
 		if deps.Requests, err = sink.NewRequestWriter(ctx, db.Conn(), cfg.ClickHouse, cfg.Agg.Consumer); err != nil {
 			return err
@@ -199,12 +234,12 @@ func counting(ctx context.Context, cfg Config, logger *slog.Logger, srv *ops.Ser
 		}
 		pipes = append(pipes, fb)
 	}
-	sweeper, err := pipeline.NewOutboxSweeper(ctx, js, db.Conn(), cfg.NATS.Streams.Replicas, srv.Registry(), logger)
+	sweeper, err := pipeline.NewOutboxSweeper(ctx, js, db.Conn(), cfg.NATS.Streams.Replicas, reg, logger)
 	if err != nil {
 		return err
 	}
 	// The watermark tells an alerter which windows this aggregator has published.
-	marks := pipeline.NewWatermarks(heldPublisher{js, held}, pub, cfg.Agg.Consumer, cfg.Agg.Window, srv.Registry(), logger)
+	marks := pipeline.NewWatermarks(heldPublisher{js, held}, pub, cfg.Agg.Consumer, cfg.Agg.Window, reg, logger)
 	rollups, err := js.Stream(ctx, events.StreamRollups)
 	if err != nil {
 		return fmt.Errorf("cannot look up stream %s: %w", events.StreamRollups, err)
@@ -220,22 +255,7 @@ func counting(ctx context.Context, cfg Config, logger *slog.Logger, srv *ops.Ser
 		}
 	}
 
-	srv.AddCheck("clickhouse_writes", func(ctx context.Context) error {
-		for _, p := range pipes {
-			if err := p.Stalled(ctx); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	srv.AddCheck("streams", func(ctx context.Context) error {
-		for _, p := range pipes {
-			if err := p.Remade(ctx); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	current.set(pipes)
 	logger.Info("aggregating", "http", srv.Addr(), "window", cfg.Agg.Window, "lateness", cfg.Agg.Lateness, "buckets", buckets.String())
 
 	// The publisher outlives the pipelines so that the last flush's rollups go out.
@@ -268,6 +288,47 @@ func counting(ctx context.Context, cfg Config, logger *slog.Logger, srv *ops.Ser
 	}
 	<-marksDone
 	return err
+}
+
+// termPipes are the pipelines of the lease's term that counts, for the readiness checks.
+type termPipes struct {
+	mu    sync.Mutex
+	pipes []*pipeline.Pipeline
+}
+
+func (t *termPipes) set(p []*pipeline.Pipeline) {
+	t.mu.Lock()
+	t.pipes = p
+	t.mu.Unlock()
+}
+
+func (t *termPipes) get() []*pipeline.Pipeline {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.pipes
+}
+
+// termRegisterer registers the metrics of what a term of the lease makes (the publisher, the
+// outbox sweeper, the watermarks) in place of those of the term before: they count from 0
+// again, as after a restart.
+type termRegisterer struct{ prometheus.Registerer }
+
+func (r termRegisterer) Register(c prometheus.Collector) error {
+	err := r.Registerer.Register(c)
+	var dup prometheus.AlreadyRegisteredError
+	if errors.As(err, &dup) {
+		r.Registerer.Unregister(dup.ExistingCollector)
+		err = r.Registerer.Register(c)
+	}
+	return err
+}
+
+func (r termRegisterer) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := r.Register(c); err != nil {
+			panic(err)
+		}
+	}
 }
 
 // heldPublisher publishes the watermark only while the lease is held: one published after

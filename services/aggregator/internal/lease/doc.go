@@ -14,5 +14,7 @@
 // JetStream acknowledged (Held ends), a third of the TTL before any waiter can take over;
 // that third covers the write already sent when the lease ends, which the next holder waits
 // for (it settles this consumer's running inserts before reading the ledger), as after a
-// crash.
+// crash. A holder fenced so waits for the lease again; one whose last value is still there
+// (no other process wrote since) takes it back by a compare-and-set on that revision a TTL
+// after its last renewal, as late as a waiter could have, and counts again from the floor.
 package lease

@@ -71,19 +71,21 @@ type Lease struct {
 	rev      uint64
 	deadline time.Time
 	fence    atomic.Pointer[time.Time] // deadline, for Held's Err on any goroutine
-	heldCtx  context.Context
-	lose     context.CancelCauseFunc
 
-	mu     sync.Mutex
-	state  state
-	holder Holder // while waiting: the process that holds it (zero when unknown)
-	why    error  // once lost
+	mu      sync.Mutex
+	state   state
+	holder  Holder                  // while waiting: the process that holds it (zero when unknown)
+	why     error                   // once lost
+	heldCtx context.Context         // this term's Held: one per time the lease is taken
+	lose    context.CancelCauseFunc // ends heldCtx
 }
 
-// Open makes or updates Bucket (replicas as the streams') and returns the lease of
+// Open makes or updates Bucket (replicas as the streams', history 2) and returns the lease of
 // consumer, with ttl; its metrics are registered on reg.
 func Open(ctx context.Context, js jetstream.JetStream, consumer string, ttl time.Duration, replicas int, reg prometheus.Registerer, logger *slog.Logger) (*Lease, error) {
-	kv, err := bus.EnsureKeyValue(ctx, js, Bucket, "tokenscope aggregator: the process that counts for each AGG_CONSUMER", replicas)
+	// A history of 2 keeps the holder's value, and its TTL, behind a delete marker (`nats kv
+	// del`): a waiter then waits that TTL, not MaxTTL. A bucket made with history 1 is updated.
+	kv, err := bus.EnsureKeyValueHistory(ctx, js, Bucket, "tokenscope aggregator: the process that counts for each AGG_CONSUMER", replicas, 2)
 	if err != nil {
 		return nil, err
 	}
@@ -95,13 +97,18 @@ func Open(ctx context.Context, js jetstream.JetStream, consumer string, ttl time
 		held: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "aggregator", Name: "lease_held",
 			Help: "1 while this process holds the lease of its AGG_CONSUMER and counts; 0 while it waits for it."}),
 		renewErrors: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "aggregator", Name: "lease_renew_errors_total",
-			Help: "Renewals of the lease that failed (retried until two thirds of AGG_LEASE_TTL have passed since the last that succeeded; then the process stops)."}),
+			Help: "Renewals of the lease that failed (retried until two thirds of AGG_LEASE_TTL have passed since the last that succeeded; then the process stops counting and waits for the lease again)."}),
 	}
-	var held context.Context
-	held, l.lose = context.WithCancelCause(context.Background())
-	l.heldCtx = heldContext{held, l}
+	l.newTerm()
 	reg.MustRegister(l.held, l.renewErrors)
 	return l, nil
+}
+
+// newTerm makes the Held of the next time the lease is taken. Called under mu, or before
+// the Lease is shared.
+func (l *Lease) newTerm() {
+	held, lose := context.WithCancelCause(context.Background())
+	l.heldCtx, l.lose = heldContext{held, l}, lose
 }
 
 // Me returns what this process stores in the lease once it holds it.
@@ -125,20 +132,34 @@ const MaxTTL = 10 * time.Minute
 // another takes it). It takes a lease never held, or released, at once, and one whose holder
 // has not renewed it for the longer of its TTL and the holder's own. A lease deleted by other
 // means than a release (`nats kv del`, `nats kv purge`) is waited on as one not renewed: its
-// holder counts until its next renewal finds it gone. When this process has not read the
-// holder's value before the marker, it waits MaxTTL: the holder's TTL went with the value.
+// holder counts until its next renewal finds it gone. The bucket's history keeps the
+// holder's value, and its TTL, behind a delete's marker; behind a purge's, unless this
+// process read it before the marker, it waits MaxTTL: the holder's TTL went with the value.
+//
+// Acquire may be called again once Keep has returned ErrLost (the process stands by then,
+// and Check passes). A lease still holding this process's own last value (no other process
+// took it since) is taken back a TTL after the last renewal JetStream acknowledged: from
+// then on a waiter could have taken it over, so what this process had in flight when Held
+// ended has had the third of the TTL it would have had. Held then returns a new context;
+// the one of the lost term stays ended.
 func (l *Lease) Acquire(ctx context.Context) error {
 	var (
 		seen     uint64    // the revision last read
 		seenAt   time.Time // when it was first read (the answer came)
 		seenTTL  time.Duration
 		released bool   // seen is a release
+		own      bool   // seen is this process's own value, left as it lost the lease
 		lastTTL  string // the TTL of the last holder seen, for a lease then deleted
 		failing  bool
 		told     bool   // the waiting line was logged
 		logged   string // for the holder logged
 		start    = time.Now()
 	)
+	l.mu.Lock()
+	if l.state == lost {
+		l.state, l.why = waiting, nil // standing by again
+	}
+	l.mu.Unlock()
 	failed := func(err error) {
 		if !failing {
 			l.logger.Warn("cannot read the lease; retrying", "consumer", l.consumer, "bucket", Bucket, "err", err)
@@ -179,6 +200,7 @@ func (l *Lease) Acquire(ctx context.Context) error {
 					h = Holder{} // value is the one before the marker, for its TTL only
 				}
 				released = parsed && !deleted && h.Released
+				own = !deleted && bytes.Equal(value, l.value)
 				seenTTL = waitFor(l.ttl, lastTTL)
 				if deleted && lastTTL == "" {
 					// Only the marker is left: the holder's TTL, and so when its next renewal
@@ -190,6 +212,9 @@ func (l *Lease) Acquire(ctx context.Context) error {
 				l.mu.Unlock()
 				switch {
 				case released:
+				case own:
+					l.logger.Warn("the lease of this AGG_CONSUMER is still this process's; taking it back a TTL after its last renewal", "consumer", l.consumer, "at", l.retakeAt().Format(time.RFC3339Nano))
+					told, logged = true, h.ID
 				case deleted:
 					l.logger.Warn("the lease of this AGG_CONSUMER was deleted without a release; waiting for its holder to stop", "consumer", l.consumer, "wait", seenTTL.String())
 					told, logged = true, ""
@@ -202,7 +227,7 @@ func (l *Lease) Acquire(ctx context.Context) error {
 					l.logger.Warn("another process holds the lease of this AGG_CONSUMER; waiting until it stops", append([]any{"consumer", l.consumer}, attrs...)...)
 				}
 			}
-			if !released && now.Sub(seenAt) < seenTTL {
+			if own && now.Before(l.retakeAt()) || !own && !released && now.Sub(seenAt) < seenTTL {
 				break
 			}
 			rev, err := l.kv.Update(ctx, l.consumer, l.value, seen)
@@ -210,6 +235,9 @@ func (l *Lease) Acquire(ctx context.Context) error {
 				l.mu.Lock()
 				h := l.holder
 				l.mu.Unlock()
+				if own {
+					h = l.me
+				}
 				l.take(rev, now, time.Since(start), h, released)
 				return nil
 			}
@@ -264,16 +292,27 @@ func waitFor(own time.Duration, held string) time.Duration {
 	return own
 }
 
+// retakeAt is when this process may take back its own lease after losing it: a TTL after
+// sending the last renewal JetStream acknowledged (the deadline is two thirds of it after).
+func (l *Lease) retakeAt() time.Time { return l.deadline.Add(l.ttl - l.fenceAfter()) }
+
 // take records the lease taken at revision rev, its request sent at sent; from is the
 // holder it took over from, zero when the lease was free.
 func (l *Lease) take(rev uint64, sent time.Time, waited time.Duration, from Holder, released bool) {
 	l.rev = rev
 	l.setDeadline(sent.Add(l.fenceAfter()))
 	l.mu.Lock()
+	if l.heldCtx.(heldContext).Context.Err() != nil {
+		l.newTerm() // the lease was lost and is taken again
+	}
 	l.state, l.holder = holding, Holder{}
 	l.mu.Unlock()
 	l.held.Set(1)
 	attrs := []any{"consumer", l.consumer, "ttl", l.ttl.String(), "waited", waited.Round(time.Millisecond).String()}
+	if from.ID == l.me.ID {
+		l.logger.Info("took the lease back: no other process took it since this one lost it", attrs...)
+		return
+	}
 	if from.ID != "" && released {
 		l.logger.Info("took the lease released by the process that held it", append(attrs, from.attrs()...)...)
 		return
@@ -289,8 +328,13 @@ func (l *Lease) take(rev uint64, sent time.Time, waited time.Duration, from Hold
 // lease lost, or did not renew it in time. Every write for the consumer is made under it,
 // and its Err is asked right before each: it reads the clock, so that a process paused past
 // its deadline (a GC pause, SIGSTOP) finds the lease lost at once when it resumes, before
-// Keep's late timer has run.
-func (l *Lease) Held() context.Context { return l.heldCtx }
+// Keep's late timer has run. Once the lease is lost and taken again (Acquire), it returns a
+// new context.
+func (l *Lease) Held() context.Context {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.heldCtx
+}
 
 func (l *Lease) setDeadline(d time.Time) {
 	l.deadline = d
@@ -396,8 +440,9 @@ func (l *Lease) lost(why error) error {
 		return why
 	}
 	l.state, l.why = lost, why
+	lose := l.lose
 	l.mu.Unlock()
-	l.lose(why)
+	lose(why)
 	l.held.Set(0)
 	l.logger.Error("stopped counting: this process no longer holds the lease of its AGG_CONSUMER", "consumer", l.consumer, "err", why)
 	return why
@@ -410,8 +455,9 @@ func (l *Lease) Release(ctx context.Context) error {
 	st := l.state
 	l.state = lost
 	l.why = errors.New("the lease was released at shutdown")
+	why, lose := l.why, l.lose
 	l.mu.Unlock()
-	l.lose(l.why)
+	lose(why)
 	l.held.Set(0)
 	if st != holding {
 		return nil
@@ -442,8 +488,9 @@ func (l *Lease) Abandon() {
 	}
 	l.state = lost
 	l.why = errors.New("the lease was left to go stale at shutdown: a write to ClickHouse was left unfinished")
+	why, lose := l.why, l.lose
 	l.mu.Unlock()
-	l.lose(l.why)
+	lose(why)
 	l.held.Set(0)
 }
 

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -13,8 +14,9 @@ import (
 )
 
 // TestRemovedLeaseWaitsForTheHolderTTL: a process started after the lease was deleted or
-// purged (`nats kv del`, `nats kv purge`) finds only the marker, not the TTL of the holder,
-// which counts until its next renewal, a fifth of its own TTL away. A waiter with a shorter
+// purged (`nats kv del`, `nats kv purge`) finds the marker, and the TTL of the holder only
+// behind a delete's (a purge leaves none); the holder counts until its next renewal, a fifth
+// of its own TTL away. A waiter with a shorter
 // TTL (a rolling update that lowers AGG_LEASE_TTL) must not take the lease before the holder
 // has stopped.
 func TestRemovedLeaseWaitsForTheHolderTTL(t *testing.T) {
@@ -70,19 +72,28 @@ func TestRemovedLeaseWaitsForTheHolderTTL(t *testing.T) {
 	}
 }
 
-// TestDeletedLeaseWaitsTheTTLInHistory: in a bucket whose history keeps the value before a
-// delete marker, a process started after the deletion waits the holder's TTL read there,
-// not the longest.
+// TestDeletedLeaseWaitsTheTTLInHistory: the bucket keeps the value before a delete marker, so
+// a process started after the deletion (`nats kv del`) waits the holder's TTL read there, not
+// the longest; so too in a bucket an earlier version made with a history of 1, which Open
+// updates.
 func TestDeletedLeaseWaitsTheTTLInHistory(t *testing.T) {
 	url := testbed.NATS(t).ClientURL()
-	const ttl = 4 * time.Second
-	a, nc := open(t, url, "agg", ttl)
-	b, _ := open(t, url, "agg", time.Second) // opened first: Open sets the bucket's history to 1
-	js, _ := jetstream.New(nc)
-	kv, err := js.UpdateKeyValue(t.Context(), jetstream.KeyValueConfig{Bucket: Bucket, History: 2, Storage: jetstream.FileStorage, Replicas: 1})
+	nc, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	kv, err := js.CreateKeyValue(t.Context(), jetstream.KeyValueConfig{Bucket: Bucket, History: 1, Storage: jetstream.FileStorage, Replicas: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ttl = 4 * time.Second
+	a, _ := open(t, url, "agg", ttl)
+	if st, err := kv.Status(t.Context()); err != nil || st.History() != 2 {
+		t.Fatalf("the bucket keeps a history of %d (%v), want 2", st.History(), err)
+	}
+	b, _ := open(t, url, "agg", time.Second)
 	if err := a.Acquire(t.Context()); err != nil {
 		t.Fatal(err)
 	}
