@@ -414,3 +414,51 @@ func TestSameSecondTies(t *testing.T) {
 		}
 	}
 }
+
+// TestRequestVerdictChangedWithConversation: a thumbs down on a request, changed to up by a
+// verdict that names the request and its conversation, is one verdict, up, in every query
+// that counts verdicts on requests, on 18.16 and on the current engine: the latest of a
+// source on a request counts, whether or not it names the conversation too.
+func TestRequestVerdictChangedWithConversation(t *testing.T) {
+	b := openBusiness(t)
+	from := time.Now().UTC().Truncate(time.Hour).Add(-3 * time.Hour)
+	to := from.Add(time.Hour)
+	b.insert(t, "INSERT INTO requests (ts, event_id, env, scene, model, layer, conversation_id, turn, ttft_ms, status, cost_usd)",
+		from.Add(time.Minute), "r1", "prod", "chat", "m", "gateway", "c", uint32(1), 100.0, "ok", 0.1)
+	const fbs = "INSERT INTO feedback (ts, event_id, request_id, conversation_id, name, value, source, env, scene, model)"
+	b.insert(t, fbs, from.Add(10*time.Minute), "0195a000-0000-7000-8000-000000000001", "r1", "", "thumbs", 0.0, "user", "prod", "chat", "m")
+	b.insert(t, fbs, from.Add(20*time.Minute), "0195a000-0000-7000-8000-000000000002", "r1", "c", "thumbs", 1.0, "user", "prod", "chat", "m")
+	params := map[string]string{"from": from.Format(time.DateTime), "to": to.Format(time.DateTime), "layer": "gateway",
+		"name": "thumbs", "satisfied_at": "1"}
+	coverage := maps.Clone(params)
+	coverage["to"] = to.Add(7 * 24 * time.Hour).Format(time.DateTime)
+	for _, c := range []struct {
+		file   string
+		params map[string]string
+		want   []float64 // the first row's numbers
+	}{
+		{"satisfaction_by_ttft_band.sql", params, []float64{1, 1, 1}},
+		{"satisfaction_by_stall.sql", params, []float64{1, 1, 1}},
+		{"quality_by_scene_model.sql", params, []float64{1, 1, 0, 0, 0, 0}},
+		{"quality_by_bucket.sql", params, []float64{1, 1, 1, 1}},
+		{"cost_per_satisfied_conversation.sql", params, []float64{1, 0.1, 1, 1, 0.1}},
+		// one verdict, one superseded
+		{"feedback_coverage.sql", coverage, []float64{1, 0, 0, 0, 0, 1}},
+	} {
+		for _, res := range b.query(t, c.file, c.params) {
+			if len(res.r.Rows) != 1 {
+				t.Errorf("%s on %s: %v, want one row", c.file, res.server, res.r.Rows)
+				continue
+			}
+			var got []float64
+			for _, v := range res.r.Rows[0] {
+				if _, ok := v.(string); !ok {
+					got = append(got, toFloat(v))
+				}
+			}
+			if !slices.Equal(got, c.want) {
+				t.Errorf("%s on %s: %v, want %v", c.file, res.server, res.r.Rows[0], c.want)
+			}
+		}
+	}
+}

@@ -22,5 +22,5 @@ FROM
     SELECT request_id, source, count() AS copies, uniqExact(event_id) AS ids
     FROM verdicts
     WHERE ts >= {from:DateTime} AND ts < {to:DateTime}
-    GROUP BY request_id, conversation_id, if(request_id = '', env, ''), name, source
+    GROUP BY request_id, if(request_id = '', conversation_id, ''), if(request_id = '', env, ''), name, source
 )

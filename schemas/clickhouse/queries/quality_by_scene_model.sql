@@ -33,7 +33,7 @@ FROM
         SELECT request_id, name, argMax(value, (ts, event_id)) AS value
         FROM verdicts
         WHERE request_id != '' AND ts >= {from:DateTime} AND ts < {to:DateTime} + INTERVAL 7 DAY
-        GROUP BY request_id, conversation_id, name, source
+        GROUP BY request_id, name, source
     ) AS f
     ANY LEFT JOIN
     (
