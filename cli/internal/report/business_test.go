@@ -462,3 +462,49 @@ func TestRequestVerdictChangedWithConversation(t *testing.T) {
 		}
 	}
 }
+
+// TestConversationAcrossScenes: a conversation whose turns call two scenes counts for the
+// scene of its first request in quality_by_scene_model.sql and
+// cost_per_satisfied_conversation.sql, on 18.16 and on the current engine, whichever
+// order its requests were written in.
+func TestConversationAcrossScenes(t *testing.T) {
+	b := openBusiness(t)
+	from := time.Now().UTC().Truncate(time.Hour).Add(-3 * time.Hour)
+	const reqs = "INSERT INTO requests (ts, event_id, env, scene, model, layer, conversation_id, turn, cost_usd)"
+	for i := range 10 {
+		conv := fmt.Sprint("c-", i)
+		first := []any{from.Add(time.Minute), conv + "-1", "prod", "chat", "m", "gateway", conv, uint32(1), 0.1}
+		second := []any{from.Add(2 * time.Minute), conv + "-2", "prod", "search", "m", "gateway", conv, uint32(2), 0.1}
+		if i%2 == 1 {
+			first, second = second, first
+		}
+		b.insert(t, reqs, first...)
+		b.insert(t, reqs, second...)
+		b.insert(t, "INSERT INTO feedback (ts, event_id, request_id, conversation_id, name, value, source, env, scene, model)",
+			from.Add(10*time.Minute), fmt.Sprintf("0195a000-0000-7000-8000-%012d", i), "", conv, "rating", 5.0, "user", "prod", "", "")
+	}
+	params := map[string]string{"from": from.Format(time.DateTime), "to": from.Add(time.Hour).Format(time.DateTime), "layer": "gateway",
+		"name": "rating", "satisfied_at": "4"}
+	for _, c := range []struct {
+		file string
+		want []any
+	}{
+		{"quality_by_scene_model.sql", []any{"chat", "m", 0.0, 0.0, 10.0, 5.0, 0.0, 0.0}},
+		{"cost_per_satisfied_conversation.sql", []any{"chat", 10.0, 0.2, 10.0, 10.0, 0.2}},
+	} {
+		for _, res := range b.query(t, c.file, params) {
+			ok := len(res.r.Rows) == 1 && len(res.r.Rows[0]) == len(c.want)
+			for j := 0; ok && j < len(c.want); j++ {
+				switch x := c.want[j].(type) {
+				case string:
+					ok = res.r.Rows[0][j] == x
+				case float64:
+					ok = math.Abs(toFloat(res.r.Rows[0][j])-x) <= 1e-9
+				}
+			}
+			if !ok {
+				t.Errorf("%s on %s: %v, want one row %v", c.file, res.server, res.r.Rows, c.want)
+			}
+		}
+	}
+}

@@ -9,9 +9,10 @@
 -- days before from). Parameters: layer (String: the layer of the requests read, gateway,
 -- engine or app), from, to (DateTime: the range the conversations start in), name (String),
 -- satisfied_at (Float64).
--- A conversation is its env and conversation_id (as in conversations.sql), counted for one of
--- its scenes. A verdict on a request rates its request's conversation (the request's env and
--- conversation_id, or the verdict's conversation_id where it names one); a verdict on a
+-- A conversation is its env and conversation_id (as in conversations.sql), counted for the
+-- scene of its first request (of the least event_id among those of the same ts). A verdict
+-- on a request rates its request's conversation (the request's env and conversation_id, or
+-- the verdict's conversation_id where it names one); a verdict on a
 -- conversation only, that conversation in the verdict's env; one without env (its sender did
 -- not know it), the conversation of its id in the one env that has it, and none where two
 -- envs do.
@@ -28,7 +29,7 @@ FROM
     SELECT conversation_id, scene, cost_usd, if(verdicts > 0, 1, 0) AS rated, verdict
     FROM
     (
-        SELECT env, conversation_id, any(scene) AS scene, sum(cost_usd) AS cost_usd
+        SELECT env, conversation_id, argMin(scene, (ts, event_id)) AS scene, sum(cost_usd) AS cost_usd
         FROM requests
         WHERE ts >= {from:DateTime} - INTERVAL 7 DAY AND ts < {to:DateTime} + INTERVAL 7 DAY
             AND layer = {layer:String} AND conversation_id != ''

@@ -4,9 +4,9 @@
 -- (verdicts.request_id = requests.event_id); verdicts on a conversation only (request_id
 -- empty) are joined to its requests by env and conversation_id (a conversation is both, as in
 -- conversations.sql; a verdict without env counts for the one env whose requests carry its
--- conversation_id, and for none where two envs do), and count for its scene and the
--- model of its last request (of the greatest event_id among those of the same ts), in the
--- range of its first request only, as conversations.sql counts it (its requests up to 7 days
+-- conversation_id, and for none where two envs do), and count for the scene of its first
+-- request and the model of its last request (of the least and the greatest event_id among
+-- those of the same ts), in the range of its first request only, as conversations.sql counts it (its requests up to 7 days
 -- after to count; requests are read from 7 days before from), so that a conversation's
 -- rating is never counted in two ranges. The latest verdict of each source on a request or
 -- conversation counts: one sent twice counts once, and one changed (sent again under an
@@ -74,7 +74,7 @@ FROM
     ) AS f
     ANY LEFT JOIN
     (
-        SELECT env, conversation_id, any(scene) AS scene, argMax(model, (ts, event_id)) AS model, 1 AS known
+        SELECT env, conversation_id, argMin(scene, (ts, event_id)) AS scene, argMax(model, (ts, event_id)) AS model, 1 AS known
         FROM requests
         WHERE ts >= {from:DateTime} - INTERVAL 7 DAY AND ts < {to:DateTime} + INTERVAL 7 DAY
             AND layer = {layer:String} AND conversation_id != ''
