@@ -196,8 +196,8 @@ func TestBusinessAcrossDays(t *testing.T) {
 				t.Fatalf("%d conversations, want %d: %v", len(res.Rows), len(wantConv), res.Rows)
 			}
 			for _, r := range res.Rows {
-				w, ok := wantConv[str(t, r[0])]
-				if !ok || num(t, r[1]) != w[0] || !near(num(t, r[3]), w[1], 1e-9) {
+				w, ok := wantConv[str(t, r[1])] // after its env
+				if !ok || num(t, r[2]) != w[0] || !near(num(t, r[4]), w[1], 1e-9) {
 					t.Fatalf("row %v, want %v", r, w)
 				}
 			}
@@ -396,12 +396,12 @@ func TestBusinessQueriesCountWhole(t *testing.T) {
 		{"conversations", "conversations.sql", params, rows([]any{2.0, 2.5, 1.0, 0.0, 1.0})},
 		{"7 days either side", "conversations.sql", with("layer", "app"), rows([]any{2.0, 1.5, 0.0, 0.0, 0.0})},
 		{"cost 7 days either side", "cost_per_conversation.sql", with("layer", "app"), rows(
-			[]any{"c-long", 2.0, 2.0, 0.4, 0.0, 0.0},
-			[]any{"c-silent", 1.0, 1.0, 0.1, 0.0, 0.0})},
+			[]any{"prod", "c-long", 2.0, 2.0, 0.4, 0.0, 0.0},
+			[]any{"prod", "c-silent", 1.0, 1.0, 0.1, 0.0, 0.0})},
 		{"no conversation", "conversations.sql", with("from", dt(base.Add(2*time.Hour)), "to", dt(base.Add(3*time.Hour))), rows([]any{0.0, 0.0, 0.0, 0.0, 0.0})},
 		{"cost per conversation", "cost_per_conversation.sql", params, rows(
-			[]any{"c-after", 3.0, 2.0, 3 * cost(5000), 15000.0, 30.0},
-			[]any{"c-noturn", 3.0, 3.0, 3 * cost(100), 300.0, 30.0})},
+			[]any{"prod", "c-after", 3.0, 2.0, 3 * cost(5000), 15000.0, 30.0},
+			[]any{"prod", "c-noturn", 3.0, 3.0, 3 * cost(100), 300.0, 30.0})},
 		// The latest thumbs on a (up) and bb's (up).
 		{"ttft band", "satisfaction_by_ttft_band.sql", params, rows([]any{"1: <= 500 ms", 2.0, 1.0, 1.0})},
 		{"stall", "satisfaction_by_stall.sql", params, rows([]any{"0: not streamed", 2.0, 1.0, 1.0})},

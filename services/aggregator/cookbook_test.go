@@ -377,7 +377,7 @@ func TestCookbook(t *testing.T) {
 		}},
 		{"cost_per_conversation.sql", func(t *testing.T, res *testbed.Result) {
 			for _, r := range res.Rows {
-				id, reqs, turns, c := str(t, r[0]), num(t, r[1]), num(t, r[2]), num(t, r[3])
+				id, reqs, turns, c := str(t, r[1]), num(t, r[2]), num(t, r[3]), num(t, r[4]) // r[0]: env
 				w := conv[id]
 				if int(turns) != w.turns || int(reqs) != w.turns || !near(c, w.cost, 1e-9) {
 					t.Fatalf("%s: %v requests, %v turns, cost %v; want %+v", id, reqs, turns, c, w)

@@ -2,8 +2,11 @@ package report
 
 import (
 	"context"
+	"fmt"
 	"io/fs"
+	"maps"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -15,35 +18,17 @@ import (
 // TestConversationsWithoutConversations: over a range without conversations, on 18.16 and on
 // the current engine, conversations.sql answers one row of zeros, never NaN.
 func TestConversationsWithoutConversations(t *testing.T) {
-	db := openDB(t)
-	cur := testbed.CurrentClickHouse(t)
-	ctx := context.Background()
-	if _, err := chdb.MigrateOn(ctx, cur, cur.DB, cur.Version, schemas.Migrations()); err != nil {
-		t.Fatal(err)
-	}
-	raw, err := fs.ReadFile(schemas.Queries, "clickhouse/queries/conversations.sql")
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := openBusiness(t)
 	params := map[string]string{"from": "2026-03-02 10:00:00", "to": "2026-03-02 11:00:00", "layer": "gateway"}
-	bound, err := chdb.Bind(string(raw), params)
+	answers := b.query(t, "conversations.sql", params)
+	// and bound by the current server itself, as clickhouse-client --param_… does
+	now, err := b.cur.Query(cookbookQuery(t, "conversations.sql"), params)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("ClickHouse %s: %v", b.cur.Version, err)
 	}
-	old, err := testbed.Query(ctx, db.Conn(), bound)
-	if err != nil {
-		t.Fatalf("18.16: %v", err)
-	}
-	now, err := cur.Query(string(raw), params)
-	if err != nil {
-		t.Fatalf("ClickHouse %s: %v", cur.Version, err)
-	}
-	for _, res := range []struct {
-		name string
-		r    *testbed.Result
-	}{{"18.16", old}, {cur.Version, now}} {
+	for _, res := range append(answers, answer{b.cur.Version + " (bound by the server)", now}) {
 		if len(res.r.Rows) != 1 {
-			t.Fatalf("%s: %d rows, want 1", res.name, len(res.r.Rows))
+			t.Fatalf("%s: %d rows, want 1", res.server, len(res.r.Rows))
 		}
 		for i, v := range res.r.Rows[0] {
 			f, ok := v.(float64)
@@ -56,12 +41,12 @@ func TestConversationsWithoutConversations(t *testing.T) {
 				}
 			}
 			if !ok || math.IsNaN(f) || f != 0 {
-				t.Errorf("%s: %s = %v (%T), want 0", res.name, res.r.Columns[i].Name, v, v)
+				t.Errorf("%s: %s = %v (%T), want 0", res.server, res.r.Columns[i].Name, v, v)
 			}
 		}
 	}
-	if err := testbed.Compare(old, now, 1e-9); err != nil {
-		t.Errorf("ClickHouse %s answers otherwise than 18.16: %v", cur.Version, err)
+	if err := testbed.Compare(answers[0].r, now, 1e-9); err != nil {
+		t.Errorf("ClickHouse %s answers otherwise than 18.16: %v", b.cur.Version, err)
 	}
 }
 
@@ -71,12 +56,7 @@ func TestConversationsWithoutConversations(t *testing.T) {
 // for feedback_coverage.sql, a verdict on a request 8 days older than the range (past the
 // 7 days it reads requests back: unknown).
 func TestVerdictEdges(t *testing.T) {
-	db := openDB(t)
-	cur := testbed.CurrentClickHouse(t)
-	ctx := context.Background()
-	if _, err := chdb.MigrateOn(ctx, cur, cur.DB, cur.Version, schemas.Migrations()); err != nil {
-		t.Fatal(err)
-	}
+	b := openBusiness(t)
 	// within the requests' TTL (30 days) of the current engine, which drops older rows
 	from := time.Now().UTC().Truncate(time.Hour).Add(-3 * time.Hour)
 	to := from.Add(time.Hour)
@@ -100,19 +80,7 @@ func TestVerdictEdges(t *testing.T) {
 		{fbs, []any{from.Add(30 * time.Minute), "0195a000-0000-7000-8000-000000000005", "r-old", "", "thumbs", 1.0, "user", "prod", "chat", "m"}},
 	}
 	for _, r := range rows {
-		b, err := db.Conn().PrepareBatch(ctx, r.insert)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := b.Append(r.vals...); err != nil {
-			t.Fatal(err)
-		}
-		if err := b.Send(); err != nil {
-			t.Fatal(err)
-		}
-		if err := cur.Insert(ctx, r.insert, r.vals...); err != nil {
-			t.Fatal(err)
-		}
+		b.insert(t, r.insert, r.vals...)
 	}
 	params := map[string]string{"from": from.Format(time.DateTime), "to": to.Format(time.DateTime), "layer": "gateway", "name": "thumbs", "satisfied_at": "1"}
 	for _, c := range []struct {
@@ -126,29 +94,9 @@ func TestVerdictEdges(t *testing.T) {
 		// given in the range: r1's two (one superseded), r2's first, r-old's (unknown)
 		{"feedback_coverage.sql", []float64{3, 0, 1, 0, 0, 1}},
 	} {
-		raw, err := fs.ReadFile(schemas.Queries, "clickhouse/queries/"+c.file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		bound, err := chdb.Bind(string(raw), params)
-		if err != nil {
-			t.Fatal(err)
-		}
-		old, err := testbed.Query(ctx, db.Conn(), bound)
-		if err != nil {
-			t.Fatalf("%s on 18.16: %v", c.file, err)
-		}
-		// bound here, as report does: chDB binds server-side parameters outside cur.DB
-		now, err := cur.Query(bound, nil)
-		if err != nil {
-			t.Fatalf("%s on ClickHouse %s: %v", c.file, cur.Version, err)
-		}
-		for _, res := range []struct {
-			name string
-			r    *testbed.Result
-		}{{"18.16", old}, {cur.Version, now}} {
+		for _, res := range b.query(t, c.file, params) {
 			if len(res.r.Rows) == 0 {
-				t.Fatalf("%s on %s: no rows", c.file, res.name)
+				t.Fatalf("%s on %s: no rows", c.file, res.server)
 			}
 			first := 1
 			if c.file == "feedback_coverage.sql" {
@@ -159,11 +107,81 @@ func TestVerdictEdges(t *testing.T) {
 			got := res.r.Rows[0][first:]
 			for i, w := range c.want {
 				if f := toFloat(got[i]); f != w {
-					t.Errorf("%s on %s: %s = %v, want %v (row %v)", c.file, res.name, res.r.Columns[first+i].Name, got[i], w, res.r.Rows[0])
+					t.Errorf("%s on %s: %s = %v, want %v (row %v)", c.file, res.server, res.r.Columns[first+i].Name, got[i], w, res.r.Rows[0])
 				}
 			}
 		}
 	}
+}
+
+// business is the two servers the business tests run the cookbook on over the same rows:
+// 18.16 and the current engine, both migrated.
+type business struct {
+	db  *chdb.DB
+	cur *testbed.Current
+}
+
+// answer is one server's answer to a query.
+type answer struct {
+	server string
+	r      *testbed.Result
+}
+
+func openBusiness(t *testing.T) business {
+	t.Helper()
+	b := business{db: openDB(t), cur: testbed.CurrentClickHouse(t)}
+	if _, err := chdb.MigrateOn(context.Background(), b.cur, b.cur.DB, b.cur.Version, schemas.Migrations()); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// insert writes one row into both servers.
+func (b business) insert(t *testing.T, insert string, vals ...any) {
+	t.Helper()
+	ctx := context.Background()
+	batch, err := b.db.Conn().PrepareBatch(ctx, insert)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := batch.Append(vals...); err != nil {
+		t.Fatal(err)
+	}
+	if err := batch.Send(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.cur.Insert(ctx, insert, vals...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// query runs the cookbook query file with params on both servers, 18.16's answer first.
+// The parameters are bound here, as report does: chDB binds server-side parameters outside
+// cur.DB.
+func (b business) query(t *testing.T, file string, params map[string]string) []answer {
+	t.Helper()
+	bound, err := chdb.Bind(cookbookQuery(t, file), params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := testbed.Query(context.Background(), b.db.Conn(), bound)
+	if err != nil {
+		t.Fatalf("%s on 18.16: %v", file, err)
+	}
+	now, err := b.cur.Query(bound, nil)
+	if err != nil {
+		t.Fatalf("%s on ClickHouse %s: %v", file, b.cur.Version, err)
+	}
+	return []answer{{"18.16", old}, {b.cur.Version, now}}
+}
+
+func cookbookQuery(t *testing.T, file string) string {
+	t.Helper()
+	raw, err := fs.ReadFile(schemas.Queries, "clickhouse/queries/"+file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(raw)
 }
 
 func toFloat(v any) float64 {
@@ -182,12 +200,7 @@ func toFloat(v any) float64 {
 // conversations as prod does) is two conversations, on 18.16 and on the current engine: each
 // with its own turns and outcome, not merged.
 func TestConversationIDAcrossEnvs(t *testing.T) {
-	db := openDB(t)
-	cur := testbed.CurrentClickHouse(t)
-	ctx := context.Background()
-	if _, err := chdb.MigrateOn(ctx, cur, cur.DB, cur.Version, schemas.Migrations()); err != nil {
-		t.Fatal(err)
-	}
+	b := openBusiness(t)
 	from := time.Now().UTC().Truncate(time.Hour).Add(-3 * time.Hour)
 	const reqs = "INSERT INTO requests (ts, event_id, env, scene, model, layer, conversation_id, turn, outcome, cost_usd)"
 	for _, r := range [][]any{
@@ -195,19 +208,7 @@ func TestConversationIDAcrossEnvs(t *testing.T) {
 		{from.Add(2 * time.Minute), "a2", "prod", "chat", "m", "gateway", "1", uint32(2), "completed", 0.1},
 		{from.Add(4 * time.Minute), "c1", "staging", "chat", "m", "gateway", "1", uint32(1), "abandoned", 0.1},
 	} {
-		b, err := db.Conn().PrepareBatch(ctx, reqs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := b.Append(r...); err != nil {
-			t.Fatal(err)
-		}
-		if err := b.Send(); err != nil {
-			t.Fatal(err)
-		}
-		if err := cur.Insert(ctx, reqs, r...); err != nil {
-			t.Fatal(err)
-		}
+		b.insert(t, reqs, r...)
 	}
 	params := map[string]string{"from": from.Format(time.DateTime), "to": from.Add(time.Hour).Format(time.DateTime), "layer": "gateway",
 		"limit": "10", "name": "thumbs", "satisfied_at": "1"}
@@ -222,28 +223,9 @@ func TestConversationIDAcrossEnvs(t *testing.T) {
 		// chat: 2 conversations at 0.15
 		{"cost_per_satisfied_conversation.sql", [][]float64{{2, 0.15, 0, 0, 0}}},
 	} {
-		raw, err := fs.ReadFile(schemas.Queries, "clickhouse/queries/"+c.file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		bound, err := chdb.Bind(string(raw), params)
-		if err != nil {
-			t.Fatal(err)
-		}
-		old, err := testbed.Query(ctx, db.Conn(), bound)
-		if err != nil {
-			t.Fatalf("%s on 18.16: %v", c.file, err)
-		}
-		now, err := cur.Query(bound, nil) // bound here, as report does
-		if err != nil {
-			t.Fatalf("%s on ClickHouse %s: %v", c.file, cur.Version, err)
-		}
-		for _, res := range []struct {
-			name string
-			r    *testbed.Result
-		}{{"18.16", old}, {cur.Version, now}} {
+		for _, res := range b.query(t, c.file, params) {
 			if len(res.r.Rows) != len(c.want) {
-				t.Fatalf("%s on %s: %d rows, want %d: %v", c.file, res.name, len(res.r.Rows), len(c.want), res.r.Rows)
+				t.Fatalf("%s on %s: %d rows, want %d: %v", c.file, res.server, len(res.r.Rows), len(c.want), res.r.Rows)
 			}
 			for i, w := range c.want {
 				var got []float64
@@ -254,7 +236,7 @@ func TestConversationIDAcrossEnvs(t *testing.T) {
 				}
 				for j := range w {
 					if j >= len(got) || math.Abs(got[j]-w[j]) > 1e-9 {
-						t.Errorf("%s on %s: row %d %v, want %v", c.file, res.name, i, res.r.Rows[i], w)
+						t.Errorf("%s on %s: row %d %v, want %v", c.file, res.server, i, res.r.Rows[i], w)
 						break
 					}
 				}
@@ -269,12 +251,7 @@ func TestConversationIDAcrossEnvs(t *testing.T) {
 // the range is left to that range (a daily report never counts it twice), one that goes on
 // after it counts, for the model it ended on.
 func TestConversationRatingInOneRange(t *testing.T) {
-	db := openDB(t)
-	cur := testbed.CurrentClickHouse(t)
-	ctx := context.Background()
-	if _, err := chdb.MigrateOn(ctx, cur, cur.DB, cur.Version, schemas.Migrations()); err != nil {
-		t.Fatal(err)
-	}
+	b := openBusiness(t)
 	from := time.Now().UTC().Truncate(time.Hour).Add(-3 * time.Hour)
 	to := from.Add(time.Hour)
 	const reqs = "INSERT INTO requests (ts, event_id, env, scene, model, layer, conversation_id, turn)"
@@ -290,43 +267,244 @@ func TestConversationRatingInOneRange(t *testing.T) {
 		{fbs, []any{from.Add(20 * time.Minute), "f1", "", "c-span", "rating", 5.0, "user", "prod", "chat", ""}},
 		{fbs, []any{to.Add(40 * time.Minute), "f2", "", "c-in", "rating", 3.0, "user", "prod", "chat", ""}},
 	} {
-		b, err := db.Conn().PrepareBatch(ctx, r.insert)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := b.Append(r.vals...); err != nil {
-			t.Fatal(err)
-		}
-		if err := b.Send(); err != nil {
-			t.Fatal(err)
-		}
-		if err := cur.Insert(ctx, r.insert, r.vals...); err != nil {
-			t.Fatal(err)
-		}
+		b.insert(t, r.insert, r.vals...)
 	}
-	raw, err := fs.ReadFile(schemas.Queries, "clickhouse/queries/quality_by_scene_model.sql")
-	if err != nil {
-		t.Fatal(err)
-	}
-	bound, err := chdb.Bind(string(raw), map[string]string{"from": from.Format(time.DateTime), "to": to.Format(time.DateTime), "layer": "gateway"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	old, err := testbed.Query(ctx, db.Conn(), bound)
-	if err != nil {
-		t.Fatalf("18.16: %v", err)
-	}
-	now, err := cur.Query(bound, nil) // bound here, as report does
-	if err != nil {
-		t.Fatalf("ClickHouse %s: %v", cur.Version, err)
-	}
-	for _, res := range []struct {
-		name string
-		r    *testbed.Result
-	}{{"18.16", old}, {cur.Version, now}} {
+	for _, res := range b.query(t, "quality_by_scene_model.sql", map[string]string{"from": from.Format(time.DateTime), "to": to.Format(time.DateTime), "layer": "gateway"}) {
 		// c-in's rating of 3, for m2
 		if len(res.r.Rows) != 1 || res.r.Rows[0][1] != "m2" || toFloat(res.r.Rows[0][4]) != 1 || toFloat(res.r.Rows[0][5]) != 3 {
-			t.Errorf("%s: %v, want one row: chat, m2, 1 rating of 3", res.name, res.r.Rows)
+			t.Errorf("%s: %v, want one row: chat, m2, 1 rating of 3", res.server, res.r.Rows)
+		}
+	}
+}
+
+// TestConversationVerdictsAcrossEnvs: one conversation id in two envs, each with its own
+// verdicts, is two conversations in every business query, on 18.16 and on the current
+// engine: each conversation gets its env's verdicts only, a verdict on a request rates its
+// request's conversation, a verdict without env rates the conversation of its id in the one
+// env that has it (and none where two envs have it), and a turn in one env is no retry of
+// the same turn in the other.
+func TestConversationVerdictsAcrossEnvs(t *testing.T) {
+	b := openBusiness(t)
+	from := time.Now().UTC().Truncate(time.Hour).Add(-3 * time.Hour)
+	to := from.Add(time.Hour)
+	const reqs = "INSERT INTO requests (ts, event_id, env, scene, model, layer, conversation_id, turn, status, cost_usd)"
+	const fbs = "INSERT INTO feedback (ts, event_id, request_id, conversation_id, name, value, source, env, scene, model)"
+	for _, r := range [][]any{
+		{from.Add(30 * time.Second), "s1", "staging", "chat", "m-staging", "gateway", "1", uint32(1), "timeout", 0.3},
+		{from.Add(time.Minute), "p1", "prod", "chat", "m-prod", "gateway", "1", uint32(1), "ok", 0.1},
+		{from.Add(3 * time.Minute), "e1", "prod", "chat", "m-prod", "gateway", "solo", uint32(1), "ok", 0.05},
+	} {
+		b.insert(t, reqs, r...)
+	}
+	id := func(n int) string { return fmt.Sprintf("0195a000-0000-7000-8000-%012d", n) }
+	for _, f := range [][]any{
+		{from.Add(10 * time.Minute), id(1), "", "1", "thumbs", 1.0, "user", "prod", "chat", ""},
+		{from.Add(11 * time.Minute), id(2), "", "1", "thumbs", 0.0, "user", "staging", "chat", ""},
+		{from.Add(10 * time.Minute), id(3), "", "1", "rating", 5.0, "user", "prod", "chat", ""},
+		{from.Add(11 * time.Minute), id(4), "", "1", "rating", 1.0, "user", "staging", "chat", ""},
+		// without env: "1" is in two envs (neither counts it), solo in prod only
+		{from.Add(12 * time.Minute), id(5), "", "1", "rating", 3.0, "user", "", "", ""},
+		{from.Add(13 * time.Minute), id(6), "", "1", "thumbs", 0.0, "user", "", "", ""},
+		{from.Add(12 * time.Minute), id(7), "", "solo", "rating", 4.0, "user", "", "", ""},
+		// on a request: its conversation, prod's solo
+		{from.Add(12 * time.Minute), id(8), "e1", "", "thumbs", 1.0, "user", "", "", ""},
+	} {
+		b.insert(t, fbs, f...)
+	}
+	params := map[string]string{"from": from.Format(time.DateTime), "to": to.Format(time.DateTime), "layer": "gateway",
+		"limit": "10", "name": "thumbs", "satisfied_at": "0.5"}
+	with := func(k, v string) map[string]string {
+		p := maps.Clone(params)
+		p[k] = v
+		return p
+	}
+	for _, c := range []struct {
+		file   string
+		params map[string]string
+		want   [][]any
+	}{
+		// m-prod: e1's thumbs up and prod's "1" up, prod's rating 5 and solo's 4; m-staging:
+		// staging's thumbs down and rating 1
+		{"quality_by_scene_model.sql", params, [][]any{
+			{"chat", "m-prod", 2.0, 1.0, 2.0, 4.5, 0.0, 0.0},
+			{"chat", "m-staging", 1.0, 0.0, 1.0, 1.0, 0.0, 0.0}}},
+		// 3 conversations, rated by prod "1" (up), staging "1" (down), solo (e1's up)
+		{"cost_per_satisfied_conversation.sql", params, [][]any{{"chat", 3.0, 0.15, 3.0, 2.0, 0.225}}},
+		{"cost_per_conversation.sql", params, [][]any{
+			{"staging", "1", 1.0, 1.0, 0.3, 0.0, 0.0},
+			{"prod", "1", 1.0, 1.0, 0.1, 0.0, 0.0},
+			{"prod", "solo", 1.0, 1.0, 0.05, 0.0, 0.0}}},
+		{"conversations.sql", params, [][]any{{3.0, 1.0, 0.0, 0.0, 0.0}}},
+		// staging's turn 1 timed out, prod's did not: no retry
+		{"retries.sql", params, [][]any{{"chat", 3.0, 0.0, 0.0, 0.0}}},
+		// 8 verdicts, none superseded: prod's and staging's are of two conversations, and
+		// those without env apart
+		{"feedback_coverage.sql", with("to", to.Add(7*24*time.Hour).Format(time.DateTime)), [][]any{{8.0, 0.0, 0.0, 7.0, 0.0, 0.0}}},
+	} {
+		for _, res := range b.query(t, c.file, c.params) {
+			if len(res.r.Rows) != len(c.want) {
+				t.Errorf("%s on %s: %v, want %v", c.file, res.server, res.r.Rows, c.want)
+				continue
+			}
+			for i, w := range c.want {
+				ok := len(res.r.Rows[i]) == len(w)
+				for j := 0; ok && j < len(w); j++ {
+					switch x := w[j].(type) {
+					case string:
+						ok = res.r.Rows[i][j] == x
+					case float64:
+						ok = math.Abs(toFloat(res.r.Rows[i][j])-x) <= 1e-9
+					}
+				}
+				if !ok {
+					t.Errorf("%s on %s: row %d %v, want %v", c.file, res.server, i, res.r.Rows[i], w)
+				}
+			}
+		}
+	}
+}
+
+// TestSameSecondTies: two requests of one turn within the same second, which 18.16 stores
+// as one (whole seconds), are told apart by event_id (UUIDv7 ids sort by time), on 18.16 and
+// on the current engine: a turn whose first request timed out is a retry, and a
+// conversation's later outcome is its outcome.
+func TestSameSecondTies(t *testing.T) {
+	b := openBusiness(t)
+	from := time.Now().UTC().Truncate(time.Hour).Add(-3 * time.Hour)
+	const reqs = "INSERT INTO requests (ts, event_id, env, scene, model, layer, conversation_id, turn, status, outcome)"
+	at := from.Add(time.Minute)
+	id := func(n int) string { return fmt.Sprintf("0195a000-0000-7000-8000-%012d", n) }
+	// each pair is written in one order or the other, so that a server taking the first (or
+	// the last) row of a tie it reads takes the wrong one in half of them: turn 1 of each r-
+	// conversation timed out, then was answered; each o- conversation was abandoned, then
+	// completed
+	for i := range 10 {
+		at := at.Add(time.Duration(i) * time.Second)
+		pair := [][]any{
+			{at.Add(100 * time.Millisecond), id(4*i + 1), "prod", "chat", "m", "gateway", fmt.Sprint("r-", i), uint32(1), "timeout", ""},
+			{at.Add(700 * time.Millisecond), id(4*i + 2), "prod", "chat", "m", "gateway", fmt.Sprint("r-", i), uint32(1), "ok", ""},
+			{at.Add(100 * time.Millisecond), id(4*i + 3), "prod", "chat", "m", "gateway", fmt.Sprint("o-", i), uint32(1), "ok", "abandoned"},
+			{at.Add(700 * time.Millisecond), id(4*i + 4), "prod", "chat", "m", "gateway", fmt.Sprint("o-", i), uint32(1), "ok", "completed"},
+		}
+		if i%2 == 1 {
+			pair[0], pair[1], pair[2], pair[3] = pair[1], pair[0], pair[3], pair[2]
+		}
+		for _, r := range pair {
+			b.insert(t, reqs, r...)
+		}
+	}
+	params := map[string]string{"from": from.Format(time.DateTime), "to": from.Add(time.Hour).Format(time.DateTime), "layer": "gateway"}
+	for _, c := range []struct {
+		file string
+		want []float64
+	}{
+		{"retries.sql", []float64{20, 10, 10, 0.5}},
+		{"conversations.sql", []float64{20, 1, 10, 0, 1}},
+	} {
+		for _, res := range b.query(t, c.file, params) {
+			var got []float64
+			for _, v := range res.r.Rows[0] {
+				if _, ok := v.(string); !ok {
+					got = append(got, toFloat(v))
+				}
+			}
+			if !slices.Equal(got, c.want) {
+				t.Errorf("%s on %s: %v, want %v", c.file, res.server, res.r.Rows, c.want)
+			}
+		}
+	}
+}
+
+// TestRequestVerdictChangedWithConversation: a thumbs down on a request, changed to up by a
+// verdict that names the request and its conversation, is one verdict, up, in every query
+// that counts verdicts on requests, on 18.16 and on the current engine: the latest of a
+// source on a request counts, whether or not it names the conversation too.
+func TestRequestVerdictChangedWithConversation(t *testing.T) {
+	b := openBusiness(t)
+	from := time.Now().UTC().Truncate(time.Hour).Add(-3 * time.Hour)
+	to := from.Add(time.Hour)
+	b.insert(t, "INSERT INTO requests (ts, event_id, env, scene, model, layer, conversation_id, turn, ttft_ms, status, cost_usd)",
+		from.Add(time.Minute), "r1", "prod", "chat", "m", "gateway", "c", uint32(1), 100.0, "ok", 0.1)
+	const fbs = "INSERT INTO feedback (ts, event_id, request_id, conversation_id, name, value, source, env, scene, model)"
+	b.insert(t, fbs, from.Add(10*time.Minute), "0195a000-0000-7000-8000-000000000001", "r1", "", "thumbs", 0.0, "user", "prod", "chat", "m")
+	b.insert(t, fbs, from.Add(20*time.Minute), "0195a000-0000-7000-8000-000000000002", "r1", "c", "thumbs", 1.0, "user", "prod", "chat", "m")
+	params := map[string]string{"from": from.Format(time.DateTime), "to": to.Format(time.DateTime), "layer": "gateway",
+		"name": "thumbs", "satisfied_at": "1"}
+	coverage := maps.Clone(params)
+	coverage["to"] = to.Add(7 * 24 * time.Hour).Format(time.DateTime)
+	for _, c := range []struct {
+		file   string
+		params map[string]string
+		want   []float64 // the first row's numbers
+	}{
+		{"satisfaction_by_ttft_band.sql", params, []float64{1, 1, 1}},
+		{"satisfaction_by_stall.sql", params, []float64{1, 1, 1}},
+		{"quality_by_scene_model.sql", params, []float64{1, 1, 0, 0, 0, 0}},
+		{"quality_by_bucket.sql", params, []float64{1, 1, 1, 1}},
+		{"cost_per_satisfied_conversation.sql", params, []float64{1, 0.1, 1, 1, 0.1}},
+		// one verdict, one superseded
+		{"feedback_coverage.sql", coverage, []float64{1, 0, 0, 0, 0, 1}},
+	} {
+		for _, res := range b.query(t, c.file, c.params) {
+			if len(res.r.Rows) != 1 {
+				t.Errorf("%s on %s: %v, want one row", c.file, res.server, res.r.Rows)
+				continue
+			}
+			var got []float64
+			for _, v := range res.r.Rows[0] {
+				if _, ok := v.(string); !ok {
+					got = append(got, toFloat(v))
+				}
+			}
+			if !slices.Equal(got, c.want) {
+				t.Errorf("%s on %s: %v, want %v", c.file, res.server, res.r.Rows[0], c.want)
+			}
+		}
+	}
+}
+
+// TestConversationAcrossScenes: a conversation whose turns call two scenes counts for the
+// scene of its first request in quality_by_scene_model.sql and
+// cost_per_satisfied_conversation.sql, on 18.16 and on the current engine, whichever
+// order its requests were written in.
+func TestConversationAcrossScenes(t *testing.T) {
+	b := openBusiness(t)
+	from := time.Now().UTC().Truncate(time.Hour).Add(-3 * time.Hour)
+	const reqs = "INSERT INTO requests (ts, event_id, env, scene, model, layer, conversation_id, turn, cost_usd)"
+	for i := range 10 {
+		conv := fmt.Sprint("c-", i)
+		first := []any{from.Add(time.Minute), conv + "-1", "prod", "chat", "m", "gateway", conv, uint32(1), 0.1}
+		second := []any{from.Add(2 * time.Minute), conv + "-2", "prod", "search", "m", "gateway", conv, uint32(2), 0.1}
+		if i%2 == 1 {
+			first, second = second, first
+		}
+		b.insert(t, reqs, first...)
+		b.insert(t, reqs, second...)
+		b.insert(t, "INSERT INTO feedback (ts, event_id, request_id, conversation_id, name, value, source, env, scene, model)",
+			from.Add(10*time.Minute), fmt.Sprintf("0195a000-0000-7000-8000-%012d", i), "", conv, "rating", 5.0, "user", "prod", "", "")
+	}
+	params := map[string]string{"from": from.Format(time.DateTime), "to": from.Add(time.Hour).Format(time.DateTime), "layer": "gateway",
+		"name": "rating", "satisfied_at": "4"}
+	for _, c := range []struct {
+		file string
+		want []any
+	}{
+		{"quality_by_scene_model.sql", []any{"chat", "m", 0.0, 0.0, 10.0, 5.0, 0.0, 0.0}},
+		{"cost_per_satisfied_conversation.sql", []any{"chat", 10.0, 0.2, 10.0, 10.0, 0.2}},
+	} {
+		for _, res := range b.query(t, c.file, params) {
+			ok := len(res.r.Rows) == 1 && len(res.r.Rows[0]) == len(c.want)
+			for j := 0; ok && j < len(c.want); j++ {
+				switch x := c.want[j].(type) {
+				case string:
+					ok = res.r.Rows[0][j] == x
+				case float64:
+					ok = math.Abs(toFloat(res.r.Rows[0][j])-x) <= 1e-9
+				}
+			}
+			if !ok {
+				t.Errorf("%s on %s: %v, want one row %v", c.file, res.server, res.r.Rows, c.want)
+			}
 		}
 	}
 }

@@ -13,12 +13,12 @@ import (
 	"github.com/tokenscope/tokenscope/schemas"
 )
 
-// insertInstanceTokens writes token_rollups rows of one series on an instance: n requests,
-// TTFTs 1..n ms as singleton centroids, input and cached tokens.
-func insertInstanceTokens(t *testing.T, db *chdb.DB, start time.Time, instance string, n int, in, cached uint64) {
+// insertInstanceTokens writes token_rollups rows of one series on an instance, measured at
+// layer: n requests, TTFTs 1..n ms as singleton centroids, input and cached tokens.
+func insertInstanceTokens(t *testing.T, db *chdb.DB, start time.Time, instance, layer string, n int, in, cached uint64) {
 	t.Helper()
 	b, err := db.Conn().PrepareBatch(context.Background(), `INSERT INTO token_rollups (window_start, window_seconds, kind, env, scene, model, instance,
-		bucket, requests, ok, input_tokens, cached_input_tokens, output_tokens, ttft_count, ttft_means, ttft_weights)`)
+		bucket, requests, ok, input_tokens, cached_input_tokens, output_tokens, ttft_count, ttft_means, ttft_weights, layer)`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +27,7 @@ func insertInstanceTokens(t *testing.T, db *chdb.DB, start time.Time, instance s
 		means[i], weights[i] = float64(i+1), 1
 	}
 	if err := b.Append(start, uint32(10), "window", "prod", "chat", "llama", instance, "500-1999", uint64(n), uint64(n), in, cached, uint64(10*n),
-		uint64(n), means, weights); err != nil {
+		uint64(n), means, weights, layer); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Send(); err != nil {
@@ -36,17 +36,20 @@ func insertInstanceTokens(t *testing.T, db *chdb.DB, start time.Time, instance s
 }
 
 // TestCookbookEngineQueries runs ttft_vs_queue.sql and engine_prefix_cache.sql over known
-// rows, on 18.16 (parameters bound by chdb.Bind) and on ClickHouse 26.7 (bound by the
+// rows (the gateway's beside an engine layer's token rollups of the same host, which they
+// leave out), on 18.16 (parameters bound by chdb.Bind) and on ClickHouse 26.7 (bound by the
 // server): the gateway's TTFT p95 and cached share per host beside the engines' queue and
 // prefix cache, the queue p95 read off the buckets summed over the minute.
 func TestCookbookEngineQueries(t *testing.T) {
 	db := openDB(t)
 	base := time.Date(2026, 3, 2, 10, 0, 0, 0, time.UTC)
 	knownEngineWindows(t, db, base)
-	insertInstanceTokens(t, db, base, "gpu1", 100, 100_000, 30_000)
-	insertInstanceTokens(t, db, base.Add(10*time.Second), "gpu1", 100, 100_000, 50_000)
-	insertInstanceTokens(t, db, base, "gpu2", 40, 8_000, 0)
-	insertInstanceTokens(t, db, base, "no-engine", 40, 8_000, 0)
+	insertInstanceTokens(t, db, base, "gpu1", "gateway", 100, 100_000, 30_000)
+	insertInstanceTokens(t, db, base.Add(10*time.Second), "gpu1", "gateway", 100, 100_000, 50_000)
+	insertInstanceTokens(t, db, base, "gpu2", "gateway", 40, 8_000, 0)
+	insertInstanceTokens(t, db, base, "no-engine", "gateway", 40, 8_000, 0)
+	// the engine's own view of gpu1's requests (slower, all cached): never summed with the gateway's
+	insertInstanceTokens(t, db, base, "gpu1", "engine", 1000, 100_000, 100_000)
 	params := map[string]string{"from": strconv.FormatInt(base.Unix(), 10), "to": strconv.FormatInt(base.Add(time.Hour).Unix(), 10)}
 	read := func(name string) string {
 		raw, err := fs.ReadFile(schemas.Queries, "clickhouse/queries/"+name)

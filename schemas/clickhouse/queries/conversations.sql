@@ -1,6 +1,7 @@
 -- The business layer: average turns per conversation, and task completion rate — the
--- share of conversations whose outcome (sent by the app, the last one reported counts) is
--- 'completed' among those with an outcome. A conversation belongs to the range of its first
+-- share of conversations whose outcome (sent by the app, the last one reported counts; of
+-- equal ts, whole seconds on 18.16, the greatest event_id) is 'completed' among those with an
+-- outcome. A conversation belongs to the range of its first
 -- request and counts whole: its requests up to 7 days after to count too, and one whose
 -- first request lies before from is left to that range. Requests are read from 7 days
 -- before from: a conversation silent for longer than that before the range counts as
@@ -22,7 +23,7 @@ FROM
     SELECT
         conversation_id,
         uniqExactIf(turn, turn > 0) + countIf(turn = 0) AS turns,
-        argMaxIf(outcome, ts, outcome != '') AS outcome
+        argMaxIf(outcome, (ts, event_id), outcome != '') AS outcome
     FROM requests
     WHERE ts >= {from:DateTime} - INTERVAL 7 DAY AND ts < {to:DateTime} + INTERVAL 7 DAY
         AND conversation_id != '' AND layer = {layer:String}

@@ -9,8 +9,9 @@
 -- are never summed).
 -- A conversation is its env and conversation_id: the same id in two envs (staging numbering
 -- its conversations as prod does) is two conversations; one id's requests in two scenes are
--- one conversation (a chat whose turns call a search scene).
+-- one conversation (a chat whose turns call a search scene), each row naming its env.
 SELECT
+    env,
     conversation_id,
     count() AS requests,
     uniqExactIf(turn, turn > 0) + countIf(turn = 0) AS turns,
@@ -22,5 +23,5 @@ WHERE ts >= {from:DateTime} - INTERVAL 7 DAY AND ts < {to:DateTime} + INTERVAL 7
     AND conversation_id != '' AND layer = {layer:String}
 GROUP BY env, conversation_id
 HAVING min(ts) >= {from:DateTime} AND min(ts) < {to:DateTime}
-ORDER BY cost_usd DESC, conversation_id
+ORDER BY cost_usd DESC, env, conversation_id
 LIMIT {limit:UInt32}

@@ -9,8 +9,13 @@
 -- days before from). Parameters: layer (String: the layer of the requests read, gateway,
 -- engine or app), from, to (DateTime: the range the conversations start in), name (String),
 -- satisfied_at (Float64).
--- A conversation is its env and conversation_id (as in conversations.sql), counted for one of
--- its scenes.
+-- A conversation is its env and conversation_id (as in conversations.sql), counted for the
+-- scene of its first request (of the least event_id among those of the same ts). A verdict
+-- on a request rates its request's conversation (the request's env and conversation_id, or
+-- the verdict's conversation_id where it names one); a verdict on a
+-- conversation only, that conversation in the verdict's env; one without env (its sender did
+-- not know it), the conversation of its id in the one env that has it, and none where two
+-- envs do.
 SELECT
     scene,
     count() AS conversations,
@@ -24,7 +29,7 @@ FROM
     SELECT conversation_id, scene, cost_usd, if(verdicts > 0, 1, 0) AS rated, verdict
     FROM
     (
-        SELECT conversation_id, any(scene) AS scene, sum(cost_usd) AS cost_usd
+        SELECT env, conversation_id, argMin(scene, (ts, event_id)) AS scene, sum(cost_usd) AS cost_usd
         FROM requests
         WHERE ts >= {from:DateTime} - INTERVAL 7 DAY AND ts < {to:DateTime} + INTERVAL 7 DAY
             AND layer = {layer:String} AND conversation_id != ''
@@ -33,30 +38,51 @@ FROM
     ) AS c
     ANY LEFT JOIN
     (
-        SELECT conversation_id, count() AS verdicts, avg(value) AS verdict
+        SELECT env, conversation_id, count() AS verdicts, avg(value) AS verdict
         FROM
         (
-            SELECT if(fb_conversation != '', fb_conversation, req_conversation) AS conversation_id, value
+            -- the latest: of equal ts (whole seconds on 18.16), the greatest event_id (UUIDv7 ids sort
+            -- by time); verdicts given up to 7 days after to count, as the business view says
+            SELECT request_id, env, conversation_id, argMax(value, (ts, event_id)) AS value
             FROM
             (
-                -- the latest: of equal ts (whole seconds on 18.16), the greatest event_id (UUIDv7 ids sort
-                -- by time); verdicts given up to 7 days after to count, as the business view says
-                SELECT request_id, conversation_id AS fb_conversation, argMax(value, (ts, event_id)) AS value
-                FROM verdicts
-                WHERE name = {name:String} AND ts >= {from:DateTime} AND ts < {to:DateTime} + INTERVAL 7 DAY
-                GROUP BY request_id, conversation_id, source
-            ) AS f
-            ANY LEFT JOIN
-            (
-                SELECT event_id AS request_id, conversation_id AS req_conversation
-                FROM requests
-                WHERE ts >= {from:DateTime} AND ts < {to:DateTime} + INTERVAL 7 DAY
-                    AND layer = {layer:String} AND conversation_id != ''
-            ) AS r USING request_id
+                -- a verdict without env (its sender did not know it) rates the conversation of its
+                -- id in the one env that has it; where two envs have it, neither
+                SELECT request_id, if(verdict_env != '', verdict_env, only_env) AS env, conversation_id, value, source, ts, event_id
+                FROM
+                (
+                    -- a verdict on a request rates its request's conversation, in its request's env
+                    SELECT request_id, if(known = 1, req_env, fb_env) AS verdict_env,
+                        if(fb_conversation != '', fb_conversation, req_conversation) AS conversation_id, value, source, ts, event_id
+                    FROM
+                    (
+                        SELECT request_id, env AS fb_env, conversation_id AS fb_conversation, value, source, ts, event_id
+                        FROM verdicts
+                        WHERE name = {name:String} AND ts >= {from:DateTime} AND ts < {to:DateTime} + INTERVAL 7 DAY
+                    ) AS f
+                    ANY LEFT JOIN
+                    (
+                        SELECT event_id AS request_id, env AS req_env, conversation_id AS req_conversation, 1 AS known
+                        FROM requests
+                        WHERE ts >= {from:DateTime} AND ts < {to:DateTime} + INTERVAL 7 DAY
+                            AND layer = {layer:String} AND conversation_id != ''
+                    ) AS r USING request_id
+                ) AS fr
+                ANY LEFT JOIN
+                (
+                    SELECT conversation_id, any(env) AS only_env
+                    FROM requests
+                    WHERE ts >= {from:DateTime} - INTERVAL 7 DAY AND ts < {to:DateTime} + INTERVAL 7 DAY
+                        AND layer = {layer:String} AND conversation_id != ''
+                    GROUP BY conversation_id
+                    HAVING uniqExact(env) = 1
+                ) AS e USING conversation_id
+            )
+            WHERE conversation_id != ''
+            GROUP BY request_id, env, conversation_id, source
         )
-        WHERE conversation_id != ''
-        GROUP BY conversation_id
-    ) AS v USING conversation_id
+        GROUP BY env, conversation_id
+    ) AS v USING (env, conversation_id)
 )
 GROUP BY scene
 ORDER BY scene

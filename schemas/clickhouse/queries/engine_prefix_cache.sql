@@ -5,7 +5,9 @@
 -- provider reported, ÷ input_tokens, of the requests with instance = the host. The two
 -- differ where the engine caches what the API does not report, or the gateway sees traffic
 -- the engine does not (and the other way round). SGLang exports only a ratio: its mean,
--- weighted by answered scrapes, is engine_hit_rate_gauge. Parameters: from, to (DateTime).
+-- weighted by answered scrapes, is engine_hit_rate_gauge. The gateway's side reads the gateway
+-- layer only: an engine layer's token rollups are the same requests again. Parameters: from,
+-- to (DateTime).
 SELECT
     host,
     engine_queries,
@@ -27,7 +29,7 @@ FROM (
     SELECT instance AS host, sum(requests) AS gateway_requests, sum(input_tokens) AS gateway_input_tokens,
         sum(cached_input_tokens) AS gateway_cached_tokens
     FROM token_rollups
-    WHERE window_start >= {from:DateTime} AND window_start < {to:DateTime} AND instance != ''
+    WHERE window_start >= {from:DateTime} AND window_start < {to:DateTime} AND instance != '' AND layer = 'gateway'
     GROUP BY host
 ) AS gateway USING (host)
 ORDER BY host

@@ -6,8 +6,10 @@
 -- then, so that the scan is bounded), verdicts on a conversation only, the verdicts that came
 -- inline, as scores on their request event (source app, from the verdicts view; their ts is
 -- the request's), and superseded: verdicts replaced by a later one of the same source (a
--- changed verdict, sent under an event_id of its own). Parameters: from, to (DateTime, when
--- the verdicts were given).
+-- changed verdict, sent under an event_id of its own). A verdict on a conversation only rates
+-- its env and conversation_id (the same id in two envs is two conversations, as in
+-- conversations.sql); one without env is counted apart from those with one. Parameters:
+-- from, to (DateTime, when the verdicts were given).
 SELECT
     count() AS verdicts,
     sum(copies) - sum(ids) AS duplicate_rows,
@@ -20,5 +22,5 @@ FROM
     SELECT request_id, source, count() AS copies, uniqExact(event_id) AS ids
     FROM verdicts
     WHERE ts >= {from:DateTime} AND ts < {to:DateTime}
-    GROUP BY request_id, conversation_id, name, source
+    GROUP BY request_id, if(request_id = '', conversation_id, ''), if(request_id = '', env, ''), name, source
 )

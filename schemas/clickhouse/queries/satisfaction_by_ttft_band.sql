@@ -23,7 +23,7 @@ FROM
     SELECT request_id, argMax(value, (ts, event_id)) AS value
     FROM verdicts
     WHERE name = {name:String} AND request_id != '' AND ts >= {from:DateTime} AND ts < {to:DateTime} + INTERVAL 7 DAY
-    GROUP BY request_id, conversation_id, source
+    GROUP BY request_id, source
 ) AS f
 ANY LEFT JOIN
 (

@@ -7,7 +7,8 @@
 -- does (as fine as the buckets; 0 where no request left the queue). When TTFT rises with
 -- the queue, requests wait for a batch slot; when it rises alone, look at prefill or the
 -- network. The engines of one host must share bucket bounds (one engine kind per host, or
--- filter engine_rollups by name). Parameters: from, to (DateTime).
+-- filter engine_rollups by name). The TTFT is the gateway layer's only: an engine layer's
+-- token rollups are the same requests again. Parameters: from, to (DateTime).
 SELECT
     minute,
     host,
@@ -30,7 +31,7 @@ FROM (
                 SELECT toDateTime(intDiv(toUInt32(window_start), 60) * 60) AS minute, instance AS host, sum(requests) AS requests,
                     toFloat64(quantileTDigestWeightedArrayIf(0.95)(ttft_means, ttft_weights, ttft_count > 0)) AS ttft_p95_ms
                 FROM token_rollups
-                WHERE window_start >= {from:DateTime} AND window_start < {to:DateTime} AND instance != ''
+                WHERE window_start >= {from:DateTime} AND window_start < {to:DateTime} AND instance != '' AND layer = 'gateway'
                 GROUP BY minute, host
                 HAVING sum(ttft_count) > 0
             ) AS gateway ALL INNER JOIN (
