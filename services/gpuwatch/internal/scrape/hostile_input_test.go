@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -119,5 +122,41 @@ func TestHistogramFallsWithSameCreationTime(t *testing.T) {
 	}
 	if v := testutil.ToFloat64(s.m.dropped.WithLabelValues("vllm", "bad_value")); v != 1 {
 		t.Errorf("engine_series_dropped_total{bad_value} = %v, want 1", v)
+	}
+}
+
+// TestSeriesFlood: an exposition of one model whose other label takes a new value on every
+// series (a tenant label flooded, an exporter bug) is bounded by a count of series, not only
+// by GPUWATCH_ENGINE_MAX_BYTES: each series read costs some twenty times its bytes, so a
+// limit of 256 MiB would otherwise let one engine hold gigabytes. The series past the limit
+// are left out and counted; the model's sample still goes out with the readings beside them.
+func TestSeriesFlood(t *testing.T) {
+	body := func(tick int) string {
+		var b strings.Builder
+		b.WriteString("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 3\n")
+		b.WriteString("# TYPE vllm:prompt_tokens_total counter\n")
+		for i := range 3 * maxSeries {
+			fmt.Fprintf(&b, "vllm:prompt_tokens_total{model_name=\"m\",tenant=\"%d-%d\"} 1\n", tick, i)
+		}
+		return b.String()
+	}
+	eng := newEngine(t, body(0))
+	pub := &fakePublisher{}
+	s := New([]Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, Options{Host: "gpu-node-3", Interval: time.Second,
+		Timeout: 20 * time.Second, MaxBytes: 64 << 20, MaxModels: 16}, prometheus.NewRegistry(), discard())
+	for tick := range 3 {
+		eng.set(body(tick))
+		s.Tick(context.Background(), t0.Add(time.Duration(tick)*time.Second))
+		if smp := one(t, pub.take(t)); !smp.Up || smp.Running == nil || *smp.Running != 3 {
+			t.Fatalf("tick %d: sample %s, want up with running 3", tick, jsonOf(smp))
+		}
+	}
+	tg := s.targets[0]
+	if len(tg.cache.entries) > maxSeries || len(tg.series) > 2*maxSeries {
+		t.Errorf("after 3 scrapes of %d series: %d cached, %d tracked; want at most %d and %d", 3*maxSeries,
+			len(tg.cache.entries), len(tg.series), maxSeries, 2*maxSeries)
+	}
+	if v := testutil.ToFloat64(s.m.dropped.WithLabelValues("vllm", "series_over_limit")); v != 3*(2*maxSeries+1) {
+		t.Errorf("engine_series_dropped_total{series_over_limit} = %v, want %v", v, 3*(2*maxSeries+1))
 	}
 }

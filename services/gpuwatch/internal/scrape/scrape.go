@@ -264,8 +264,13 @@ func (s *Scraper) scrapeTarget(ctx context.Context, t *target, now time.Time) {
 		fams, err = families(t.body.Bytes(), names[t.Engine], t.cache)
 		if err != nil {
 			reason = "malformed"
-		} else if t.cache.dups > 0 {
-			s.m.dropped.WithLabelValues(t.Name, "duplicate_series").Add(float64(t.cache.dups))
+		} else {
+			if t.cache.dups > 0 {
+				s.m.dropped.WithLabelValues(t.Name, "duplicate_series").Add(float64(t.cache.dups))
+			}
+			if t.cache.over > 0 {
+				s.m.dropped.WithLabelValues(t.Name, "series_over_limit").Add(float64(t.cache.over))
+			}
 		}
 	}
 	if err != nil {
