@@ -160,3 +160,27 @@ func TestSeriesFlood(t *testing.T) {
 		t.Errorf("engine_series_dropped_total{series_over_limit} = %v, want %v", v, 3*(2*maxSeries+1))
 	}
 }
+
+// TestHTMLAnswer: a 200 that is a web page (a proxy's error or login page in front of the
+// engine) is no exposition, even when its body happens to parse (empty, or comments only):
+// the scrape fails as malformed rather than reporting the engine up with nothing to read.
+func TestHTMLAnswer(t *testing.T) {
+	for _, tc := range []struct{ ctype, body string }{
+		{"text/html; charset=utf-8", ""},
+		{"text/html", "# not an exposition\n"},
+		{"text/html", "<!DOCTYPE html>\n<html><body>Sign in</body></html>\n"},
+		{"application/json", "{}"},
+	} {
+		eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", tc.ctype)
+			_, _ = w.Write([]byte(tc.body))
+		}))
+		pub := &fakePublisher{}
+		s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 16)
+		s.Tick(context.Background(), t0)
+		if smp := one(t, pub.take(t)); smp.Up || smp.Error != "malformed" {
+			t.Errorf("a 200 of %s %q gave %s, want up=false error malformed", tc.ctype, tc.body, jsonOf(smp))
+		}
+		eng.Close()
+	}
+}

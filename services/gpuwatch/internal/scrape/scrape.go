@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"mime"
 	"net"
 	"net/http"
 	"net/url"
@@ -341,6 +342,12 @@ func (s *Scraper) fetch(ctx context.Context, t *target) (reason string, err erro
 		_, _ = io.CopyN(io.Discard, resp.Body, 4096)
 		return "http_status", fmt.Errorf("engine answered %s", resp.Status)
 	}
+	if ct := resp.Header.Get("Content-Type"); ct != "" {
+		if mt, _, err := mime.ParseMediaType(ct); err == nil && notExposition[mt] {
+			_, _ = io.CopyN(io.Discard, resp.Body, 4096)
+			return "malformed", fmt.Errorf("engine answered a document of type %s, not an exposition", mt)
+		}
+	}
 	t.body.Reset()
 	if _, err := t.body.ReadFrom(io.LimitReader(resp.Body, s.opts.MaxBytes+1)); err != nil {
 		reason := netReason(ctx, err)
@@ -354,6 +361,12 @@ func (s *Scraper) fetch(ctx context.Context, t *target) (reason string, err erro
 	}
 	return "", nil
 }
+
+// notExposition are the media types of a 200 that is no exposition, whatever its body: a
+// proxy's error or login page in front of the engine, an API's answer. Others are read
+// (an engine or proxy may label its text anything).
+var notExposition = map[string]bool{"text/html": true, "application/xhtml+xml": true, "application/json": true,
+	"application/xml": true, "text/xml": true}
 
 // errRedirect is a redirect gpuwatch does not follow.
 var errRedirect = errors.New("redirect not followed")
