@@ -184,3 +184,25 @@ func TestHTMLAnswer(t *testing.T) {
 		eng.Close()
 	}
 }
+
+// TestBodyBufferReleased: the buffer an exposition is read into is kept from one scrape to
+// the next, but not at the size of an answer far larger than the engine's usual (an endless
+// one cut at the limit): one flood would otherwise hold GPUWATCH_ENGINE_MAX_BYTES per
+// engine for the life of gpuwatch.
+func TestBodyBufferReleased(t *testing.T) {
+	eng := newEngine(t, strings.Repeat("# padding padding padding\n", (2<<20)/26)) // over the 1 MiB limit
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 16)
+	s.Tick(context.Background(), t0)
+	if smp := one(t, pub.take(t)); smp.Error != "too_large" {
+		t.Fatalf("sample %s, want too_large", jsonOf(smp))
+	}
+	eng.set(fixture(t, "vllm.prom"))
+	s.Tick(context.Background(), t0.Add(time.Second))
+	if smp := one(t, pub.take(t)); !smp.Up {
+		t.Fatalf("sample %s, want up", jsonOf(smp))
+	}
+	if c := s.targets[0].body.Cap(); c > 256<<10 {
+		t.Errorf("after a %d-byte exposition the body buffer holds %d bytes, the size of the flood before it", len(fixture(t, "vllm.prom")), c)
+	}
+}

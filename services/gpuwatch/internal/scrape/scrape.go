@@ -274,6 +274,12 @@ func (s *Scraper) scrapeTarget(ctx context.Context, t *target, now time.Time) {
 			}
 		}
 	}
+	// The buffer is kept for the next scrape at the size of what the engine sends, not of a
+	// flood: what a failed scrape read is let go, and so is a buffer grown by an answer far
+	// larger than this one.
+	if c := t.body.Cap(); c > bodyKeep && (err != nil || c > 2*t.body.Len()+bodyKeep) {
+		t.body = bytes.Buffer{}
+	}
 	if err != nil {
 		s.m.failed.WithLabelValues(t.Name, reason).Inc()
 		s.m.up.WithLabelValues(t.Name).Set(0)
@@ -320,6 +326,10 @@ func (s *Scraper) scrapeTarget(ctx context.Context, t *target, now time.Time) {
 	})
 	s.m.duration.WithLabelValues(t.Name).Observe(time.Since(began).Seconds())
 }
+
+// bodyKeep is the size of body buffer kept whatever a scrape read: a vLLM exposition of
+// one model (297 series) is some 40 KiB.
+const bodyKeep = 64 << 10
 
 // fetch reads t's exposition into t.body.
 func (s *Scraper) fetch(ctx context.Context, t *target) (reason string, err error) {
