@@ -7,6 +7,8 @@ import (
 	"os"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/tokenscope/tokenscope/pkg/bus"
 	"github.com/tokenscope/tokenscope/pkg/envconf"
@@ -99,6 +101,11 @@ func (c Config) Validate() error {
 		return errors.New("GPUWATCH_HOST is blank")
 	case len(c.Host) > events.MaxLabelLen:
 		return fmt.Errorf("GPUWATCH_HOST is %d bytes, over the %d a label may have", len(c.Host), events.MaxLabelLen)
+	case !utf8.ValidString(c.Host):
+		return fmt.Errorf("GPUWATCH_HOST=%q is not UTF-8", c.Host)
+	case strings.TrimSpace(c.Host) != c.Host || strings.IndexFunc(c.Host, unicode.IsControl) >= 0:
+		// the emitter's instance label never has them: the host would match no request
+		return fmt.Errorf("GPUWATCH_HOST=%q must not hold spaces around it or control characters", c.Host)
 	case c.PCIeInterval < 0:
 		return fmt.Errorf("GPUWATCH_PCIE_INTERVAL=%s must not be negative (0 turns PCIe readings off)", c.PCIeInterval)
 	case c.PCIeInterval > 0 && c.PCIeInterval < 50*time.Millisecond:

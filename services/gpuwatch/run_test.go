@@ -484,3 +484,20 @@ func TestRunPublishesHostSamples(t *testing.T) {
 		}
 	}
 }
+
+// TestBadHostRefused: a GPUWATCH_HOST every sample would be refused with (not UTF-8: the
+// contract refuses the host, so gpuwatch would run publishing nothing), or that cannot be
+// the emitter's instance (spaces around it, control characters) stops gpuwatch at start.
+func TestBadHostRefused(t *testing.T) {
+	for _, host := range []string{"gpu\xff01", " gpu01", "gpu01\n", "gpu\x0001", "gpu\t01"} {
+		_, err := parseConfig(getenvFrom(map[string]string{"GPUWATCH_HOST": host}), func() (string, error) { return "node-7", nil })
+		if err == nil || !strings.Contains(err.Error(), "GPUWATCH_HOST") {
+			t.Errorf("GPUWATCH_HOST=%q: err = %v, want one naming GPUWATCH_HOST", host, err)
+		}
+	}
+	for _, host := range []string{"gpu-node-3", "gpu-node.3", "gpu_01.rack-2.example.com"} {
+		if _, err := parseConfig(getenvFrom(map[string]string{"GPUWATCH_HOST": host}), func() (string, error) { return "node-7", nil }); err != nil {
+			t.Errorf("GPUWATCH_HOST=%q: %v", host, err)
+		}
+	}
+}

@@ -36,6 +36,7 @@ const maxBps = 1e15
 // Source reads the host once per tick. It is not safe for concurrent use: the tick calls it.
 type Source struct {
 	proc   procfs.FS
+	netDev func() (procfs.NetDev, error) // the host's interfaces: those of PID 1's network namespace
 	block  blockdevice.FS
 	sys    string
 	m      *metrics
@@ -70,8 +71,22 @@ func New(opts Options, reg prometheus.Registerer, logger *slog.Logger) (*Source,
 	if err != nil {
 		return nil, fmt.Errorf("cannot open the sys root %s: %w", opts.SysRoot, err)
 	}
-	return &Source{proc: proc, block: block, sys: opts.SysRoot, m: newMetrics(reg), logger: logger,
+	return &Source{proc: proc, netDev: initNetDev(proc), block: block, sys: opts.SysRoot, m: newMetrics(reg), logger: logger,
 		disk: newCounters(), net: newCounters()}, nil
+}
+
+// initNetDev returns the reader of the interfaces of PID 1's network namespace, the host's,
+// or of the reader's own where PID 1's cannot be read (procfs mounted with hidepid). The
+// proc root's net/dev is the reader's namespace whatever the root (procfs resolves net
+// through self): in a container of its own network namespace with the host's /proc mounted,
+// its own interfaces, a veth whose name the host's /sys may give to the host's NIC.
+func initNetDev(proc procfs.FS) func() (procfs.NetDev, error) {
+	if p, err := proc.Proc(1); err == nil {
+		if _, err := guarded(p.NetDev); err == nil {
+			return p.NetDev
+		}
+	}
+	return proc.NetDev
 }
 
 func newCounters() counters {
@@ -163,7 +178,7 @@ func (s *Source) readDisk(now time.Time) (r, w, dt float64, ok bool) {
 // eth0 is a veth), on every interface but lo. Bridges, veths and tunnels are left out
 // otherwise, for the traffic they carry crosses a device too and would count twice.
 func (s *Source) readNet(now time.Time) (rx, tx, dt float64, ok bool) {
-	dev, err := guarded(s.proc.NetDev)
+	dev, err := guarded(s.netDev)
 	if err != nil {
 		s.fail(2, readingNetwork, err)
 		s.net.at = time.Time{}

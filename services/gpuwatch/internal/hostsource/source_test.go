@@ -276,3 +276,36 @@ func TestNewFailsWithoutProc(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// TestHostProcInContainer: the host's /proc mounted in a container that has a network
+// namespace of its own (GPUWATCH_PROC_ROOT=/host/proc). There /host/proc/net/dev is the
+// reader's namespace, the container's (procfs resolves net through self), whose eth0 is a
+// veth that the host's /sys lists under the name of the host's own NIC; the host's are the
+// interfaces of its PID 1. The host's are read: the container's traffic alone, passed off
+// as the host's, is what the host sample would hold otherwise.
+func TestHostProcInContainer(t *testing.T) {
+	root := fixture(t)
+	init := filepath.Join(root, "proc", "1", "net")
+	if err := os.MkdirAll(init, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	self := map[string][2]uint64{"lo": {100, 100}, "eth0": {1000, 2000}}
+	both := func(host, container map[string][2]uint64) {
+		writeLinks(t, root, host)
+		if err := os.Rename(filepath.Join(root, "proc", "net", "dev"), filepath.Join(init, "dev")); err != nil {
+			t.Fatal(err)
+		}
+		writeLinks(t, root, container)
+	}
+	both(links, self)
+	s, _ := open(t, root)
+	s.Read(t0)
+	both(add(links, map[string][2]uint64{"eth0": {1e6, 5e5}, "ib0": {2e9, 1e9}}), add(self, map[string][2]uint64{"eth0": {10, 20}}))
+	smp := s.Read(t0.Add(time.Second))
+	if got := val(t, "net_rx_bps", smp.NetRxBps); got != 1e6+2e9 {
+		t.Errorf("net_rx_bps %g, want %g, the host's (the container's: 10)", got, 1e6+2e9)
+	}
+	if got := val(t, "net_tx_bps", smp.NetTxBps); got != 5e5+1e9 {
+		t.Errorf("net_tx_bps %g, want %g", got, 5e5+1e9)
+	}
+}

@@ -163,7 +163,7 @@ func (s *Source) GPUs() int { return len(s.gpus) }
 // finishes, with this tick's time. A GPU still reading at an earlier tick's read is not
 // read again (at most one read per GPU is ever outstanding, however long NVML hangs): its
 // sample of this tick has no readings, as when every reading fails.
-func (s *Source) Sample(ctx context.Context, now time.Time, dst []events.GPUSample) []events.GPUSample {
+func (s *Source) Sample(_ context.Context, now time.Time, dst []events.GPUSample) []events.GPUSample {
 	s.late = s.late[:0]
 	s.collect(now)
 	awaited := 0
@@ -179,7 +179,7 @@ func (s *Source) Sample(ctx context.Context, now time.Time, dst []events.GPUSamp
 		s.reads.Add(1)
 		go s.readGPU(g, now)
 	}
-	s.await(ctx, now, awaited)
+	s.await(now, awaited)
 	for _, g := range s.gpus {
 		switch {
 		case g.hasFresh:
@@ -238,8 +238,9 @@ func (s *Source) collect(now time.Time) {
 }
 
 // await takes finished reads until the n reads begun at now that the tick waits for are
-// in, Options.Wait has passed, or ctx ends.
-func (s *Source) await(ctx context.Context, now time.Time, n int) {
+// in or Options.Wait has passed. Not less at shutdown: the reads are under way, and a
+// sample not in by the last tick would be late with no later tick to publish it.
+func (s *Source) await(now time.Time, n int) {
 	if n == 0 {
 		return
 	}
@@ -257,8 +258,6 @@ func (s *Source) await(ctx context.Context, now time.Time, n int) {
 			}
 			s.receive(r, now)
 		case <-s.timer.C:
-			return
-		case <-ctx.Done():
 			return
 		}
 	}

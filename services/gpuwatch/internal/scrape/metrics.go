@@ -10,7 +10,7 @@ import (
 var scrapeReasons = []string{"timeout", "connect", "http_status", "too_large", "malformed"}
 
 // Why a part of an exposition was left out.
-var dropReasons = []string{"models_over_limit", "bad_value", "histogram_malformed", "histogram_too_many_buckets", "histogram_bounds_mismatch", "invalid_reading", "duplicate_series"}
+var dropReasons = []string{"models_over_limit", "bad_value", "histogram_malformed", "histogram_too_many_buckets", "histogram_bounds_mismatch", "invalid_reading", "duplicate_series", "series_over_limit"}
 
 type metrics struct {
 	scrapes  *prometheus.CounterVec

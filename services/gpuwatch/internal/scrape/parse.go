@@ -33,7 +33,7 @@ func families(body []byte, byName map[string]mapping, c *seriesCache) (map[strin
 	var slab []bucket
 	var mtype model.MetricType // of the last TYPE line, as textparse reads the labels under it
 	c.gen++
-	c.dups = 0
+	c.dups, c.read, c.over = 0, 0, 0
 	c.created = c.created[:0]
 	for {
 		entry, err := p.Next()
@@ -60,6 +60,10 @@ func families(body []byte, byName map[string]mapping, c *seriesCache) (map[strin
 		series, _, v := p.Series()
 		if !wanted(series, byName, types) {
 			continue // building the labels of a series is most of its cost: only for those read
+		}
+		if c.read++; c.read > maxSeries {
+			c.over++
+			continue
 		}
 		e := c.entries[string(series)] // no allocation for the lookup
 		if e == nil || e.mtype != mtype {
@@ -141,6 +145,13 @@ func families(body []byte, byName map[string]mapping, c *seriesCache) (map[strin
 	}
 }
 
+// maxSeries bounds the series of the families read that one scrape of an endpoint reads
+// (each histogram bucket is one): a vLLM or SGLang model exposes some 150. The state kept
+// for a series costs some twenty times its text, so a flood of label values (a tenant label,
+// an exporter's bug) is bounded by this, not only by GPUWATCH_ENGINE_MAX_BYTES; the series
+// past it are left out, in the exposition's order, and counted.
+const maxSeries = 20_000
+
 // seriesCache keeps what the labels of each series say, keyed by the series' text as
 // exposed (its name and labels), from one scrape of an endpoint to the next: an engine
 // exposes the same series at every scrape with new values, and building the labels is most
@@ -153,6 +164,8 @@ type seriesCache struct {
 	byLabels map[string]*sameSeries
 	gen      uint64
 	dups     int             // series of the last scrape left out as copies of one before them
+	read     int             // series of the families read in the last scrape
+	over     int             // of them, those past maxSeries, left out
 	created  []createdSeries // the last scrape's series of creation-time families
 }
 

@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"mime"
 	"net"
 	"net/http"
 	"net/url"
@@ -112,6 +113,11 @@ func (sv *seriesState) remade(c float64) bool {
 	return changed && trusted
 }
 
+// unreset reports whether c, the creation time remade has just recorded, says the series
+// was not reset since its last value: it has one, the same as at the scrape before. A
+// counter that falls under it did not restart (a restart makes a new creation time).
+func (sv *seriesState) unreset(c float64) bool { return c != 0 && sv.stable }
+
 // createdTime is a series' creation time as a scrape exposed it.
 type createdTime struct {
 	gen uint64 // the scrape (target.gen) that exposed it
@@ -143,7 +149,8 @@ func New(targets []Target, pub publisher, opts Options, reg prometheus.Registere
 		m:       newMetrics(reg, targets),
 		logger:  logger,
 		client: &http.Client{
-			Timeout: opts.Timeout,
+			Timeout:       opts.Timeout,
+			CheckRedirect: sameHost,
 			Transport: &http.Transport{
 				Proxy:               nil, // engines are on this host; never through a proxy
 				DialContext:         (&net.Dialer{Timeout: opts.Timeout}).DialContext,
@@ -258,9 +265,20 @@ func (s *Scraper) scrapeTarget(ctx context.Context, t *target, now time.Time) {
 		fams, err = families(t.body.Bytes(), names[t.Engine], t.cache)
 		if err != nil {
 			reason = "malformed"
-		} else if t.cache.dups > 0 {
-			s.m.dropped.WithLabelValues(t.Name, "duplicate_series").Add(float64(t.cache.dups))
+		} else {
+			if t.cache.dups > 0 {
+				s.m.dropped.WithLabelValues(t.Name, "duplicate_series").Add(float64(t.cache.dups))
+			}
+			if t.cache.over > 0 {
+				s.m.dropped.WithLabelValues(t.Name, "series_over_limit").Add(float64(t.cache.over))
+			}
 		}
+	}
+	// The buffer is kept for the next scrape at the size of what the engine sends, not of a
+	// flood: what a failed scrape read is let go, and so is a buffer grown by an answer far
+	// larger than this one.
+	if c := t.body.Cap(); c > bodyKeep && (err != nil || c > 2*t.body.Len()+bodyKeep) {
+		t.body = bytes.Buffer{}
 	}
 	if err != nil {
 		s.m.failed.WithLabelValues(t.Name, reason).Inc()
@@ -309,6 +327,10 @@ func (s *Scraper) scrapeTarget(ctx context.Context, t *target, now time.Time) {
 	s.m.duration.WithLabelValues(t.Name).Observe(time.Since(began).Seconds())
 }
 
+// bodyKeep is the size of body buffer kept whatever a scrape read: a vLLM exposition of
+// one model (297 series) is some 40 KiB.
+const bodyKeep = 64 << 10
+
 // fetch reads t's exposition into t.body.
 func (s *Scraper) fetch(ctx context.Context, t *target) (reason string, err error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
@@ -320,6 +342,9 @@ func (s *Scraper) fetch(ctx context.Context, t *target) (reason string, err erro
 	req.Header.Set("Accept", "text/plain;version=0.0.4")
 	resp, err := s.client.Do(req)
 	if err != nil {
+		if errors.Is(err, errRedirect) {
+			return "http_status", withoutURL(err)
+		}
 		return netReason(ctx, err), withoutURL(err)
 	}
 	defer resp.Body.Close()
@@ -327,14 +352,48 @@ func (s *Scraper) fetch(ctx context.Context, t *target) (reason string, err erro
 		_, _ = io.CopyN(io.Discard, resp.Body, 4096)
 		return "http_status", fmt.Errorf("engine answered %s", resp.Status)
 	}
+	if ct := resp.Header.Get("Content-Type"); ct != "" {
+		if mt, _, err := mime.ParseMediaType(ct); err == nil && notExposition[mt] {
+			_, _ = io.CopyN(io.Discard, resp.Body, 4096)
+			return "malformed", fmt.Errorf("engine answered a document of type %s, not an exposition", mt)
+		}
+	}
 	t.body.Reset()
 	if _, err := t.body.ReadFrom(io.LimitReader(resp.Body, s.opts.MaxBytes+1)); err != nil {
-		return netReason(ctx, err), fmt.Errorf("cannot read the exposition: %w", err)
+		reason := netReason(ctx, err)
+		if _, ok := errors.AsType[net.Error](err); !ok && ctx.Err() == nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+			reason = "malformed" // the body arrived but does not decode: a gzip that does not inflate
+		}
+		return reason, fmt.Errorf("cannot read the exposition: %w", err)
 	}
 	if int64(t.body.Len()) > s.opts.MaxBytes {
 		return "too_large", fmt.Errorf("exposition over %d bytes", s.opts.MaxBytes)
 	}
 	return "", nil
+}
+
+// notExposition are the media types of a 200 that is no exposition, whatever its body: a
+// proxy's error or login page in front of the engine, an API's answer. Others are read
+// (an engine or proxy may label its text anything).
+var notExposition = map[string]bool{"text/html": true, "application/xhtml+xml": true, "application/json": true,
+	"application/xml": true, "text/xml": true}
+
+// errRedirect is a redirect gpuwatch does not follow.
+var errRedirect = errors.New("redirect not followed")
+
+// sameHost follows a redirect on the engine's own scheme and host only (Starlette answers
+// /metrics with a redirect to /metrics/), at most 3: one elsewhere would have gpuwatch read,
+// and publish as this engine's, what another host serves, and send requests wherever the
+// engine points it.
+func sameHost(req *http.Request, via []*http.Request) error {
+	first := via[0].URL
+	switch {
+	case len(via) > 3:
+		return fmt.Errorf("%w: more than 3 redirects", errRedirect)
+	case req.URL.Scheme != first.Scheme || req.URL.Host != first.Host:
+		return fmt.Errorf("%w: to another host (%s://%s)", errRedirect, req.URL.Scheme, req.URL.Host)
+	}
+	return nil
 }
 
 // withoutURL returns err without the URL net/http puts in it, which shows the query (where
@@ -436,6 +495,14 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily, now time.Ti
 				sv, known := t.track(name, m, now)
 				c := t.createdOf(mp.created, m, now)
 				remade := sv.remade(c) && t.madeSince(c)
+				if known && sv.ok && !remade && v < sv.v && sv.unreset(c) {
+					// fell under the creation time it had at the scrape before: no reset,
+					// a value that cannot be; its last good one is kept
+					if read {
+						s.m.dropped.WithLabelValues(t.Name, "bad_value").Inc()
+					}
+					continue
+				}
 				d, moved := v, !known // a new series counts from zero
 				switch {
 				case !known && t.madeBefore(c):
@@ -755,6 +822,10 @@ func (s *Scraper) readHist(t *target, st *state, f field, name, created string, 
 	c := t.createdOf(created, m, now)
 	back := !known && t.madeBefore(c)                    // back after it was forgotten
 	anew := sv.remade(c) && t.madeSince(c) && old != nil // made anew since its last value
+	if old != nil && !anew && sv.unreset(c) && slices.Equal(old.le, ch.le) && fell(ch, old) {
+		drop("bad_value") // fell under the creation time it had: no reset; its last good value is kept
+		return
+	}
 	sv.h, sv.ok = ch, true
 	if !read {
 		return
@@ -865,15 +936,26 @@ func (s *Scraper) fill(smp *events.EngineSample, st, prev *state) {
 	}
 }
 
+// fell reports whether any count of h is below old's (the same bounds): a restart, or
+// a value that cannot be.
+func fell(h, old *cumHist) bool {
+	if h.count < old.count {
+		return true
+	}
+	for i := range h.cum {
+		if h.cum[i] < old.cum[i] {
+			return true
+		}
+	}
+	return false
+}
+
 // histDelta writes into d (a count per bound and one above) the observations between old
 // and h (the same bounds), and returns the count and sum between them; when any count
 // fell the engine restarted, and h counts from zero, as it does when old is nil. false:
 // a bucket's count is negative, h is malformed.
 func histDelta(d []float64, h, old *cumHist) (count, sum float64, ok bool) {
-	reset := old == nil || h.count < old.count
-	for i := 0; !reset && i < len(h.cum); i++ {
-		reset = h.cum[i] < old.cum[i]
-	}
+	reset := old == nil || fell(h, old)
 	prevCum := 0.0
 	for i := range h.cum {
 		c := h.cum[i]

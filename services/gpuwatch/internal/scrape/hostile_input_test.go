@@ -1,0 +1,208 @@
+package scrape
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// TestRedirectToOtherHost: an engine's endpoint that redirects to another host (a
+// compromised or misconfigured proxy in front of it, or a login page elsewhere) is not
+// followed: gpuwatch would read, and publish as this engine's, whatever that host serves,
+// and would send requests wherever the engine points it. The scrape fails as http_status.
+// A redirect on the same host (Starlette's /metrics → /metrics/) is followed.
+func TestRedirectToOtherHost(t *testing.T) {
+	elsewhere := newEngine(t, fixture(t, "vllm.prom"))
+	cross := httptest.NewServer(http.RedirectHandler(elsewhere.URL+"/metrics", http.StatusFound))
+	t.Cleanup(cross.Close)
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", http.RedirectHandler("/metrics/", http.StatusTemporaryRedirect))
+	mux.HandleFunc("/metrics/", func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte(fixture(t, "vllm.prom"))) })
+	same := httptest.NewServer(mux)
+	t.Cleanup(same.Close)
+
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{
+		{Engine: "vllm", Name: "cross", URL: cross.URL + "/metrics"},
+		{Engine: "vllm", Name: "same", URL: same.URL + "/metrics"},
+	}, pub, 16)
+	s.Tick(context.Background(), t0)
+	for _, smp := range pub.take(t) {
+		switch smp.Name {
+		case "cross":
+			if smp.Up || smp.Error != "http_status" {
+				t.Errorf("a redirect to another host gave %s, want up=false error http_status", jsonOf(smp))
+			}
+		case "same":
+			if !smp.Up {
+				t.Errorf("a redirect on the same host gave %s, want it followed", jsonOf(smp))
+			}
+		}
+	}
+	if v := testutil.ToFloat64(s.m.failed.WithLabelValues("cross", "http_status")); v != 1 {
+		t.Errorf("engine_scrape_errors_total{cross,http_status} = %v, want 1", v)
+	}
+}
+
+// TestCorruptGzip: a gzip answer that does not inflate (corrupt, or cut short) is an
+// exposition that cannot be read, not a connection that failed: its reason is malformed.
+func TestCorruptGzip(t *testing.T) {
+	var zipped bytes.Buffer
+	zw := gzip.NewWriter(&zipped)
+	_, _ = zw.Write([]byte(fixture(t, "vllm.prom")))
+	_ = zw.Close()
+	bad := bytes.Clone(zipped.Bytes())
+	bad[len(bad)-6] ^= 0xff // the CRC-32 at the end no longer matches
+	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Encoding", "gzip")
+		_, _ = w.Write(bad)
+	}))
+	t.Cleanup(eng.Close)
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 16)
+	s.Tick(context.Background(), t0)
+	if smp := one(t, pub.take(t)); smp.Up || smp.Error != "malformed" {
+		t.Errorf("a corrupt gzip answer gave %s, want up=false error malformed", jsonOf(smp))
+	}
+}
+
+// TestCounterFallsWithSameCreationTime: a counter series that falls while its creation time
+// stays what it was at the scrapes before was not reset (a reset makes a new creation time):
+// the value is refused (bad_value) and its last good one kept, so a series that reads 1000,
+// 990, 1000 (two processes' figures behind one address, a glitch of the exporter) adds
+// nothing, where reading the fall as a restart would add 990 and then 10.
+func TestCounterFallsWithSameCreationTime(t *testing.T) {
+	made := t0.Add(-time.Hour)
+	eng := newEngine(t, vllmCreated(core{engine: "0", prompt: 1000, created: made}))
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 16)
+	total := 0.0
+	for i, v := range []float64{1000, 1000, 990, 1000, 1010} {
+		eng.set(vllmCreated(core{engine: "0", prompt: v, created: made}))
+		s.Tick(context.Background(), t0.Add(time.Duration(i)*time.Second))
+		if smp := one(t, pub.take(t)); smp.PromptTokens != nil {
+			total += *smp.PromptTokens
+		}
+	}
+	if total != 10 {
+		t.Errorf("prompt_tokens deltas over 1000, 1000, 990, 1000, 1010 with one creation time add up to %v, want 10", total)
+	}
+	if v := testutil.ToFloat64(s.m.dropped.WithLabelValues("vllm", "bad_value")); v != 1 {
+		t.Errorf("engine_series_dropped_total{bad_value} = %v, want 1", v)
+	}
+}
+
+// TestHistogramFallsWithSameCreationTime: TestCounterFallsWithSameCreationTime for a
+// histogram series: its counts falling under an unchanged creation time are refused, not
+// read as a restart that counts every observation again.
+func TestHistogramFallsWithSameCreationTime(t *testing.T) {
+	made := t0.Add(-time.Hour)
+	eng := newEngine(t, vllmCreated(core{engine: "0", ttft: 100, created: made}))
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 16)
+	total := 0.0
+	for i, n := range []int{100, 100, 99, 100, 101} {
+		eng.set(vllmCreated(core{engine: "0", ttft: n, created: made}))
+		s.Tick(context.Background(), t0.Add(time.Duration(i)*time.Second))
+		if smp := one(t, pub.take(t)); smp.TTFT != nil {
+			total += smp.TTFT.Count
+		}
+	}
+	if total != 1 {
+		t.Errorf("ttft count deltas over 100, 100, 99, 100, 101 with one creation time add up to %v, want 1", total)
+	}
+	if v := testutil.ToFloat64(s.m.dropped.WithLabelValues("vllm", "bad_value")); v != 1 {
+		t.Errorf("engine_series_dropped_total{bad_value} = %v, want 1", v)
+	}
+}
+
+// TestSeriesFlood: an exposition of one model whose other label takes a new value on every
+// series (a tenant label flooded, an exporter bug) is bounded by a count of series, not only
+// by GPUWATCH_ENGINE_MAX_BYTES: each series read costs some twenty times its bytes, so a
+// limit of 256 MiB would otherwise let one engine hold gigabytes. The series past the limit
+// are left out and counted; the model's sample still goes out with the readings beside them.
+func TestSeriesFlood(t *testing.T) {
+	body := func(tick int) string {
+		var b strings.Builder
+		b.WriteString("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 3\n")
+		b.WriteString("# TYPE vllm:prompt_tokens_total counter\n")
+		for i := range 3 * maxSeries {
+			fmt.Fprintf(&b, "vllm:prompt_tokens_total{model_name=\"m\",tenant=\"%d-%d\"} 1\n", tick, i)
+		}
+		return b.String()
+	}
+	eng := newEngine(t, body(0))
+	pub := &fakePublisher{}
+	s := New([]Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, Options{Host: "gpu-node-3", Interval: time.Second,
+		Timeout: 20 * time.Second, MaxBytes: 64 << 20, MaxModels: 16}, prometheus.NewRegistry(), discard())
+	for tick := range 3 {
+		eng.set(body(tick))
+		s.Tick(context.Background(), t0.Add(time.Duration(tick)*time.Second))
+		if smp := one(t, pub.take(t)); !smp.Up || smp.Running == nil || *smp.Running != 3 {
+			t.Fatalf("tick %d: sample %s, want up with running 3", tick, jsonOf(smp))
+		}
+	}
+	tg := s.targets[0]
+	if len(tg.cache.entries) > maxSeries || len(tg.series) > 2*maxSeries {
+		t.Errorf("after 3 scrapes of %d series: %d cached, %d tracked; want at most %d and %d", 3*maxSeries,
+			len(tg.cache.entries), len(tg.series), maxSeries, 2*maxSeries)
+	}
+	if v := testutil.ToFloat64(s.m.dropped.WithLabelValues("vllm", "series_over_limit")); v != 3*(2*maxSeries+1) {
+		t.Errorf("engine_series_dropped_total{series_over_limit} = %v, want %v", v, 3*(2*maxSeries+1))
+	}
+}
+
+// TestHTMLAnswer: a 200 that is a web page (a proxy's error or login page in front of the
+// engine) is no exposition, even when its body happens to parse (empty, or comments only):
+// the scrape fails as malformed rather than reporting the engine up with nothing to read.
+func TestHTMLAnswer(t *testing.T) {
+	for _, tc := range []struct{ ctype, body string }{
+		{"text/html; charset=utf-8", ""},
+		{"text/html", "# not an exposition\n"},
+		{"text/html", "<!DOCTYPE html>\n<html><body>Sign in</body></html>\n"},
+		{"application/json", "{}"},
+	} {
+		eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", tc.ctype)
+			_, _ = w.Write([]byte(tc.body))
+		}))
+		pub := &fakePublisher{}
+		s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 16)
+		s.Tick(context.Background(), t0)
+		if smp := one(t, pub.take(t)); smp.Up || smp.Error != "malformed" {
+			t.Errorf("a 200 of %s %q gave %s, want up=false error malformed", tc.ctype, tc.body, jsonOf(smp))
+		}
+		eng.Close()
+	}
+}
+
+// TestBodyBufferReleased: the buffer an exposition is read into is kept from one scrape to
+// the next, but not at the size of an answer far larger than the engine's usual (an endless
+// one cut at the limit): one flood would otherwise hold GPUWATCH_ENGINE_MAX_BYTES per
+// engine for the life of gpuwatch.
+func TestBodyBufferReleased(t *testing.T) {
+	eng := newEngine(t, strings.Repeat("# padding padding padding\n", (2<<20)/26)) // over the 1 MiB limit
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 16)
+	s.Tick(context.Background(), t0)
+	if smp := one(t, pub.take(t)); smp.Error != "too_large" {
+		t.Fatalf("sample %s, want too_large", jsonOf(smp))
+	}
+	eng.set(fixture(t, "vllm.prom"))
+	s.Tick(context.Background(), t0.Add(time.Second))
+	if smp := one(t, pub.take(t)); !smp.Up {
+		t.Fatalf("sample %s, want up", jsonOf(smp))
+	}
+	if c := s.targets[0].body.Cap(); c > 256<<10 {
+		t.Errorf("after a %d-byte exposition the body buffer holds %d bytes, the size of the flood before it", len(fixture(t, "vllm.prom")), c)
+	}
+}
