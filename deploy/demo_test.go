@@ -440,3 +440,41 @@ func TestReadmeComposeCommands(t *testing.T) {
 		t.Fatalf("only %d docker compose commands found in the READMEs", n)
 	}
 }
+
+// TestComposeDollars: docker compose interpolates $NAME and ${NAME} in compose.yaml from the
+// shell of whoever runs it, and $$ stands for a $ left to the container. Every $ of the file
+// is a TOKENSCOPE_* knob or $$, and the ClickHouse health check's $HOSTNAME and
+// $CLICKHOUSE_DB reach the container's shell as written, whatever the host's shell holds:
+// the container's own name (which docker sets) and the database its environment names.
+func TestComposeDollars(t *testing.T) {
+	raw, err := os.ReadFile("compose.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, line := range strings.Split(string(raw), "\n") {
+		rest := composeKnob.ReplaceAllStringFunc(line, func(k string) string {
+			if strings.HasPrefix(composeKnob.FindStringSubmatch(k)[1], "TOKENSCOPE_") {
+				return ""
+			}
+			return k
+		})
+		rest = strings.ReplaceAll(rest, "$$", "")
+		if strings.Contains(rest, "$") {
+			t.Errorf("compose.yaml:%d: a $ that compose interpolates from the host's shell: %s", i+1, strings.TrimSpace(line))
+		}
+	}
+	p := loadCompose(t, map[string]string{"HOSTNAME": "the-host", "CLICKHOUSE_DB": "the-hosts-db"})
+	ch := p.Services["clickhouse"]
+	test := strings.Join(ch.HealthCheck.Test, " ")
+	for _, want := range []string{`--host "$HOSTNAME"`, `--database "$CLICKHOUSE_DB"`} {
+		if !strings.Contains(test, want) {
+			t.Errorf("clickhouse health check %q: want %s, expanded in the container", test, want)
+		}
+	}
+	if v := ch.Environment["CLICKHOUSE_DB"]; v == nil || *v != "tokenscope" {
+		t.Errorf("clickhouse: CLICKHOUSE_DB %v, want the knob's default tokenscope", v)
+	}
+	if _, ok := ch.Environment["HOSTNAME"]; ok {
+		t.Errorf("clickhouse: HOSTNAME is set; docker sets it to the container's name, which resolves to its address")
+	}
+}
