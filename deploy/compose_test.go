@@ -23,18 +23,26 @@ const repoRoot = ".."
 // environ as the shell's environment.
 func loadCompose(t *testing.T, environ map[string]string) *types.Project {
 	t.Helper()
-	abs, err := filepath.Abs("compose.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	details := types.ConfigDetails{
-		WorkingDir:  filepath.Dir(abs),
-		ConfigFiles: []types.ConfigFile{{Filename: abs}},
-		Environment: environ,
+	return loadComposeFiles(t, environ, "compose.yaml")
+}
+
+// loadComposeFiles loads the compose files of this directory, each merged over the ones
+// before it, as docker compose -f a -f b would, with every profile enabled and environ as
+// the shell's environment.
+func loadComposeFiles(t *testing.T, environ map[string]string, files ...string) *types.Project {
+	t.Helper()
+	details := types.ConfigDetails{Environment: environ}
+	for _, f := range files {
+		abs, err := filepath.Abs(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		details.WorkingDir = filepath.Dir(abs)
+		details.ConfigFiles = append(details.ConfigFiles, types.ConfigFile{Filename: abs})
 	}
 	p, err := loader.LoadWithContext(context.Background(), details, loader.WithProfiles([]string{"*"}))
 	if err != nil {
-		t.Fatalf("docker compose would not load compose.yaml: %v", err)
+		t.Fatalf("docker compose would not load %s: %v", strings.Join(files, " + "), err)
 	}
 	return p
 }

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -136,54 +137,30 @@ func flagValue(cmd []string, flag string) string {
 	return ""
 }
 
-// TestComposePrices: the aggregator reads a price table mounted from deploy/ (as the
-// aggregator parses it: no unknown fields, a pattern and no negative price in each row)
-// that prices every model the demo profile's loads and fake engine name, so the business
-// view's cost is never empty in the demo.
+// demoFiles are the compose files the demo runs with: compose.yaml and the override that
+// gives the aggregator the demo's prices.
+var demoFiles = []string{"compose.yaml", "compose.demo.yaml"}
+
+// TestComposePrices: compose.yaml's aggregator reads a price table mounted read-only from
+// deploy/prices.json (or TOKENSCOPE_PRICES), which prices no model, so that a deployment
+// serving a model of one of the demo's names is never charged the demo's made-up prices.
+// The demo's prices come with compose.demo.yaml: deploy/prices.demo.json, mounted in its
+// place, which parses as the aggregator parses it and prices every model the demo profile's
+// loads and fake engine name. compose.demo.yaml changes nothing else.
 func TestComposePrices(t *testing.T) {
-	p := loadCompose(t, nil)
-	agg := p.Services["aggregator"]
-	file := agg.Environment["AGG_PRICES"]
-	if file == nil || *file == "" {
-		t.Fatal("the aggregator has no AGG_PRICES")
+	base := loadCompose(t, nil)
+	if prices := priceTable(t, base, "prices.json"); len(prices) > 0 {
+		t.Errorf("compose.yaml's own price table deploy/prices.json prices %d models (%s…): "+
+			"a deployment serving a model of that name would get made-up prices; want it empty", len(prices), prices[0].Model)
 	}
-	var source string
-	for _, v := range agg.Volumes {
-		if v.Target == *file && v.Type == types.VolumeTypeBind && v.ReadOnly {
-			source = v.Source
-		}
-	}
-	if source == "" {
-		t.Fatalf("AGG_PRICES=%s is not a read-only file mounted into the aggregator", *file)
-	}
-	abs, err := filepath.Abs("prices.json")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if source != abs {
-		t.Errorf("the price table is mounted from %s, want deploy/prices.json by default", source)
-	}
-	raw, err := os.ReadFile(source)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var prices []priceRow
-	dec := json.NewDecoder(strings.NewReader(string(raw)))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&prices); err != nil {
-		t.Fatalf("%s: %v", source, err)
-	}
-	for i, pr := range prices {
-		if _, err := path.Match(pr.Model, ""); pr.Model == "" || err != nil {
-			t.Errorf("%s: entry %d: bad model pattern %q", source, i+1, pr.Model)
-		}
-		if pr.Input == nil || pr.Output == nil || *pr.Input < 0 || *pr.Output < 0 || (pr.CachedInput != nil && *pr.CachedInput < 0) {
-			t.Errorf("%s: entry %d (%s) lacks an input or output price, or has a negative one", source, i+1, pr.Model)
-		}
-	}
+	own := loadCompose(t, map[string]string{"TOKENSCOPE_PRICES": "/srv/tokenscope/prices.json"})
+	priceMount(t, own, "/srv/tokenscope/prices.json")
+
+	demo := loadComposeFiles(t, nil, demoFiles...)
+	prices := priceTable(t, demo, "prices.demo.json")
 	models := map[string]string{}
-	for _, name := range p.ServiceNames() {
-		s := p.Services[name]
+	for _, name := range demo.ServiceNames() {
+		s := demo.Services[name]
 		if !slices.Contains(s.Profiles, "demo") || len(s.Command) == 0 {
 			continue
 		}
@@ -202,9 +179,83 @@ func TestComposePrices(t *testing.T) {
 			return ok
 		})
 		if !priced {
-			t.Errorf("%s's model %s has no price in %s", svc, m, source)
+			t.Errorf("%s's model %s has no price in deploy/prices.demo.json", svc, m)
 		}
 	}
+
+	// compose.demo.yaml replaces the price table's mount, and nothing else.
+	target := *base.Services["aggregator"].Environment["AGG_PRICES"]
+	others := func(s types.ServiceConfig) types.ServiceConfig {
+		s.Volumes = slices.DeleteFunc(slices.Clone(s.Volumes), func(v types.ServiceVolumeConfig) bool { return v.Target == target })
+		return s
+	}
+	for _, name := range base.ServiceNames() {
+		if !reflect.DeepEqual(others(base.Services[name]), others(demo.Services[name])) {
+			t.Errorf("compose.demo.yaml changes %s beyond the price table's mount", name)
+		}
+	}
+	if !slices.Equal(base.ServiceNames(), demo.ServiceNames()) || !reflect.DeepEqual(base.Volumes, demo.Volumes) {
+		t.Errorf("compose.demo.yaml adds services or volumes")
+	}
+}
+
+// priceMount returns AGG_PRICES's file, checking that it is a read-only bind mount of
+// source (relative to this directory) into the aggregator.
+func priceMount(t *testing.T, p *types.Project, source string) string {
+	t.Helper()
+	agg := p.Services["aggregator"]
+	file := agg.Environment["AGG_PRICES"]
+	if file == nil || *file == "" {
+		t.Fatal("the aggregator has no AGG_PRICES")
+	}
+	var got string
+	n := 0
+	for _, v := range agg.Volumes {
+		if v.Target != *file {
+			continue
+		}
+		if n++; v.Type == types.VolumeTypeBind && v.ReadOnly {
+			got = v.Source
+		}
+	}
+	if got == "" || n != 1 {
+		t.Fatalf("AGG_PRICES=%s is not one read-only file mounted into the aggregator (%d mounts there)", *file, n)
+	}
+	want, err := filepath.Abs(source)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != want {
+		t.Errorf("the price table is mounted from %s, want %s", got, want)
+	}
+	return got
+}
+
+// priceTable reads the price table p mounts as the aggregator's AGG_PRICES, which must be
+// file of this directory, as the aggregator parses it (no unknown fields, a pattern and no
+// negative price in each row).
+func priceTable(t *testing.T, p *types.Project, file string) []priceRow {
+	t.Helper()
+	source := priceMount(t, p, file)
+	raw, err := os.ReadFile(source)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var prices []priceRow
+	dec := json.NewDecoder(strings.NewReader(string(raw)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&prices); err != nil || prices == nil {
+		t.Fatalf("%s: %v, want a JSON array", source, err)
+	}
+	for i, pr := range prices {
+		if _, err := path.Match(pr.Model, ""); pr.Model == "" || err != nil {
+			t.Errorf("%s: entry %d: bad model pattern %q", source, i+1, pr.Model)
+		}
+		if pr.Input == nil || pr.Output == nil || *pr.Input < 0 || *pr.Output < 0 || (pr.CachedInput != nil && *pr.CachedInput < 0) {
+			t.Errorf("%s: entry %d (%s) lacks an input or output price, or has a negative one", source, i+1, pr.Model)
+		}
+	}
+	return prices
 }
 
 // priceRow is a row of the aggregator's price table (AGG_PRICES).
@@ -326,7 +377,8 @@ func TestComposeSecrets(t *testing.T) {
 
 // TestReadmeComposeCommands: every docker compose command the root README and this
 // directory's README show names files that exist (from the repository root, where the
-// READMEs run them), profiles and services compose.yaml has, and a compose subcommand.
+// READMEs run them), profiles and services compose.yaml has, and a compose subcommand; one
+// that starts the demo profile gives compose.demo.yaml too, the demo's prices.
 func TestReadmeComposeCommands(t *testing.T) {
 	p := loadCompose(t, nil)
 	profiles := map[string]bool{}
@@ -351,6 +403,7 @@ func TestReadmeComposeCommands(t *testing.T) {
 			}
 			n++
 			files, sub := 0, ""
+			demo, demoPrices := false, false
 			for i := 2; i < len(w) && sub == ""; i++ {
 				switch a := w[i]; {
 				case (a == "-f" || a == "--profile") && i+1 < len(w):
@@ -360,9 +413,11 @@ func TestReadmeComposeCommands(t *testing.T) {
 						if !profiles[v] {
 							t.Errorf("%s: %q: compose.yaml has no profile %s", doc, line, v)
 						}
+						demo = demo || v == "demo"
 						continue
 					}
 					files++
+					demoPrices = demoPrices || v == "deploy/"+demoFiles[1]
 					if _, err := os.Stat(filepath.Join(repoRoot, v)); err != nil && !strings.HasSuffix(v, "compose.override.yaml") {
 						t.Errorf("%s: %q: %v", doc, line, err)
 					}
@@ -375,9 +430,51 @@ func TestReadmeComposeCommands(t *testing.T) {
 			if files == 0 || !subcommands[sub] {
 				t.Errorf("%s: %q: want -f deploy/compose.yaml and a compose subcommand, got %q", doc, line, sub)
 			}
+			// compose.yaml prices no model: the demo's costs need its override.
+			if demo && sub == "up" && !demoPrices {
+				t.Errorf("%s: %q: the demo profile without -f deploy/%s prices none of its requests", doc, line, demoFiles[1])
+			}
 		}
 	}
 	if n < 4 {
 		t.Fatalf("only %d docker compose commands found in the READMEs", n)
+	}
+}
+
+// TestComposeDollars: docker compose interpolates $NAME and ${NAME} in compose.yaml from the
+// shell of whoever runs it, and $$ stands for a $ left to the container. Every $ of the file
+// is a TOKENSCOPE_* knob or $$, and the ClickHouse health check's $HOSTNAME and
+// $CLICKHOUSE_DB reach the container's shell as written, whatever the host's shell holds:
+// the container's own name (which docker sets) and the database its environment names.
+func TestComposeDollars(t *testing.T) {
+	raw, err := os.ReadFile("compose.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, line := range strings.Split(string(raw), "\n") {
+		rest := composeKnob.ReplaceAllStringFunc(line, func(k string) string {
+			if strings.HasPrefix(composeKnob.FindStringSubmatch(k)[1], "TOKENSCOPE_") {
+				return ""
+			}
+			return k
+		})
+		rest = strings.ReplaceAll(rest, "$$", "")
+		if strings.Contains(rest, "$") {
+			t.Errorf("compose.yaml:%d: a $ that compose interpolates from the host's shell: %s", i+1, strings.TrimSpace(line))
+		}
+	}
+	p := loadCompose(t, map[string]string{"HOSTNAME": "the-host", "CLICKHOUSE_DB": "the-hosts-db"})
+	ch := p.Services["clickhouse"]
+	test := strings.Join(ch.HealthCheck.Test, " ")
+	for _, want := range []string{`--host "$HOSTNAME"`, `--database "$CLICKHOUSE_DB"`} {
+		if !strings.Contains(test, want) {
+			t.Errorf("clickhouse health check %q: want %s, expanded in the container", test, want)
+		}
+	}
+	if v := ch.Environment["CLICKHOUSE_DB"]; v == nil || *v != "tokenscope" {
+		t.Errorf("clickhouse: CLICKHOUSE_DB %v, want the knob's default tokenscope", v)
+	}
+	if _, ok := ch.Environment["HOSTNAME"]; ok {
+		t.Errorf("clickhouse: HOSTNAME is set; docker sets it to the container's name, which resolves to its address")
 	}
 }
