@@ -170,6 +170,8 @@ func TestHTMLAnswer(t *testing.T) {
 		{"text/html", "# not an exposition\n"},
 		{"text/html", "<!DOCTYPE html>\n<html><body>Sign in</body></html>\n"},
 		{"application/json", "{}"},
+		{"text/html; charset", ""}, // a parameter Go cannot parse: the type is still HTML
+		{"Text/HTML; charset=\"utf-8", "# a comment\n"},
 	} {
 		eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", tc.ctype)
@@ -183,6 +185,71 @@ func TestHTMLAnswer(t *testing.T) {
 		}
 		eng.Close()
 	}
+}
+
+// TestExpositionContentTypes: what engines and the proxies before them label an exposition
+// (prometheus_client's text/plain; version=0.0.4, OpenMetrics, none at all, a parameter
+// that does not parse) is read.
+func TestExpositionContentTypes(t *testing.T) {
+	for _, ctype := range []string{
+		"text/plain; version=0.0.4; charset=utf-8", "text/plain", "",
+		"application/openmetrics-text; version=1.0.0; charset=utf-8", "text/plain; charset",
+		"application/octet-stream",
+	} {
+		eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header()["Content-Type"] = []string{ctype} // "" too: net/http would sniff an unset one
+			_, _ = w.Write([]byte(fixture(t, "vllm.prom")))
+		}))
+		pub := &fakePublisher{}
+		s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 16)
+		s.Tick(context.Background(), t0)
+		if smp := one(t, pub.take(t)); !smp.Up {
+			t.Errorf("an exposition of type %q gave %s, want it read", ctype, jsonOf(smp))
+		}
+		eng.Close()
+	}
+}
+
+// TestRedirectRule: which redirects an engine's endpoint may give. On its own host and port
+// (the host in any case, a default port written or not), and from http to https of the same
+// host on the default ports (a proxy that upgrades every request): followed. Another host
+// or port, or https to http (the URL's query and credentials would go in clear): not.
+func TestRedirectRule(t *testing.T) {
+	f := func(from, to string, hops int, want bool) {
+		t.Helper()
+		var via []*http.Request
+		for range hops {
+			r, err := http.NewRequest(http.MethodGet, from, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			via = append(via, r)
+		}
+		req, err := http.NewRequest(http.MethodGet, to, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sameHost(req, via); (err == nil) != want {
+			t.Errorf("redirect %s → %s after %d requests: err %v, want followed %v", from, to, hops, err, want)
+		}
+	}
+	f("http://gpu-node:8000/metrics", "http://gpu-node:8000/metrics/", 1, true)
+	f("http://gpu-node:8000/vllm/metrics", "http://gpu-node:8000/vllm/metrics/", 3, true)
+	f("http://[::1]:8000/metrics", "http://[::1]:8000/metrics/", 1, true)
+	f("http://gpu-node/metrics", "https://gpu-node/metrics", 1, true)
+	f("http://gpu-node:80/metrics", "https://gpu-node/metrics", 1, true)
+	f("http://gpu-node/metrics", "https://gpu-node:443/metrics", 1, true)
+	f("http://gpu-node/metrics", "http://gpu-node:80/metrics/", 1, true)
+	f("https://gpu-node/metrics", "https://gpu-node:443/metrics/", 1, true)
+	f("http://GPU-Node.example.com:8000/metrics", "http://gpu-node.example.com:8000/metrics/", 1, true)
+
+	f("http://gpu-node:8000/metrics", "http://gpu-node:8000/metrics/", 4, false)
+	f("https://gpu-node/metrics", "http://gpu-node/metrics", 1, false)
+	f("http://gpu-node:8000/metrics", "https://gpu-node:8000/metrics", 1, false)
+	f("http://gpu-node/metrics", "https://gpu-node:8443/metrics", 1, false)
+	f("http://gpu-node:8000/metrics", "http://gpu-node:9000/metrics", 1, false)
+	f("http://gpu-node/metrics", "https://login.example.com/metrics", 1, false)
+	f("http://[::1]:8000/metrics", "http://127.0.0.1:8000/metrics", 1, false)
 }
 
 // TestBodyBufferReleased: the buffer an exposition is read into is kept from one scrape to

@@ -353,7 +353,8 @@ func (s *Scraper) fetch(ctx context.Context, t *target) (reason string, err erro
 		return "http_status", fmt.Errorf("engine answered %s", resp.Status)
 	}
 	if ct := resp.Header.Get("Content-Type"); ct != "" {
-		if mt, _, err := mime.ParseMediaType(ct); err == nil && notExposition[mt] {
+		// a parameter that does not parse still gives the type (mime.ErrInvalidMediaParameter)
+		if mt, _, err := mime.ParseMediaType(ct); (err == nil || errors.Is(err, mime.ErrInvalidMediaParameter)) && notExposition[mt] {
 			_, _ = io.CopyN(io.Discard, resp.Body, 4096)
 			return "malformed", fmt.Errorf("engine answered a document of type %s, not an exposition", mt)
 		}
@@ -381,19 +382,35 @@ var notExposition = map[string]bool{"text/html": true, "application/xhtml+xml": 
 // errRedirect is a redirect gpuwatch does not follow.
 var errRedirect = errors.New("redirect not followed")
 
-// sameHost follows a redirect on the engine's own scheme and host only (Starlette answers
-// /metrics with a redirect to /metrics/), at most 3: one elsewhere would have gpuwatch read,
-// and publish as this engine's, what another host serves, and send requests wherever the
-// engine points it.
+// sameHost follows a redirect on the engine's own host and port only (Starlette answers
+// /metrics with a redirect to /metrics/), or from http to https of that host on the
+// default ports (a proxy that upgrades every request), at most 3: one elsewhere would have
+// gpuwatch read, and publish as this engine's, what another host serves, and send requests
+// wherever the engine points it; one from https to http would send the URL's query and
+// credentials in clear.
 func sameHost(req *http.Request, via []*http.Request) error {
-	first := via[0].URL
+	first, to := via[0].URL, req.URL
+	same := strings.EqualFold(to.Hostname(), first.Hostname()) && (to.Scheme == first.Scheme && port(to) == port(first) ||
+		first.Scheme == "http" && to.Scheme == "https" && port(first) == "80" && port(to) == "443")
 	switch {
 	case len(via) > 3:
 		return fmt.Errorf("%w: more than 3 redirects", errRedirect)
-	case req.URL.Scheme != first.Scheme || req.URL.Host != first.Host:
-		return fmt.Errorf("%w: to another host (%s://%s)", errRedirect, req.URL.Scheme, req.URL.Host)
+	case !same:
+		return fmt.Errorf("%w: to another host (%s://%s)", errRedirect, to.Scheme, to.Host)
 	}
 	return nil
+}
+
+// port returns u's port, the scheme's default where it has none.
+func port(u *url.URL) string {
+	switch p := u.Port(); {
+	case p != "":
+		return p
+	case u.Scheme == "https":
+		return "443"
+	default:
+		return "80"
+	}
 }
 
 // withoutURL returns err without the URL net/http puts in it, which shows the query (where
