@@ -156,8 +156,52 @@ func TestSeriesFlood(t *testing.T) {
 		t.Errorf("after 3 scrapes of %d series: %d cached, %d tracked; want at most %d and %d", 3*maxSeries,
 			len(tg.cache.entries), len(tg.series), maxSeries, 2*maxSeries)
 	}
-	if v := testutil.ToFloat64(s.m.dropped.WithLabelValues("vllm", "series_over_limit")); v != 3*(2*maxSeries+1) {
-		t.Errorf("engine_series_dropped_total{series_over_limit} = %v, want %v", v, 3*(2*maxSeries+1))
+	// each tick's tenants are new: the first scrape reads the first maxSeries series; at the
+	// second those it held fill the limit until it ends (all but the gauge gone); the third
+	// is as the first
+	if v, want := testutil.ToFloat64(s.m.dropped.WithLabelValues("vllm", "series_over_limit")), float64((2*maxSeries+1)+3*maxSeries+(2*maxSeries+1)); v != want {
+		t.Errorf("engine_series_dropped_total{series_over_limit} = %v, want %v", v, want)
+	}
+}
+
+// TestSeriesFloodAfterModel: a flood that begins while the model is read (a tenant label
+// whose new values prometheus_client appends to the end of each family it floods) does not
+// push the model's series of the families after it out of the scrape: the series read
+// before keep their place, and the flood's new ones take what the limit leaves. The
+// model's generation tokens, exposed after the flooded family, go on being counted.
+func TestSeriesFloodAfterModel(t *testing.T) {
+	body := func(tick, flood int) string {
+		var b strings.Builder
+		b.WriteString("# TYPE vllm:prompt_tokens_total counter\n")
+		fmt.Fprintf(&b, "vllm:prompt_tokens_total{model_name=\"m\"} %d\n", 100*tick)
+		for i := range flood {
+			fmt.Fprintf(&b, "vllm:prompt_tokens_total{model_name=\"m\",tenant=\"t%d\"} 1\n", i)
+		}
+		b.WriteString("# TYPE vllm:generation_tokens_total counter\n")
+		fmt.Fprintf(&b, "vllm:generation_tokens_total{model_name=\"m\"} %d\n", 10*tick)
+		return b.String()
+	}
+	eng := newEngine(t, body(0, 0))
+	pub := &fakePublisher{}
+	s := New([]Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, Options{Host: "gpu-node-3", Interval: time.Second,
+		Timeout: 20 * time.Second, MaxBytes: 64 << 20, MaxModels: 16}, prometheus.NewRegistry(), discard())
+	for tick := range 4 {
+		flood := 0
+		if tick >= 2 {
+			flood = 2 * maxSeries
+		}
+		eng.set(body(tick, flood))
+		s.Tick(context.Background(), t0.Add(time.Duration(tick)*time.Second))
+		smp := one(t, pub.take(t))
+		if tick == 0 {
+			continue
+		}
+		if smp.GenerationTokens == nil || *smp.GenerationTokens != 10 {
+			t.Errorf("tick %d (flood of %d series before it): sample %s, want generation_tokens 10", tick, flood, jsonOf(smp))
+		}
+	}
+	if n := len(s.targets[0].cache.entries); n > maxSeries {
+		t.Errorf("%d series cached, want at most %d", n, maxSeries)
 	}
 }
 
