@@ -254,6 +254,26 @@ func TestExpositionContentTypes(t *testing.T) {
 	}
 }
 
+// TestMislabelledExposition: an exposition under the type of a web page or an API's answer
+// (Flask's default text/html for a route that returns generate_latest(), the
+// application/json some Rust exporters sent) is still an exposition: its series are read.
+// Only a document of those types with no series of the families read is refused.
+func TestMislabelledExposition(t *testing.T) {
+	for _, ctype := range []string{"text/html; charset=utf-8", "application/json"} {
+		eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", ctype)
+			_, _ = w.Write([]byte(fixture(t, "vllm.prom")))
+		}))
+		pub := &fakePublisher{}
+		s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 16)
+		s.Tick(context.Background(), t0)
+		if smp := one(t, pub.take(t)); !smp.Up || smp.Model == "" {
+			t.Errorf("an exposition labelled %s gave %s, want its model read", ctype, jsonOf(smp))
+		}
+		eng.Close()
+	}
+}
+
 // TestRedirectRule: which redirects an engine's endpoint may give. On its own host and port
 // (the host in any case, a default port written or not), and from http to https of the same
 // host on the default ports (a proxy that upgrades every request): followed. Another host

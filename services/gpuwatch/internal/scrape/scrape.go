@@ -68,6 +68,7 @@ type target struct {
 	key     []byte                  // track's key buffer
 	counts  []float64               // a histogram series' delta, before it is added
 	lastErr string
+	docType string // of the last answer, where it names a document no exposition has (notExposition)
 	out     []events.EngineSample
 }
 
@@ -263,6 +264,9 @@ func (s *Scraper) scrapeTarget(ctx context.Context, t *target, now time.Time) {
 	var fams map[string]*dto.MetricFamily
 	if err == nil {
 		fams, err = families(t.body.Bytes(), names[t.Engine], t.cache)
+		if t.docType != "" && (err != nil || len(fams) == 0 && len(t.cache.created) == 0) {
+			err = fmt.Errorf("engine answered a document of type %s, not an exposition", t.docType)
+		}
 		if err != nil {
 			reason = "malformed"
 		} else {
@@ -352,11 +356,11 @@ func (s *Scraper) fetch(ctx context.Context, t *target) (reason string, err erro
 		_, _ = io.CopyN(io.Discard, resp.Body, 4096)
 		return "http_status", fmt.Errorf("engine answered %s", resp.Status)
 	}
+	t.docType = ""
 	if ct := resp.Header.Get("Content-Type"); ct != "" {
 		// a parameter that does not parse still gives the type (mime.ErrInvalidMediaParameter)
 		if mt, _, err := mime.ParseMediaType(ct); (err == nil || errors.Is(err, mime.ErrInvalidMediaParameter)) && notExposition[mt] {
-			_, _ = io.CopyN(io.Discard, resp.Body, 4096)
-			return "malformed", fmt.Errorf("engine answered a document of type %s, not an exposition", mt)
+			t.docType = mt // read all the same: an exposition under another type is one (see scrapeTarget)
 		}
 	}
 	t.body.Reset()
@@ -373,9 +377,12 @@ func (s *Scraper) fetch(ctx context.Context, t *target) (reason string, err erro
 	return "", nil
 }
 
-// notExposition are the media types of a 200 that is no exposition, whatever its body: a
-// proxy's error or login page in front of the engine, an API's answer. Others are read
-// (an engine or proxy may label its text anything).
+// notExposition are the media types of a 200 that is no exposition unless its body has
+// series of the families read: a proxy's error or login page in front of the engine, an
+// API's answer, whose body may parse (empty, or comments only) and would report the engine
+// up with nothing read. A body that has them is an exposition mislabelled (Flask's default
+// text/html for a route returning generate_latest(), the application/json of some Rust
+// exporters), read as Prometheus 2 reads it. Other types are read as they come.
 var notExposition = map[string]bool{"text/html": true, "application/xhtml+xml": true, "application/json": true,
 	"application/xml": true, "text/xml": true}
 
