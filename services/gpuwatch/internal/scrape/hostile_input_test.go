@@ -205,6 +205,53 @@ func TestSeriesFloodAfterModel(t *testing.T) {
 	}
 }
 
+// TestSeriesLeftOutNotCountedWhole: a series the limit left out, read once the limit has
+// room (the flood before it gone), has a total gpuwatch never saw grow: with no creation
+// time to tell (SGLang, TGI, vLLM under PROMETHEUS_MULTIPROC_DIR) it is taken as where
+// its deltas start, not counted whole as a series new to the exposition would be.
+func TestSeriesLeftOutNotCountedWhole(t *testing.T) {
+	body := func(v, flood int) string {
+		var b strings.Builder
+		b.WriteString("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 3\n")
+		b.WriteString("# TYPE vllm:prompt_tokens_total counter\n")
+		for i := range flood {
+			fmt.Fprintf(&b, "vllm:prompt_tokens_total{model_name=\"m\",tenant=\"f%d\"} 1\n", i)
+		}
+		fmt.Fprintf(&b, "vllm:prompt_tokens_total{model_name=\"m\",tenant=\"real\"} %d\n", v)
+		b.WriteString("# TYPE vllm:time_to_first_token_seconds histogram\n")
+		fmt.Fprintf(&b, "vllm:time_to_first_token_seconds_bucket{le=\"1\",model_name=\"m\"} %d\n", v/10)
+		fmt.Fprintf(&b, "vllm:time_to_first_token_seconds_bucket{le=\"+Inf\",model_name=\"m\"} %d\n", v/10)
+		fmt.Fprintf(&b, "vllm:time_to_first_token_seconds_count{model_name=\"m\"} %d\nvllm:time_to_first_token_seconds_sum{model_name=\"m\"} %d\n", v/10, v/10)
+		return b.String()
+	}
+	eng := newEngine(t, body(1000, maxSeries))
+	pub := &fakePublisher{}
+	s := New([]Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, Options{Host: "gpu-node-3", Interval: time.Second,
+		Timeout: 20 * time.Second, MaxBytes: 64 << 20, MaxModels: 16}, prometheus.NewRegistry(), discard())
+	for tick, want := range []float64{-1, -1, 0, 10, 10} { // -1: no reading wanted
+		flood := 0
+		if tick == 0 {
+			flood = maxSeries
+		}
+		eng.set(body(1000+10*tick, flood))
+		s.Tick(context.Background(), t0.Add(time.Duration(tick)*time.Second))
+		smp := one(t, pub.take(t))
+		got := -1.0
+		if smp.PromptTokens != nil {
+			got = *smp.PromptTokens
+		}
+		if want >= 0 && got != want && !(want == 0 && got == -1) {
+			t.Errorf("tick %d: prompt_tokens %v, want %v (sample %s)", tick, got, want, jsonOf(smp))
+		}
+		if tick == 2 && smp.TTFT != nil && smp.TTFT.Count != 0 {
+			t.Errorf("tick 2: ttft count %v, want none (its series was left out before)", smp.TTFT.Count)
+		}
+		if tick == 3 && (smp.TTFT == nil || smp.TTFT.Count != 1) {
+			t.Errorf("tick 3: ttft %+v, want count 1", smp.TTFT)
+		}
+	}
+}
+
 // TestHTMLAnswer: a 200 that is a web page (a proxy's error or login page in front of the
 // engine) is no exposition, even when its body happens to parse (empty, or comments only):
 // the scrape fails as malformed rather than reporting the engine up with nothing to read.

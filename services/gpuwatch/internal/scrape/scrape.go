@@ -63,6 +63,7 @@ type target struct {
 	series  map[string]*seriesState // by family and labels, as track keys them
 	created map[string]*createdTime // creation times of series, keyed as series by their _created family
 	gen     uint64                  // good scrapes read
+	leftOut bool                    // the last good scrape left series out (maxSeries): a series new since may be one of them, its total not new
 	read    time.Time               // the tick of the last good scrape read
 	live    int                     // series the last scrape had
 	key     []byte                  // track's key buffer
@@ -527,7 +528,7 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily, now time.Ti
 					}
 					continue
 				}
-				d, moved := v, !known // a new series counts from zero
+				d, moved := v, !known && !t.leftOut // a new series counts from zero; one the limit may have left out, from here
 				switch {
 				case !known && t.madeBefore(c):
 					moved = false // back after it was forgotten: its total is not this tick's
@@ -559,6 +560,7 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily, now time.Ti
 	}
 	t.sweep(now)
 	t.read = now
+	t.leftOut = t.cache.over > 0
 	if overLimit {
 		s.m.dropped.WithLabelValues(t.Name, "models_over_limit").Inc()
 	}
@@ -862,8 +864,8 @@ func (s *Scraper) readHist(t *target, st *state, f field, name, created string, 
 		st.has[f], st.hists[f], st.conflict[f] = false, nil, true
 		return
 	}
-	if st.baseline || (known && old == nil) || back || (old != nil && !anew && !slices.Equal(old.le, ch.le)) {
-		return // the model's first scrape, the series' first good value, back after it was forgotten, or new bounds
+	if st.baseline || (known && old == nil) || back || (!known && t.leftOut) || (old != nil && !anew && !slices.Equal(old.le, ch.le)) {
+		return // the model's first scrape, the series' first good value, back after it was forgotten, perhaps left out by the limit before, or new bounds
 	}
 	if anew {
 		old = nil // counted from zero
