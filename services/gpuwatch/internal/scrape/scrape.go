@@ -404,7 +404,7 @@ func sameHost(req *http.Request, via []*http.Request) error {
 	case len(via) > 3:
 		return fmt.Errorf("%w: more than 3 redirects", errRedirect)
 	case !same:
-		return fmt.Errorf("%w: to another host (%s://%s)", errRedirect, to.Scheme, to.Host)
+		return fmt.Errorf("%w: to %s://%s, not the engine's host, port and scheme", errRedirect, to.Scheme, to.Host)
 	}
 	return nil
 }
