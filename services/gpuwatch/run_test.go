@@ -495,7 +495,10 @@ func TestBadHostRefused(t *testing.T) {
 			t.Errorf("GPUWATCH_HOST=%q: err = %v, want one naming GPUWATCH_HOST", host, err)
 		}
 	}
-	for _, host := range []string{"gpu-node-3", "gpu-node.3", "gpu_01.rack-2.example.com"} {
+	// what the emitter's instance label holds: a proxy's upstream host:port (IPv6 in
+	// brackets), an OTLP resource's host.name, a unicode hostname
+	for _, host := range []string{"gpu-node-3", "gpu-node.3", "gpu_01.rack-2.example.com", "gpu-node-3:8000",
+		"10.0.0.7:8000", "[::1]:8000", "[2001:db8::7]:30000", "gpü-01.例え.jp", "ip-10-0-0-7.ec2.internal"} {
 		if _, err := parseConfig(getenvFrom(map[string]string{"GPUWATCH_HOST": host}), func() (string, error) { return "node-7", nil }); err != nil {
 			t.Errorf("GPUWATCH_HOST=%q: %v", host, err)
 		}

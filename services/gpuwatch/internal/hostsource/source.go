@@ -71,22 +71,32 @@ func New(opts Options, reg prometheus.Registerer, logger *slog.Logger) (*Source,
 	if err != nil {
 		return nil, fmt.Errorf("cannot open the sys root %s: %w", opts.SysRoot, err)
 	}
-	return &Source{proc: proc, netDev: initNetDev(proc), block: block, sys: opts.SysRoot, m: newMetrics(reg), logger: logger,
-		disk: newCounters(), net: newCounters()}, nil
+	s := &Source{proc: proc, block: block, sys: opts.SysRoot, m: newMetrics(reg), logger: logger,
+		disk: newCounters(), net: newCounters()}
+	s.netDev = s.initNetDev()
+	return s, nil
 }
 
 // initNetDev returns the reader of the interfaces of PID 1's network namespace, the host's,
-// or of the reader's own where PID 1's cannot be read (procfs mounted with hidepid). The
-// proc root's net/dev is the reader's namespace whatever the root (procfs resolves net
-// through self): in a container of its own network namespace with the host's /proc mounted,
-// its own interfaces, a veth whose name the host's /sys may give to the host's NIC.
-func initNetDev(proc procfs.FS) func() (procfs.NetDev, error) {
-	if p, err := proc.Proc(1); err == nil {
-		if _, err := guarded(p.NetDev); err == nil {
-			return p.NetDev
+// or of the reader's own where PID 1's cannot be read (procfs mounted with hidepid) or the
+// sys root describes none of them. The proc root's net/dev is the reader's namespace
+// whatever the root (procfs resolves net through self): in a container of its own network
+// namespace with the host's /proc mounted, its own interfaces, a veth whose name the host's
+// /sys may give to the host's NIC. A /sys mounted in that namespace (the container's own,
+// beside hostPID) lists the container's interfaces, not PID 1's: none of the host's would
+// be found backed by a device, and reading them all would count every bridge and veth
+// beside the NICs; the container's own, which that /sys describes, are read then.
+func (s *Source) initNetDev() func() (procfs.NetDev, error) {
+	if p, err := s.proc.Proc(1); err == nil {
+		if dev, err := guarded(p.NetDev); err == nil {
+			for name := range dev {
+				if name != "lo" && s.hasDevice("class/net", name) {
+					return p.NetDev
+				}
+			}
 		}
 	}
-	return proc.NetDev
+	return s.proc.NetDev
 }
 
 func newCounters() counters {

@@ -309,3 +309,34 @@ func TestHostProcInContainer(t *testing.T) {
 		t.Errorf("net_tx_bps %g, want %g", got, 5e5+1e9)
 	}
 }
+
+// TestHostPIDWithContainerSys: a container that sees the host's PIDs (hostPID, or the
+// host's /proc mounted) but has a network namespace and a /sys of its own: PID 1's
+// interfaces are the host's, but that /sys lists the container's, so none of the host's
+// can be told backed by a device, and reading them all would add every bridge, veth and
+// tunnel to the NICs whose traffic they carry. The reader's own interfaces, the ones /sys
+// describes, are read, as they were before PID 1's were.
+func TestHostPIDWithContainerSys(t *testing.T) {
+	root := fixture(t)
+	init := filepath.Join(root, "proc", "1", "net")
+	if err := os.MkdirAll(init, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	host := map[string][2]uint64{"lo": {100, 100}, "eno1": {5e11, 2e11}, "cni0": {4e10, 3e10}, "veth9f": {4e10, 3e10}, "tunl0": {1e9, 1e9}}
+	self := map[string][2]uint64{"lo": {100, 100}, "eth0": {1000, 2000}}
+	both := func(host, container map[string][2]uint64) {
+		writeLinks(t, root, host)
+		if err := os.Rename(filepath.Join(root, "proc", "net", "dev"), filepath.Join(init, "dev")); err != nil {
+			t.Fatal(err)
+		}
+		writeLinks(t, root, container)
+	}
+	both(host, self)
+	s, _ := open(t, root)
+	s.Read(t0)
+	both(add(host, map[string][2]uint64{"eno1": {1e6, 1e6}, "cni0": {1e6, 1e6}, "veth9f": {1e6, 1e6}}), add(self, map[string][2]uint64{"eth0": {1e6, 1e6}}))
+	smp := s.Read(t0.Add(time.Second))
+	if got := val(t, "net_rx_bps", smp.NetRxBps); got != 1e6 {
+		t.Errorf("net_rx_bps %g, want %g, the container's eth0 (the host's NIC, bridge and veth summed: 3e6)", got, 1e6)
+	}
+}

@@ -156,8 +156,99 @@ func TestSeriesFlood(t *testing.T) {
 		t.Errorf("after 3 scrapes of %d series: %d cached, %d tracked; want at most %d and %d", 3*maxSeries,
 			len(tg.cache.entries), len(tg.series), maxSeries, 2*maxSeries)
 	}
-	if v := testutil.ToFloat64(s.m.dropped.WithLabelValues("vllm", "series_over_limit")); v != 3*(2*maxSeries+1) {
-		t.Errorf("engine_series_dropped_total{series_over_limit} = %v, want %v", v, 3*(2*maxSeries+1))
+	// each tick's tenants are new: the first scrape reads the first maxSeries series; at the
+	// second those it held fill the limit until it ends (all but the gauge gone); the third
+	// is as the first
+	if v, want := testutil.ToFloat64(s.m.dropped.WithLabelValues("vllm", "series_over_limit")), float64((2*maxSeries+1)+3*maxSeries+(2*maxSeries+1)); v != want {
+		t.Errorf("engine_series_dropped_total{series_over_limit} = %v, want %v", v, want)
+	}
+}
+
+// TestSeriesFloodAfterModel: a flood that begins while the model is read (a tenant label
+// whose new values prometheus_client appends to the end of each family it floods) does not
+// push the model's series of the families after it out of the scrape: the series read
+// before keep their place, and the flood's new ones take what the limit leaves. The
+// model's generation tokens, exposed after the flooded family, go on being counted.
+func TestSeriesFloodAfterModel(t *testing.T) {
+	body := func(tick, flood int) string {
+		var b strings.Builder
+		b.WriteString("# TYPE vllm:prompt_tokens_total counter\n")
+		fmt.Fprintf(&b, "vllm:prompt_tokens_total{model_name=\"m\"} %d\n", 100*tick)
+		for i := range flood {
+			fmt.Fprintf(&b, "vllm:prompt_tokens_total{model_name=\"m\",tenant=\"t%d\"} 1\n", i)
+		}
+		b.WriteString("# TYPE vllm:generation_tokens_total counter\n")
+		fmt.Fprintf(&b, "vllm:generation_tokens_total{model_name=\"m\"} %d\n", 10*tick)
+		return b.String()
+	}
+	eng := newEngine(t, body(0, 0))
+	pub := &fakePublisher{}
+	s := New([]Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, Options{Host: "gpu-node-3", Interval: time.Second,
+		Timeout: 20 * time.Second, MaxBytes: 64 << 20, MaxModels: 16}, prometheus.NewRegistry(), discard())
+	for tick := range 4 {
+		flood := 0
+		if tick >= 2 {
+			flood = 2 * maxSeries
+		}
+		eng.set(body(tick, flood))
+		s.Tick(context.Background(), t0.Add(time.Duration(tick)*time.Second))
+		smp := one(t, pub.take(t))
+		if tick == 0 {
+			continue
+		}
+		if smp.GenerationTokens == nil || *smp.GenerationTokens != 10 {
+			t.Errorf("tick %d (flood of %d series before it): sample %s, want generation_tokens 10", tick, flood, jsonOf(smp))
+		}
+	}
+	if n := len(s.targets[0].cache.entries); n > maxSeries {
+		t.Errorf("%d series cached, want at most %d", n, maxSeries)
+	}
+}
+
+// TestSeriesLeftOutNotCountedWhole: a series the limit left out, read once the limit has
+// room (the flood before it gone), has a total gpuwatch never saw grow: with no creation
+// time to tell (SGLang, TGI, vLLM under PROMETHEUS_MULTIPROC_DIR) it is taken as where
+// its deltas start, not counted whole as a series new to the exposition would be.
+func TestSeriesLeftOutNotCountedWhole(t *testing.T) {
+	body := func(v, flood int) string {
+		var b strings.Builder
+		b.WriteString("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 3\n")
+		b.WriteString("# TYPE vllm:prompt_tokens_total counter\n")
+		for i := range flood {
+			fmt.Fprintf(&b, "vllm:prompt_tokens_total{model_name=\"m\",tenant=\"f%d\"} 1\n", i)
+		}
+		fmt.Fprintf(&b, "vllm:prompt_tokens_total{model_name=\"m\",tenant=\"real\"} %d\n", v)
+		b.WriteString("# TYPE vllm:time_to_first_token_seconds histogram\n")
+		fmt.Fprintf(&b, "vllm:time_to_first_token_seconds_bucket{le=\"1\",model_name=\"m\"} %d\n", v/10)
+		fmt.Fprintf(&b, "vllm:time_to_first_token_seconds_bucket{le=\"+Inf\",model_name=\"m\"} %d\n", v/10)
+		fmt.Fprintf(&b, "vllm:time_to_first_token_seconds_count{model_name=\"m\"} %d\nvllm:time_to_first_token_seconds_sum{model_name=\"m\"} %d\n", v/10, v/10)
+		return b.String()
+	}
+	eng := newEngine(t, body(1000, maxSeries))
+	pub := &fakePublisher{}
+	s := New([]Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, Options{Host: "gpu-node-3", Interval: time.Second,
+		Timeout: 20 * time.Second, MaxBytes: 64 << 20, MaxModels: 16}, prometheus.NewRegistry(), discard())
+	for tick, want := range []float64{-1, -1, 0, 10, 10} { // -1: no reading wanted
+		flood := 0
+		if tick == 0 {
+			flood = maxSeries
+		}
+		eng.set(body(1000+10*tick, flood))
+		s.Tick(context.Background(), t0.Add(time.Duration(tick)*time.Second))
+		smp := one(t, pub.take(t))
+		got := -1.0
+		if smp.PromptTokens != nil {
+			got = *smp.PromptTokens
+		}
+		if want >= 0 && got != want && !(want == 0 && got == -1) {
+			t.Errorf("tick %d: prompt_tokens %v, want %v (sample %s)", tick, got, want, jsonOf(smp))
+		}
+		if tick == 2 && smp.TTFT != nil && smp.TTFT.Count != 0 {
+			t.Errorf("tick 2: ttft count %v, want none (its series was left out before)", smp.TTFT.Count)
+		}
+		if tick == 3 && (smp.TTFT == nil || smp.TTFT.Count != 1) {
+			t.Errorf("tick 3: ttft %+v, want count 1", smp.TTFT)
+		}
 	}
 }
 
@@ -170,6 +261,8 @@ func TestHTMLAnswer(t *testing.T) {
 		{"text/html", "# not an exposition\n"},
 		{"text/html", "<!DOCTYPE html>\n<html><body>Sign in</body></html>\n"},
 		{"application/json", "{}"},
+		{"text/html; charset", ""}, // a parameter Go cannot parse: the type is still HTML
+		{"Text/HTML; charset=\"utf-8", "# a comment\n"},
 	} {
 		eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", tc.ctype)
@@ -183,6 +276,91 @@ func TestHTMLAnswer(t *testing.T) {
 		}
 		eng.Close()
 	}
+}
+
+// TestExpositionContentTypes: what engines and the proxies before them label an exposition
+// (prometheus_client's text/plain; version=0.0.4, OpenMetrics, none at all, a parameter
+// that does not parse) is read.
+func TestExpositionContentTypes(t *testing.T) {
+	for _, ctype := range []string{
+		"text/plain; version=0.0.4; charset=utf-8", "text/plain", "",
+		"application/openmetrics-text; version=1.0.0; charset=utf-8", "text/plain; charset",
+		"application/octet-stream",
+	} {
+		eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header()["Content-Type"] = []string{ctype} // "" too: net/http would sniff an unset one
+			_, _ = w.Write([]byte(fixture(t, "vllm.prom")))
+		}))
+		pub := &fakePublisher{}
+		s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 16)
+		s.Tick(context.Background(), t0)
+		if smp := one(t, pub.take(t)); !smp.Up {
+			t.Errorf("an exposition of type %q gave %s, want it read", ctype, jsonOf(smp))
+		}
+		eng.Close()
+	}
+}
+
+// TestMislabelledExposition: an exposition under the type of a web page or an API's answer
+// (Flask's default text/html for a route that returns generate_latest(), the
+// application/json some Rust exporters sent) is still an exposition: its series are read.
+// Only a document of those types with no series of the families read is refused.
+func TestMislabelledExposition(t *testing.T) {
+	for _, ctype := range []string{"text/html; charset=utf-8", "application/json"} {
+		eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", ctype)
+			_, _ = w.Write([]byte(fixture(t, "vllm.prom")))
+		}))
+		pub := &fakePublisher{}
+		s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 16)
+		s.Tick(context.Background(), t0)
+		if smp := one(t, pub.take(t)); !smp.Up || smp.Model == "" {
+			t.Errorf("an exposition labelled %s gave %s, want its model read", ctype, jsonOf(smp))
+		}
+		eng.Close()
+	}
+}
+
+// TestRedirectRule: which redirects an engine's endpoint may give. On its own host and port
+// (the host in any case, a default port written or not), and from http to https of the same
+// host on the default ports (a proxy that upgrades every request): followed. Another host
+// or port, or https to http (the URL's query and credentials would go in clear): not.
+func TestRedirectRule(t *testing.T) {
+	f := func(from, to string, hops int, want bool) {
+		t.Helper()
+		var via []*http.Request
+		for range hops {
+			r, err := http.NewRequest(http.MethodGet, from, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			via = append(via, r)
+		}
+		req, err := http.NewRequest(http.MethodGet, to, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sameHost(req, via); (err == nil) != want {
+			t.Errorf("redirect %s → %s after %d requests: err %v, want followed %v", from, to, hops, err, want)
+		}
+	}
+	f("http://gpu-node:8000/metrics", "http://gpu-node:8000/metrics/", 1, true)
+	f("http://gpu-node:8000/vllm/metrics", "http://gpu-node:8000/vllm/metrics/", 3, true)
+	f("http://[::1]:8000/metrics", "http://[::1]:8000/metrics/", 1, true)
+	f("http://gpu-node/metrics", "https://gpu-node/metrics", 1, true)
+	f("http://gpu-node:80/metrics", "https://gpu-node/metrics", 1, true)
+	f("http://gpu-node/metrics", "https://gpu-node:443/metrics", 1, true)
+	f("http://gpu-node/metrics", "http://gpu-node:80/metrics/", 1, true)
+	f("https://gpu-node/metrics", "https://gpu-node:443/metrics/", 1, true)
+	f("http://GPU-Node.example.com:8000/metrics", "http://gpu-node.example.com:8000/metrics/", 1, true)
+
+	f("http://gpu-node:8000/metrics", "http://gpu-node:8000/metrics/", 4, false)
+	f("https://gpu-node/metrics", "http://gpu-node/metrics", 1, false)
+	f("http://gpu-node:8000/metrics", "https://gpu-node:8000/metrics", 1, false)
+	f("http://gpu-node/metrics", "https://gpu-node:8443/metrics", 1, false)
+	f("http://gpu-node:8000/metrics", "http://gpu-node:9000/metrics", 1, false)
+	f("http://gpu-node/metrics", "https://login.example.com/metrics", 1, false)
+	f("http://[::1]:8000/metrics", "http://127.0.0.1:8000/metrics", 1, false)
 }
 
 // TestBodyBufferReleased: the buffer an exposition is read into is kept from one scrape to

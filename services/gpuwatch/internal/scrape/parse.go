@@ -33,7 +33,7 @@ func families(body []byte, byName map[string]mapping, c *seriesCache) (map[strin
 	var slab []bucket
 	var mtype model.MetricType // of the last TYPE line, as textparse reads the labels under it
 	c.gen++
-	c.dups, c.read, c.over = 0, 0, 0
+	c.dups, c.over = 0, 0
 	c.created = c.created[:0]
 	for {
 		entry, err := p.Next()
@@ -61,11 +61,11 @@ func families(body []byte, byName map[string]mapping, c *seriesCache) (map[strin
 		if !wanted(series, byName, types) {
 			continue // building the labels of a series is most of its cost: only for those read
 		}
-		if c.read++; c.read > maxSeries {
-			c.over++
+		e := c.entries[string(series)] // no allocation for the lookup
+		if e == nil && len(c.entries) >= maxSeries {
+			c.over++ // a series the last scrapes did not have, past the limit: those read before keep their place
 			continue
 		}
-		e := c.entries[string(series)] // no allocation for the lookup
 		if e == nil || e.mtype != mtype {
 			p.Labels(&lset)
 			e = c.newEntry(lset, mtype)
@@ -145,11 +145,14 @@ func families(body []byte, byName map[string]mapping, c *seriesCache) (map[strin
 	}
 }
 
-// maxSeries bounds the series of the families read that one scrape of an endpoint reads
-// (each histogram bucket is one): a vLLM or SGLang model exposes some 150. The state kept
-// for a series costs some twenty times its text, so a flood of label values (a tenant label,
-// an exporter's bug) is bounded by this, not only by GPUWATCH_ENGINE_MAX_BYTES; the series
-// past it are left out, in the exposition's order, and counted.
+// maxSeries bounds the series of the families read that an endpoint's scrapes hold (each
+// histogram bucket is one): a vLLM or SGLang model exposes some 150. The state kept for a
+// series costs some twenty times its text, so a flood of label values (a tenant label, an
+// exporter's bug) is bounded by this, not only by GPUWATCH_ENGINE_MAX_BYTES. A series
+// already held (read at the last scrape) is always read; a new one only while fewer than
+// maxSeries are held, so a flood that begins while a model is read cannot push the model's
+// series out, wherever in the exposition they are, and what is read does not move from
+// scrape to scrape with the exposition's order. New series past it are left out and counted.
 const maxSeries = 20_000
 
 // seriesCache keeps what the labels of each series say, keyed by the series' text as
@@ -164,8 +167,7 @@ type seriesCache struct {
 	byLabels map[string]*sameSeries
 	gen      uint64
 	dups     int             // series of the last scrape left out as copies of one before them
-	read     int             // series of the families read in the last scrape
-	over     int             // of them, those past maxSeries, left out
+	over     int             // series of the last scrape left out, new past maxSeries
 	created  []createdSeries // the last scrape's series of creation-time families
 }
 

@@ -63,11 +63,13 @@ type target struct {
 	series  map[string]*seriesState // by family and labels, as track keys them
 	created map[string]*createdTime // creation times of series, keyed as series by their _created family
 	gen     uint64                  // good scrapes read
+	leftOut bool                    // the last good scrape left series out (maxSeries): a series new since may be one of them, its total not new
 	read    time.Time               // the tick of the last good scrape read
 	live    int                     // series the last scrape had
 	key     []byte                  // track's key buffer
 	counts  []float64               // a histogram series' delta, before it is added
 	lastErr string
+	docType string // of the last answer, where it names a document no exposition has (notExposition)
 	out     []events.EngineSample
 }
 
@@ -263,6 +265,9 @@ func (s *Scraper) scrapeTarget(ctx context.Context, t *target, now time.Time) {
 	var fams map[string]*dto.MetricFamily
 	if err == nil {
 		fams, err = families(t.body.Bytes(), names[t.Engine], t.cache)
+		if t.docType != "" && (err != nil || len(fams) == 0 && len(t.cache.created) == 0) {
+			err = fmt.Errorf("engine answered a document of type %s, not an exposition", t.docType)
+		}
 		if err != nil {
 			reason = "malformed"
 		} else {
@@ -352,10 +357,11 @@ func (s *Scraper) fetch(ctx context.Context, t *target) (reason string, err erro
 		_, _ = io.CopyN(io.Discard, resp.Body, 4096)
 		return "http_status", fmt.Errorf("engine answered %s", resp.Status)
 	}
+	t.docType = ""
 	if ct := resp.Header.Get("Content-Type"); ct != "" {
-		if mt, _, err := mime.ParseMediaType(ct); err == nil && notExposition[mt] {
-			_, _ = io.CopyN(io.Discard, resp.Body, 4096)
-			return "malformed", fmt.Errorf("engine answered a document of type %s, not an exposition", mt)
+		// a parameter that does not parse still gives the type (mime.ErrInvalidMediaParameter)
+		if mt, _, err := mime.ParseMediaType(ct); (err == nil || errors.Is(err, mime.ErrInvalidMediaParameter)) && notExposition[mt] {
+			t.docType = mt // read all the same: an exposition under another type is one (see scrapeTarget)
 		}
 	}
 	t.body.Reset()
@@ -372,28 +378,47 @@ func (s *Scraper) fetch(ctx context.Context, t *target) (reason string, err erro
 	return "", nil
 }
 
-// notExposition are the media types of a 200 that is no exposition, whatever its body: a
-// proxy's error or login page in front of the engine, an API's answer. Others are read
-// (an engine or proxy may label its text anything).
+// notExposition are the media types of a 200 that is no exposition unless its body has
+// series of the families read: a proxy's error or login page in front of the engine, an
+// API's answer, whose body may parse (empty, or comments only) and would report the engine
+// up with nothing read. A body that has them is an exposition mislabelled (Flask's default
+// text/html for a route returning generate_latest(), the application/json of some Rust
+// exporters), read as Prometheus 2 reads it. Other types are read as they come.
 var notExposition = map[string]bool{"text/html": true, "application/xhtml+xml": true, "application/json": true,
 	"application/xml": true, "text/xml": true}
 
 // errRedirect is a redirect gpuwatch does not follow.
 var errRedirect = errors.New("redirect not followed")
 
-// sameHost follows a redirect on the engine's own scheme and host only (Starlette answers
-// /metrics with a redirect to /metrics/), at most 3: one elsewhere would have gpuwatch read,
-// and publish as this engine's, what another host serves, and send requests wherever the
-// engine points it.
+// sameHost follows a redirect on the engine's own host and port only (Starlette answers
+// /metrics with a redirect to /metrics/), or from http to https of that host on the
+// default ports (a proxy that upgrades every request), at most 3: one elsewhere would have
+// gpuwatch read, and publish as this engine's, what another host serves, and send requests
+// wherever the engine points it; one from https to http would send the URL's query and
+// credentials in clear.
 func sameHost(req *http.Request, via []*http.Request) error {
-	first := via[0].URL
+	first, to := via[0].URL, req.URL
+	same := strings.EqualFold(to.Hostname(), first.Hostname()) && (to.Scheme == first.Scheme && port(to) == port(first) ||
+		first.Scheme == "http" && to.Scheme == "https" && port(first) == "80" && port(to) == "443")
 	switch {
 	case len(via) > 3:
 		return fmt.Errorf("%w: more than 3 redirects", errRedirect)
-	case req.URL.Scheme != first.Scheme || req.URL.Host != first.Host:
-		return fmt.Errorf("%w: to another host (%s://%s)", errRedirect, req.URL.Scheme, req.URL.Host)
+	case !same:
+		return fmt.Errorf("%w: to %s://%s, not the engine's host, port and scheme", errRedirect, to.Scheme, to.Host)
 	}
 	return nil
+}
+
+// port returns u's port, the scheme's default where it has none.
+func port(u *url.URL) string {
+	switch p := u.Port(); {
+	case p != "":
+		return p
+	case u.Scheme == "https":
+		return "443"
+	default:
+		return "80"
+	}
 }
 
 // withoutURL returns err without the URL net/http puts in it, which shows the query (where
@@ -503,7 +528,7 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily, now time.Ti
 					}
 					continue
 				}
-				d, moved := v, !known // a new series counts from zero
+				d, moved := v, !known && !t.leftOut // a new series counts from zero; one the limit may have left out, from here
 				switch {
 				case !known && t.madeBefore(c):
 					moved = false // back after it was forgotten: its total is not this tick's
@@ -535,6 +560,7 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily, now time.Ti
 	}
 	t.sweep(now)
 	t.read = now
+	t.leftOut = t.cache.over > 0
 	if overLimit {
 		s.m.dropped.WithLabelValues(t.Name, "models_over_limit").Inc()
 	}
@@ -838,8 +864,8 @@ func (s *Scraper) readHist(t *target, st *state, f field, name, created string, 
 		st.has[f], st.hists[f], st.conflict[f] = false, nil, true
 		return
 	}
-	if st.baseline || (known && old == nil) || back || (old != nil && !anew && !slices.Equal(old.le, ch.le)) {
-		return // the model's first scrape, the series' first good value, back after it was forgotten, or new bounds
+	if st.baseline || (known && old == nil) || back || (!known && t.leftOut) || (old != nil && !anew && !slices.Equal(old.le, ch.le)) {
+		return // the model's first scrape, the series' first good value, back after it was forgotten, perhaps left out by the limit before, or new bounds
 	}
 	if anew {
 		old = nil // counted from zero
