@@ -347,12 +347,12 @@ func (s *state) resolvedSummary(o *Observation, thr float64, reason string) stri
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s resolved: ", s.key.Rule)
 	switch {
-	case reason == events.ResolvedWithinSLA:
-		fmt.Fprintf(&b, "%.4g, but no series it serves breaks its TTFT p95 SLA", o.Value)
 	case reason == events.ResolvedSilent && !s.normalOK:
 		fmt.Fprintf(&b, "no value to judge for %d window(s); last %.4g", s.silent, o.Value)
 		s.direction(&b, o)
 		fmt.Fprintf(&b, "%.4g", thr)
+	case o.Normal == events.ResolvedWithinSLA: // busy: the value is beyond the level, and normal
+		fmt.Fprintf(&b, "%.4g, but no series it serves breaks its TTFT p95 SLA", o.Value)
 	default:
 		fmt.Fprintf(&b, "%.4g back", o.Value)
 		switch { // the side of the level a normal value is on
@@ -366,11 +366,11 @@ func (s *state) resolvedSummary(o *Observation, thr float64, reason string) stri
 			b.WriteString(" at or above ")
 		}
 		fmt.Fprintf(&b, "%.4g", thr)
-		if reason == events.ResolvedSilent {
-			fmt.Fprintf(&b, ", then no value to judge for %d window(s)", s.silent)
-		}
 	}
-	if reason != events.ResolvedWithinSLA {
+	if reason == events.ResolvedSilent && s.normalOK { // before or after the normal one
+		fmt.Fprintf(&b, "; %d window(s) had no value to judge", s.silent)
+	}
+	if o.Normal != events.ResolvedWithinSLA {
 		o = &Observation{Method: o.Method, Center: o.Center, Spread: o.Spread} // no note: it explained the breach
 	}
 	s.summaryTail(&b, o)

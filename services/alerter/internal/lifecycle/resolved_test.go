@@ -39,7 +39,7 @@ func TestResolvedCarriesTheWindowThatResolvedIt(t *testing.T) {
 		{"silent series: the last breach, and the reason", []*Observation{&breach, ptr(obs(160)), nil, nil},
 			160, 100, 50, 1, events.ResolvedSilent, "no value to judge for 2 window(s); last 160 above 100"},
 		{"normal then silent: the normal window, and the reason", []*Observation{&breach, &breach, ptr(obs(40)), nil},
-			40, 90, 50, 2, events.ResolvedSilent, "40 back at or below 90, then no value to judge for 1 window(s)"},
+			40, 90, 50, 2, events.ResolvedSilent, "40 back at or below 90; 1 window(s) had no value to judge"},
 		{"within SLA: the reason the value is normal", []*Observation{&breach, &breach, ptr(Observation{Value: 150, Threshold: 100, ResolveAt: 100, HighIsBad: true, Normal: events.ResolvedWithinSLA, Method: "static", KeepFiringFor: 1})},
 			150, 100, 0, 2, events.ResolvedWithinSLA, "150, but no series it serves breaks its TTFT p95 SLA"},
 	} {
@@ -158,5 +158,52 @@ func TestHoldIsBounded(t *testing.T) {
 	}
 	if r := resolved[0]; r.ResolveReason != events.ResolvedSilent || r.Value != 150 {
 		t.Errorf("resolved %+v, want silent with the last breach", r)
+	}
+}
+
+// TestResolvedSummaryMatchesItsWindows: a resolved alert's summary tells what its windows
+// held, in their order. A gpu_saturation alert whose host stayed busy within SLA and then
+// went silent said "150 back at or below 100" (a value beyond the level, "back" past it);
+// a silent window before the normal one was told as coming after it ("then").
+func TestResolvedSummaryMatchesItsWindows(t *testing.T) {
+	t0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	breach := obs(150)
+	withinSLA := Observation{Value: 150, Threshold: 100, ResolveAt: 100, HighIsBad: true, Normal: events.ResolvedWithinSLA, Method: "static", KeepFiringFor: 2}
+	for _, tc := range []struct {
+		name       string
+		windows    []*Observation
+		wantReason string
+		want, not  string
+	}{
+		{"within SLA, then silent", []*Observation{&breach, &breach, &withinSLA, nil},
+			events.ResolvedSilent, "150, but no series it serves breaks its TTFT p95 SLA; 1 window(s) had no value to judge", "back"},
+		{"silent, then normal", []*Observation{&breach, &breach, nil, ptr(obs(40))},
+			events.ResolvedSilent, "40 back at or below 90; 1 window(s) had no value to judge", "then"},
+		{"normal, then silent", []*Observation{&breach, &breach, ptr(obs(40)), nil},
+			events.ResolvedSilent, "40 back at or below 90; 1 window(s) had no value to judge", "then"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := New(time.Hour)
+			var resolved []events.Alert
+			for i, o := range tc.windows {
+				start := t0.Add(time.Duration(i) * time.Minute)
+				tr.Begin(start)
+				if o != nil {
+					tr.Observe(key, *o)
+				}
+				for _, a := range tr.End(start.Add(time.Minute)) {
+					if a.State == events.AlertResolved {
+						resolved = append(resolved, a)
+					}
+				}
+			}
+			if len(resolved) != 1 {
+				t.Fatalf("resolved %d times, want once", len(resolved))
+			}
+			a := resolved[0]
+			if a.ResolveReason != tc.wantReason || !strings.Contains(a.Summary, tc.want) || strings.Contains(a.Summary, tc.not) {
+				t.Errorf("reason %q summary %q, want %q containing %q and not %q", a.ResolveReason, a.Summary, tc.wantReason, tc.want, tc.not)
+			}
+		})
 	}
 }
