@@ -284,7 +284,9 @@ func (s *state) alert(st string, at time.Time) events.Alert {
 		StartsAt:       s.startsAt.UTC(),
 		At:             at.UTC(),
 		Summary:        s.summary(),
-		EngineCause:    s.last.Cause,
+		// What a restart needs to keep the hold.
+		JudgedWindowStart: s.judged.UTC(),
+		EngineCause:       s.last.Cause,
 	}
 }
 
@@ -416,7 +418,8 @@ func (s *state) summaryTail(b *strings.Builder, o *Observation) {
 
 // Restore makes a firing alert read back after a restart firing again without sending it:
 // it will be re-sent at its resend time and resolved once, after keepFiringFor normal
-// windows (its rule's, as before the restart). A resolved alert clears its key. highIsBad
+// windows (its rule's, as before the restart), or once held for MaxHold after its latest
+// judged window (JudgedWindowStart). A resolved alert clears its key. highIsBad
 // is its rule's bad direction, which the alert does not carry.
 func (t *Tracker) Restore(a events.Alert, keepFiringFor int, highIsBad bool) {
 	k := KeyOf(&a)
@@ -428,7 +431,10 @@ func (t *Tracker) Restore(a events.Alert, keepFiringFor int, highIsBad bool) {
 	if a.StartsAt.IsZero() {
 		a.StartsAt = a.At
 	}
-	judged := a.WindowStart
+	judged := a.WindowStart // an alert from before judged_window_start: its breach
+	if a.JudgedWindowStart.After(judged) {
+		judged = a.JudgedWindowStart
+	}
 	if judged.IsZero() {
 		judged = a.At
 	}

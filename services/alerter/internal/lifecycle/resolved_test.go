@@ -207,3 +207,50 @@ func TestResolvedSummaryMatchesItsWindows(t *testing.T) {
 		})
 	}
 }
+
+// TestRestartKeepsTheHold: an alert held after a normal window resolves when its hold ends
+// whether or not the alerter restarted meanwhile: the firing alert it restores from says
+// which window was judged last (judged_window_start), and the hold runs from there. A restart measured the hold
+// from the breaching window, resolving the alert hours early as silent.
+func TestRestartKeepsTheHold(t *testing.T) {
+	t0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	normalAt := 20 * 60 // minutes after t0: one normal window, then only held windows
+	restartAt := 25 * 60
+	run := func(restart bool) (time.Time, events.Alert) {
+		tr := New(time.Hour)
+		var lastFiring events.Alert
+		for i := 0; i < normalAt+24*60+10; i++ {
+			start := t0.Add(time.Duration(i) * time.Minute)
+			if restart && i == restartAt {
+				tr = New(time.Hour)
+				tr.Restore(lastFiring, 2, true)
+			}
+			tr.Begin(start)
+			switch {
+			case i < 2:
+				tr.Observe(key, obs(150))
+			case i == normalAt:
+				tr.Observe(key, obs(40))
+			default:
+				tr.Hold(key)
+			}
+			for _, a := range tr.End(start.Add(time.Minute)) {
+				if a.State == events.AlertResolved {
+					return start.Add(time.Minute), a
+				}
+				lastFiring = a
+			}
+		}
+		return time.Time{}, events.Alert{}
+	}
+	want, _ := run(false)
+	// The normal window counts: one window past the hold resolves it.
+	if exp := t0.Add(time.Duration(normalAt)*time.Minute + MaxHold + time.Minute); !want.Equal(exp) {
+		t.Fatalf("without a restart resolved at %s, want %s", want, exp)
+	}
+	// The normal window before the restart is not counted again: one window later at most.
+	got, a := run(true)
+	if got.Before(want) || got.After(want.Add(time.Minute)) || a.ResolveReason != events.ResolvedSilent {
+		t.Errorf("after a restart resolved at %s (%s), want %s or the window after, silent", got, a.ResolveReason, want)
+	}
+}
