@@ -369,13 +369,13 @@ func (s *state) resolvedSummary(o *Observation, thr float64, reason string) stri
 		}
 		fmt.Fprintf(&b, "%.4g", thr)
 	}
-	if reason == events.ResolvedSilent && s.normalOK { // before or after the normal one
-		fmt.Fprintf(&b, "; %d window(s) had no value to judge", s.silent)
-	}
 	if o.Normal != events.ResolvedWithinSLA {
 		o = &Observation{Method: o.Method, Center: o.Center, Spread: o.Spread} // no note: it explained the breach
 	}
 	s.summaryTail(&b, o)
+	if reason == events.ResolvedSilent && s.normalOK { // before or after the normal one
+		fmt.Fprintf(&b, "; %d window(s) had no value to judge", s.silent)
+	}
 	return b.String()
 }
 

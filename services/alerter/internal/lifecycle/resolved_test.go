@@ -39,7 +39,7 @@ func TestResolvedCarriesTheWindowThatResolvedIt(t *testing.T) {
 		{"silent series: the last breach, and the reason", []*Observation{&breach, ptr(obs(160)), nil, nil},
 			160, 100, 50, 1, events.ResolvedSilent, "no value to judge for 2 window(s); last 160 above 100"},
 		{"normal then silent: the normal window, and the reason", []*Observation{&breach, &breach, ptr(obs(40)), nil},
-			40, 90, 50, 2, events.ResolvedSilent, "40 back at or below 90; 1 window(s) had no value to judge"},
+			40, 90, 50, 2, events.ResolvedSilent, "40 back at or below 90 (baseline mean 50, σ 25) on prod/chat/m/0-499; 1 window(s) had no value to judge"},
 		{"within SLA: the reason the value is normal", []*Observation{&breach, &breach, ptr(Observation{Value: 150, Threshold: 100, ResolveAt: 100, HighIsBad: true, Normal: events.ResolvedWithinSLA, Method: "static", KeepFiringFor: 1})},
 			150, 100, 0, 2, events.ResolvedWithinSLA, "150, but no series it serves breaks its TTFT p95 SLA"},
 	} {
@@ -176,11 +176,11 @@ func TestResolvedSummaryMatchesItsWindows(t *testing.T) {
 		want, not  string
 	}{
 		{"within SLA, then silent", []*Observation{&breach, &breach, &withinSLA, nil},
-			events.ResolvedSilent, "150, but no series it serves breaks its TTFT p95 SLA; 1 window(s) had no value to judge", "back"},
+			events.ResolvedSilent, "150, but no series it serves breaks its TTFT p95 SLA on prod/chat/m/0-499; 1 window(s) had no value to judge", "back"},
 		{"silent, then normal", []*Observation{&breach, &breach, nil, ptr(obs(40))},
-			events.ResolvedSilent, "40 back at or below 90; 1 window(s) had no value to judge", "then"},
+			events.ResolvedSilent, "40 back at or below 90 (baseline mean 50, σ 25) on prod/chat/m/0-499; 1 window(s) had no value to judge", "then"},
 		{"normal, then silent", []*Observation{&breach, &breach, ptr(obs(40)), nil},
-			events.ResolvedSilent, "40 back at or below 90; 1 window(s) had no value to judge", "then"},
+			events.ResolvedSilent, "40 back at or below 90 (baseline mean 50, σ 25) on prod/chat/m/0-499; 1 window(s) had no value to judge", "then"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tr := New(time.Hour)
@@ -201,8 +201,8 @@ func TestResolvedSummaryMatchesItsWindows(t *testing.T) {
 				t.Fatalf("resolved %d times, want once", len(resolved))
 			}
 			a := resolved[0]
-			if a.ResolveReason != tc.wantReason || !strings.Contains(a.Summary, tc.want) || strings.Contains(a.Summary, tc.not) {
-				t.Errorf("reason %q summary %q, want %q containing %q and not %q", a.ResolveReason, a.Summary, tc.wantReason, tc.want, tc.not)
+			if a.ResolveReason != tc.wantReason || !strings.HasSuffix(a.Summary, tc.want) || strings.Contains(a.Summary, tc.not) {
+				t.Errorf("reason %q summary %q, want %q ending %q and not containing %q", a.ResolveReason, a.Summary, tc.wantReason, tc.want, tc.not)
 			}
 		})
 	}
