@@ -419,9 +419,10 @@ func (s *state) summaryTail(b *strings.Builder, o *Observation) {
 // Restore makes a firing alert read back after a restart firing again without sending it:
 // it will be re-sent at its resend time and resolved once, after keepFiringFor normal
 // windows (its rule's, as before the restart), or once held for MaxHold after its latest
-// judged window (JudgedWindowStart). A resolved alert clears its key. highIsBad
-// is its rule's bad direction, which the alert does not carry.
-func (t *Tracker) Restore(a events.Alert, keepFiringFor int, highIsBad bool) {
+// judged window (JudgedWindowStart). A resolved alert clears its key. highIsBad and
+// inclusive are its rule's bad direction and whether a value at the threshold breaches
+// (Observation's), which the alert does not carry.
+func (t *Tracker) Restore(a events.Alert, keepFiringFor int, highIsBad, inclusive bool) {
 	k := KeyOf(&a)
 	if a.State != events.AlertFiring {
 		delete(t.states, k)
@@ -451,7 +452,7 @@ func (t *Tracker) Restore(a events.Alert, keepFiringFor int, highIsBad bool) {
 		judged:   judged,
 		keepFor:  keepFiringFor,
 		last: Observation{
-			Value: a.Value, Threshold: a.Threshold, HighIsBad: highIsBad, Method: a.BaselineMethod,
+			Value: a.Value, Threshold: a.Threshold, HighIsBad: highIsBad, Inclusive: inclusive, Method: a.BaselineMethod,
 			Center: a.BaselineCenter, Spread: a.BaselineSpread,
 		},
 	}

@@ -121,7 +121,7 @@ func TestRestoredAlertKnowsItsDirection(t *testing.T) {
 		k := Key{Rule: tc.rule, Severity: "warning", Env: "prod", Scene: "chat"}
 		tr := New(time.Hour)
 		tr.Restore(events.Alert{Rule: k.Rule, Severity: k.Severity, State: events.AlertFiring, Labels: k.Labels(),
-			Value: tc.value, Threshold: tc.threshold, StartsAt: t0, At: t0}, 1, tc.highIsBad)
+			Value: tc.value, Threshold: tc.threshold, StartsAt: t0, At: t0}, 1, tc.highIsBad, false)
 		tr.Begin(t0)
 		sent := tr.End(t0.Add(time.Minute))
 		if len(sent) != 1 || sent[0].ResolveReason != events.ResolvedSilent || !strings.Contains(sent[0].Summary, tc.want) {
@@ -223,7 +223,7 @@ func TestRestartKeepsTheHold(t *testing.T) {
 			start := t0.Add(time.Duration(i) * time.Minute)
 			if restart && i == restartAt {
 				tr = New(time.Hour)
-				tr.Restore(lastFiring, 2, true)
+				tr.Restore(lastFiring, 2, true, false)
 			}
 			tr.Begin(start)
 			switch {
