@@ -115,7 +115,7 @@ func TestMigrateIdempotent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"001_requests.sql", "002_token_rollups.sql", "003_gpu_rollups.sql", "004_alerts.sql", "005_engine_rollups.sql", "006_host_rollups.sql", "007_layers.sql", "008_feedback.sql", "008_feedback_rollups.sql", "009_outcomes.sql", "010_scores.sql", "011_rollup_outbox.sql"}
+	want := []string{"001_requests.sql", "002_token_rollups.sql", "003_gpu_rollups.sql", "004_alerts.sql", "005_engine_rollups.sql", "006_host_rollups.sql", "007_layers.sql", "008_feedback.sql", "008_feedback_rollups.sql", "009_outcomes.sql", "010_scores.sql", "011_rollup_outbox.sql", "012_alert_resolve_reason.sql"}
 	if !slices.Equal(first.Applied, want) || len(first.Existing) != 0 || len(first.Created) != 9 {
 		t.Fatalf("first run: %+v", first)
 	}
@@ -167,7 +167,7 @@ func TestMigrateReportsExisting(t *testing.T) {
 	if !slices.Equal(m.Existing, wantExisting) {
 		t.Errorf("existing %v, want %v", m.Existing, wantExisting)
 	}
-	if want := []string{"001_requests.sql", "003_gpu_rollups.sql", "005_engine_rollups.sql", "006_host_rollups.sql", "007_layers.sql", "008_feedback.sql", "008_feedback_rollups.sql", "010_scores.sql", "011_rollup_outbox.sql"}; !slices.Equal(m.Applied, want) {
+	if want := []string{"001_requests.sql", "003_gpu_rollups.sql", "005_engine_rollups.sql", "006_host_rollups.sql", "007_layers.sql", "008_feedback.sql", "008_feedback_rollups.sql", "010_scores.sql", "011_rollup_outbox.sql", "012_alert_resolve_reason.sql"}; !slices.Equal(m.Applied, want) {
 		t.Errorf("applied %v, want %v", m.Applied, want)
 	}
 	if want := []string{"requests", "gpu_rollups", "engine_rollups", "host_rollups", "feedback", "feedback_rollups", "rollup_outbox"}; !slices.Equal(m.Created, want) {

@@ -72,6 +72,9 @@ var scoreColumns = []string{"requests.score_names", "requests.score_values"}
 // outcomeColumns are what 009_outcomes.sql adds.
 var outcomeColumns = []string{"token_rollups.completed", "token_rollups.abandoned"}
 
+// alertColumns are what 012_alert_resolve_reason.sql adds.
+var alertColumns = []string{"alerts.resolve_reason"}
+
 // checkLayersMigration upgrades a deployment made before the layers to the current
 // migrations on x: the columns are added, rows stored before read as the gateway's, and
 // running it again, or a copy of it under another name (a second service migrating at
@@ -93,7 +96,7 @@ func checkLayersMigration(t *testing.T, x chdb.Executor, db, server, settings st
 	if err != nil {
 		t.Fatal(err)
 	}
-	if wantAdded := slices.Concat(layerColumns, outcomeColumns, scoreColumns); !slices.Contains(m.Applied, "007_layers.sql") || !slices.Contains(m.Applied, "009_outcomes.sql") || !slices.Contains(m.Applied, "010_scores.sql") || !slices.Equal(m.Added, wantAdded) {
+	if wantAdded := slices.Concat(layerColumns, outcomeColumns, scoreColumns, alertColumns); !slices.Contains(m.Applied, "007_layers.sql") || !slices.Contains(m.Applied, "009_outcomes.sql") || !slices.Contains(m.Applied, "010_scores.sql") || !slices.Equal(m.Added, wantAdded) {
 		t.Fatalf("upgrade: applied %v, added %v; want 007_layers.sql, 009_outcomes.sql and 010_scores.sql adding %v", m.Applied, m.Added, wantAdded)
 	}
 	for q, want := range map[string]string{
@@ -195,7 +198,7 @@ func TestMigrateLayersDistributed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(m.Applied, "007_layers.sql") || !slices.Equal(m.Added, slices.Concat([]string{"token_rollups.layer"}, outcomeColumns, scoreColumns)) {
+	if !slices.Contains(m.Applied, "007_layers.sql") || !slices.Equal(m.Added, slices.Concat([]string{"token_rollups.layer"}, outcomeColumns, scoreColumns, alertColumns)) {
 		t.Fatalf("after the local table: applied %v, added %v", m.Applied, m.Added)
 	}
 	var n uint64

@@ -48,10 +48,15 @@ type Alert struct {
 	BaselineCenter float64   `json:"baseline_center,omitempty"`
 	BaselineSpread float64   `json:"baseline_spread,omitempty"`
 	WindowStart    time.Time `json:"window_start"`
-	StartsAt       time.Time `json:"starts_at"`
-	EndsAt         time.Time `json:"ends_at,omitzero"`
-	At             time.Time `json:"at"`
-	Summary        string    `json:"summary,omitempty"`
+	// JudgedWindowStart, on a firing alert: the start of its latest window with a value to
+	// judge, breaching or normal (WindowStart or later). While its series has too little
+	// traffic to judge, the alert is held, for 24 hours after this window; a restarted
+	// alerter holds it for what is left of them.
+	JudgedWindowStart time.Time `json:"judged_window_start,omitzero"`
+	StartsAt          time.Time `json:"starts_at"`
+	EndsAt            time.Time `json:"ends_at,omitzero"`
+	At                time.Time `json:"at"`
+	Summary           string    `json:"summary,omitempty"`
 	// ResolveReason, on a resolved alert only: ResolvedNormal, ResolvedSilent or
 	// ResolvedWithinSLA.
 	ResolveReason string `json:"resolve_reason,omitempty"`

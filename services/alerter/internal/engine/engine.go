@@ -153,7 +153,7 @@ func (e *Engine) Counts() Counts {
 // defaults').
 func (e *Engine) Restore(alerts []events.Alert) {
 	for _, a := range alerts {
-		e.life.Restore(a, e.rules.For(a.Labels["scene"]).KeepFiringFor, highIsBad(a.Rule))
+		e.life.Restore(a, e.rules.For(a.Labels["scene"]).KeepFiringFor, highIsBad(a.Rule), breachesAtThreshold(a.Rule))
 	}
 }
 

@@ -326,3 +326,31 @@ func TestRestoredAlertKeepsFiringFor(t *testing.T) {
 		t.Errorf("resolved %+v, want silent with the last breach, 2600 above 2000", r)
 	}
 }
+
+// TestRestoredEngineAlertKeepsItsComparison: a restored engine_down or kv_cache_saturation
+// alert, whose breach is a value at its threshold too, says so when it resolves by silence.
+// It said "last 1 above 1" of an engine whose every scrape failed.
+func TestRestoredEngineAlertKeepsItsComparison(t *testing.T) {
+	t0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		rule, severity   string
+		value, threshold float64
+		want             string
+	}{
+		{rules.DownName, events.SeverityCritical, 1, 1, "last 1 at or above 1"},
+		{rules.KVCacheName, events.SeverityWarning, 0.95, 0.95, "last 0.95 at or above 0.95"},
+		{rules.PreemptionsName, events.SeverityWarning, 2, 0, "last 2 above 0"},
+	} {
+		e := newEngine(t, rules.NewSet())
+		labels := map[string]string{"alertname": tc.rule, "severity": tc.severity, "instance": "gpu-1", "engine": "vllm"}
+		e.Restore([]events.Alert{{V: 1, Fingerprint: "f", Rule: tc.rule, Severity: tc.severity, State: events.AlertFiring, Labels: labels,
+			Value: tc.value, Threshold: tc.threshold, BaselineMethod: rules.Static, WindowStart: t0.Add(-2 * time.Minute), StartsAt: t0.Add(-time.Minute), At: t0.Add(-time.Minute)}})
+		var sent []events.Alert
+		for i := range 3 {
+			sent = append(sent, e.Evaluate(engine.Window{Start: t0.Add(time.Duration(i) * time.Minute), Seconds: 60})...)
+		}
+		if len(sent) != 1 || sent[0].ResolveReason != events.ResolvedSilent || !strings.Contains(sent[0].Summary, tc.want) {
+			t.Errorf("%s: sent %+v, want it resolved as silent, %q", tc.rule, sent, tc.want)
+		}
+	}
+}

@@ -248,8 +248,8 @@ func (e *Engine) processEngines(plan baseline.Plan, evaluate, learn bool) {
 					e.checkDynamic(r, m, lk, a.hist, plan, vals[i], a.finishedRequests, nil)
 				}
 			}
-			e.checkEngineLevel(r, r.Engine.KVCache, rules.KVCacheName, lk, a.gaugesOK, a.kvAvg, a.seconds, true)
-			e.checkEngineLevel(r, r.Engine.Preemptions, rules.PreemptionsName, lk, true, a.preemptionsPerS, a.seconds, false)
+			e.checkEngineLevel(r, r.Engine.KVCache, rules.KVCacheName, lk, a.gaugesOK, a.kvAvg, a.seconds, breachesAtThreshold(rules.KVCacheName))
+			e.checkEngineLevel(r, r.Engine.Preemptions, rules.PreemptionsName, lk, true, a.preemptionsPerS, a.seconds, breachesAtThreshold(rules.PreemptionsName))
 		}
 		if learn && a.up > 0 {
 			e.engines.AddAll(a.hist, plan.Step, vals[:], ok[:])
@@ -264,12 +264,18 @@ func (e *Engine) processEngines(plan baseline.Plan, evaluate, learn bool) {
 		if evaluate && d.samples > 0 {
 			lk := lifecycle.Key{Instance: dk.host, Engine: dk.name}
 			failed := float64(d.down) / float64(d.samples)
-			e.checkEngineLevel(r, r.Engine.Down, rules.DownName, lk, true, failed, d.seconds, true)
+			e.checkEngineLevel(r, r.Engine.Down, rules.DownName, lk, true, failed, d.seconds, breachesAtThreshold(rules.DownName))
 		}
 		delete(e.downAgg, dk)
 	}
 	clear(e.hostEngines)
 	clear(e.breachedHosts)
+}
+
+// breachesAtThreshold reports whether a value at an engine rule's threshold breaches it:
+// KV-cache usage at its level, an engine down in every scrape (a fraction of 1).
+func breachesAtThreshold(rule string) bool {
+	return rule == rules.KVCacheName || rule == rules.DownName
 }
 
 // checkEngineLevel observes one static engine rule: value against the level's threshold

@@ -284,7 +284,9 @@ func (s *state) alert(st string, at time.Time) events.Alert {
 		StartsAt:       s.startsAt.UTC(),
 		At:             at.UTC(),
 		Summary:        s.summary(),
-		EngineCause:    s.last.Cause,
+		// What a restart needs to keep the hold.
+		JudgedWindowStart: s.judged.UTC(),
+		EngineCause:       s.last.Cause,
 	}
 }
 
@@ -347,12 +349,12 @@ func (s *state) resolvedSummary(o *Observation, thr float64, reason string) stri
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s resolved: ", s.key.Rule)
 	switch {
-	case reason == events.ResolvedWithinSLA:
-		fmt.Fprintf(&b, "%.4g, but no series it serves breaks its TTFT p95 SLA", o.Value)
 	case reason == events.ResolvedSilent && !s.normalOK:
 		fmt.Fprintf(&b, "no value to judge for %d window(s); last %.4g", s.silent, o.Value)
 		s.direction(&b, o)
 		fmt.Fprintf(&b, "%.4g", thr)
+	case o.Normal == events.ResolvedWithinSLA: // busy: the value is beyond the level, and normal
+		fmt.Fprintf(&b, "%.4g, but no series it serves breaks its TTFT p95 SLA", o.Value)
 	default:
 		fmt.Fprintf(&b, "%.4g back", o.Value)
 		switch { // the side of the level a normal value is on
@@ -366,14 +368,14 @@ func (s *state) resolvedSummary(o *Observation, thr float64, reason string) stri
 			b.WriteString(" at or above ")
 		}
 		fmt.Fprintf(&b, "%.4g", thr)
-		if reason == events.ResolvedSilent {
-			fmt.Fprintf(&b, ", then no value to judge for %d window(s)", s.silent)
-		}
 	}
-	if reason != events.ResolvedWithinSLA {
+	if o.Normal != events.ResolvedWithinSLA {
 		o = &Observation{Method: o.Method, Center: o.Center, Spread: o.Spread} // no note: it explained the breach
 	}
 	s.summaryTail(&b, o)
+	if reason == events.ResolvedSilent && s.normalOK { // before or after the normal one
+		fmt.Fprintf(&b, "; %d window(s) had no value to judge", s.silent)
+	}
 	return b.String()
 }
 
@@ -416,9 +418,11 @@ func (s *state) summaryTail(b *strings.Builder, o *Observation) {
 
 // Restore makes a firing alert read back after a restart firing again without sending it:
 // it will be re-sent at its resend time and resolved once, after keepFiringFor normal
-// windows (its rule's, as before the restart). A resolved alert clears its key. highIsBad
-// is its rule's bad direction, which the alert does not carry.
-func (t *Tracker) Restore(a events.Alert, keepFiringFor int, highIsBad bool) {
+// windows (its rule's, as before the restart), or once held for MaxHold after its latest
+// judged window (JudgedWindowStart). A resolved alert clears its key. highIsBad and
+// inclusive are its rule's bad direction and whether a value at the threshold breaches
+// (Observation's), which the alert does not carry.
+func (t *Tracker) Restore(a events.Alert, keepFiringFor int, highIsBad, inclusive bool) {
 	k := KeyOf(&a)
 	if a.State != events.AlertFiring {
 		delete(t.states, k)
@@ -428,7 +432,10 @@ func (t *Tracker) Restore(a events.Alert, keepFiringFor int, highIsBad bool) {
 	if a.StartsAt.IsZero() {
 		a.StartsAt = a.At
 	}
-	judged := a.WindowStart
+	judged := a.WindowStart // an alert from before judged_window_start: its breach
+	if a.JudgedWindowStart.After(judged) {
+		judged = a.JudgedWindowStart
+	}
 	if judged.IsZero() {
 		judged = a.At
 	}
@@ -445,7 +452,7 @@ func (t *Tracker) Restore(a events.Alert, keepFiringFor int, highIsBad bool) {
 		judged:   judged,
 		keepFor:  keepFiringFor,
 		last: Observation{
-			Value: a.Value, Threshold: a.Threshold, HighIsBad: highIsBad, Method: a.BaselineMethod,
+			Value: a.Value, Threshold: a.Threshold, HighIsBad: highIsBad, Inclusive: inclusive, Method: a.BaselineMethod,
 			Center: a.BaselineCenter, Spread: a.BaselineSpread,
 		},
 	}

@@ -120,7 +120,7 @@ func TestRestore(t *testing.T) {
 	labels := key.Labels()
 	restored := New(time.Hour)
 	restored.Restore(events.Alert{Fingerprint: Fingerprint(labels), Rule: key.Rule, Severity: key.Severity, State: events.AlertFiring,
-		Labels: labels, StartsAt: t0.Add(2 * time.Minute), At: t0.Add(2 * time.Minute)}, 2, true)
+		Labels: labels, StartsAt: t0.Add(2 * time.Minute), At: t0.Add(2 * time.Minute)}, 2, true, false)
 	got := step(restored, t0.Add(2*time.Minute), 150, 150, 50, 50)
 	want := [][]string{nil, nil, nil, {events.AlertResolved}}
 	for i := range want {

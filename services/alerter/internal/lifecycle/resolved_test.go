@@ -39,7 +39,7 @@ func TestResolvedCarriesTheWindowThatResolvedIt(t *testing.T) {
 		{"silent series: the last breach, and the reason", []*Observation{&breach, ptr(obs(160)), nil, nil},
 			160, 100, 50, 1, events.ResolvedSilent, "no value to judge for 2 window(s); last 160 above 100"},
 		{"normal then silent: the normal window, and the reason", []*Observation{&breach, &breach, ptr(obs(40)), nil},
-			40, 90, 50, 2, events.ResolvedSilent, "40 back at or below 90, then no value to judge for 1 window(s)"},
+			40, 90, 50, 2, events.ResolvedSilent, "40 back at or below 90 (baseline mean 50, σ 25) on prod/chat/m/0-499; 1 window(s) had no value to judge"},
 		{"within SLA: the reason the value is normal", []*Observation{&breach, &breach, ptr(Observation{Value: 150, Threshold: 100, ResolveAt: 100, HighIsBad: true, Normal: events.ResolvedWithinSLA, Method: "static", KeepFiringFor: 1})},
 			150, 100, 0, 2, events.ResolvedWithinSLA, "150, but no series it serves breaks its TTFT p95 SLA"},
 	} {
@@ -121,7 +121,7 @@ func TestRestoredAlertKnowsItsDirection(t *testing.T) {
 		k := Key{Rule: tc.rule, Severity: "warning", Env: "prod", Scene: "chat"}
 		tr := New(time.Hour)
 		tr.Restore(events.Alert{Rule: k.Rule, Severity: k.Severity, State: events.AlertFiring, Labels: k.Labels(),
-			Value: tc.value, Threshold: tc.threshold, StartsAt: t0, At: t0}, 1, tc.highIsBad)
+			Value: tc.value, Threshold: tc.threshold, StartsAt: t0, At: t0}, 1, tc.highIsBad, false)
 		tr.Begin(t0)
 		sent := tr.End(t0.Add(time.Minute))
 		if len(sent) != 1 || sent[0].ResolveReason != events.ResolvedSilent || !strings.Contains(sent[0].Summary, tc.want) {
@@ -158,5 +158,99 @@ func TestHoldIsBounded(t *testing.T) {
 	}
 	if r := resolved[0]; r.ResolveReason != events.ResolvedSilent || r.Value != 150 {
 		t.Errorf("resolved %+v, want silent with the last breach", r)
+	}
+}
+
+// TestResolvedSummaryMatchesItsWindows: a resolved alert's summary tells what its windows
+// held, in their order. A gpu_saturation alert whose host stayed busy within SLA and then
+// went silent said "150 back at or below 100" (a value beyond the level, "back" past it);
+// a silent window before the normal one was told as coming after it ("then").
+func TestResolvedSummaryMatchesItsWindows(t *testing.T) {
+	t0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	breach := obs(150)
+	withinSLA := Observation{Value: 150, Threshold: 100, ResolveAt: 100, HighIsBad: true, Normal: events.ResolvedWithinSLA, Method: "static", KeepFiringFor: 2}
+	for _, tc := range []struct {
+		name       string
+		windows    []*Observation
+		wantReason string
+		want, not  string
+	}{
+		{"within SLA, then silent", []*Observation{&breach, &breach, &withinSLA, nil},
+			events.ResolvedSilent, "150, but no series it serves breaks its TTFT p95 SLA on prod/chat/m/0-499; 1 window(s) had no value to judge", "back"},
+		{"silent, then normal", []*Observation{&breach, &breach, nil, ptr(obs(40))},
+			events.ResolvedSilent, "40 back at or below 90 (baseline mean 50, σ 25) on prod/chat/m/0-499; 1 window(s) had no value to judge", "then"},
+		{"normal, then silent", []*Observation{&breach, &breach, ptr(obs(40)), nil},
+			events.ResolvedSilent, "40 back at or below 90 (baseline mean 50, σ 25) on prod/chat/m/0-499; 1 window(s) had no value to judge", "then"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := New(time.Hour)
+			var resolved []events.Alert
+			for i, o := range tc.windows {
+				start := t0.Add(time.Duration(i) * time.Minute)
+				tr.Begin(start)
+				if o != nil {
+					tr.Observe(key, *o)
+				}
+				for _, a := range tr.End(start.Add(time.Minute)) {
+					if a.State == events.AlertResolved {
+						resolved = append(resolved, a)
+					}
+				}
+			}
+			if len(resolved) != 1 {
+				t.Fatalf("resolved %d times, want once", len(resolved))
+			}
+			a := resolved[0]
+			if a.ResolveReason != tc.wantReason || !strings.HasSuffix(a.Summary, tc.want) || strings.Contains(a.Summary, tc.not) {
+				t.Errorf("reason %q summary %q, want %q ending %q and not containing %q", a.ResolveReason, a.Summary, tc.wantReason, tc.want, tc.not)
+			}
+		})
+	}
+}
+
+// TestRestartKeepsTheHold: an alert held after a normal window resolves when its hold ends
+// whether or not the alerter restarted meanwhile: the firing alert it restores from says
+// which window was judged last (judged_window_start), and the hold runs from there. A restart measured the hold
+// from the breaching window, resolving the alert hours early as silent.
+func TestRestartKeepsTheHold(t *testing.T) {
+	t0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	normalAt := 20 * 60 // minutes after t0: one normal window, then only held windows
+	restartAt := 25 * 60
+	run := func(restart bool) (time.Time, events.Alert) {
+		tr := New(time.Hour)
+		var lastFiring events.Alert
+		for i := 0; i < normalAt+24*60+10; i++ {
+			start := t0.Add(time.Duration(i) * time.Minute)
+			if restart && i == restartAt {
+				tr = New(time.Hour)
+				tr.Restore(lastFiring, 2, true, false)
+			}
+			tr.Begin(start)
+			switch {
+			case i < 2:
+				tr.Observe(key, obs(150))
+			case i == normalAt:
+				tr.Observe(key, obs(40))
+			default:
+				tr.Hold(key)
+			}
+			for _, a := range tr.End(start.Add(time.Minute)) {
+				if a.State == events.AlertResolved {
+					return start.Add(time.Minute), a
+				}
+				lastFiring = a
+			}
+		}
+		return time.Time{}, events.Alert{}
+	}
+	want, _ := run(false)
+	// The normal window counts: one window past the hold resolves it.
+	if exp := t0.Add(time.Duration(normalAt)*time.Minute + MaxHold + time.Minute); !want.Equal(exp) {
+		t.Fatalf("without a restart resolved at %s, want %s", want, exp)
+	}
+	// The normal window before the restart is not counted again: one window later at most.
+	got, a := run(true)
+	if got.Before(want) || got.After(want.Add(time.Minute)) || a.ResolveReason != events.ResolvedSilent {
+		t.Errorf("after a restart resolved at %s (%s), want %s or the window after, silent", got, a.ResolveReason, want)
 	}
 }

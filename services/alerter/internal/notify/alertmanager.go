@@ -327,6 +327,9 @@ func (a *Alertmanager) Body(alerts []events.Alert) ([]byte, error) {
 		if !al.WindowStart.IsZero() {
 			ann["window_start"] = al.WindowStart.UTC().Format(time.RFC3339)
 		}
+		if !al.JudgedWindowStart.IsZero() {
+			ann["judged_window_start"] = al.JudgedWindowStart.UTC().Format(time.RFC3339)
+		}
 		if al.ResolveReason != "" {
 			ann["resolve_reason"] = al.ResolveReason
 		}

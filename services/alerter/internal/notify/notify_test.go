@@ -702,3 +702,27 @@ func TestAlertmanagerURLWithQuery(t *testing.T) {
 		}
 	}
 }
+
+// A held alert's latest judged window reaches Alertmanager as an annotation, so a page
+// re-sent while its series is too thin to judge says since when.
+func TestAlertmanagerJudgedWindowStart(t *testing.T) {
+	am := NewAlertmanager("http://127.0.0.1:1/", time.Second, time.Hour, prometheus.NewRegistry(), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	a := alert(events.AlertFiring)
+	a.JudgedWindowStart = time.Date(2026, 3, 3, 12, 7, 0, 0, time.UTC)
+	body, err := am.Body([]events.Alert{a, alert(events.AlertResolved)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []struct {
+		Annotations map[string]string `json:"annotations"`
+	}
+	if err := json.Unmarshal(body, &got); err != nil {
+		t.Fatal(err)
+	}
+	if j := got[0].Annotations["judged_window_start"]; j != "2026-03-03T12:07:00Z" {
+		t.Errorf("judged_window_start %q, want 2026-03-03T12:07:00Z", j)
+	}
+	if _, ok := got[1].Annotations["judged_window_start"]; ok {
+		t.Errorf("a resolved alert has a judged_window_start: %v", got[1].Annotations)
+	}
+}

@@ -35,7 +35,7 @@ func NewStore(conn driver.Conn) *Store { return &Store{conn: conn} }
 
 const insertAlerts = `INSERT INTO alerts (at, fingerprint, rule, state, severity, labels, env, scene, model,
 	bucket, instance, value, threshold, baseline_method, baseline_center, baseline_spread, window_start,
-	starts_at, ends_at, summary)`
+	starts_at, ends_at, summary, resolve_reason)`
 
 // Write inserts one row per alert state change, tagged with queryID so that Settle can
 // tell when an attempt abandoned by its client has finished on the server.
@@ -49,24 +49,31 @@ func (s *Store) Write(ctx context.Context, queryID string, alerts []events.Alert
 	}
 	defer b.Abort()
 	for i := range alerts {
-		a := &alerts[i]
-		labels, err := json.Marshal(a.Labels)
+		row, err := rowOf(&alerts[i])
 		if err != nil {
-			return fmt.Errorf("cannot encode labels of alert %s: %w", a.Fingerprint, err)
+			return err
 		}
-		l := a.Labels
-		err = b.Append(a.At.UTC(), a.Fingerprint, a.Rule, a.State, a.Severity, string(labels),
-			l["env"], l["scene"], l["model"], l["bucket"], l["instance"],
-			finite(a.Value), finite(a.Threshold), a.BaselineMethod, finite(a.BaselineCenter), finite(a.BaselineSpread),
-			dt(a.WindowStart), dt(a.StartsAt), dt(a.EndsAt), a.Summary)
-		if err != nil {
-			return fmt.Errorf("cannot append alert %s to the batch: %w", a.Fingerprint, err)
+		if err := b.Append(row...); err != nil {
+			return fmt.Errorf("cannot append alert %s to the batch: %w", alerts[i].Fingerprint, err)
 		}
 	}
 	if err := b.Send(); err != nil {
 		return fmt.Errorf("cannot insert %d rows into alerts: %w", len(alerts), err)
 	}
 	return nil
+}
+
+// rowOf returns a's row, in insertAlerts' columns.
+func rowOf(a *events.Alert) ([]any, error) {
+	labels, err := json.Marshal(a.Labels)
+	if err != nil {
+		return nil, fmt.Errorf("cannot encode labels of alert %s: %w", a.Fingerprint, err)
+	}
+	l := a.Labels
+	return []any{a.At.UTC(), a.Fingerprint, a.Rule, a.State, a.Severity, string(labels),
+		l["env"], l["scene"], l["model"], l["bucket"], l["instance"],
+		finite(a.Value), finite(a.Threshold), a.BaselineMethod, finite(a.BaselineCenter), finite(a.BaselineSpread),
+		dt(a.WindowStart), dt(a.StartsAt), dt(a.EndsAt), a.Summary, a.ResolveReason}, nil
 }
 
 // Stored returns which of keys the alerts table holds already.

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -177,31 +178,122 @@ func Parse(data []byte) (*Set, error) {
 	return s, nil
 }
 
+// maxYAMLErrors is how many of yaml.v3's messages yamlError words; the rest are counted.
+const maxYAMLErrors = 10
+
 // yamlError words a decoding error for the file's author, on one line: each of yaml.v3's
 // "line N: …" messages gets the key path it is at (defaults.dynamic.ttft_p95.kk), and the
-// Go types the file is read into are named as what the file should hold.
+// Go types the file is read into are named as what the file should hold. A line break in
+// a key or value is written \n; past maxYAMLErrors messages, the rest are counted.
 func yamlError(data []byte, err error) string {
 	te, ok := errors.AsType[*yaml.TypeError](err)
 	if !ok {
-		return strings.TrimPrefix(err.Error(), "yaml: ")
+		return oneLine(strings.TrimPrefix(err.Error(), "yaml: "))
 	}
 	var root yaml.Node
 	_ = yaml.Unmarshal(data, &root) // it parsed once already; on error, no paths
-	msgs := make([]string, 0, len(te.Errors))
-	for _, m := range te.Errors {
+	msgs := make([]string, 0, min(len(te.Errors), maxYAMLErrors+1))
+	for i, m := range te.Errors {
+		if i == maxYAMLErrors {
+			msgs = append(msgs, fmt.Sprintf("and %d more", len(te.Errors)-i))
+			break
+		}
 		var line int
 		if _, err := fmt.Sscanf(m, "line %d:", &line); err == nil {
-			var key string // a duplicate key's message names it; the path ends at it
-			if _, after, ok := strings.Cut(m, `mapping key "`); ok {
-				key, _, _ = strings.Cut(after, `"`)
-			}
-			if path := keyPath(&root, line, key, nil); path != "" {
+			if path := keyPath(&root, line, hintOf(m)); path != "" {
 				m = strings.Replace(m, fmt.Sprintf("line %d:", line), fmt.Sprintf("line %d (%s):", line, path), 1)
 			}
 		}
-		msgs = append(msgs, goTypes.Replace(m))
+		msgs = append(msgs, oneLine(goTypes.Replace(m)))
 	}
 	return strings.Join(msgs, "; ")
+}
+
+// oneLine writes the line breaks of keys and values quoted in a message as \n and \r.
+func oneLine(m string) string {
+	return strings.NewReplacer("\n", `\n`, "\r", `\r`).Replace(m)
+}
+
+// pathHint is what one of yaml.v3's messages says of the node it is about: a key's name
+// (a duplicate or unknown key), the value it could not read (truncated: a prefix), or
+// that it could not read a map or list.
+type pathHint struct {
+	key, value                             string
+	isKey, isValue, isPrefix, isCollection bool
+}
+
+func hintOf(m string) pathHint {
+	if _, after, ok := strings.Cut(m, "mapping key "); ok { // %#v of the key
+		if q, err := strconv.QuotedPrefix(after); err == nil {
+			if k, err := strconv.Unquote(q); err == nil {
+				return pathHint{key: k, isKey: true}
+			}
+		}
+		return pathHint{}
+	}
+	if _, after, ok := strings.Cut(m, ": field "); ok {
+		if i := strings.LastIndex(after, " not found in type "); i >= 0 {
+			return pathHint{key: after[:i], isKey: true}
+		}
+	}
+	if _, after, ok := strings.Cut(m, ": cannot unmarshal !!"); ok {
+		if strings.HasPrefix(after, "map into ") || strings.HasPrefix(after, "seq into ") {
+			return pathHint{isCollection: true}
+		}
+		if _, v, ok := strings.Cut(after, " `"); ok {
+			if i := strings.LastIndex(v, "` into "); i >= 0 {
+				v = v[:i]
+				h := pathHint{value: v, isValue: true}
+				if p, ok := strings.CutSuffix(v, "..."); ok {
+					h.value, h.isPrefix = p, true
+				}
+				return h
+			}
+		}
+	}
+	return pathHint{}
+}
+
+// keyPath returns the dotted path of the key at line under n that h names ("" if none):
+// the key of that name on the line, the key whose scalar value on the line is h's, or
+// the key whose map or list starts on the line; without a hint, or when none matches, the deepest key on the line (a value on its own
+// line: its key).
+func keyPath(n *yaml.Node, line int, h pathHint) string {
+	var match, deepest []string
+	var walk func(n *yaml.Node, at []string)
+	walk = func(n *yaml.Node, at []string) {
+		if match != nil {
+			return
+		}
+		switch n.Kind {
+		case yaml.DocumentNode, yaml.SequenceNode:
+			for _, c := range n.Content {
+				walk(c, at)
+			}
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content) && match == nil; i += 2 {
+				k, v := n.Content[i], n.Content[i+1]
+				path := append(at[:len(at):len(at)], k.Value)
+				switch {
+				case h.isKey && k.Line == line && k.Value == h.key,
+					h.isValue && v.Kind == yaml.ScalarNode && v.Line == line &&
+						(v.Value == h.value || h.isPrefix && strings.HasPrefix(v.Value, h.value)),
+					h.isCollection && (v.Kind == yaml.MappingNode || v.Kind == yaml.SequenceNode) && v.Line == line:
+					match = path
+					return
+				}
+				if (k.Line == line || v.Line == line) && len(path) > len(deepest) {
+					deepest = path
+				}
+				walk(v, path)
+			}
+		}
+	}
+	walk(n, nil)
+	if match == nil {
+		match = deepest
+	}
+	return strings.Join(match, ".")
 }
 
 // goTypes names the types the rules file is decoded into as what the file should hold (a
@@ -229,40 +321,6 @@ var goTypes = strings.NewReplacer(
 	"into string", "into text",
 	"into time.Duration", "into a duration such as 2m",
 )
-
-// keyPath returns the dotted path of the key or value at line under n ("" if none), the
-// deepest one (named key, when key is set): the key a decoding error on that line is about.
-func keyPath(n *yaml.Node, line int, key string, at []string) string {
-	switch n.Kind {
-	case yaml.DocumentNode:
-		for _, c := range n.Content {
-			if p := keyPath(c, line, key, at); p != "" {
-				return p
-			}
-		}
-	case yaml.MappingNode:
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			k, v := n.Content[i], n.Content[i+1]
-			path := append(at[:len(at):len(at)], k.Value)
-			if p := keyPath(v, line, key, path); p != "" {
-				return p
-			}
-			if k.Line == line && (key == "" || k.Value == key) {
-				return strings.Join(path, ".")
-			}
-		}
-	case yaml.SequenceNode:
-		for _, c := range n.Content {
-			if p := keyPath(c, line, key, at); p != "" {
-				return p
-			}
-		}
-		if n.Line == line && len(at) > 0 && key == "" {
-			return strings.Join(at, ".")
-		}
-	}
-	return ""
-}
 
 func invalid(at, field, format string, args ...any) error {
 	return fmt.Errorf("%w: %s.%s: %s", ErrInvalidRules, at, field, fmt.Sprintf(format, args...))
