@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -187,4 +188,60 @@ func clientGoroutines() int {
 		}
 	}
 	return n
+}
+
+// metric reads one sample of /metrics by its name and labels as written there
+// (`aggregator_open_windows{stream="tokens"}`); -1 when absent.
+func metric(addr, series string) float64 {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return -1
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(body), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == series {
+			v, _ := strconv.ParseFloat(f[1], 64)
+			return v
+		}
+	}
+	return -1
+}
+
+// TestStandingByHoldsNothing cuts the aggregator off NATS while its windows are open: once it
+// stops counting and stands by, its gauges say it holds nothing (the windows were dropped),
+// as a process waiting for the lease; frozen at the lost term's values they would count
+// twice with the holder's, or keep a stall alert firing.
+func TestStandingByHoldsNothing(t *testing.T) {
+	b := newBed(t)
+	relay := startCuttableRelay(t, strings.TrimPrefix(b.natsURL, "nats://"))
+	const ttl = 2 * time.Second
+	addr := freeAddr(t)
+	vars := leaseVars(b, envVars{"AGG_LEASE_TTL": ttl.String(), "AGG_LATENESS": "30s"})
+	vars["NATS_URL"], vars["HTTP_ADDR"] = relay.url(), addr
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, vars.get, testWriter{t}) }()
+	waitFor(t, 30*time.Second, "the aggregator holds the lease", func() bool { return gauge(addr, "aggregator_lease_held") == 1 })
+	b.publish(t, spreadEvents(500, time.Now().UTC()))
+	b.waitRows(t, time.Minute, 500, "SELECT count() FROM requests")
+	waitFor(t, 10*time.Second, "the windows are open", func() bool {
+		return metric(addr, `aggregator_open_windows{stream="tokens"}`) > 0 && metric(addr, `aggregator_active_keys{stream="tokens"}`) > 0
+	})
+	relay.cut()
+	waitFor(t, 3*ttl, "the cut-off aggregator stops counting", func() bool { return gauge(addr, "aggregator_lease_held") == 0 })
+	time.Sleep(time.Second) // the lost term has stopped
+	for _, name := range []string{"open_windows", "active_keys", "buffered", "paused", "write_stalled_seconds", "publish_stalled_seconds", "watermark_held"} {
+		if v := metric(addr, `aggregator_`+name+`{stream="tokens"}`); v != 0 {
+			t.Errorf("aggregator_%s{stream=\"tokens\"} = %v while standing by, want 0", name, v)
+		}
+	}
+	relay.restore()
+	waitFor(t, 6*ttl, "the aggregator takes its lease back", func() bool { return gauge(addr, "aggregator_lease_held") == 1 })
+	waitFor(t, 10*time.Second, "the windows are open again", func() bool { return metric(addr, `aggregator_open_windows{stream="tokens"}`) > 0 })
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
 }
