@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -76,5 +77,56 @@ func TestKeepStoppedAfterHeldEndedSaysLost(t *testing.T) {
 		if err := a.Keep(ctx); !errors.Is(err, ErrLost) {
 			t.Fatalf("try %d: Keep = %v once Held had ended, want ErrLost", i, err)
 		}
+	}
+}
+
+// lostAckKV stores the first renewal but answers as if its reply were lost, and fails every
+// later one, as a link gone right after the server applied a renewal.
+type lostAckKV struct {
+	jetstream.KeyValue
+	mu      sync.Mutex
+	applied bool
+}
+
+func (k *lostAckKV) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !k.applied {
+		k.applied = true
+		if _, err := k.KeyValue.Update(ctx, key, value, rev); err != nil {
+			return 0, err
+		}
+	}
+	return 0, context.DeadlineExceeded
+}
+
+// TestRetakeAfterARenewalWhoseAckWasLost: the server applied the last renewal but its reply
+// was lost, so the lease's revision moved past the one this process knows. Acquire compares
+// on the revision it reads, not the one it renewed last: it takes its lease back rather
+// than wait on itself.
+func TestRetakeAfterARenewalWhoseAckWasLost(t *testing.T) {
+	url := testbed.NATS(t).ClientURL()
+	const ttl = 1500 * time.Millisecond
+	a, _ := open(t, url, "agg", ttl)
+	if err := a.Acquire(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	known := a.rev
+	kv := a.kv
+	a.kv = &lostAckKV{KeyValue: kv}
+	if err := a.Keep(t.Context()); !errors.Is(err, ErrLost) {
+		t.Fatalf("Keep = %v, want ErrLost", err)
+	}
+	if e, err := kv.Get(t.Context(), "agg"); err != nil || e.Revision() == known {
+		t.Fatalf("the renewal was not applied: %v, %v", e, err)
+	}
+	a.kv = kv
+	ctx, cancel := context.WithTimeout(t.Context(), 3*ttl)
+	defer cancel()
+	if err := a.Acquire(ctx); err != nil {
+		t.Fatalf("Acquire = %v: the process waits on its own lease", err)
+	}
+	if a.Held().Err() != nil {
+		t.Fatal("taken back, but Held has ended")
 	}
 }
