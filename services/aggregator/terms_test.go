@@ -109,7 +109,8 @@ func TestLeaseTakenBackTermAfterTerm(t *testing.T) {
 	relay := startCuttableRelay(t, strings.TrimPrefix(b.natsURL, "nats://"))
 	const ttl = 2 * time.Second
 	addr := freeAddr(t)
-	vars := leaseVars(b, envVars{"AGG_LEASE_TTL": ttl.String()})
+	// Every pipeline: each term makes them all again.
+	vars := leaseVars(b, envVars{"AGG_LEASE_TTL": ttl.String(), "AGG_GPU": "true", "AGG_ENGINE": "true", "AGG_FEEDBACK": "true"})
 	vars["NATS_URL"], vars["HTTP_ADDR"] = relay.url(), addr
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
