@@ -358,7 +358,7 @@ func (h heldContext) Err() error {
 }
 
 // Keep renews the lease every fifth of the TTL until ctx ends (it returns nil; the lease is
-// still held, for Release). A failed renewal is tried again every poll; once two thirds of
+// still held, for Release; or the error wrapping ErrLost if Held has ended meanwhile). A failed renewal is tried again every poll; once two thirds of
 // the TTL have passed since the last renewal JetStream acknowledged was sent, or another
 // process holds the lease, Held ends and Keep returns an error wrapping ErrLost.
 func (l *Lease) Keep(ctx context.Context) error {
@@ -368,7 +368,7 @@ func (l *Lease) Keep(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return l.lostWhy()
 		case <-t.C:
 		}
 		if !time.Now().Before(l.deadline) {
@@ -398,7 +398,7 @@ func (l *Lease) Keep(ctx context.Context) error {
 		case errors.Is(err, ErrLost):
 			return l.lost(err)
 		case ctx.Err() != nil:
-			return nil
+			return l.lostWhy()
 		case err != nil:
 			l.renewErrors.Inc()
 			if last == nil {
@@ -408,6 +408,18 @@ func (l *Lease) Keep(ctx context.Context) error {
 		}
 		t.Reset(max(0, min(l.poll(), time.Until(l.deadline))))
 	}
+}
+
+// lostWhy returns why Held ended, nil while it lasts: a write may have found its deadline
+// passed (Held's Err) before Keep's timer ran, and Keep, stopped then, must not say the
+// lease is still held.
+func (l *Lease) lostWhy() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.state == lost {
+		return l.why
+	}
+	return nil
 }
 
 // recheck reads the lease after a renewal found another revision: the renewal before may

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenscope/tokenscope/pkg/bus"
 	"github.com/tokenscope/tokenscope/pkg/events"
@@ -248,6 +249,11 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(p.opts.Held, cancel)()
+	defer func() {
+		if p.opts.Held.Err() != nil {
+			p.dropGauges()
+		}
+	}()
 	if !p.replay(ctx) {
 		return nil
 	}
@@ -264,9 +270,15 @@ func (p *Pipeline) Run(ctx context.Context) error {
 		p.room.Broadcast()
 		p.mu.Unlock()
 	}()
-	watchDone := make(chan struct{})
-	defer close(watchDone)
-	go p.watch(watchDone)
+	watchDone, watchStopped := make(chan struct{}), make(chan struct{})
+	defer func() {
+		close(watchDone)
+		<-watchStopped // before dropGauges: it sets the stall gauges
+	}()
+	go func() {
+		p.watch(watchDone)
+		close(watchStopped)
+	}()
 	tick := time.NewTicker(p.opts.FlushEvery)
 	defer tick.Stop()
 	for {
@@ -491,6 +503,16 @@ func (p *Pipeline) watch(done <-chan struct{}) {
 		p.mu.Unlock()
 		p.m.writeStalled.Set(stalled.Seconds())
 		p.m.publishStalled.Set(unacked.Seconds())
+	}
+}
+
+// dropGauges sets the gauges of what the pipeline holds to 0 once Held has ended and Run
+// stops: what it held is dropped, and the process, standing by for the lease, holds nothing;
+// frozen at their last values they would add to the holder's, or keep a stall alert firing.
+func (p *Pipeline) dropGauges() {
+	for _, g := range []prometheus.Gauge{p.m.paused, p.m.buffered, p.m.openWindows, p.m.activeKeys, p.m.watermarkDelay, p.m.lag,
+		p.m.writeStalled, p.m.publishStalled, p.m.watermarkHeld} {
+		g.Set(0)
 	}
 }
 
