@@ -576,3 +576,48 @@ func TestConversationSceneIsItsFirstRequest(t *testing.T) {
 		}
 	}
 }
+
+// TestConversationVerdictWithoutEnvChanged: a rating on a conversation sent without env (3),
+// then changed with its env (4), is one verdict, 4, on 18.16 and on the current engine: the
+// one without env rates the conversation of its id in the one env that has it, so the later
+// one supersedes it in feedback_coverage.sql as in the queries that count verdicts.
+func TestConversationVerdictWithoutEnvChanged(t *testing.T) {
+	b := openBusiness(t)
+	from := time.Now().UTC().Truncate(time.Hour).Add(-3 * time.Hour)
+	to := from.Add(time.Hour)
+	b.insert(t, "INSERT INTO requests (ts, event_id, env, scene, model, layer, conversation_id, turn, cost_usd)",
+		from.Add(time.Minute), "p1", "prod", "chat", "m", "gateway", "solo", uint32(1), 0.1)
+	const fbs = "INSERT INTO feedback (ts, event_id, request_id, conversation_id, name, value, source, env, scene, model)"
+	b.insert(t, fbs, from.Add(10*time.Minute), "0195a000-0000-7000-8000-000000000001", "", "solo", "rating", 3.0, "user", "", "", "")
+	b.insert(t, fbs, from.Add(20*time.Minute), "0195a000-0000-7000-8000-000000000002", "", "solo", "rating", 4.0, "user", "prod", "", "")
+	params := map[string]string{"from": from.Format(time.DateTime), "to": to.Format(time.DateTime), "layer": "gateway",
+		"name": "rating", "satisfied_at": "4"}
+	coverage := maps.Clone(params)
+	coverage["to"] = to.Add(7 * 24 * time.Hour).Format(time.DateTime)
+	for _, c := range []struct {
+		file   string
+		params map[string]string
+		want   []float64 // the first row's numbers
+	}{
+		{"quality_by_scene_model.sql", params, []float64{0, 0, 1, 4, 0, 0}},
+		{"cost_per_satisfied_conversation.sql", params, []float64{1, 0.1, 1, 1, 0.1}},
+		// one verdict on a conversation, one superseded
+		{"feedback_coverage.sql", coverage, []float64{1, 0, 0, 1, 0, 1}},
+	} {
+		for _, res := range b.query(t, c.file, c.params) {
+			if len(res.r.Rows) != 1 {
+				t.Errorf("%s on %s: %v, want one row", c.file, res.server, res.r.Rows)
+				continue
+			}
+			var got []float64
+			for _, v := range res.r.Rows[0] {
+				if _, ok := v.(string); !ok {
+					got = append(got, toFloat(v))
+				}
+			}
+			if !slices.Equal(got, c.want) {
+				t.Errorf("%s on %s: %v, want %v", c.file, res.server, res.r.Rows[0], c.want)
+			}
+		}
+	}
+}
