@@ -508,3 +508,116 @@ func TestConversationAcrossScenes(t *testing.T) {
 		}
 	}
 }
+
+// TestConversationSceneIsItsFirstRequest: a conversation of 3 requests over two scenes
+// (turn 1 in chat timed out and asked again in search within the same second, turn 2 in
+// search), each request rated down then up and the conversation rated down, counts once,
+// for the scene of its first request by (ts, event_id), in every query that gives a
+// conversation a scene, on 18.16 (whole seconds: the tie is broken by event_id) and on the
+// current engine, whichever order its rows were written in; its 3 requests × 2 verdicts
+// multiply nothing.
+func TestConversationSceneIsItsFirstRequest(t *testing.T) {
+	b := openBusiness(t)
+	from := time.Now().UTC().Truncate(time.Hour).Add(-3 * time.Hour)
+	const reqs = "INSERT INTO requests (ts, event_id, env, scene, model, layer, conversation_id, turn, status, cost_usd)"
+	const fbs = "INSERT INTO feedback (ts, event_id, request_id, conversation_id, name, value, source, env, scene, model)"
+	id := func(n int) string { return fmt.Sprintf("0195a000-0000-7000-8000-%012d", n) }
+	for i := range 6 {
+		conv := fmt.Sprint("c-", i)
+		rs := [][]any{
+			{from.Add(time.Minute + 100*time.Millisecond), id(10*i + 1), "prod", "chat", "m", "gateway", conv, uint32(1), "timeout", 0.1},
+			{from.Add(time.Minute + 700*time.Millisecond), id(10*i + 2), "prod", "search", "m", "gateway", conv, uint32(1), "ok", 0.1},
+			{from.Add(5 * time.Minute), id(10*i + 3), "prod", "search", "m", "gateway", conv, uint32(2), "ok", 0.1},
+		}
+		if i%2 == 1 {
+			slices.Reverse(rs)
+		}
+		for _, r := range rs {
+			b.insert(t, reqs, r...)
+		}
+		for j := 1; j <= 3; j++ {
+			b.insert(t, fbs, from.Add(10*time.Minute), id(1000+10*i+j), id(10*i+j), "", "thumbs", 0.0, "user", "prod", "", "")
+			b.insert(t, fbs, from.Add(20*time.Minute), id(2000+10*i+j), id(10*i+j), "", "thumbs", 1.0, "user", "prod", "", "")
+		}
+		b.insert(t, fbs, from.Add(30*time.Minute), id(3000+i), "", conv, "thumbs", 0.0, "user", "prod", "", "")
+	}
+	params := map[string]string{"from": from.Format(time.DateTime), "to": from.Add(time.Hour).Format(time.DateTime), "layer": "gateway",
+		"limit": "10", "name": "thumbs", "satisfied_at": "0.5"}
+	for _, c := range []struct {
+		file string
+		want [][]any
+	}{
+		// chat: the first requests' ups and the conversations' downs; search: the others' ups
+		{"quality_by_scene_model.sql", [][]any{
+			{"chat", "m", 12.0, 0.5, 0.0, 0.0, 0.0, 0.0},
+			{"search", "m", 12.0, 1.0, 0.0, 0.0, 0.0, 0.0}}},
+		// each conversation: 3 ups and a down, 0.75 >= 0.5
+		{"cost_per_satisfied_conversation.sql", [][]any{{"chat", 6.0, 0.3, 6.0, 6.0, 0.3}}},
+		// turn 1 of each timed out in chat, then asked again in search
+		{"retries.sql", [][]any{{"chat", 6.0, 6.0, 6.0, 1.0}}},
+		{"conversations.sql", [][]any{{6.0, 2.0, 0.0, 0.0, 0.0}}},
+	} {
+		for _, res := range b.query(t, c.file, params) {
+			ok := len(res.r.Rows) == len(c.want)
+			for i := 0; ok && i < len(c.want); i++ {
+				ok = len(res.r.Rows[i]) == len(c.want[i])
+				for j := 0; ok && j < len(c.want[i]); j++ {
+					switch x := c.want[i][j].(type) {
+					case string:
+						ok = res.r.Rows[i][j] == x
+					case float64:
+						ok = math.Abs(toFloat(res.r.Rows[i][j])-x) <= 1e-9
+					}
+				}
+			}
+			if !ok {
+				t.Errorf("%s on %s: %v, want %v", c.file, res.server, res.r.Rows, c.want)
+			}
+		}
+	}
+}
+
+// TestConversationVerdictWithoutEnvChanged: a rating on a conversation sent without env (3),
+// then changed with its env (4), is one verdict, 4, on 18.16 and on the current engine: the
+// one without env rates the conversation of its id in the one env that has it, so the later
+// one supersedes it in feedback_coverage.sql as in the queries that count verdicts.
+func TestConversationVerdictWithoutEnvChanged(t *testing.T) {
+	b := openBusiness(t)
+	from := time.Now().UTC().Truncate(time.Hour).Add(-3 * time.Hour)
+	to := from.Add(time.Hour)
+	b.insert(t, "INSERT INTO requests (ts, event_id, env, scene, model, layer, conversation_id, turn, cost_usd)",
+		from.Add(time.Minute), "p1", "prod", "chat", "m", "gateway", "solo", uint32(1), 0.1)
+	const fbs = "INSERT INTO feedback (ts, event_id, request_id, conversation_id, name, value, source, env, scene, model)"
+	b.insert(t, fbs, from.Add(10*time.Minute), "0195a000-0000-7000-8000-000000000001", "", "solo", "rating", 3.0, "user", "", "", "")
+	b.insert(t, fbs, from.Add(20*time.Minute), "0195a000-0000-7000-8000-000000000002", "", "solo", "rating", 4.0, "user", "prod", "", "")
+	params := map[string]string{"from": from.Format(time.DateTime), "to": to.Format(time.DateTime), "layer": "gateway",
+		"name": "rating", "satisfied_at": "4"}
+	coverage := maps.Clone(params)
+	coverage["to"] = to.Add(7 * 24 * time.Hour).Format(time.DateTime)
+	for _, c := range []struct {
+		file   string
+		params map[string]string
+		want   []float64 // the first row's numbers
+	}{
+		{"quality_by_scene_model.sql", params, []float64{0, 0, 1, 4, 0, 0}},
+		{"cost_per_satisfied_conversation.sql", params, []float64{1, 0.1, 1, 1, 0.1}},
+		// one verdict on a conversation, one superseded
+		{"feedback_coverage.sql", coverage, []float64{1, 0, 0, 1, 0, 1}},
+	} {
+		for _, res := range b.query(t, c.file, c.params) {
+			if len(res.r.Rows) != 1 {
+				t.Errorf("%s on %s: %v, want one row", c.file, res.server, res.r.Rows)
+				continue
+			}
+			var got []float64
+			for _, v := range res.r.Rows[0] {
+				if _, ok := v.(string); !ok {
+					got = append(got, toFloat(v))
+				}
+			}
+			if !slices.Equal(got, c.want) {
+				t.Errorf("%s on %s: %v, want %v", c.file, res.server, res.r.Rows[0], c.want)
+			}
+		}
+	}
+}

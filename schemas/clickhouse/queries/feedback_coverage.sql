@@ -8,7 +8,8 @@
 -- the request's), and superseded: verdicts replaced by a later one of the same source (a
 -- changed verdict, sent under an event_id of its own). A verdict on a conversation only rates
 -- its env and conversation_id (the same id in two envs is two conversations, as in
--- conversations.sql); one without env is counted apart from those with one. Parameters:
+-- conversations.sql); one without env rates the conversation of its id in the one env whose
+-- requests (from 7 days before from) have it, and is counted apart where two envs do. Parameters:
 -- from, to (DateTime, when the verdicts were given).
 SELECT
     count() AS verdicts,
@@ -20,7 +21,25 @@ SELECT
 FROM
 (
     SELECT request_id, source, count() AS copies, uniqExact(event_id) AS ids
-    FROM verdicts
-    WHERE ts >= {from:DateTime} AND ts < {to:DateTime}
+    FROM
+    (
+        -- a verdict on a conversation without env rates the conversation of its id in the one
+        -- env whose requests (7 days before from to to) have it, as the business queries place it
+        SELECT request_id, conversation_id, if(verdict_env != '', verdict_env, only_env) AS env, name, source, event_id
+        FROM
+        (
+            SELECT request_id, conversation_id, env AS verdict_env, name, source, event_id
+            FROM verdicts
+            WHERE ts >= {from:DateTime} AND ts < {to:DateTime}
+        ) AS v
+        ANY LEFT JOIN
+        (
+            SELECT conversation_id, any(env) AS only_env
+            FROM requests
+            WHERE ts >= {from:DateTime} - INTERVAL 7 DAY AND ts < {to:DateTime} AND conversation_id != ''
+            GROUP BY conversation_id
+            HAVING uniqExact(env) = 1
+        ) AS e USING conversation_id
+    )
     GROUP BY request_id, if(request_id = '', conversation_id, ''), if(request_id = '', env, ''), name, source
 )

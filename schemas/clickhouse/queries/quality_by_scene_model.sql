@@ -4,7 +4,9 @@
 -- (verdicts.request_id = requests.event_id); verdicts on a conversation only (request_id
 -- empty) are joined to its requests by env and conversation_id (a conversation is both, as in
 -- conversations.sql; a verdict without env counts for the one env whose requests carry its
--- conversation_id, and for none where two envs do), and count for the scene of its first
+-- conversation_id, and for none where two envs do: among the requests read, 7 days either
+-- side of the range, so a wider range can find the id in a second env and leave out a
+-- verdict a narrower one counts; nothing counts those left out), and count for the scene of its first
 -- request and the model of its last request (of the least and the greatest event_id among
 -- those of the same ts), in the range of its first request only, as conversations.sql counts it (its requests up to 7 days
 -- after to count; requests are read from 7 days before from), so that a conversation's
