@@ -13,7 +13,8 @@
 -- rating is never counted in two ranges. The latest verdict of each source on a request or
 -- conversation counts: one sent twice counts once, and one changed (sent again under an
 -- event_id of its own) counts with its last value only. Verdicts whose request or
--- conversation is unknown are left out (see feedback_coverage.sql). ANY LEFT JOIN keeps
+-- conversation is unknown are left out (feedback_coverage.sql counts those on an unknown
+-- request as unknown_request). ANY LEFT JOIN keeps
 -- every verdict of a request on every engine. Parameters: layer (String: the layer of the
 -- requests read, gateway, engine or app), from, to (DateTime, of the rated requests).
 SELECT
