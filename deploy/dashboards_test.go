@@ -194,16 +194,17 @@ type traffic struct {
 // tokens, none cached, 500 output) costs 0.002 on llama-3-70b and 0.004 on qwen2.5-72b.
 const testPrices = `[{"model": "llama-3-70b", "input": 1, "output": 2}, {"model": "qwen2.5-72b", "input": 2, "output": 4}]`
 
-// addBusiness adds four conversations, their outcomes and verdicts, all within one minute
-// from t0 (a whole minute), so that the business panels' answers are known by hand:
+// addBusiness adds four conversations, their requests within the minute from t0 (a whole
+// minute: one point of every time series), their outcomes, and verdicts a minute later, so
+// that the business panels' answers are known by hand:
 //
 //	conv-1 chat   llama  turns 1, 2, 3   completed  thumbs up on turn 1, on turn 3 down then up; quality 0.5, 0.9
 //	conv-2 chat   qwen   turns 1, 2      abandoned  thumbs down on turn 2 (sent twice); quality 0.4
 //	conv-3 search llama  two, no turn    completed  thumbs up on the conversation; quality 0.7
 //	conv-4 search qwen   turns 1,1,2,3,4 completed  unrated; quality 0.6, and 0.8 on the conversation
 //
-// TTFT: conv-1's first two turns 300 ms, its third 1500 ms; conv-2 3000 ms; the rest 300
-// and 1500 ms.
+// TTFT: conv-1's first two turns 300 ms, its third 1500 ms; conv-2 3000 ms; conv-3 300 ms;
+// conv-4 1500 ms. Every request is 1000 input tokens and 500 output.
 func (tr *traffic) addBusiness(t0 time.Time) {
 	n := 0
 	req := func(conv, scene, model string, turn int, ttft float64, outcome events.Outcome) string {
