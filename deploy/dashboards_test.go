@@ -49,6 +49,12 @@ func TestDashboardStructure(t *testing.T) {
 	if len(d.Panels) < 15 {
 		t.Fatalf("%d panels", len(d.Panels))
 	}
+	// The business panels TestDashboardQueries checks by title.
+	for title := range businessWant {
+		if !slices.ContainsFunc(d.Panels, func(p dashboard.Panel) bool { return p.Title == title }) {
+			t.Errorf("no panel %q", title)
+		}
+	}
 	for _, p := range d.Panels {
 		if len(p.Queries) == 0 {
 			t.Errorf("panel %q has no query", p.Title)
@@ -181,6 +187,65 @@ type traffic struct {
 	samples  []events.GPUSample
 	engines  []events.EngineSample // each host's vLLM, every 5 s
 	surge    events.RequestEvent   // one event of the surge series
+	feedback []events.FeedbackEvent
+}
+
+// Prices of the test's models, USD per million tokens: a business request (1000 input
+// tokens, none cached, 500 output) costs 0.002 on llama-3-70b and 0.004 on qwen2.5-72b.
+const testPrices = `[{"model": "llama-3-70b", "input": 1, "output": 2}, {"model": "qwen2.5-72b", "input": 2, "output": 4}]`
+
+// addBusiness adds four conversations, their requests within the minute from t0 (a whole
+// minute: one point of every time series), their outcomes, and verdicts a minute later, so
+// that the business panels' answers are known by hand:
+//
+//	conv-1 chat   llama  turns 1, 2, 3   completed  thumbs up on turn 1, on turn 3 down then up; quality 0.5, 0.9
+//	conv-2 chat   qwen   turns 1, 2      abandoned  thumbs down on turn 2 (sent twice); quality 0.4
+//	conv-3 search llama  two, no turn    completed  thumbs up on the conversation; quality 0.7
+//	conv-4 search qwen   turns 1,1,2,3,4 completed  unrated; quality 0.6, and 0.8 on the conversation
+//
+// TTFT: conv-1's first two turns 300 ms, its third 1500 ms; conv-2 3000 ms; conv-3 300 ms;
+// conv-4 1500 ms. Every request is 1000 input tokens and 500 output.
+func (tr *traffic) addBusiness(t0 time.Time) {
+	n := 0
+	req := func(conv, scene, model string, turn int, ttft float64, outcome events.Outcome) string {
+		n++
+		e := events.RequestEvent{V: 1, EventID: events.NewEventID(), TS: t0.Add(time.Duration(n) * 2 * time.Second),
+			Model: model, Instance: "vllm-a:8000", Scene: scene, Env: "prod", Provider: "openai", Stream: true,
+			InputTokens: 1000, OutputTokens: 500, TTFTMs: ttft, TotalMs: ttft + 20*499, Status: events.StatusOK,
+			ConversationID: conv, Turn: turn, Outcome: outcome}
+		tr.requests = append(tr.requests, e)
+		return e.EventID
+	}
+	verdict := func(request, conv, scene, name string, value float64, source events.FeedbackSource, after time.Duration) {
+		tr.feedback = append(tr.feedback, events.FeedbackEvent{V: 1, EventID: events.NewEventID(), TS: t0.Add(time.Minute + after),
+			RequestID: request, ConversationID: conv, Name: name, Value: value, Source: source, Env: "prod", Scene: scene})
+	}
+	const llama, qwen = "llama-3-70b", "qwen2.5-72b"
+	r1a := req("conv-1", "chat", llama, 1, 300, "")
+	req("conv-1", "chat", llama, 2, 300, "")
+	r1c := req("conv-1", "chat", llama, 3, 1500, events.OutcomeCompleted)
+	req("conv-2", "chat", qwen, 1, 3000, "")
+	r2b := req("conv-2", "chat", qwen, 2, 3000, events.OutcomeAbandoned)
+	r3a := req("conv-3", "search", llama, 0, 300, "")
+	req("conv-3", "search", llama, 0, 300, events.OutcomeCompleted)
+	req("conv-4", "search", qwen, 1, 1500, "")
+	req("conv-4", "search", qwen, 1, 1500, "")
+	req("conv-4", "search", qwen, 2, 1500, "")
+	req("conv-4", "search", qwen, 3, 1500, "")
+	r4e := req("conv-4", "search", qwen, 4, 1500, events.OutcomeCompleted)
+
+	verdict(r1a, "", "chat", "thumbs", 1, events.SourceUser, 0)
+	verdict(r1c, "", "chat", "thumbs", 0, events.SourceUser, time.Second)
+	verdict(r1c, "", "chat", "thumbs", 1, events.SourceUser, 3*time.Second) // changed: the latest counts
+	verdict(r2b, "", "chat", "thumbs", 0, events.SourceUser, 0)
+	tr.feedback = append(tr.feedback, tr.feedback[len(tr.feedback)-1]) // sent twice: counts once
+	verdict("", "conv-3", "search", "thumbs", 1, events.SourceUser, 0)
+	verdict(r1a, "", "chat", "quality", 0.5, events.SourceEvaluator, 0)
+	verdict(r1c, "", "chat", "quality", 0.9, events.SourceEvaluator, 0)
+	verdict(r2b, "", "chat", "quality", 0.4, events.SourceEvaluator, 0)
+	verdict(r3a, "", "search", "quality", 0.7, events.SourceEvaluator, 0)
+	verdict(r4e, "", "search", "quality", 0.6, events.SourceEvaluator, 0)
+	verdict("", "conv-4", "search", "quality", 0.8, events.SourceEvaluator, 0)
 }
 
 func makeTraffic(base time.Time, windows, surgeWindows int) traffic {
@@ -313,6 +378,13 @@ func publish(t *testing.T, js jetstream.JetStream, tr traffic) {
 		msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("engine/%s/%s/%s/%d", s.Host, s.Name, s.Model, s.TS.UnixMilli()))
 		add(msg)
 	}
+	for i := range tr.feedback {
+		f := &tr.feedback[i]
+		msg := nats.NewMsg(events.FeedbackSubject(f.Env, f.Scene))
+		msg.Data = events.AppendFeedback(nil, f)
+		msg.Header.Set(jetstream.MsgIDHeader, f.EventID)
+		add(msg)
+	}
 	wait()
 }
 
@@ -344,7 +416,11 @@ func TestDashboardQueries(t *testing.T) {
 		}
 		return m
 	}
-	startService(t, aggregator, env(map[string]string{"AGG_WINDOW": "15s", "AGG_LATENESS": "2s", "AGG_FLUSH_INTERVAL": "200ms"}))
+	prices := filepath.Join(bin, "prices.json")
+	if err := os.WriteFile(prices, []byte(testPrices), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	startService(t, aggregator, env(map[string]string{"AGG_WINDOW": "15s", "AGG_LATENESS": "2s", "AGG_FLUSH_INTERVAL": "200ms", "AGG_PRICES": prices}))
 
 	db, err := chdb.Open(ctx, chCfg)
 	if err != nil {
@@ -377,6 +453,7 @@ func TestDashboardQueries(t *testing.T) {
 
 	base := time.Now().UTC().Add(-20 * time.Minute).Truncate(time.Minute)
 	tr := makeTraffic(base, 40, 4)
+	tr.addBusiness(base.Add(2 * time.Minute))
 	publish(t, js, tr)
 	// The engine's view of the same requests, faster: the panels read the layer selected
 	// (gateway), so checkPanel's figures, from tr alone, hold only if every panel keeps to it.
@@ -396,6 +473,7 @@ func TestDashboardQueries(t *testing.T) {
 		{"SELECT count() FROM requests", 2 * uint64(len(tr.requests))},
 		{"SELECT sum(samples) FROM gpu_rollups", uint64(len(tr.samples))},
 		{"SELECT sum(samples) FROM engine_rollups", uint64(len(tr.engines))},
+		{"SELECT uniqExact(event_id) FROM feedback", uint64(len(tr.feedback) - 1)},
 	}
 	for _, c := range counts {
 		waitFor(t, 2*time.Minute, c.q, func() (bool, string) {
@@ -490,7 +568,7 @@ func TestDashboardQueries(t *testing.T) {
 		if _, err := chdb.MigrateOn(ctx, cur, cur.DB, cur.Version, schemas.Migrations()); err != nil {
 			t.Fatal(err)
 		}
-		if err := testbed.CopyTables(ctx, db.Conn(), chCfg.DB, cur, "token_rollups", "requests", "gpu_rollups", "alerts", "engine_rollups"); err != nil {
+		if err := testbed.CopyTables(ctx, db.Conn(), chCfg.DB, cur, "token_rollups", "requests", "gpu_rollups", "alerts", "engine_rollups", "feedback"); err != nil {
 			t.Fatal(err)
 		}
 		for _, c := range cases {
@@ -534,6 +612,7 @@ var quantileColumns = []string{"ttft_p50", "ttft_p95", "ttft_p99", "tpot_p50", "
 // checkPanel checks the values of panels whose answer is known exactly.
 func checkPanel(t *testing.T, title string, sel map[string][]string, rows [][]any, tr traffic) {
 	t.Helper()
+	checkBusiness(t, title, sel, rows)
 	all := sel["model"][0] == dashboard.AllValue
 	switch title {
 	case "Requests":
@@ -586,6 +665,118 @@ func checkPanel(t *testing.T, title string, sel map[string][]string, rows [][]an
 		}
 		t.Errorf("no row for the surge series in %v", rows)
 	}
+}
+
+// businessWant is what each business panel answers over addBusiness's conversations and
+// verdicts, by row key (its text columns joined by "/") to its number columns; one holds
+// for the selection chat, llama-3-70b (conv-1 only), all for every scene and model.
+var businessWant = map[string]struct{ all, one map[string][]float64 }{
+	// chat's thumbs are up, up (the changed one's last value), down; search's one is on conv-3.
+	"Satisfaction: share of thumbs up per scene": {
+		all: map[string][]float64{"chat": {2.0 / 3}, "search": {1}},
+		one: map[string][]float64{"chat": {1}},
+	},
+	"Satisfaction by TTFT band (thumbs)": {
+		all: map[string][]float64{"1: <= 500 ms": {1, 1, 1}, "2: <= 2 s": {1, 1, 1}, "3: <= 5 s": {1, 0, 0}},
+		one: map[string][]float64{"1: <= 500 ms": {1, 1, 1}, "2: <= 2 s": {1, 1, 1}},
+	},
+	// conversations, completed, abandoned, completion rate
+	"Task completion rate per scene": {
+		all: map[string][]float64{"chat": {2, 1, 1, 0.5}, "search": {2, 2, 0, 1}},
+		one: map[string][]float64{"chat": {1, 1, 0, 1}},
+	},
+	// conversations, turns p50, p95 (interpolated), mean: chat 3 and 2 turns, search 2 and 4
+	"Turns per conversation per scene (P50 / P95)": {
+		all: map[string][]float64{"chat": {2, 2.5, 2.95, 2.5}, "search": {2, 3, 3.9, 3}},
+		one: map[string][]float64{"chat": {1, 3, 3, 3}},
+	},
+	// conversations, cost per conversation, rated, satisfied, cost per satisfied conversation:
+	// conv-1 costs 0.006 (satisfied), conv-2 0.008 (rated, not satisfied), conv-3 0.004
+	// (satisfied), conv-4 0.020 (unrated)
+	"Cost per conversation and per satisfied conversation": {
+		all: map[string][]float64{"chat": {2, 0.007, 2, 1, 0.014}, "search": {2, 0.012, 1, 1, 0.004}},
+		one: map[string][]float64{"chat": {1, 0.006, 1, 1, 0.006}},
+	},
+	// scores, p10, p50, p90, mean
+	"Quality score percentiles per model x scene": {
+		all: map[string][]float64{"chat/llama-3-70b": {2, 0.54, 0.7, 0.86, 0.7}, "chat/qwen2.5-72b": {1, 0.4, 0.4, 0.4, 0.4},
+			"search/llama-3-70b": {1, 0.7, 0.7, 0.7, 0.7}, "search/qwen2.5-72b": {2, 0.62, 0.7, 0.78, 0.7}},
+		one: map[string][]float64{"chat/llama-3-70b": {2, 0.54, 0.7, 0.86, 0.7}},
+	},
+}
+
+// checkBusiness compares a business panel's rows with businessWant: the same keys, each
+// with its numbers. A time series' time column is skipped; it must hold one point per
+// series, the conversations lying within one minute.
+func checkBusiness(t *testing.T, title string, sel map[string][]string, rows [][]any) {
+	t.Helper()
+	w, ok := businessWant[title]
+	if !ok {
+		return
+	}
+	want := w.one
+	if sel["model"][0] == dashboard.AllValue {
+		want = w.all
+	}
+	got := map[string][]float64{}
+	for _, r := range rows {
+		var key []string
+		var nums []float64
+		for _, v := range r {
+			switch v := v.(type) {
+			case time.Time:
+			case string:
+				key = append(key, v)
+			default:
+				f, err := toFloat(v)
+				if err != nil {
+					t.Errorf("%s: %v in %v", title, err, r)
+				}
+				nums = append(nums, f)
+			}
+		}
+		k := strings.Join(key, "/")
+		if _, dup := got[k]; dup {
+			t.Errorf("%s: two rows for %s: %v", title, k, rows)
+		}
+		got[k] = nums
+	}
+	if len(got) != len(want) {
+		t.Errorf("%s: rows %v, want %v", title, got, want)
+	}
+	for k, wn := range want {
+		gn, ok := got[k]
+		if !ok || len(gn) != len(wn) {
+			t.Errorf("%s, %s: %v, want %v", title, k, gn, wn)
+			continue
+		}
+		for i := range wn {
+			if math.Abs(gn[i]-wn[i]) > 1e-9 {
+				t.Errorf("%s, %s: %v, want %v", title, k, gn, wn)
+				break
+			}
+		}
+	}
+}
+
+func toFloat(v any) (float64, error) {
+	switch v := v.(type) {
+	case float64:
+		return v, nil
+	case float32:
+		return float64(v), nil
+	case uint64:
+		return float64(v), nil
+	case uint32:
+		return float64(v), nil
+	case uint8:
+		return float64(v), nil
+	case int64:
+		return float64(v), nil
+	case json.Number:
+		return v.Float64()
+	}
+	return 0, fmt.Errorf("%T is not a number", v)
 }
 
 func surgeBucket(tr traffic) string {
