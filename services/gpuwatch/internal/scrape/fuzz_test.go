@@ -90,7 +90,7 @@ func FuzzFamilies(f *testing.F) {
 		}
 		for _, kind := range []string{events.EngineVLLM, events.EngineSGLang, events.EngineTGI} {
 			// twice: labels built, then read from the series cache
-			c := newSeriesCache()
+			c := newSeriesCache(0)
 			for _, pass := range []string{"cold", "cached"} {
 				got, err := families(body, names[kind], c)
 				if err != nil {
