@@ -435,6 +435,7 @@ func TestSeriesFloodAtStart(t *testing.T) {
 	if n := len(s.targets[0].cache.entries); n > limit {
 		t.Errorf("%d series cached, want at most %d", n, limit)
 	}
+	checkHeld(t, s.targets[0].cache)
 }
 
 // TestMalformedKeepsHeldSeries: a malformed exposition, broken after a flood of new series
@@ -473,4 +474,5 @@ func TestMalformedKeepsHeldSeries(t *testing.T) {
 	if smp := one(t, pub.take(t)); smp.PromptTokens == nil || *smp.PromptTokens != 200 {
 		t.Errorf("after the malformed scrape: sample %s, want prompt_tokens 200", jsonOf(smp))
 	}
+	checkHeld(t, s.targets[0].cache)
 }
