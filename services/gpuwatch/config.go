@@ -52,6 +52,10 @@ type Config struct {
 	EngineMaxBytes int64 `env:"GPUWATCH_ENGINE_MAX_BYTES" envDefault:"4194304"`
 	// EngineMaxModels bounds the samples one engine gives per tick (one per model).
 	EngineMaxModels int `env:"GPUWATCH_ENGINE_MAX_MODELS" envDefault:"16"`
+	// EngineMaxSeries bounds the series of the families read that one engine's scrapes
+	// hold (each histogram bucket one; a model has some 150, and as many per value of a
+	// label of its own, such as an SGLang tenant); new ones past it are left out and counted.
+	EngineMaxSeries int `env:"GPUWATCH_ENGINE_MAX_SERIES" envDefault:"20000"`
 	// HostStats turns on the host sample (memory, disks, network from procfs) on each tick.
 	HostStats bool `env:"GPUWATCH_HOST_STATS" envDefault:"true"`
 	// ProcRoot and SysRoot are where the host's /proc and /sys are: in a container, the
@@ -124,6 +128,11 @@ func (c Config) Validate() error {
 		return fmt.Errorf("GPUWATCH_ENGINE_MAX_BYTES=%d must be 1024 to 268435456", c.EngineMaxBytes)
 	case c.EngineMaxModels < 1 || c.EngineMaxModels > 1024:
 		return fmt.Errorf("GPUWATCH_ENGINE_MAX_MODELS=%d must be 1 to 1024", c.EngineMaxModels)
+	case c.EngineMaxSeries < 1000 || c.EngineMaxSeries > 1_000_000:
+		return fmt.Errorf("GPUWATCH_ENGINE_MAX_SERIES=%d must be 1000 to 1000000", c.EngineMaxSeries)
+	case c.EngineMaxSeries < c.EngineMaxModels*scrape.SeriesPerModel:
+		return fmt.Errorf("GPUWATCH_ENGINE_MAX_SERIES=%d cannot hold the GPUWATCH_ENGINE_MAX_MODELS=%d models of some %d series each: raise it to %d at least, or lower GPUWATCH_ENGINE_MAX_MODELS",
+			c.EngineMaxSeries, c.EngineMaxModels, scrape.SeriesPerModel, c.EngineMaxModels*scrape.SeriesPerModel)
 	}
 	if _, err := scrape.ParseTargets(c.Engines); err != nil {
 		return err

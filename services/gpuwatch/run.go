@@ -112,7 +112,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	var scr *scrape.Scraper
 	if len(engines) > 0 {
 		scr = scrape.New(engines, pub, scrape.Options{Host: cfg.Host, Interval: cfg.Interval, Timeout: cfg.EngineTimeout,
-			MaxBytes: cfg.EngineMaxBytes, MaxModels: cfg.EngineMaxModels}, reg, logger.With("component", "scrape"))
+			MaxBytes: cfg.EngineMaxBytes, MaxModels: cfg.EngineMaxModels, MaxSeries: cfg.EngineMaxSeries}, reg, logger.With("component", "scrape"))
 	}
 
 	srv.AddCheck("nats", func(context.Context) error {

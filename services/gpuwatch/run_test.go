@@ -284,6 +284,10 @@ func TestRunStartErrors(t *testing.T) {
 			"GPUWATCH_ENGINE_TIMEOUT=2s must be positive and below GPUWATCH_INTERVAL=1s"},
 		{"engine body limit", map[string]string{"GPUWATCH_SOURCE": "synthetic", "GPUWATCH_ENGINE_MAX_BYTES": "10"}, "GPUWATCH_ENGINE_MAX_BYTES=10"},
 		{"engine models", map[string]string{"GPUWATCH_SOURCE": "synthetic", "GPUWATCH_ENGINE_MAX_MODELS": "0"}, "GPUWATCH_ENGINE_MAX_MODELS=0"},
+		{"engine series", map[string]string{"GPUWATCH_SOURCE": "synthetic", "GPUWATCH_ENGINE_MAX_SERIES": "999"}, "GPUWATCH_ENGINE_MAX_SERIES=999 must be 1000 to 1000000"},
+		{"engine series above the bound", map[string]string{"GPUWATCH_SOURCE": "synthetic", "GPUWATCH_ENGINE_MAX_SERIES": "2000000"}, "GPUWATCH_ENGINE_MAX_SERIES=2000000"},
+		{"engine series below the models", map[string]string{"GPUWATCH_SOURCE": "synthetic", "GPUWATCH_ENGINE_MAX_MODELS": "1024"},
+			"GPUWATCH_ENGINE_MAX_SERIES=20000 cannot hold the GPUWATCH_ENGINE_MAX_MODELS=1024 models"},
 		{"bad NATS URL", map[string]string{"GPUWATCH_SOURCE": "synthetic", "NATS_URL": "::"}, "NATS_URL"},
 		{"no NATS", map[string]string{"GPUWATCH_SOURCE": "synthetic", "NATS_URL": "nats://127.0.0.1:1", "HTTP_ADDR": "127.0.0.1:0"},
 			"cannot connect to NATS"},
@@ -502,5 +506,20 @@ func TestBadHostRefused(t *testing.T) {
 		if _, err := parseConfig(getenvFrom(map[string]string{"GPUWATCH_HOST": host}), func() (string, error) { return "node-7", nil }); err != nil {
 			t.Errorf("GPUWATCH_HOST=%q: %v", host, err)
 		}
+	}
+}
+
+// TestEngineMaxSeries: the limit on an engine's series is a setting, 20000 by default, and
+// a limit on models as high as 1024 is accepted with a limit on series that can hold them.
+func TestEngineMaxSeries(t *testing.T) {
+	host := func() (string, error) { return "node-7", nil }
+	cfg, err := parseConfig(getenvFrom(map[string]string{"GPUWATCH_SOURCE": "synthetic"}), host)
+	if err != nil || cfg.EngineMaxSeries != 20000 {
+		t.Fatalf("default: GPUWATCH_ENGINE_MAX_SERIES=%d, err %v; want 20000", cfg.EngineMaxSeries, err)
+	}
+	cfg, err = parseConfig(getenvFrom(map[string]string{"GPUWATCH_SOURCE": "synthetic",
+		"GPUWATCH_ENGINE_MAX_MODELS": "1024", "GPUWATCH_ENGINE_MAX_SERIES": "153600"}), host)
+	if err != nil || cfg.EngineMaxSeries != 153600 {
+		t.Fatalf("GPUWATCH_ENGINE_MAX_SERIES=%d, err %v; want 153600", cfg.EngineMaxSeries, err)
 	}
 }

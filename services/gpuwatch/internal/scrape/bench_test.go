@@ -231,7 +231,7 @@ func BenchmarkScrapeVLLM300(b *testing.B) {
 	}
 	b.Run("parse", func(b *testing.B) {
 		body := []byte(bodies[0])
-		c := newSeriesCache()
+		c := newSeriesCache(0)
 		cpuPer(b, func() {
 			if _, err := families(body, names["vllm"], c); err != nil {
 				b.Fatal(err)

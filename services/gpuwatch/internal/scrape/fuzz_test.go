@@ -39,6 +39,7 @@ func FuzzExposition(f *testing.F) {
 			for i, body := range [][]byte{a, b} {
 				now := t0.Add(time.Duration(i) * time.Second)
 				fams, err := families(body, names[kind], tg.cache)
+				checkHeld(t, tg.cache)
 				if err != nil {
 					continue
 				}
@@ -90,7 +91,7 @@ func FuzzFamilies(f *testing.F) {
 		}
 		for _, kind := range []string{events.EngineVLLM, events.EngineSGLang, events.EngineTGI} {
 			// twice: labels built, then read from the series cache
-			c := newSeriesCache()
+			c := newSeriesCache(0)
 			for _, pass := range []string{"cold", "cached"} {
 				got, err := families(body, names[kind], c)
 				if err != nil {
@@ -156,4 +157,21 @@ func canonical(f *dto.MetricFamily) string {
 	}
 	slices.Sort(lines)
 	return f.GetType().String() + "\n" + strings.Join(lines, "\n")
+}
+
+// checkHeld fails t unless c's counts of the series held per family are those of its
+// entries, within the limit.
+func checkHeld(t *testing.T, c *seriesCache) {
+	t.Helper()
+	var held [numSlots]int
+	for _, e := range c.entries {
+		held[e.slot]++
+	}
+	pooled := held[otherSlot]
+	for k := range otherSlot {
+		pooled += max(0, held[k]-c.quota)
+	}
+	if held != c.held || pooled != c.pooled || pooled > c.pool || len(c.entries) > c.max {
+		t.Fatalf("series held per family %v, pooled %d (pool %d), %d entries; counted %v, pooled %d", held, pooled, c.pool, len(c.entries), c.held, c.pooled)
+	}
 }

@@ -35,6 +35,7 @@ func families(body []byte, byName map[string]mapping, c *seriesCache) (map[strin
 	c.gen++
 	c.dups, c.over = 0, 0
 	c.created = c.created[:0]
+	c.share(byName)
 	for {
 		entry, err := p.Next()
 		if errors.Is(err, io.EOF) {
@@ -42,7 +43,10 @@ func families(body []byte, byName map[string]mapping, c *seriesCache) (map[strin
 			return fams, nil
 		}
 		if err != nil {
-			c.sweep() // what this scrape did not reach is forgotten too: an engine that keeps sending malformed expositions grows nothing
+			// The series this scrape added are forgotten, and those it did not reach kept: an
+			// engine that keeps sending malformed expositions grows nothing, and the series
+			// held stay those of the last good scrape, whatever a flood the break cut short.
+			c.unwind()
 			return nil, err
 		}
 		switch entry {
@@ -58,17 +62,32 @@ func families(body []byte, byName map[string]mapping, c *seriesCache) (map[strin
 			continue
 		}
 		series, _, v := p.Series()
-		if !wanted(series, byName, types) {
+		slot, ok := slotOf(series, byName, types)
+		if !ok {
 			continue // building the labels of a series is most of its cost: only for those read
 		}
 		e := c.entries[string(series)] // no allocation for the lookup
-		if e == nil && len(c.entries) >= maxSeries {
+		if e == nil && slot >= 0 && !c.admits(slot) {
 			c.over++ // a series the last scrapes did not have, past the limit: those read before keep their place
 			continue
 		}
 		if e == nil || e.mtype != mtype {
 			p.Labels(&lset)
+			if slot < 0 { // a name in quotes: its family is known from its labels only
+				slot = slotOfName(lset.Get(model.MetricNameLabel), byName)
+				if e == nil && !c.admits(slot) {
+					c.over++
+					continue
+				}
+			}
+			born := c.gen
+			if e != nil {
+				born = e.born // the same text under another type: the same series held
+			} else {
+				c.hold(slot)
+			}
 			e = c.newEntry(lset, mtype)
+			e.slot, e.born = slot, born
 			c.entries[string(series)] = e
 		}
 		e.gen = c.gen
@@ -145,15 +164,29 @@ func families(body []byte, byName map[string]mapping, c *seriesCache) (map[strin
 	}
 }
 
-// maxSeries bounds the series of the families read that an endpoint's scrapes hold (each
-// histogram bucket is one): a vLLM or SGLang model exposes some 150. The state kept for a
-// series costs some twenty times its text, so a flood of label values (a tenant label, an
-// exporter's bug) is bounded by this, not only by GPUWATCH_ENGINE_MAX_BYTES. A series
-// already held (read at the last scrape) is always read; a new one only while fewer than
-// maxSeries are held, so a flood that begins while a model is read cannot push the model's
-// series out, wherever in the exposition they are, and what is read does not move from
-// scrape to scrape with the exposition's order. New series past it are left out and counted.
-const maxSeries = 20_000
+// DefaultMaxSeries is the default bound on the series of the families read that an
+// endpoint's scrapes hold (each histogram bucket is one; GPUWATCH_ENGINE_MAX_SERIES): a vLLM
+// or SGLang model exposes some 150, and as many again per value of a label of its own (an
+// SGLang tenant). The state kept for a series costs some twenty times its text, so a flood
+// of label values (a tenant label, an exporter's bug) is bounded by this, not only by
+// GPUWATCH_ENGINE_MAX_BYTES. A series already held (read at the last scrape) is always
+// read; a new one only while the limit has room for it (see seriesCache.admits), so a
+// flood that begins while a model is read cannot push the model's series out, wherever in
+// the exposition they are, and what is read does not move from scrape to scrape with the
+// exposition's order. New series past it are left out and counted.
+const DefaultMaxSeries = 20_000
+
+// SeriesPerModel is about how many series of the families read one model of vLLM or SGLang
+// exposes: a limit on series below SeriesPerModel times the limit on models cannot hold
+// the models it lets through.
+const SeriesPerModel = 150
+
+// numSlots are the families a limit's share is kept for: one per field and kind (its
+// series, its creation times; a family and its older name share one), and one more for
+// the series of names in quotes that no field reads.
+const numSlots = 2*int(numFields) + 1
+
+const otherSlot = numSlots - 1
 
 // seriesCache keeps what the labels of each series say, keyed by the series' text as
 // exposed (its name and labels), from one scrape of an endpoint to the next: an engine
@@ -167,8 +200,17 @@ type seriesCache struct {
 	byLabels map[string]*sameSeries
 	gen      uint64
 	dups     int             // series of the last scrape left out as copies of one before them
-	over     int             // series of the last scrape left out, new past maxSeries
+	over     int             // series of the last scrape left out, new past the limit
 	created  []createdSeries // the last scrape's series of creation-time families
+
+	// The limit: of max series, quota are kept for each family read (slot) however many
+	// the others hold, and the rest, pool, is taken by the families past their quota, in
+	// the exposition's order. A flood in the first family an engine exposes therefore
+	// leaves every later family its quota: the model's own series of it are read.
+	max, quota, pool int
+	byName           map[string]mapping // whose families quota was shared out among
+	held             [numSlots]int      // series held per slot
+	pooled           int                // series held past their slot's quota
 }
 
 // createdSeries is one series of a creation-time family and its value.
@@ -179,12 +221,60 @@ type createdSeries struct {
 
 // sameSeries is one series (one name and label set), whatever text it was exposed as.
 type sameSeries struct {
-	key string // labelsKey of its labels
-	gen uint64 // the last scrape that read it
+	key  string // labelsKey of its labels
+	gen  uint64 // the last scrape that read it
+	born uint64 // the scrape that first read it
 }
 
-func newSeriesCache() *seriesCache {
-	return &seriesCache{entries: map[string]*seriesEntry{}, byLabels: map[string]*sameSeries{}}
+// newSeriesCache returns a cache that holds at most maxSeries series (DefaultMaxSeries
+// where it is 0 or less).
+func newSeriesCache(maxSeries int) *seriesCache {
+	if maxSeries <= 0 {
+		maxSeries = DefaultMaxSeries
+	}
+	return &seriesCache{entries: map[string]*seriesEntry{}, byLabels: map[string]*sameSeries{}, max: maxSeries}
+}
+
+// share sets each family's quota for the families of byName: a quarter of the limit,
+// shared equally among them.
+func (c *seriesCache) share(byName map[string]mapping) {
+	if c.byName != nil {
+		return // an endpoint's families never change
+	}
+	c.byName = byName
+	var used [numSlots]bool
+	n := 0
+	for _, mp := range byName {
+		if k := slotOfMapping(mp); !used[k] {
+			used[k] = true
+			n++
+		}
+	}
+	c.quota = c.max / (4 * max(n, 1))
+	c.pool = c.max - n*c.quota
+}
+
+// admits reports whether a series new to the cache, of slot, is held: its family has not
+// its quota yet, or the pool has room.
+func (c *seriesCache) admits(slot int) bool {
+	return (slot != otherSlot && c.held[slot] < c.quota) || c.pooled < c.pool
+}
+
+// hold counts a series admitted to slot.
+func (c *seriesCache) hold(slot int) {
+	if slot == otherSlot || c.held[slot] >= c.quota {
+		c.pooled++
+	}
+	c.held[slot]++
+}
+
+// forget removes the entry of text k.
+func (c *seriesCache) forget(k string, e *seriesEntry) {
+	delete(c.entries, k)
+	c.held[e.slot]--
+	if e.slot == otherSlot || c.held[e.slot] >= c.quota {
+		c.pooled--
+	}
 }
 
 // newEntry returns the entry of a series text not cached (or cached under another type).
@@ -193,7 +283,7 @@ func (c *seriesCache) newEntry(lset labels.Labels, mtype model.MetricType) *seri
 	key := string(labelsKey(nil, lset, ""))
 	e.same = c.byLabels[key]
 	if e.same == nil {
-		e.same = &sameSeries{key: key}
+		e.same = &sameSeries{key: key, born: c.gen}
 		c.byLabels[key] = e.same
 	}
 	return e
@@ -203,11 +293,26 @@ func (c *seriesCache) newEntry(lset labels.Labels, mtype model.MetricType) *seri
 func (c *seriesCache) sweep() {
 	for k, e := range c.entries {
 		if e.gen != c.gen {
-			delete(c.entries, k)
+			c.forget(k, e)
 		}
 	}
 	for k, s := range c.byLabels {
 		if s.gen != c.gen {
+			delete(c.byLabels, k)
+		}
+	}
+}
+
+// unwind forgets the series the last scrape added, and keeps the others: what a scrape
+// that failed read says nothing of the series the engine has.
+func (c *seriesCache) unwind() {
+	for k, e := range c.entries {
+		if e.born == c.gen {
+			c.forget(k, e)
+		}
+	}
+	for k, s := range c.byLabels {
+		if s.born == c.gen {
 			delete(c.byLabels, k)
 		}
 	}
@@ -218,6 +323,8 @@ func (c *seriesCache) sweep() {
 type seriesEntry struct {
 	mtype      model.MetricType // textparse writes le by the type it reads the series under
 	gen        uint64           // the last scrape that had this text
+	born       uint64           // the scrape that first had it
+	slot       int              // its family's share of the limit (slotOf)
 	same       *sameSeries      // the series, shared with the other texts of it
 	name       string
 	pairs      []*dto.LabelPair // the labels but the name
@@ -259,27 +366,52 @@ func appendString(b []byte, s string) []byte {
 	return append(binary.AppendUvarint(b, uint64(len(s))), s...)
 }
 
-// wanted reports whether series (as textparse gives it: the name, then the labels) is of
-// a family in byName or a histogram series of one, from its name alone. A name in quotes
-// (the UTF-8 form, inside the braces) is left to the labels to tell.
-func wanted(series []byte, byName map[string]mapping, types map[string]dto.MetricType) bool {
+// slotOf reports whether series (as textparse gives it: the name, then the labels) is of
+// a family in byName or a histogram series of one, from its name alone, and the slot of
+// the limit it counts in. A name in quotes (the UTF-8 form, inside the braces) is left to
+// the labels to tell: it is reported wanted, in slot -1.
+func slotOf(series []byte, byName map[string]mapping, types map[string]dto.MetricType) (int, bool) {
 	name := series
 	if i := bytes.IndexByte(series, '{'); i >= 0 {
 		name = series[:i]
 	}
 	name = bytes.TrimRight(name, " \t")
 	if len(name) == 0 || bytes.IndexByte(name, '"') >= 0 {
-		return true
+		return -1, true
 	}
-	if _, ok := byName[string(name)]; ok { // no allocation for the lookup
-		return true
+	if mp, ok := byName[string(name)]; ok { // no allocation for the lookup
+		return slotOfMapping(mp), true
 	}
 	for _, suffix := range [...]string{"_bucket", "_count", "_sum"} {
 		if base, ok := bytes.CutSuffix(name, []byte(suffix)); ok {
-			return types[string(base)] == dto.MetricType_HISTOGRAM
+			if types[string(base)] != dto.MetricType_HISTOGRAM {
+				return 0, false
+			}
+			return slotOfMapping(byName[string(base)]), true
 		}
 	}
-	return false
+	return 0, false
+}
+
+// slotOfName is the slot of a series named name, read from its labels.
+func slotOfName(name string, byName map[string]mapping) int {
+	if mp, ok := byName[name]; ok {
+		return slotOfMapping(mp)
+	}
+	if base, part := histogramPart(name); part != "" {
+		if mp, ok := byName[base]; ok {
+			return slotOfMapping(mp)
+		}
+	}
+	return otherSlot
+}
+
+func slotOfMapping(mp mapping) int {
+	k := 2 * int(mp.f)
+	if mp.isCreated {
+		k++
+	}
+	return k
 }
 
 // scalar holds a gauge's, counter's or untyped series' dto.Metric and the values it points

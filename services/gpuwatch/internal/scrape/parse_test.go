@@ -13,8 +13,8 @@ func TestWanted(t *testing.T) {
 	}
 	f := func(series string, want bool) {
 		t.Helper()
-		if got := wanted([]byte(series), names["vllm"], types); got != want {
-			t.Errorf("wanted(%q) = %v, want %v", series, got, want)
+		if _, got := slotOf([]byte(series), names["vllm"], types); got != want {
+			t.Errorf("slotOf(%q) wanted = %v, want %v", series, got, want)
 		}
 	}
 	f(`vllm:num_requests_running{engine="0",model_name="m"}`, true)
@@ -39,7 +39,7 @@ func TestFamiliesQuotedName(t *testing.T) {
 		"vllm:num_requests_running{engine=\"1\",model_name=\"m\"} 4\n" +
 		"# TYPE vllm:e2e_request_latency_seconds histogram\n" +
 		"vllm:e2e_request_latency_seconds_bucket{le=\"+Inf\",model_name=\"m\"} 9\n"
-	fams, err := families([]byte(body), names["vllm"], newSeriesCache())
+	fams, err := families([]byte(body), names["vllm"], newSeriesCache(0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func TestFamiliesQuotedName(t *testing.T) {
 // The series cache holds the series of the last scrape only, and what it says is what the
 // labels say: the same families come back from a warm cache as from a cold one.
 func TestSeriesCache(t *testing.T) {
-	c := newSeriesCache()
+	c := newSeriesCache(0)
 	read := func(body string) map[string]*dto.MetricFamily {
 		t.Helper()
 		fams, err := families([]byte(body), names["vllm"], c)
@@ -96,7 +96,7 @@ func TestSeriesCache(t *testing.T) {
 
 func mustFamilies(t *testing.T, body string) map[string]*dto.MetricFamily {
 	t.Helper()
-	fams, err := families([]byte(body), names["vllm"], newSeriesCache())
+	fams, err := families([]byte(body), names["vllm"], newSeriesCache(0))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,6 +39,7 @@ type Options struct {
 	Timeout   time.Duration // per scrape; below Interval
 	MaxBytes  int64         // largest exposition read; a larger one fails the scrape
 	MaxModels int           // models per engine; more are left out and counted
+	MaxSeries int           // series of the families read held per engine; 0 is DefaultMaxSeries
 }
 
 // Scraper scrapes every target once per tick, concurrently, and publishes one sample per
@@ -63,7 +64,7 @@ type target struct {
 	series  map[string]*seriesState // by family and labels, as track keys them
 	created map[string]*createdTime // creation times of series, keyed as series by their _created family
 	gen     uint64                  // good scrapes read
-	leftOut bool                    // the last good scrape left series out (maxSeries): a series new since may be one of them, its total not new
+	leftOut bool                    // the last good scrape left series out (Options.MaxSeries): a series new since may be one of them, its total not new
 	read    time.Time               // the tick of the last good scrape read
 	live    int                     // series the last scrape had
 	key     []byte                  // track's key buffer
@@ -168,7 +169,7 @@ func New(targets []Target, pub publisher, opts Options, reg prometheus.Registere
 			models:  map[string]*state{},
 			series:  map[string]*seriesState{},
 			created: map[string]*createdTime{},
-			cache:   newSeriesCache(),
+			cache:   newSeriesCache(opts.MaxSeries),
 		})
 	}
 	return s
