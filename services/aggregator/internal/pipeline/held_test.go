@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/tokenscope/tokenscope/services/aggregator/internal/sink"
 )
@@ -46,5 +48,45 @@ func TestNoWriteOnceHeldSaysLost(t *testing.T) {
 	}
 	if p.publish(context.Background(), []sink.OutboxMsg{{Subject: "s", ID: "i"}}) {
 		t.Fatal("publish went on after Held said the lease is lost")
+	}
+}
+
+// inWatermarkStage is a stage in the watermark that holds nothing.
+type inWatermarkStage struct{}
+
+func (inWatermarkStage) handle([]byte, uint64, time.Time) (result, error) { return resAdded, nil }
+func (inWatermarkStage) cut(time.Time, uint64) flush                      { return &countedFlush{} }
+func (inWatermarkStage) held() (uint64, bool)                             { return 0, false }
+func (inWatermarkStage) buffered() int                                    { return 0 }
+func (inWatermarkStage) full() bool                                       { return false }
+func (inWatermarkStage) observe(time.Time)                                {}
+func (inWatermarkStage) inWatermark() bool                                { return true }
+func (inWatermarkStage) resume(time.Time)                                 {}
+
+// unreachableJS answers no look-up: its context ended (the lease lost while the pipelines
+// were being set up).
+type unreachableJS struct{ jetstream.JetStream }
+
+func (unreachableJS) Stream(ctx context.Context, _ string) (jetstream.Stream, error) {
+	return nil, ctx.Err()
+}
+
+// TestSetUpCutShortHoldsNothing: the lease ended while a term's pipelines were set up, after
+// one had taken its hold on the watermark (rollups to publish again) and before it ran: the
+// process stands by, and watermark_held must not read 1 meanwhile, nor after, in a term whose
+// pipeline holds nothing (only Run, which the lost term's joins before the next starts, sets
+// the gauges of what a pipeline holds).
+func TestSetUpCutShortHoldsNothing(t *testing.T) {
+	m := NewMetrics(prometheus.NewRegistry()).forStream("S")
+	held, lose := context.WithCancel(context.Background())
+	lose()
+	p := &Pipeline{opts: Options{Stream: "S", Held: held}, js: unreachableJS{}, stage: inWatermarkStage{}, m: m, logger: discardLogger(),
+		outbox: outbox{replay: []sink.OutboxMsg{{Subject: "s", ID: "i"}}}}
+	w := NewWatermarks(&jsRecorder{}, &rollupQueue{}, "agg", 15*time.Second, prometheus.NewRegistry(), discardLogger())
+	if err := p.PublishWatermarks(held, w); err == nil {
+		t.Fatal("PublishWatermarks looked up the stream with its context ended")
+	}
+	if v := testutil.ToFloat64(m.watermarkHeld); v != 0 {
+		t.Fatalf("watermark_held = %v for a pipeline that never ran, want 0", v)
 	}
 }

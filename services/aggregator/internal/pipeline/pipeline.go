@@ -254,6 +254,9 @@ func (p *Pipeline) Run(ctx context.Context) error {
 			p.dropGauges()
 		}
 	}()
+	if p.holds > 0 {
+		p.m.watermarkHeld.Set(1)
+	}
 	if !p.replay(ctx) {
 		return nil
 	}

@@ -172,11 +172,12 @@ func lastPosition(ctx context.Context, js jetstream.JetStream, stream, filter st
 }
 
 // holdWatermark and releaseWatermark pair each hold of the pipeline with its release, and
-// show in the watermark_held gauge whether it holds any.
+// show in the watermark_held gauge whether it holds any. A hold is taken before Run, which
+// shows it: a term of the lease cut short before its pipelines run leaves the gauge as the
+// last one that ran did, at 0.
 func (p *Pipeline) holdWatermark() {
 	p.holds++
 	p.marks.hold(p.opts.Stream)
-	p.m.watermarkHeld.Set(1)
 }
 
 func (p *Pipeline) releaseWatermark() {
