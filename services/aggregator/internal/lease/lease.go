@@ -506,10 +506,11 @@ func (l *Lease) Abandon() {
 	l.held.Set(0)
 }
 
-// Check fails, for /readyz, once this process has lost the lease (it stops then). A process
-// waiting for the lease is ready: it stands by, and a rolling update that waits for the new
-// process to be ready before it stops the old one goes on, the old one's stop handing the
-// lease over; it has logged whom it waits for.
+// Check fails, for /readyz, once this process has lost the lease, until it waits for it again
+// (Acquire: its pipelines have stopped), and once it has released or abandoned it at
+// shutdown. A process waiting for the lease is ready: it stands by, and a rolling update that
+// waits for the new process to be ready before it stops the old one goes on, the old one's
+// stop handing the lease over; it has logged whom it waits for.
 func (l *Lease) Check(context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
