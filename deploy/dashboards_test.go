@@ -203,6 +203,11 @@ const testPrices = `[{"model": "llama-3-70b", "input": 1, "output": 2}, {"model"
 //	conv-3 search llama  two, no turn    completed  thumbs up on the conversation; quality 0.7
 //	conv-4 search qwen   turns 1,1,2,3,4 completed  unrated; quality 0.6, and 0.8 on the conversation
 //
+// conv-1 and conv-2 report their outcome on a request (conv-2's task_completed verdict of 1
+// loses to it); conv-3 and conv-4 carry none, as an app behind the gateway proxy cannot, and
+// report it as task_completed verdicts: conv-3 on its first request, conv-4 on the
+// conversation, abandoned then changed to completed.
+//
 // TTFT: conv-1's first two turns 300 ms, its third 1500 ms; conv-2 3000 ms; conv-3 300 ms;
 // conv-4 1500 ms. Every request is 1000 input tokens and 500 output.
 func (tr *traffic) addBusiness(t0 time.Time) {
@@ -227,12 +232,12 @@ func (tr *traffic) addBusiness(t0 time.Time) {
 	req("conv-2", "chat", qwen, 1, 3000, "")
 	r2b := req("conv-2", "chat", qwen, 2, 3000, events.OutcomeAbandoned)
 	r3a := req("conv-3", "search", llama, 0, 300, "")
-	req("conv-3", "search", llama, 0, 300, events.OutcomeCompleted)
+	req("conv-3", "search", llama, 0, 300, "")
 	req("conv-4", "search", qwen, 1, 1500, "")
 	req("conv-4", "search", qwen, 1, 1500, "")
 	req("conv-4", "search", qwen, 2, 1500, "")
 	req("conv-4", "search", qwen, 3, 1500, "")
-	r4e := req("conv-4", "search", qwen, 4, 1500, events.OutcomeCompleted)
+	r4e := req("conv-4", "search", qwen, 4, 1500, "")
 
 	verdict(r1a, "", "chat", "thumbs", 1, events.SourceUser, 0)
 	verdict(r1c, "", "chat", "thumbs", 0, events.SourceUser, time.Second)
@@ -246,6 +251,10 @@ func (tr *traffic) addBusiness(t0 time.Time) {
 	verdict(r3a, "", "search", "quality", 0.7, events.SourceEvaluator, 0)
 	verdict(r4e, "", "search", "quality", 0.6, events.SourceEvaluator, 0)
 	verdict("", "conv-4", "search", "quality", 0.8, events.SourceEvaluator, 0)
+	verdict(r2b, "", "chat", "task_completed", 1, events.SourceUser, 0) // its request's outcome wins
+	verdict(r3a, "", "search", "task_completed", 1, events.SourceUser, 0)
+	verdict("", "conv-4", "search", "task_completed", 0, events.SourceUser, 0)
+	verdict("", "conv-4", "search", "task_completed", 1, events.SourceUser, 2*time.Second) // changed: the latest counts
 }
 
 func makeTraffic(base time.Time, windows, surgeWindows int) traffic {

@@ -621,3 +621,55 @@ func TestConversationVerdictWithoutEnvChanged(t *testing.T) {
 		}
 	}
 }
+
+// TestCompletionFromVerdicts: an app behind the gateway proxy cannot put an outcome on its
+// requests and reports completion as a task_completed verdict; conversations.sql counts a
+// conversation without an outcome by its latest task_completed verdict, on 18.16 (whole
+// seconds: a tie broken by event_id) and on the current engine, and an outcome on a request
+// wins over a verdict. Conversations with neither count in no rate.
+func TestCompletionFromVerdicts(t *testing.T) {
+	b := openBusiness(t)
+	from := time.Now().UTC().Truncate(time.Hour).Add(-3 * time.Hour)
+	const reqs = "INSERT INTO requests (ts, event_id, env, scene, model, layer, conversation_id, turn, status, outcome)"
+	const fbs = "INSERT INTO feedback (ts, event_id, request_id, conversation_id, name, value, source, env, scene, model)"
+	for _, r := range [][]any{
+		{from.Add(time.Minute), "a1", "prod", "chat", "m", "gateway", "a", uint32(1), "ok", ""},
+		{from.Add(2 * time.Minute), "a2", "prod", "chat", "m", "gateway", "a", uint32(2), "ok", ""},
+		{from.Add(time.Minute), "b1", "prod", "chat", "m", "gateway", "b", uint32(1), "ok", ""},
+		{from.Add(time.Minute), "c1", "prod", "chat", "m", "gateway", "c", uint32(1), "ok", "completed"},
+		{from.Add(time.Minute), "d1", "prod", "chat", "m", "gateway", "d", uint32(1), "ok", ""},
+		{from.Add(time.Minute), "e1", "prod", "chat", "m", "gateway", "e", uint32(1), "ok", ""},
+	} {
+		b.insert(t, reqs, r...)
+	}
+	id := func(n int) string { return fmt.Sprintf("0195a000-0000-7000-8000-%012d", n) }
+	at := from.Add(10 * time.Minute)
+	for _, f := range [][]any{
+		// a: abandoned at .100, changed to completed at .700 of the same second, written last first
+		{at.Add(700 * time.Millisecond), id(2), "", "a", "task_completed", 1.0, "app", "prod", "chat", ""},
+		{at.Add(100 * time.Millisecond), id(1), "", "a", "task_completed", 0.0, "app", "prod", "chat", ""},
+		// b: on its request, abandoned
+		{at, id(3), "b1", "", "task_completed", 0.0, "app", "", "", ""},
+		// c: its request's outcome wins
+		{at, id(4), "", "c", "task_completed", 0.0, "app", "prod", "chat", ""},
+		// d: another name says nothing about completion
+		{at, id(5), "", "d", "thumbs", 1.0, "user", "prod", "chat", ""},
+		// e: without env, of the one env that has e
+		{at, id(6), "", "e", "task_completed", 1.0, "app", "", "", ""},
+	} {
+		b.insert(t, fbs, f...)
+	}
+	params := map[string]string{"from": from.Format(time.DateTime), "to": from.Add(time.Hour).Format(time.DateTime), "layer": "gateway"}
+	// 5 conversations of 6 turns; a, c, e completed, b abandoned, d unknown
+	want := []float64{5, 1.2, 3, 1, 0.75}
+	for _, res := range b.query(t, "conversations.sql", params) {
+		if len(res.r.Rows) != 1 {
+			t.Fatalf("conversations.sql on %s: %v, want %v", res.server, res.r.Rows, want)
+		}
+		for i, w := range want {
+			if got := toFloat(res.r.Rows[0][i]); math.Abs(got-w) > 1e-9 {
+				t.Errorf("conversations.sql on %s: %s = %v, want %v", res.server, res.r.Columns[i].Name, got, w)
+			}
+		}
+	}
+}

@@ -17,7 +17,7 @@ type SceneKey struct{ Env, Scene string }
 type bizAgg struct {
 	hist                 *baseline.History
 	verdicts, positive   uint64 // SatisfactionFeedback verdicts
-	completed, abandoned uint64 // gateway requests' outcomes
+	completed, abandoned uint64 // gateway requests' outcomes and CompletionFeedback verdicts
 }
 
 func (a *bizAgg) empty() bool { return a.verdicts == 0 && a.completed+a.abandoned == 0 }
@@ -37,8 +37,10 @@ func (e *Engine) scene(k SceneKey) *bizAgg {
 }
 
 // groupBusiness sums the window's outcomes (gateway token rollups: the same requests seen at
-// another layer would count twice) and satisfaction verdicts per env × scene. Verdicts that
-// carry no scene belong to no scene's series.
+// another layer would count twice), completion verdicts (CompletionFeedback: positive
+// completed, the rest abandoned) and satisfaction verdicts per env × scene. Verdicts that
+// carry no scene belong to no scene's series. An app reports a task's completion one way:
+// one that sends both an outcome and a completion verdict counts twice here.
 func (e *Engine) groupBusiness(w Window) {
 	for i := range w.Tokens {
 		r := &w.Tokens[i]
@@ -55,12 +57,20 @@ func (e *Engine) groupBusiness(w Window) {
 			e.counts.SkippedRows++
 			continue
 		}
-		if f.Name != rules.SatisfactionFeedback || f.Scene == "" || f.Count == 0 {
+		if f.Scene == "" || f.Count == 0 {
 			continue
 		}
-		a := e.scene(SceneKey{Env: f.Env, Scene: f.Scene})
-		a.verdicts += f.Count
-		a.positive += min(f.Positive, f.Count)
+		switch f.Name {
+		case rules.SatisfactionFeedback:
+			a := e.scene(SceneKey{Env: f.Env, Scene: f.Scene})
+			a.verdicts += f.Count
+			a.positive += min(f.Positive, f.Count)
+		case rules.CompletionFeedback:
+			a := e.scene(SceneKey{Env: f.Env, Scene: f.Scene})
+			done := min(f.Positive, f.Count)
+			a.completed += done
+			a.abandoned += f.Count - done
+		}
 	}
 }
 

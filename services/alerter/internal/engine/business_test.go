@@ -162,3 +162,62 @@ func TestBusinessMinimumFromRules(t *testing.T) {
 		t.Errorf("baseline center %v: windows under the minimum were learned", a.BaselineCenter)
 	}
 }
+
+// completions returns a window's task_completed rollups for scene: completed of n verdicts
+// positive, split over two models.
+func completions(start time.Time, scene string, completed, abandoned uint64) []events.FeedbackRollup {
+	r := events.FeedbackRollup{V: 1, WindowStart: start, WindowSeconds: 60, Kind: events.KindWindow,
+		Env: "prod", Scene: scene, Model: "a", Name: rules.CompletionFeedback, Source: "user", Count: (completed + abandoned) / 2, Positive: completed / 2}
+	s := r
+	s.Model, s.Count, s.Positive = "b", completed+abandoned-r.Count, completed-r.Positive
+	return []events.FeedbackRollup{r, s}
+}
+
+// TestCompletionFromVerdicts: an app behind the gateway proxy reports completion as
+// task_completed verdicts, not as outcomes on its requests; completion rate learns its
+// baseline from them and fires when they drop, and a window of them beside requests'
+// outcomes counts both.
+func TestCompletionFromVerdicts(t *testing.T) {
+	now := time.Date(2026, 3, 4, 15, 0, 0, 0, time.UTC)
+	cases := []struct {
+		name    string
+		windows [][4]uint64 // verdicts completed, abandoned; outcomes completed, abandoned
+		fires   bool
+	}{
+		{"steady", [][4]uint64{{90, 10, 0, 0}, {89, 11, 0, 0}, {91, 9, 0, 0}}, false},
+		{"verdicts drop", [][4]uint64{{55, 45, 0, 0}, {50, 50, 0, 0}, {52, 48, 0, 0}}, true},
+		// 60 of 100 verdicts, 0 of 100 outcomes: 0.3
+		{"verdicts and outcomes add", [][4]uint64{{60, 40, 0, 100}, {60, 40, 0, 100}, {60, 40, 0, 100}}, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEngine(t, rules.NewSet())
+			for d := 1; d <= 7; d++ {
+				for m := -30; m <= 30; m++ {
+					start := now.AddDate(0, 0, -d).Add(time.Duration(m) * time.Minute)
+					j := uint64((m + 40 + d) % 5)
+					e.Learn(engine.Window{Start: start, Seconds: 60, Feedback: completions(start, "chat", 88+j, 12-j)})
+				}
+			}
+			fired := false
+			for i, w := range c.windows {
+				start := now.Add(time.Duration(i) * time.Minute)
+				win := engine.Window{Start: start, Seconds: 60, Feedback: completions(start, "chat", w[0], w[1])}
+				if w[2]+w[3] > 0 {
+					win.Tokens = outcomes(start, "chat", w[2], w[3])
+				}
+				for _, a := range e.Evaluate(win) {
+					if a.Rule == "completion_rate_dynamic" && a.State == events.AlertFiring {
+						fired = true
+						if a.Labels["scene"] != "chat" || a.Value >= a.Threshold {
+							t.Errorf("%+v", a)
+						}
+					}
+				}
+			}
+			if fired != c.fires {
+				t.Errorf("completion_rate_dynamic fired %v, want %v", fired, c.fires)
+			}
+		})
+	}
+}

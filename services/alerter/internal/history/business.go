@@ -22,9 +22,11 @@ type BusinessBaselines interface {
 
 // Per window × env × scene, the share of positive satisfaction verdicts (windows and their
 // corrections summed, as the alerter saw them once stored) and the completion rate of the
-// gateway's requests; a window enters the baseline only with the scene's minimum count of
-// verdicts or outcomes (%s, a multiIf over the scenes the rules name), as the engine learns.
-// Then per baseline step: count, mean, population variance and a few values.
+// gateway's requests' outcomes and the completion verdicts (positive completed, the rest
+// abandoned), counted together as the engine counts them; a window enters the baseline only
+// with the scene's minimum count of verdicts or outcomes (%s, a multiIf over the scenes the
+// rules name), as the engine learns. Then per baseline step: count, mean, population variance
+// and a few values.
 const (
 	satisfactionCells = `
 SELECT env, scene, toUInt32(intDiv(toUInt32(window_start), %d) * %d) AS step, max(window_start) AS last,
@@ -42,9 +44,16 @@ GROUP BY env, scene, step`
 SELECT env, scene, toUInt32(intDiv(toUInt32(window_start), %d) * %d) AS step, max(window_start) AS last,
     count(), avg(v), varPop(v), groupArray(3)(v)
 FROM (
-    SELECT window_start, env, scene, sum(completed) / (sum(completed) + sum(abandoned)) AS v, sum(completed) + sum(abandoned) AS n
-    FROM token_rollups
-    WHERE window_start >= toDateTime(%d) AND window_start < toDateTime(%d) AND layer = 'gateway'
+    SELECT window_start, env, scene, sum(done) / (sum(done) + sum(quit)) AS v, sum(done) + sum(quit) AS n
+    FROM (
+        SELECT window_start, env, scene, completed AS done, abandoned AS quit
+        FROM token_rollups
+        WHERE window_start >= toDateTime(%d) AND window_start < toDateTime(%d) AND layer = 'gateway'
+        UNION ALL
+        SELECT window_start, env, scene, least(positive, count) AS done, toUInt64(count - least(positive, count)) AS quit
+        FROM feedback_rollups
+        WHERE window_start >= toDateTime(%d) AND window_start < toDateTime(%d) AND name = '%s' AND scene != ''
+    )
     GROUP BY window_start, env, scene
     HAVING n > 0 AND n >= %s
 )
@@ -87,8 +96,8 @@ func LoadBusinessBaselines(ctx context.Context, conn driver.Conn, b BusinessBase
 		{rules.Satisfaction, "feedback_rollups", func(min string) string {
 			return fmt.Sprintf(satisfactionCells, sec, sec, since.Unix(), until.Unix(), rules.SatisfactionFeedback, min)
 		}},
-		{rules.CompletionRate, "token_rollups", func(min string) string {
-			return fmt.Sprintf(completionCells, sec, sec, since.Unix(), until.Unix(), min)
+		{rules.CompletionRate, "token_rollups and feedback_rollups", func(min string) string {
+			return fmt.Sprintf(completionCells, sec, sec, since.Unix(), until.Unix(), since.Unix(), until.Unix(), rules.CompletionFeedback, min)
 		}},
 	} {
 		minSQL, args := minCount(rs, q.m)

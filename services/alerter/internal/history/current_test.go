@@ -87,6 +87,9 @@ func TestBaselineQueriesOnCurrent(t *testing.T) {
 			if err := fb.Append(w, uint32(60), "window", "prod", scene, "m", "thumbs", "user", uint64(5+i), uint64(i%7)); err != nil {
 				t.Fatal(err)
 			}
+			if err := fb.Append(w, uint32(60), "window", "prod", scene, "m", rules.CompletionFeedback, "user", uint64(3+i%4), uint64(i%3)); err != nil {
+				t.Fatal(err)
+			}
 			if err := ob.Append(w, uint32(60), "window", "prod", scene, "m", "0-499", uint64(60), uint64(10+i%9), uint64(i%13)); err != nil {
 				t.Fatal(err)
 			}
@@ -136,7 +139,7 @@ func TestBaselineQueriesOnCurrent(t *testing.T) {
 	}{{fmt.Sprintf(seriesCells, 600, 600, since, until), 6}, {fmt.Sprintf(hostCells, 600, 600, since, until, since, until), 2},
 		{fmt.Sprintf(engineRows, since, until), 5},
 		{fmt.Sprintf(satisfactionCells, 600, 600, since, until, rules.SatisfactionFeedback, business(rules.Satisfaction, "")), 3},
-		{fmt.Sprintf(completionCells, 600, 600, since, until, business(rules.CompletionRate, "")), 3}} {
+		{fmt.Sprintf(completionCells, 600, 600, since, until, since, until, rules.CompletionFeedback, business(rules.CompletionRate, "")), 3}} {
 		q := c.q
 		want, err := testbed.Query(ctx, db.Conn(), q)
 		if err != nil {

@@ -208,3 +208,90 @@ func TestRestoreAlerts(t *testing.T) {
 		t.Errorf("restored %v, want [bbb ccc] (aaa resolved)", fps)
 	}
 }
+
+type fakeBusiness map[engine.SceneKey]map[rules.Metric][]cell
+
+func (f fakeBusiness) MergeBusiness(k engine.SceneKey, t time.Time, m rules.Metric, n uint64, mean, vr float64, s []float64) {
+	if f[k] == nil {
+		f[k] = map[rules.Metric][]cell{}
+	}
+	f[k][m] = append(f[k][m], cell{t, n, mean, vr, s})
+}
+
+// TestLoadCompletionBaselines: completion rate's baseline counts a scene's task_completed
+// verdicts (positive completed, the rest abandoned) beside its gateway requests' outcomes, as
+// the engine does: a scene whose app reports completion only as verdicts (behind the gateway
+// proxy) has a baseline, and one reporting both ways sums them per window.
+func TestLoadCompletionBaselines(t *testing.T) {
+	cfg := testbed.ClickHouse(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db, err := chdb.Open(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Migrate(ctx, schemas.Migrations()); err != nil {
+		t.Fatal(err)
+	}
+	fb, err := db.Conn().PrepareBatch(ctx, `INSERT INTO feedback_rollups (window_start, window_seconds, kind, env, scene, model, name, source, count, positive)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	step0 := time.Date(2026, 3, 2, 10, 0, 0, 0, time.UTC)
+	for _, r := range []struct {
+		at          time.Time
+		kind, scene string
+		name        string
+		count, up   uint64
+	}{
+		// proxy: verdicts only, 8 of 10 and 6 of 10 completed (a correction adds 1 of 2)
+		{step0, "window", "proxy", "task_completed", 10, 8},
+		{step0.Add(time.Minute), "window", "proxy", "task_completed", 8, 5},
+		{step0.Add(time.Minute), "correction", "proxy", "task_completed", 2, 1},
+		{step0, "window", "proxy", "thumbs", 10, 0},
+		{step0, "window", "both", "task_completed", 10, 10},
+	} {
+		if err := fb.Append(r.at, uint32(60), r.kind, "prod", r.scene, "m", r.name, "user", r.count, r.up); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := fb.Send(); err != nil {
+		t.Fatal(err)
+	}
+	// both: 0 of 10 outcomes beside 10 of 10 verdicts; the engine layer's are not counted
+	tb, err := db.Conn().PrepareBatch(ctx, `INSERT INTO token_rollups (window_start, window_seconds, kind, env, scene, model, instance, layer, bucket, requests, completed, abandoned)`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, layer := range []string{"gateway", "engine"} {
+		done := uint64(0)
+		if layer == "engine" {
+			done = 10
+		}
+		if err := tb.Append(step0, uint32(60), "window", "prod", "both", "m", "a", layer, "0-499", uint64(10), done, 10-done); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tb.Send(); err != nil {
+		t.Fatal(err)
+	}
+	rs, err := rules.Parse([]byte("defaults:\n  dynamic:\n    completion_rate: {min_requests: 5}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := fakeBusiness{}
+	if _, _, err := history.LoadBusinessBaselines(ctx, db.Conn(), f, rs, step0.Add(-time.Hour), step0.Add(time.Hour), 5*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		scene string
+		n     uint64
+		mean  float64
+	}{{"proxy", 2, (0.8 + 0.6) / 2}, {"both", 1, 0.5}} {
+		got := f[engine.SceneKey{Env: "prod", Scene: c.scene}][rules.CompletionRate]
+		if len(got) != 1 || got[0].n != c.n || math.Abs(got[0].mean-c.mean) > 1e-9 {
+			t.Errorf("%s completion cells %+v, want one of %d windows, mean %v", c.scene, got, c.n, c.mean)
+		}
+	}
+}

@@ -43,6 +43,11 @@ const (
 // SatisfactionFeedback is the name of the feedback whose share positive is satisfaction.
 const SatisfactionFeedback = "thumbs"
 
+// CompletionFeedback is the name of the feedback that reports a task's completion (value > 0
+// completed, otherwise abandoned), the way an app behind the gateway proxy reports it: it
+// counts in completion rate beside the requests' outcomes.
+const CompletionFeedback = "task_completed"
+
 var metricNames = [NumMetrics]string{
 	"ttft_p95", "tpot_p95", "total_p99", "error_rate", "timeout_rate", "output_tps",
 	"gpu_efficiency", "tokens_per_joule",
