@@ -332,3 +332,36 @@ func TestComposeSettings(t *testing.T) {
 		}
 	}
 }
+
+// TestComposeUpstream: compose.yaml's emitter has no upstream until TOKENSCOPE_UPSTREAM_URL
+// names one, and without it stops at start with an error naming the knob, rather than
+// proxying every request to nothing (an empty EMITTER_UPSTREAM_URL would be the emitter's
+// own default, 127.0.0.1:8081 in its container). The demo's override points it at the fake
+// LLM, whatever TOKENSCOPE_UPSTREAM_URL says, so that the demo's load stays off real APIs.
+func TestComposeUpstream(t *testing.T) {
+	bin := buildService(t, t.TempDir(), "emitter")
+	for _, environ := range []map[string]string{nil, {"TOKENSCOPE_UPSTREAM_URL": ""}} {
+		em := loadCompose(t, environ).Services["emitter"]
+		env := map[string]string{}
+		for k, v := range em.Environment {
+			if v != nil {
+				env[k] = *v
+			}
+		}
+		out := runEmitter(t, bin, nil, env)
+		if !strings.Contains(out, "EMITTER_UPSTREAM_URL") || !strings.Contains(out, "TOKENSCOPE_UPSTREAM_URL") {
+			t.Errorf("TOKENSCOPE_UPSTREAM_URL=%q: EMITTER_UPSTREAM_URL=%q: the emitter's error names neither the variable nor the knob:\n%s",
+				environ["TOKENSCOPE_UPSTREAM_URL"], env["EMITTER_UPSTREAM_URL"], out)
+		}
+		if strings.Contains(out, "NATS") {
+			t.Errorf("without an upstream the emitter got as far as NATS:\n%s", out)
+		}
+	}
+	for _, environ := range []map[string]string{nil, {"TOKENSCOPE_UPSTREAM_URL": "https://api.openai.com"}} {
+		demo := loadComposeFiles(t, environ, demoFiles...)
+		if up := demo.Services["emitter"].Environment["EMITTER_UPSTREAM_URL"]; up == nil || *up != "http://fakellm:8081" {
+			t.Errorf("demo, TOKENSCOPE_UPSTREAM_URL=%q: EMITTER_UPSTREAM_URL=%v, want the fake LLM, http://fakellm:8081",
+				environ["TOKENSCOPE_UPSTREAM_URL"], up)
+		}
+	}
+}

@@ -99,13 +99,20 @@ func TestComposeCommands(t *testing.T) {
 	if !ran["replay"] || !ran["fakellm"] {
 		t.Fatalf("emitter commands checked: %v, want replay and fakellm", ran)
 	}
+	// The proxied load carries the recurring burst that overruns the fake engine's batch.
+	if flagValue(p.Services["load"].Command, "-burst") == "" {
+		t.Fatalf("the load's command %v has no -burst: the demo's engine queue would stay empty", p.Services["load"].Command)
+	}
 
 	// The check tells a bad command from a good one.
 	load := p.Services["load"]
+	burst := flagValue(load.Command, "-burst")
 	for _, bad := range []struct{ what, flag, value string }{
 		{"a misspelt flag", "-turns", "-turn"},
 		{"a value of the wrong type", "4", "four"},
 		{"a value out of bounds", "0.3", "1.5"},
+		{"a burst that does not end before the next", burst, "at=2m,for=5m,every=5m"},
+		{"a misspelt part of the burst", burst, "client=192"},
 	} {
 		cmd := slices.Clone(load.Command)
 		i := slices.Index(cmd, bad.flag)
@@ -183,15 +190,18 @@ func TestComposePrices(t *testing.T) {
 		}
 	}
 
-	// compose.demo.yaml replaces the price table's mount, and nothing else.
+	// compose.demo.yaml replaces the price table's mount and the emitter's upstream (the fake
+	// LLM, TestComposeUpstream), and nothing else.
 	target := *base.Services["aggregator"].Environment["AGG_PRICES"]
 	others := func(s types.ServiceConfig) types.ServiceConfig {
 		s.Volumes = slices.DeleteFunc(slices.Clone(s.Volumes), func(v types.ServiceVolumeConfig) bool { return v.Target == target })
+		s.Environment = maps.Clone(s.Environment)
+		delete(s.Environment, "EMITTER_UPSTREAM_URL")
 		return s
 	}
 	for _, name := range base.ServiceNames() {
 		if !reflect.DeepEqual(others(base.Services[name]), others(demo.Services[name])) {
-			t.Errorf("compose.demo.yaml changes %s beyond the price table's mount", name)
+			t.Errorf("compose.demo.yaml changes %s beyond the price table's mount and the emitter's upstream", name)
 		}
 	}
 	if !slices.Equal(base.ServiceNames(), demo.ServiceNames()) || !reflect.DeepEqual(base.Volumes, demo.Volumes) {
@@ -271,7 +281,7 @@ type priceRow struct {
 // upstream's host:port), so that verdicts, engine-layer and gateway-layer events of one
 // request fall in one series.
 func TestComposeLabels(t *testing.T) {
-	p := loadCompose(t, map[string]string{"TOKENSCOPE_ENV": "staging"})
+	p := loadComposeFiles(t, map[string]string{"TOKENSCOPE_ENV": "staging"}, demoFiles...)
 	em := p.Services["emitter"].Environment
 	env := *em["EMITTER_DEFAULT_ENV"]
 	scene := "default" // EMITTER_DEFAULT_SCENE's default: compose.yaml does not set it

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
@@ -59,7 +61,15 @@ func runReplay(ctx context.Context, args []string, environ map[string]string, st
 	fs.Float64Var(&m.DecodePerLoad, "model-decode", m.DecodePerLoad, "model: TPOT growth per request in flight")
 	fs.Float64Var(&m.ErrorRate, "model-errors", m.ErrorRate, "model: error rate")
 	var incidents incidentFlags
-	fs.Var(&incidents, "incident", "inject an incident: start=10m,for=2m,ttft=4,tpot=2,errors=0.1 (repeatable)")
+	fs.Var(&incidents, "incident", "with -simulate, inject an incident into the latency model: start=10m,for=2m,ttft=4,tpot=2,errors=0.1 (repeatable)")
+	var burst *replay.Burst
+	fs.Func("burst", "against an endpoint, a recurring incident of real load: at=40s,for=40s,every=2m,clients=192 (the default of each part left out; wall-clock time) keeps clients more requests in flight from at after the start, for for, every every", func(v string) error {
+		b, err := replay.ParseBurst(v)
+		if err == nil {
+			burst = &b
+		}
+		return err
+	})
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -68,6 +78,13 @@ func runReplay(ctx context.Context, args []string, environ map[string]string, st
 	}
 	if err := m.Validate(); err != nil {
 		return err
+	}
+	// Each incident acts on one kind of load: the model's latencies, or the endpoint's queue.
+	if *simulate && burst != nil {
+		return errors.New("-burst sends real requests to -url and does not go with -simulate (whose incidents are -incident's)")
+	}
+	if !*simulate && len(incidents) > 0 {
+		return errors.New("-incident changes the latency model of -simulate; against an endpoint, -burst makes an incident of real load")
 	}
 	var (
 		records []replay.Record
@@ -104,6 +121,7 @@ func runReplay(ctx context.Context, args []string, environ map[string]string, st
 	if *scene == "" {
 		*scene = name
 	}
+	var burstTarget *replay.Target
 	opts := replay.Options{Speed: *speed, Loop: *loop, Model: *model, Scene: *scene, Env: *envName, Instance: *instance}
 	if *simulate {
 		opts.Simulator = replay.NewSimulator(m, incidents, *seed)
@@ -122,6 +140,12 @@ func runReplay(ctx context.Context, args []string, environ map[string]string, st
 		tr := &http.Transport{MaxIdleConnsPerHost: *concurrency, DisableCompression: true}
 		opts.Target = &replay.Target{Stream: *stream, Concurrency: *concurrency,
 			Client: &llmclient.Client{BaseURL: *url, APIKey: key, Protocol: proto, HTTP: &http.Client{Transport: tr, Timeout: 600 * time.Second}}}
+		if burst != nil {
+			// Connections of its own: the burst's clients never take the replay's.
+			btr := &http.Transport{MaxIdleConnsPerHost: burst.Clients, DisableCompression: true}
+			burstTarget = &replay.Target{Stream: *stream, Concurrency: burst.Clients,
+				Client: &llmclient.Client{BaseURL: *url, APIKey: key, Protocol: proto, HTTP: &http.Client{Transport: btr, Timeout: 600 * time.Second}}}
+		}
 	}
 	if !(*feedback >= 0 && *feedback <= 1) || (*feedback > 0 && !*simulate && *turns == 0) {
 		return fmt.Errorf("-feedback=%g must be between 0 and 1, and goes with -simulate or -turns", *feedback)
@@ -146,17 +170,38 @@ func runReplay(ctx context.Context, args []string, environ map[string]string, st
 	}
 	var stats replay.Stats
 	fmt.Fprintf(stderr, "replaying %d requests (%s, scene %s) at %gx\n", len(records), name, *scene, *speed)
+	if burst != nil {
+		fmt.Fprintf(stderr, "burst: %d more clients for %s of every %s, from %s in\n", burst.Clients, burst.For, burst.Every, burst.At)
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		if burstTarget == nil {
+			replay.Run(ctx, records, opts, em, &stats)
+			return
+		}
+		// The burst lasts as long as the replay: it ends when the records do (without -loop).
+		rctx, stop := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			replay.RunBurst(rctx, *burst, time.Now(), burstTarget, opts, em, &stats)
+		}()
 		replay.Run(ctx, records, opts, em, &stats)
+		stop()
+		wg.Wait()
 	}()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	line := func() string {
-		return fmt.Sprintf("sent %d  ok %d  errors %d  timeouts %d  canceled %d  skipped %d  feedback %d  unpublished %d",
+		s := fmt.Sprintf("sent %d  ok %d  errors %d  timeouts %d  canceled %d  skipped %d  feedback %d  unpublished %d",
 			stats.Sent.Load(), stats.OK.Load(), stats.Errors.Load(), stats.Timeouts.Load(), stats.Canceled.Load(),
 			stats.Skipped.Load(), stats.Feedback.Load(), stats.Unpublished.Load())
+		if burst != nil {
+			s += fmt.Sprintf("  burst %d (ok %d)", stats.Burst.Load(), stats.BurstOK.Load())
+		}
+		return s
 	}
 wait:
 	for {

@@ -82,6 +82,30 @@ func TestReplayCommandPublishes(t *testing.T) {
 	}
 }
 
+// TestReplayBurstFlags: -burst is read as the demo's incident spec, its errors name the
+// flag and the bad part, and each kind of incident goes with its kind of load only.
+func TestReplayBurstFlags(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"-burst", "clients=0"}, []string{"-burst", "clients=0"}},
+		{[]string{"-burst", "every=10s"}, []string{"-burst", "every=10s must be longer than for=40s"}},
+		{[]string{"-burst", "at=soon"}, []string{"-burst", `at="soon"`}},
+		{[]string{"-burst", "start=1m,for=1m"}, []string{"-burst", `unknown part "start"`}},
+		{[]string{"-simulate", "-burst", "at=1m"}, []string{"-burst", "-simulate"}},
+		{[]string{"-incident", "start=0s,for=1m,ttft=4"}, []string{"-incident", "-simulate", "-burst"}},
+	} {
+		args := append([]string{"replay", "-publish=false", "-duration", "10s", "-limit", "3", "-url", "http://127.0.0.1:1"}, tt.args...)
+		err := run(context.Background(), args, nil, io.Discard, io.Discard)
+		for _, w := range tt.want {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("%v: error %v, want one naming %s", tt.args, err, w)
+			}
+		}
+	}
+}
+
 func TestReplayRealTrace(t *testing.T) {
 	path := testbed.Trace(t, "AzureLLMInferenceTrace_code.csv")
 	var out bytes.Buffer

@@ -49,6 +49,7 @@ type Stats struct {
 	Skipped                              atomic.Int64 // due while Target.Concurrency requests were in flight
 	Unpublished                          atomic.Int64 // events the emitter refused (invalid or buffer full)
 	Feedback                             atomic.Int64 // feedback events the simulated users gave
+	Burst, BurstOK                       atomic.Int64 // requests of the Burst, apart from the others, and those answered ok
 }
 
 func (s *Stats) count(st events.Status) {

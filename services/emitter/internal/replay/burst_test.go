@@ -1,0 +1,239 @@
+package replay
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/llmclient"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/meter"
+)
+
+func TestParseBurst(t *testing.T) {
+	if err := DefaultBurst.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	f := func(s string, want Burst) {
+		t.Helper()
+		got, err := ParseBurst(s)
+		if err != nil || got != want {
+			t.Errorf("ParseBurst(%q) = %+v, %v; want %+v", s, got, err, want)
+		}
+	}
+	f("at=10s, for=20s,every=1m,clients=64", Burst{At: 10 * time.Second, For: 20 * time.Second, Every: time.Minute, Clients: 64})
+	f("at=0s", Burst{For: DefaultBurst.For, Every: DefaultBurst.Every, Clients: DefaultBurst.Clients})
+	f("clients=8", Burst{At: DefaultBurst.At, For: DefaultBurst.For, Every: DefaultBurst.Every, Clients: 8})
+
+	// Each error names the part that is wrong.
+	bad := func(s, part string) {
+		t.Helper()
+		if _, err := ParseBurst(s); err == nil || !strings.Contains(err.Error(), part) {
+			t.Errorf("ParseBurst(%q): error %v, want one naming %s", s, err, part)
+		}
+	}
+	bad("at=4x", `at="4x"`)
+	bad("for=", `for=""`)
+	bad("clients=many", `clients="many"`)
+	bad("clients=0", "clients=0")
+	bad("clients=-3", "clients=-3")
+	bad("clients=20000", "clients=20000")
+	bad("at=-1s", "at=-1s")
+	bad("for=0s", "for=0s")
+	bad("for=3m", "every=2m0s must be longer than for=3m0s")
+	bad("start=1m", `unknown part "start"`)
+	bad("at=1m,,for=1m", `"" is not key=value`)
+	bad("40s", `"40s" is not key=value`)
+}
+
+func TestBurstWindow(t *testing.T) {
+	b := Burst{At: 10 * time.Second, For: 5 * time.Second, Every: 20 * time.Second, Clients: 1}
+	f := func(elapsed time.Duration, on bool, until time.Duration) {
+		t.Helper()
+		if gotOn, gotUntil := b.window(elapsed); gotOn != on || gotUntil != until {
+			t.Errorf("window(%s) = %v, %s; want %v, %s", elapsed, gotOn, gotUntil, on, until)
+		}
+	}
+	f(0, false, 10*time.Second)
+	f(9*time.Second, false, 10*time.Second)
+	f(10*time.Second, true, 15*time.Second)
+	f(14*time.Second, true, 15*time.Second)
+	f(15*time.Second, false, 30*time.Second)
+	f(30*time.Second, true, 35*time.Second)
+	f(62*time.Second, false, 70*time.Second)
+}
+
+// testClock is the burst's clock in a test: sleep tells the test when it would wake and
+// waits until the test wakes it, which sets the time to then.
+type testClock struct {
+	mu       sync.Mutex
+	t        time.Time
+	sleeping chan time.Time
+	wake     chan struct{}
+}
+
+func (c *testClock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+
+func (c *testClock) sleep(ctx context.Context, until time.Time) bool {
+	select {
+	case c.sleeping <- until:
+	case <-ctx.Done():
+		return false
+	}
+	select {
+	case <-c.wake:
+		c.mu.Lock()
+		c.t = until
+		c.mu.Unlock()
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// holdingServer answers a chat completion once the test lets the requests of the current
+// hold go, and counts what it got and how many it held at once.
+type holdingServer struct {
+	mu                 sync.Mutex
+	hold               chan struct{}
+	arrived            chan struct{}
+	inFlight, most     int
+	total              atomic.Int64
+	badPath, badPrompt atomic.Int64
+}
+
+func (s *holdingServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	if r.URL.Path != "/v1/chat/completions" {
+		s.badPath.Add(1)
+	}
+	if !strings.Contains(string(body), burstPrefix) || !strings.Contains(string(body), `"model":"llama-3.1-70b"`) {
+		s.badPrompt.Add(1)
+	}
+	s.total.Add(1)
+	s.mu.Lock()
+	hold := s.hold
+	s.inFlight++
+	s.most = max(s.most, s.inFlight)
+	s.mu.Unlock()
+	select { // a request the client gave up on leaves
+	case s.arrived <- struct{}{}:
+		select {
+		case <-hold:
+		case <-r.Context().Done():
+		}
+	case <-r.Context().Done():
+	}
+	s.mu.Lock()
+	s.inFlight--
+	s.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	io.WriteString(w, `{"choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":950,"completion_tokens":1}}`)
+}
+
+func (s *holdingServer) newHold() chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hold = make(chan struct{})
+	return s.hold
+}
+
+type countingEmitter struct{ n atomic.Int64 }
+
+func (e *countingEmitter) Emit(*events.RequestEvent, time.Time) error { e.n.Add(1); return nil }
+
+// TestBurstSendsInItsWindows: through a proxy URL (here a server that holds each request
+// until told), the burst keeps Clients requests in flight from At, sends none before, none
+// once its window closed and none between windows, and starts again Every later.
+func TestBurstSendsInItsWindows(t *testing.T) {
+	const clients = 8
+	srv := &holdingServer{arrived: make(chan struct{}, 4*clients)}
+	srv.newHold()
+	hs := httptest.NewServer(srv)
+	t.Cleanup(hs.Close) // after the burst has stopped (cleanups run last first)
+	target := &Target{Client: &llmclient.Client{BaseURL: hs.URL + "/v1", Protocol: meter.OpenAIChat, HTTP: hs.Client()}}
+	b := Burst{At: 10 * time.Second, For: 5 * time.Second, Every: 20 * time.Second, Clients: clients}
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := &testClock{t: start, sleeping: make(chan time.Time), wake: make(chan struct{})}
+	var stats Stats
+	em := &countingEmitter{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runBurst(ctx, b, start, clock.now, clock.sleep, target, Options{Model: "llama-3.1-70b", Scene: "default", Env: "dev"}, em, &stats)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+
+	asleep := func(want time.Duration) {
+		t.Helper()
+		select {
+		case until := <-clock.sleeping:
+			if got := until.Sub(start); got != want {
+				t.Fatalf("the burst sleeps until %s after the start, want %s", got, want)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the burst never slept until %s", want)
+		}
+	}
+	arrivals := func(n int) {
+		t.Helper()
+		for i := range n {
+			select {
+			case <-srv.arrived:
+			case <-time.After(30 * time.Second):
+				t.Fatalf("%d of the burst's %d requests reached the proxy", i, n)
+			}
+		}
+	}
+
+	between := func(round int) {
+		t.Helper()
+		// Asleep until the next window: every request of the earlier windows has ended.
+		srv.mu.Lock()
+		inFlight, most := srv.inFlight, srv.most
+		srv.mu.Unlock()
+		if got, want := srv.total.Load(), int64(round*clients); got != want || inFlight != 0 {
+			t.Fatalf("before window %d: the proxy got %d requests (%d in flight), want %d, none in flight: one per client in each window, none outside", round+1, got, inFlight, want)
+		}
+		if round > 0 && most != clients {
+			t.Fatalf("the proxy held %d of the burst's requests at once, want %d", most, clients)
+		}
+	}
+	for round, at := range []time.Duration{10 * time.Second, 30 * time.Second} {
+		asleep(at)
+		between(round)
+		hold := srv.newHold()
+		clock.wake <- struct{}{}
+		// In the window: every client's request is in flight at once.
+		asleep(at + b.For)
+		arrivals(clients)
+		// The window closes while they are held; each client sends no more once its
+		// request ends.
+		clock.wake <- struct{}{}
+		close(hold)
+	}
+	asleep(50 * time.Second)
+	between(2)
+	if got := stats.Burst.Load(); got != 2*clients {
+		t.Errorf("stats.Burst = %d, want %d", got, 2*clients)
+	}
+	if got := stats.BurstOK.Load(); got != 2*clients {
+		t.Errorf("stats.BurstOK = %d, want %d", got, 2*clients)
+	}
+	if got := em.n.Load(); got != 2*clients {
+		t.Errorf("%d events emitted, want one per request, %d", got, 2*clients)
+	}
+	if srv.badPath.Load() > 0 || srv.badPrompt.Load() > 0 {
+		t.Errorf("%d requests not to /v1/chat/completions, %d without the model or the shared prefix", srv.badPath.Load(), srv.badPrompt.Load())
+	}
+}
