@@ -20,8 +20,9 @@ import (
 
 // completionWindow is one window's rollups for the completion series: scene proxy reports
 // completion only as task_completed verdicts, scene both as gateway outcomes and verdicts
-// beside them. Beside those, rollups neither path may count: the engine layer's view of
-// both's requests (all abandoned), thumbs, and task_completed verdicts without a scene.
+// beside them. Beside those, rollups neither path may count in them: the engine layer's
+// view of both's requests (all abandoned), thumbs, task_completed verdicts without a scene,
+// and proxy's verdicts without an env (all abandoned), which are a series of their own.
 // done and quit are each source's completed and abandoned counts; proxy has them from each
 // of two models.
 func completionWindow(start time.Time, done, quit uint64) engine.Window {
@@ -40,6 +41,8 @@ func completionWindow(start time.Time, done, quit uint64) engine.Window {
 			fb("proxy", "b", rules.CompletionFeedback, done+quit, done),
 			fb("proxy", "a", rules.SatisfactionFeedback, 40, 0),
 			fb("", "a", rules.CompletionFeedback, 40, 0),
+			{V: 1, WindowStart: start, WindowSeconds: 60, Kind: events.KindWindow, Scene: "proxy", Model: "a",
+				Name: rules.CompletionFeedback, Source: "user", Count: 40, Positive: 0}, // no env: a series of its own
 			fb("both", "a", rules.CompletionFeedback, done+quit, done),
 		},
 		Tokens: []events.TokenRollup{tok(events.LayerGateway, done, quit), tok(events.LayerEngine, 0, done+quit)},
@@ -122,7 +125,7 @@ func TestCompletionHistoryMatchesLive(t *testing.T) {
 
 	// Completion drops to 0.3 in both scenes: pending, then firing.
 	type judged struct {
-		rule, scene, state           string
+		rule, env, scene, state      string
 		value, threshold, center, sd float64
 	}
 	judge := func(e *engine.Engine, w engine.Window) []judged {
@@ -131,7 +134,7 @@ func TestCompletionHistoryMatchesLive(t *testing.T) {
 			if a.Rule != "completion_rate_dynamic" && a.Rule != "satisfaction_dynamic" {
 				continue
 			}
-			out = append(out, judged{a.Rule, a.Labels["scene"], string(a.State), a.Value, a.Threshold, a.BaselineCenter, a.BaselineSpread})
+			out = append(out, judged{a.Rule, a.Labels["env"], a.Labels["scene"], string(a.State), a.Value, a.Threshold, a.BaselineCenter, a.BaselineSpread})
 		}
 		sort.Slice(out, func(i, j int) bool { return fmt.Sprint(out[i]) < fmt.Sprint(out[j]) })
 		return out
@@ -146,7 +149,7 @@ func TestCompletionHistoryMatchesLive(t *testing.T) {
 		for n := range l {
 			a, b := l[n], h[n]
 			near := func(x, y float64) bool { return math.Abs(x-y) <= 1e-6*math.Max(1, math.Abs(x)) }
-			if a.rule != b.rule || a.scene != b.scene || a.state != b.state || !near(a.value, b.value) ||
+			if a.rule != b.rule || a.env != b.env || a.scene != b.scene || a.state != b.state || !near(a.value, b.value) ||
 				!near(a.threshold, b.threshold) || !near(a.center, b.center) || !near(a.sd, b.sd) {
 				t.Errorf("window %d: live %+v, history %+v", i, a, b)
 			}
