@@ -673,3 +673,33 @@ func TestCompletionFromVerdicts(t *testing.T) {
 		}
 	}
 }
+
+// TestCompletionVerdictValues: a task_completed verdict's value decides by its sign, as the
+// feedback rollups' positive does for the alerter: 1 (true) and 0.5 are completed, 0 (false)
+// and -1 abandoned, on 18.16 and on the current engine. A verdict without scene still counts
+// for its conversation here (the alerter's series leave it out).
+func TestCompletionVerdictValues(t *testing.T) {
+	b := openBusiness(t)
+	from := time.Now().UTC().Truncate(time.Hour).Add(-3 * time.Hour)
+	const reqs = "INSERT INTO requests (ts, event_id, env, scene, model, layer, conversation_id, turn, status, outcome)"
+	const fbs = "INSERT INTO feedback (ts, event_id, request_id, conversation_id, name, value, source, env, scene, model)"
+	at := from.Add(10 * time.Minute)
+	for i, v := range []float64{1, 0.5, 0, -1} {
+		conv := fmt.Sprintf("v%d", i)
+		b.insert(t, reqs, from.Add(time.Minute), conv+"r", "prod", "chat", "m", "gateway", conv, uint32(1), "ok", "")
+		b.insert(t, fbs, at, fmt.Sprintf("0195a000-0000-7000-8000-%012d", i), "", conv, "task_completed", v, "user", "prod", "", "")
+	}
+	params := map[string]string{"from": from.Format(time.DateTime), "to": from.Add(time.Hour).Format(time.DateTime), "layer": "gateway"}
+	// conversations, avg_turns, completed, abandoned, completion_rate
+	want := []float64{4, 1, 2, 2, 0.5}
+	for _, res := range b.query(t, "conversations.sql", params) {
+		if len(res.r.Rows) != 1 {
+			t.Fatalf("conversations.sql on %s: %v, want %v", res.server, res.r.Rows, want)
+		}
+		for i, w := range want {
+			if got := toFloat(res.r.Rows[0][i]); math.Abs(got-w) > 1e-9 {
+				t.Errorf("conversations.sql on %s: %s = %v, want %v", res.server, res.r.Columns[i].Name, got, w)
+			}
+		}
+	}
+}

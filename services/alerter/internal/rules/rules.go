@@ -26,7 +26,7 @@ const (
 
 	// Business metrics, per env × scene.
 	Satisfaction   // share of positive verdicts among the window's SatisfactionFeedback verdicts
-	CompletionRate // completed / (completed + abandoned) requests, at the gateway layer
+	CompletionRate // completed / (completed + abandoned): gateway requests' outcomes and CompletionFeedback verdicts
 
 	NumMetrics
 )
