@@ -35,3 +35,29 @@ func TestSeriesCacheBoundedWhenMalformed(t *testing.T) {
 		t.Errorf("the series cache holds %d texts and %d label sets after 20 malformed expositions of 50 series: it grows by one exposition a scrape", len(c.entries), len(c.byLabels))
 	}
 }
+
+// TestBucketWithoutLeUnwinds: an exposition that fails at a histogram bucket without a
+// numeric le is malformed like one the parser refuses: the series it added before the
+// bucket are forgotten and those held kept, so a flood sent with such a bucket does not
+// keep the places it took until the next good scrape.
+func TestBucketWithoutLeUnwinds(t *testing.T) {
+	good := "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 3\n"
+	c := newSeriesCache(1000)
+	if _, err := families([]byte(good), names["vllm"], c); err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	b.WriteString(good + "# TYPE vllm:prompt_tokens_total counter\n")
+	for i := range 500 {
+		fmt.Fprintf(&b, "vllm:prompt_tokens_total{model_name=\"m\",tenant=\"t%d\"} 1\n", i)
+	}
+	b.WriteString("# TYPE vllm:time_to_first_token_seconds histogram\n")
+	b.WriteString("vllm:time_to_first_token_seconds_bucket{le=\"x\",model_name=\"m\"} 1\n")
+	if _, err := families([]byte(b.String()), names["vllm"], c); err == nil {
+		t.Fatal("a bucket without a numeric le: no error")
+	}
+	checkHeld(t, c)
+	if len(c.entries) != 1 || len(c.byLabels) != 1 {
+		t.Errorf("after a scrape that failed at a bucket without le: %d entries, %d label sets held; want the 1 of the good scrape before", len(c.entries), len(c.byLabels))
+	}
+}

@@ -151,6 +151,7 @@ func families(body []byte, byName map[string]mapping, c *seriesCache) (map[strin
 			h.SampleSum = &hv.sum
 		case "_bucket":
 			if !e.leOK {
+				c.unwind() // malformed like an exposition the parser refuses
 				return nil, errors.New("histogram bucket " + strconv.Quote(e.name) + " without a numeric le")
 			}
 			if len(slab) == cap(slab) {
