@@ -514,3 +514,37 @@ func TestSeriesLimitCutsNoHistogramShort(t *testing.T) {
 	}
 	checkHeld(t, s.targets[0].cache)
 }
+
+// TestNewSeriesBesideFloodCountsFromZero: while the limit leaves out series of one family
+// (a flood of tenants in the prompt tokens), a series new in a family that had none left
+// out (another engine core's generation tokens) cannot be one the limit left out before:
+// it counts from zero, like any new series, not from its first value.
+func TestNewSeriesBesideFloodCountsFromZero(t *testing.T) {
+	const limit = 1000
+	body := func(tick int) string {
+		var b strings.Builder
+		b.WriteString("# TYPE vllm:prompt_tokens_total counter\n")
+		for i := range 2 * limit {
+			fmt.Fprintf(&b, "vllm:prompt_tokens_total{model_name=\"m\",tenant=\"t%d\"} %d\n", i, tick)
+		}
+		b.WriteString("# TYPE vllm:generation_tokens_total counter\n")
+		fmt.Fprintf(&b, "vllm:generation_tokens_total{engine=\"0\",model_name=\"m\"} %d\n", 10*tick)
+		if tick >= 2 {
+			fmt.Fprintf(&b, "vllm:generation_tokens_total{engine=\"1\",model_name=\"m\"} %d\n", 5*(tick-1))
+		}
+		b.WriteString("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 3\n")
+		return b.String()
+	}
+	eng := newEngine(t, body(0))
+	pub := &fakePublisher{}
+	s := New([]Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, Options{Host: "gpu-node-3", Interval: time.Second,
+		Timeout: 20 * time.Second, MaxBytes: 64 << 20, MaxModels: 16, MaxSeries: limit}, prometheus.NewRegistry(), discard())
+	for tick, want := range []float64{-1, 10, 15, 15} { // -1: the model's first scrape
+		eng.set(body(tick))
+		s.Tick(context.Background(), t0.Add(time.Duration(tick)*time.Second))
+		smp := one(t, pub.take(t))
+		if want >= 0 && (smp.GenerationTokens == nil || *smp.GenerationTokens != want) {
+			t.Errorf("tick %d: sample %s, want generation_tokens %v", tick, jsonOf(smp), want)
+		}
+	}
+}
