@@ -61,3 +61,38 @@ func TestBucketWithoutLeUnwinds(t *testing.T) {
 		t.Errorf("after a scrape that failed at a bucket without le: %d entries, %d label sets held; want the 1 of the good scrape before", len(c.entries), len(c.byLabels))
 	}
 }
+
+// TestMalformedUnwindsOnlyItsOwn: a malformed scrape that read series held again, a new
+// text of a held series (its labels in another order) and new series forgets only what it
+// added: the counts per family stay those of the series held, and the next good scrape
+// still reads the held series once, its other text a copy of it.
+func TestMalformedUnwindsOnlyItsOwn(t *testing.T) {
+	const held = "# TYPE vllm:prompt_tokens_total counter\n" +
+		"vllm:prompt_tokens_total{model_name=\"m\",engine=\"0\"} 1\n" +
+		"# TYPE vllm:time_to_first_token_seconds histogram\n" +
+		"vllm:time_to_first_token_seconds_bucket{le=\"+Inf\",model_name=\"m\"} 1\n"
+	c := newSeriesCache(1000)
+	if _, err := families([]byte(held), names["vllm"], c); err != nil {
+		t.Fatal(err)
+	}
+	before := len(c.entries)
+	bad := held + "vllm:prompt_tokens_total{engine=\"0\",model_name=\"m\"} 1\n" +
+		"vllm:prompt_tokens_total{model_name=\"m\",engine=\"1\"} 1\n" +
+		"vllm:time_to_first_token_seconds_bucket{le=\"1\",model_name=\"m\"} 1\n" +
+		"vllm:prompt_tokens_total{model_name=\"m\" 1\n"
+	if _, err := families([]byte(bad), names["vllm"], c); err == nil {
+		t.Fatal("malformed exposition: no error")
+	}
+	checkHeld(t, c)
+	if len(c.entries) != before || len(c.byLabels) != before {
+		t.Errorf("after the malformed scrape: %d texts, %d series held; want the %d of the good scrape", len(c.entries), len(c.byLabels), before)
+	}
+	fams, err := families([]byte(held+"vllm:prompt_tokens_total{engine=\"0\",model_name=\"m\"} 1\n"), names["vllm"], c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(fams["vllm:prompt_tokens_total"].GetMetric()); n != 1 || c.dups != 1 {
+		t.Errorf("next good scrape: %d prompt token series read, %d copies left out; want 1 and 1", n, c.dups)
+	}
+	checkHeld(t, c)
+}
