@@ -294,3 +294,48 @@ func BenchmarkScrapeVLLM300(b *testing.B) {
 type nopPublisher struct{}
 
 func (nopPublisher) Publish(string, string, []byte) bool { return true }
+
+// floodBody is a vLLM exposition of one model with n tenant series of one counter
+// before the model's own series; tick changes the tenants when rotate is set.
+func floodBody(n, tick int, rotate bool) []byte {
+	var b strings.Builder
+	b.WriteString("# TYPE vllm:prompt_tokens_total counter\n")
+	for i := range n {
+		t := i
+		if rotate {
+			t = tick*n + i
+		}
+		fmt.Fprintf(&b, "vllm:prompt_tokens_total{model_name=\"m\",tenant=\"t%d\"} %d\n", t, tick)
+	}
+	fmt.Fprintf(&b, "vllm:prompt_tokens_total{model_name=\"m\"} %d\n", tick)
+	b.WriteString("# TYPE vllm:time_to_first_token_seconds histogram\n")
+	for _, le := range []string{"0.1", "1", "+Inf"} {
+		fmt.Fprintf(&b, "vllm:time_to_first_token_seconds_bucket{le=%q,model_name=\"m\"} %d\n", le, tick)
+	}
+	b.WriteString("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 3\n")
+	return []byte(b.String())
+}
+
+// BenchmarkFlood100k: the parse of an exposition with 100,000 series of one family (5 times
+// the default limit) before the model's own, the same series at every scrape or new ones
+// at every scrape: what the limit's bookkeeping costs where it is busiest.
+func BenchmarkFlood100k(b *testing.B) {
+	for _, rotate := range []bool{false, true} {
+		b.Run(fmt.Sprintf("rotate=%v", rotate), func(b *testing.B) {
+			bodies := [][]byte{floodBody(100_000, 0, rotate), floodBody(100_000, 1, rotate), floodBody(100_000, 2, rotate)}
+			c := newSeriesCache(0)
+			for _, body := range bodies {
+				if _, err := families(body, names["vllm"], c); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				if _, err := families(bodies[i%3], names["vllm"], c); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -476,3 +476,75 @@ func TestMalformedKeepsHeldSeries(t *testing.T) {
 	}
 	checkHeld(t, s.targets[0].cache)
 }
+
+// TestSeriesLimitCutsNoHistogramShort: where a family's share of the series limit runs out
+// inside a histogram (its buckets and count held, its sum left out), the histogram is left
+// out with the series past the limit, not read with a sum of 0.
+func TestSeriesLimitCutsNoHistogramShort(t *testing.T) {
+	const limit = 1000
+	c := newSeriesCache(limit)
+	c.share(names["vllm"])
+	bounds := c.quota - 2 // with +Inf and the count, the family's quota: the sum is past it
+	body := func(tick int) string {
+		var b strings.Builder
+		b.WriteString("# TYPE vllm:prompt_tokens_total counter\n")
+		for i := range 2 * limit { // takes the pool
+			fmt.Fprintf(&b, "vllm:prompt_tokens_total{model_name=\"m\",tenant=\"t%d\"} %d\n", i, tick)
+		}
+		b.WriteString("# TYPE vllm:time_to_first_token_seconds histogram\n")
+		for i := range bounds {
+			fmt.Fprintf(&b, "vllm:time_to_first_token_seconds_bucket{le=\"%d\",model_name=\"m\"} %d\n", i+1, 2*tick)
+		}
+		fmt.Fprintf(&b, "vllm:time_to_first_token_seconds_bucket{le=\"+Inf\",model_name=\"m\"} %d\n", 2*tick)
+		fmt.Fprintf(&b, "vllm:time_to_first_token_seconds_count{model_name=\"m\"} %d\nvllm:time_to_first_token_seconds_sum{model_name=\"m\"} %d\n", 2*tick, 3*tick)
+		b.WriteString("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 3\n")
+		return b.String()
+	}
+	eng := newEngine(t, body(0))
+	pub := &fakePublisher{}
+	s := New([]Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, Options{Host: "gpu-node-3", Interval: time.Second,
+		Timeout: 20 * time.Second, MaxBytes: 64 << 20, MaxModels: 16, MaxSeries: limit}, prometheus.NewRegistry(), discard())
+	for tick := range 3 {
+		eng.set(body(tick))
+		s.Tick(context.Background(), t0.Add(time.Duration(tick)*time.Second))
+		smp := one(t, pub.take(t))
+		if smp.TTFT != nil && smp.TTFT.Count != 0 && smp.TTFT.Sum != 3 {
+			t.Errorf("tick %d: ttft %+v, want none (its sum left out by the limit) or sum 3", tick, smp.TTFT)
+		}
+	}
+	checkHeld(t, s.targets[0].cache)
+}
+
+// TestNewSeriesBesideFloodCountsFromZero: while the limit leaves out series of one family
+// (a flood of tenants in the prompt tokens), a series new in a family that had none left
+// out (another engine core's generation tokens) cannot be one the limit left out before:
+// it counts from zero, like any new series, not from its first value.
+func TestNewSeriesBesideFloodCountsFromZero(t *testing.T) {
+	const limit = 1000
+	body := func(tick int) string {
+		var b strings.Builder
+		b.WriteString("# TYPE vllm:prompt_tokens_total counter\n")
+		for i := range 2 * limit {
+			fmt.Fprintf(&b, "vllm:prompt_tokens_total{model_name=\"m\",tenant=\"t%d\"} %d\n", i, tick)
+		}
+		b.WriteString("# TYPE vllm:generation_tokens_total counter\n")
+		fmt.Fprintf(&b, "vllm:generation_tokens_total{engine=\"0\",model_name=\"m\"} %d\n", 10*tick)
+		if tick >= 2 {
+			fmt.Fprintf(&b, "vllm:generation_tokens_total{engine=\"1\",model_name=\"m\"} %d\n", 5*(tick-1))
+		}
+		b.WriteString("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 3\n")
+		return b.String()
+	}
+	eng := newEngine(t, body(0))
+	pub := &fakePublisher{}
+	s := New([]Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, Options{Host: "gpu-node-3", Interval: time.Second,
+		Timeout: 20 * time.Second, MaxBytes: 64 << 20, MaxModels: 16, MaxSeries: limit}, prometheus.NewRegistry(), discard())
+	for tick, want := range []float64{-1, 10, 15, 15} { // -1: the model's first scrape
+		eng.set(body(tick))
+		s.Tick(context.Background(), t0.Add(time.Duration(tick)*time.Second))
+		smp := one(t, pub.take(t))
+		if want >= 0 && (smp.GenerationTokens == nil || *smp.GenerationTokens != want) {
+			t.Errorf("tick %d: sample %s, want generation_tokens %v", tick, jsonOf(smp), want)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -34,12 +35,16 @@ func families(body []byte, byName map[string]mapping, c *seriesCache) (map[strin
 	var mtype model.MetricType // of the last TYPE line, as textparse reads the labels under it
 	c.gen++
 	c.dups, c.over = 0, 0
+	c.overIn = [numSlots]bool{}
 	c.created = c.created[:0]
 	c.share(byName)
 	for {
 		entry, err := p.Next()
 		if errors.Is(err, io.EOF) {
 			c.sweep()
+			if c.over > 0 {
+				dropShort(fams, hists, &c.overIn)
+			}
 			return fams, nil
 		}
 		if err != nil {
@@ -69,6 +74,7 @@ func families(body []byte, byName map[string]mapping, c *seriesCache) (map[strin
 		e := c.entries[string(series)] // no allocation for the lookup
 		if e == nil && slot >= 0 && !c.admits(slot) {
 			c.over++ // a series the last scrapes did not have, past the limit: those read before keep their place
+			c.overIn[slot] = true
 			continue
 		}
 		if e == nil || e.mtype != mtype {
@@ -77,6 +83,7 @@ func families(body []byte, byName map[string]mapping, c *seriesCache) (map[strin
 				slot = slotOfName(lset.Get(model.MetricNameLabel), byName)
 				if e == nil && !c.admits(slot) {
 					c.over++
+					c.overIn[slot] = true
 					continue
 				}
 			}
@@ -133,7 +140,7 @@ func families(body []byte, byName map[string]mapping, c *seriesCache) (map[strin
 		}
 		hv := hists[e.key]
 		if hv == nil {
-			hv = &histogram{}
+			hv = &histogram{slot: e.slot}
 			hv.h.Bucket = make([]*dto.Bucket, 0, 16)
 			m := &hv.m
 			m.Label, m.Histogram = e.histPairs, &hv.h
@@ -151,6 +158,7 @@ func families(body []byte, byName map[string]mapping, c *seriesCache) (map[strin
 			h.SampleSum = &hv.sum
 		case "_bucket":
 			if !e.leOK {
+				c.unwind() // malformed like an exposition the parser refuses
 				return nil, errors.New("histogram bucket " + strconv.Quote(e.name) + " without a numeric le")
 			}
 			if len(slab) == cap(slab) {
@@ -201,6 +209,7 @@ type seriesCache struct {
 	gen      uint64
 	dups     int             // series of the last scrape left out as copies of one before them
 	over     int             // series of the last scrape left out, new past the limit
+	overIn   [numSlots]bool  // the slots the last scrape left series out of
 	created  []createdSeries // the last scrape's series of creation-time families
 
 	// The limit: of max series, quota are kept for each family read (slot) however many
@@ -430,6 +439,35 @@ type histogram struct {
 	m          dto.Metric
 	h          dto.Histogram
 	count, sum float64
+	slot       int // its family's share of the limit
+}
+
+// dropShort takes out of fams the histograms the limit cut short: without their count or
+// sum where their family had series left out (overIn). The parts held of one are read
+// alike at every scrape the limit is full, so a sum left out would be read as 0 until the
+// flood that took its place ends; the histogram is left out with it instead.
+func dropShort(fams map[string]*dto.MetricFamily, hists map[string]*histogram, overIn *[numSlots]bool) {
+	var short map[*dto.Metric]bool
+	for _, hv := range hists {
+		if overIn[hv.slot] && (hv.h.SampleCountFloat == nil || hv.h.SampleSum == nil) {
+			if short == nil {
+				short = map[*dto.Metric]bool{}
+			}
+			short[&hv.m] = true
+		}
+	}
+	if short == nil {
+		return
+	}
+	for name, f := range fams {
+		if f.GetType() != dto.MetricType_HISTOGRAM {
+			continue
+		}
+		f.Metric = slices.DeleteFunc(f.Metric, func(m *dto.Metric) bool { return short[m] })
+		if len(f.Metric) == 0 {
+			delete(fams, name)
+		}
+	}
 }
 
 // bucket holds a dto.Bucket and the values it points to, in one allocation.

@@ -64,7 +64,7 @@ type target struct {
 	series  map[string]*seriesState // by family and labels, as track keys them
 	created map[string]*createdTime // creation times of series, keyed as series by their _created family
 	gen     uint64                  // good scrapes read
-	leftOut bool                    // the last good scrape left series out (Options.MaxSeries): a series new since may be one of them, its total not new
+	leftOut [numSlots]bool          // the families the last good scrape left series out of (Options.MaxSeries): a series of one new since may be one of them, its total not new
 	read    time.Time               // the tick of the last good scrape read
 	live    int                     // series the last scrape had
 	key     []byte                  // track's key buffer
@@ -482,6 +482,7 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily, now time.Ti
 			prio = 1
 		}
 		f := mp.f
+		leftOut := t.leftOut[slotOfMapping(mp)]
 		for _, m := range fam.GetMetric() {
 			mdl, group, r := seriesRanks(m, label)
 			st := cur[mdl]
@@ -504,7 +505,7 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily, now time.Ti
 				st.from[f] = prio
 			}
 			if f >= firstHistogram {
-				s.readHist(t, st, f, name, mp.created, m, read, now)
+				s.readHist(t, st, f, name, mp.created, m, read, leftOut, now)
 				continue
 			}
 			v, ok := value(fam.GetType(), m, f >= firstCounter)
@@ -529,7 +530,7 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily, now time.Ti
 					}
 					continue
 				}
-				d, moved := v, !known && !t.leftOut // a new series counts from zero; one the limit may have left out, from here
+				d, moved := v, !known && !leftOut // a new series counts from zero; one the limit may have left out, from here
 				switch {
 				case !known && t.madeBefore(c):
 					moved = false // back after it was forgotten: its total is not this tick's
@@ -561,7 +562,7 @@ func (s *Scraper) read(t *target, fams map[string]*dto.MetricFamily, now time.Ti
 	}
 	t.sweep(now)
 	t.read = now
-	t.leftOut = t.cache.over > 0
+	t.leftOut = t.cache.overIn
 	if overLimit {
 		s.m.dropped.WithLabelValues(t.Name, "models_over_limit").Inc()
 	}
@@ -827,10 +828,11 @@ func value(typ dto.MetricType, m *dto.Metric, isCounter bool) (float64, bool) {
 }
 
 // readHist reads one exposed histogram series of st's field f and adds its delta to the
-// field's (read false: only tracked); created is the family of its creation times. Its
-// drops are counted when it is read. Creation times tell a reset or a series back after it
+// field's (read false: only tracked); created is the family of its creation times; leftOut
+// says the last good scrape left series of its family out. Its drops are counted when it
+// is read. Creation times tell a reset or a series back after it
 // was forgotten as they do for counters (see read).
-func (s *Scraper) readHist(t *target, st *state, f field, name, created string, m *dto.Metric, read bool, now time.Time) {
+func (s *Scraper) readHist(t *target, st *state, f field, name, created string, m *dto.Metric, read, leftOut bool, now time.Time) {
 	drop := func(reason string) {
 		if read {
 			s.m.dropped.WithLabelValues(t.Name, reason).Inc()
@@ -865,7 +867,7 @@ func (s *Scraper) readHist(t *target, st *state, f field, name, created string, 
 		st.has[f], st.hists[f], st.conflict[f] = false, nil, true
 		return
 	}
-	if st.baseline || (known && old == nil) || back || (!known && t.leftOut) || (old != nil && !anew && !slices.Equal(old.le, ch.le)) {
+	if st.baseline || (known && old == nil) || back || (!known && leftOut) || (old != nil && !anew && !slices.Equal(old.le, ch.le)) {
 		return // the model's first scrape, the series' first good value, back after it was forgotten, perhaps left out by the limit before, or new bounds
 	}
 	if anew {
