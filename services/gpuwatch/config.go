@@ -55,7 +55,9 @@ type Config struct {
 	// EngineMaxSeries bounds the series of the families read that one engine's scrapes
 	// hold (each histogram bucket one; a model has some 150, and as many per value of a
 	// label of its own, such as an SGLang tenant); new ones past it are left out and counted.
-	EngineMaxSeries int `env:"GPUWATCH_ENGINE_MAX_SERIES" envDefault:"20000"`
+	// 0 (the default) stands for 20000, or SeriesPerModel × EngineMaxModels where that is
+	// more, so that raising the models alone never stops gpuwatch at start.
+	EngineMaxSeries int `env:"GPUWATCH_ENGINE_MAX_SERIES" envDefault:"0"`
 	// HostStats turns on the host sample (memory, disks, network from procfs) on each tick.
 	HostStats bool `env:"GPUWATCH_HOST_STATS" envDefault:"true"`
 	// ProcRoot and SysRoot are where the host's /proc and /sys are: in a container, the
@@ -92,6 +94,9 @@ func parseConfig(getenv func(string) string, hostname func() (string, error)) (C
 	}
 	if cfg.EngineTimeout == 0 {
 		cfg.EngineTimeout = min(cfg.Interval*4/5, 5*time.Second)
+	}
+	if cfg.EngineMaxSeries == 0 {
+		cfg.EngineMaxSeries = max(20000, cfg.EngineMaxModels*scrape.SeriesPerModel)
 	}
 	return cfg, cfg.Validate()
 }

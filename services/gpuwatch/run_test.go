@@ -286,7 +286,7 @@ func TestRunStartErrors(t *testing.T) {
 		{"engine models", map[string]string{"GPUWATCH_SOURCE": "synthetic", "GPUWATCH_ENGINE_MAX_MODELS": "0"}, "GPUWATCH_ENGINE_MAX_MODELS=0"},
 		{"engine series", map[string]string{"GPUWATCH_SOURCE": "synthetic", "GPUWATCH_ENGINE_MAX_SERIES": "999"}, "GPUWATCH_ENGINE_MAX_SERIES=999 must be 1000 to 1000000"},
 		{"engine series above the bound", map[string]string{"GPUWATCH_SOURCE": "synthetic", "GPUWATCH_ENGINE_MAX_SERIES": "2000000"}, "GPUWATCH_ENGINE_MAX_SERIES=2000000"},
-		{"engine series below the models", map[string]string{"GPUWATCH_SOURCE": "synthetic", "GPUWATCH_ENGINE_MAX_MODELS": "1024"},
+		{"engine series below the models", map[string]string{"GPUWATCH_SOURCE": "synthetic", "GPUWATCH_ENGINE_MAX_MODELS": "1024", "GPUWATCH_ENGINE_MAX_SERIES": "20000"},
 			"GPUWATCH_ENGINE_MAX_SERIES=20000 cannot hold the GPUWATCH_ENGINE_MAX_MODELS=1024 models"},
 		{"bad NATS URL", map[string]string{"GPUWATCH_SOURCE": "synthetic", "NATS_URL": "::"}, "NATS_URL"},
 		{"no NATS", map[string]string{"GPUWATCH_SOURCE": "synthetic", "NATS_URL": "nats://127.0.0.1:1", "HTTP_ADDR": "127.0.0.1:0"},
@@ -509,8 +509,10 @@ func TestBadHostRefused(t *testing.T) {
 	}
 }
 
-// TestEngineMaxSeries: the limit on an engine's series is a setting, 20000 by default, and
-// a limit on models as high as 1024 is accepted with a limit on series that can hold them.
+// TestEngineMaxSeries: the limit on an engine's series is a setting, 20000 by default or
+// 150 a model where GPUWATCH_ENGINE_MAX_MODELS asks for more (so that raising the models
+// alone still starts), and a limit on models as high as 1024 is accepted with a limit on
+// series that can hold them.
 func TestEngineMaxSeries(t *testing.T) {
 	host := func() (string, error) { return "node-7", nil }
 	cfg, err := parseConfig(getenvFrom(map[string]string{"GPUWATCH_SOURCE": "synthetic"}), host)
@@ -521,5 +523,9 @@ func TestEngineMaxSeries(t *testing.T) {
 		"GPUWATCH_ENGINE_MAX_MODELS": "1024", "GPUWATCH_ENGINE_MAX_SERIES": "153600"}), host)
 	if err != nil || cfg.EngineMaxSeries != 153600 {
 		t.Fatalf("GPUWATCH_ENGINE_MAX_SERIES=%d, err %v; want 153600", cfg.EngineMaxSeries, err)
+	}
+	cfg, err = parseConfig(getenvFrom(map[string]string{"GPUWATCH_SOURCE": "synthetic", "GPUWATCH_ENGINE_MAX_MODELS": "200"}), host)
+	if err != nil || cfg.EngineMaxSeries != 30000 {
+		t.Fatalf("GPUWATCH_ENGINE_MAX_MODELS=200 alone: GPUWATCH_ENGINE_MAX_SERIES=%d, err %v; want 30000", cfg.EngineMaxSeries, err)
 	}
 }
