@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strings"
 	"time"
 
@@ -23,9 +24,9 @@ type Config struct {
 	LogLevel  slog.Level `env:"LOG_LEVEL" envDefault:"info"`
 	NATS      bus.Config `envPrefix:"NATS_"`
 
-	UpstreamURL       string        `env:"EMITTER_UPSTREAM_URL" envDefault:"http://127.0.0.1:8081"`
-	Upstreams         string        `env:"EMITTER_UPSTREAMS"`    // model-prefix routes: claude-=https://api.anthropic.com,gpt-=https://api.openai.com
-	UpstreamAPI       string        `env:"EMITTER_UPSTREAM_API"` // the API EMITTER_UPSTREAM_URL serves: openai or anthropic; empty: anthropic for api.anthropic.com
+	UpstreamURL       string        `env:"EMITTER_UPSTREAM_URL" envDefault:"http://127.0.0.1:8081"` // "none" (any case) turns the proxy off
+	Upstreams         string        `env:"EMITTER_UPSTREAMS"`                                       // model-prefix routes: claude-=https://api.anthropic.com,gpt-=https://api.openai.com
+	UpstreamAPI       string        `env:"EMITTER_UPSTREAM_API"`                                    // the API EMITTER_UPSTREAM_URL serves: openai or anthropic; empty: anthropic for api.anthropic.com
 	UpstreamTimeout   time.Duration `env:"EMITTER_UPSTREAM_TIMEOUT" envDefault:"600s"`
 	StreamIdleTimeout time.Duration `env:"EMITTER_STREAM_IDLE_TIMEOUT" envDefault:"60s"`
 	ClientIdleTimeout time.Duration `env:"EMITTER_CLIENT_IDLE_TIMEOUT" envDefault:"2m"`
@@ -69,14 +70,17 @@ func (c Config) Validate() error {
 	if err := c.NATS.Validate(); err != nil {
 		return err
 	}
-	if _, err := proxy.ParseUpstream(c.UpstreamURL); err != nil {
-		return fmt.Errorf("EMITTER_UPSTREAM_URL: %w", err)
+	if err := c.validateUpstream(); err != nil {
+		return err
 	}
 	if _, err := proxy.ParseRoutes(c.Upstreams); err != nil {
 		return fmt.Errorf("EMITTER_UPSTREAMS: %w", err)
 	}
 	if c.UpstreamAPI != "" && c.UpstreamAPI != proxy.APIOpenAI && c.UpstreamAPI != proxy.APIAnthropic {
 		return fmt.Errorf("EMITTER_UPSTREAM_API=%q must be openai or anthropic", c.UpstreamAPI)
+	}
+	if c.UpstreamAPI != "" && c.proxyOff() {
+		return fmt.Errorf("EMITTER_UPSTREAM_API=%s names the API of EMITTER_UPSTREAM_URL, which is none: unset it", c.UpstreamAPI)
 	}
 	switch {
 	case c.UpstreamTimeout <= 0:
@@ -134,6 +138,29 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// upstreamOff is the EMITTER_UPSTREAM_URL that turns the proxy off, in any case.
+const upstreamOff = "none"
+
+// proxyOff reports whether EMITTER_UPSTREAM_URL is none: no default upstream, the proxied
+// routes answer 503 but those EMITTER_UPSTREAMS routes take.
+func (c Config) proxyOff() bool {
+	return strings.EqualFold(strings.TrimSpace(c.UpstreamURL), upstreamOff)
+}
+
+func (c Config) validateUpstream() error {
+	if c.proxyOff() {
+		return nil
+	}
+	if _, err := proxy.ParseUpstream(c.UpstreamURL); err != nil {
+		if !strings.Contains(c.UpstreamURL, "://") {
+			// off, disabled, false, a host without a scheme: say what turns the proxy off.
+			return fmt.Errorf("EMITTER_UPSTREAM_URL: %w, or none (in any case) to turn the proxy off", err)
+		}
+		return fmt.Errorf("EMITTER_UPSTREAM_URL: %w", err)
+	}
+	return nil
+}
+
 // otlpOptions are the OTLP receivers' options; the ingest token applies to them too.
 func (c Config) otlpOptions(subjects *subject.Limit, budget *reqbody.Budget) otlp.Options {
 	keys := func(ks []string) []string {
@@ -157,7 +184,10 @@ func (c Config) publisherOptions() bus.PublisherOptions {
 }
 
 func (c Config) proxyConfig(budget *reqbody.Budget) proxy.Config {
-	up, _ := proxy.ParseUpstream(c.UpstreamURL)
+	var up *url.URL // none: nil
+	if !c.proxyOff() {
+		up, _ = proxy.ParseUpstream(c.UpstreamURL)
+	}
 	routes, _ := proxy.ParseRoutes(c.Upstreams)
 	return proxy.Config{Upstream: up, Routes: routes, UpstreamAPI: c.UpstreamAPI, UpstreamTimeout: c.UpstreamTimeout, IdleTimeout: c.StreamIdleTimeout,
 		DefaultScene: c.DefaultScene, DefaultEnv: c.DefaultEnv, MaxParseBytes: c.MaxParseBytes, Budget: budget, MaxLabels: c.MaxLabels,

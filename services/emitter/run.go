@@ -139,8 +139,18 @@ func serve(ctx context.Context, environ map[string]string, stderr io.Writer) err
 	}
 	otlpSrv.LimitConns(conns)
 
+	upstream := ops.RedactURL(cfg.UpstreamURL)
+	routes, _ := proxy.ParseRoutes(cfg.Upstreams)
+	switch {
+	case cfg.proxyOff() && len(routes) == 0:
+		upstream = upstreamOff
+		logger.Info("the proxy is off (EMITTER_UPSTREAM_URL=none): proxied routes answer 503; POST /v1/events, POST /v1/feedback and OTLP are served")
+	case cfg.proxyOff():
+		upstream = upstreamOff
+		logger.Info("no default upstream (EMITTER_UPSTREAM_URL=none): requests no EMITTER_UPSTREAMS route takes answer 503")
+	}
 	logger.Info("serving", "addr", srv.Addr(), "probes", srv.ProbesAddr(), "otlp_http", otlpSrv.HTTPAddr(), "otlp_grpc", otlpSrv.GRPCAddr(),
-		"upstream", ops.RedactURL(cfg.UpstreamURL), "nats", nc.ConnectedUrlRedacted())
+		"upstream", upstream, "nats", nc.ConnectedUrlRedacted())
 	// The publisher outlives the listeners, so the events of requests finishing during the
 	// shutdown grace are still flushed. One listener failing stops the others.
 	pubCtx, stopPub := context.WithCancel(context.Background())

@@ -19,8 +19,10 @@ type Route struct {
 
 // Config is what the proxy needs; the service fills it from EMITTER_* variables.
 type Config struct {
-	Upstream *url.URL // where a model no route matches goes
-	Routes   []Route  // tried in order; the first prefix that matches wins
+	// Upstream is where a model no route matches goes; nil: nowhere, such a request is
+	// answered 503 (EMITTER_UPSTREAM_URL=none).
+	Upstream *url.URL
+	Routes   []Route // tried in order; the first prefix that matches wins
 	// UpstreamAPI is the API Upstream serves, APIOpenAI or APIAnthropic (see route); empty:
 	// DefaultAPI of Upstream.
 	UpstreamAPI     string
@@ -110,7 +112,7 @@ func DefaultAPI(u *url.URL) string {
 	return APIOpenAI
 }
 
-// route is where a request goes: by its model when the proxy read one, by its API otherwise
+// route is where a request goes, nil for nowhere (no default upstream, no route): by its model when the proxy read one, by its API otherwise
 // (a model list, a batch, a body it did not read), so that neither provider gets the
 // other's key. A request of the API the default upstream serves goes there; one of the other
 // API goes where a model named claude-… (Anthropic's) or gpt-… (OpenAI's) goes, which is the
@@ -122,6 +124,9 @@ func (c *Config) route(model string, anthropic bool) *url.URL {
 	api, family := APIOpenAI, "gpt"
 	if anthropic {
 		api, family = APIAnthropic, "claude"
+	}
+	if c.Upstream == nil {
+		return c.upstream(family + "-") // a route, or nil: no upstream serves that API
 	}
 	served := c.UpstreamAPI
 	if served == "" {

@@ -14,9 +14,10 @@ import (
 const (
 	refusedDotSegment   = "dot_segment"
 	refusedEncodedSlash = "encoded_slash"
+	refusedProxyOff     = "proxy_off" // no upstream: EMITTER_UPSTREAM_URL=none and no route for the model
 )
 
-var refusedReasons = []string{refusedDotSegment, refusedEncodedSlash}
+var refusedReasons = []string{refusedDotSegment, refusedEncodedSlash, refusedProxyOff}
 
 // pathProblem says why a request path cannot be forwarded: ServeMux routes on the path's
 // segments, each decoded, while an upstream may decode the whole path before it splits it, or
@@ -71,3 +72,26 @@ func refuse(w http.ResponseWriter, proto meter.Protocol, msg string) {
 	}
 	_, _ = io.WriteString(w, `{"error":{"message":`+strconv.Quote(msg)+`,"type":"invalid_request_error","param":null,"code":null}}`)
 }
+
+// refuseOff answers 503 to a request no upstream takes: EMITTER_UPSTREAM_URL=none, and no
+// EMITTER_UPSTREAMS route for its model. Nothing went upstream: no event is published.
+func (p *Proxy) refuseOff(w http.ResponseWriter, r *http.Request, proto meter.Protocol) {
+	p.m.refused.WithLabelValues(refusedProxyOff).Inc()
+	if anthropicRequest(r) {
+		proto = meter.Anthropic
+	}
+	msg := "the emitter's proxy is off (EMITTER_UPSTREAM_URL=none): it takes events on POST /v1/events, POST /v1/feedback and OTLP only"
+	if len(p.cfg.Routes) > 0 {
+		msg = "no upstream for this request: EMITTER_UPSTREAM_URL=none, and no EMITTER_UPSTREAMS prefix matches its model"
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusServiceUnavailable)
+	if proto == meter.Anthropic {
+		_, _ = io.WriteString(w, `{"type":"error","error":{"type":"api_error","message":`+strconv.Quote(msg)+`}}`)
+		return
+	}
+	_, _ = io.WriteString(w, `{"error":{"message":`+strconv.Quote(msg)+`,"type":"upstream_error","param":null,"code":"proxy_off"}}`)
+}
+
+// off reports whether no request can go upstream: EMITTER_UPSTREAM_URL=none and no routes.
+func (p *Proxy) off() bool { return p.cfg.Upstream == nil && len(p.cfg.Routes) == 0 }

@@ -244,6 +244,10 @@ type exchange struct {
 }
 
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, proto meter.Protocol) {
+	if p.off() {
+		p.refuseOff(w, r, proto)
+		return
+	}
 	path, ok := p.checkPath(w, r, proto)
 	if !ok {
 		return
@@ -295,11 +299,14 @@ func isIdentity(enc string) bool { return enc == "" || strings.EqualFold(enc, "i
 // for that provider goes where its measured requests go; by its API when it names none
 // (Config.route).
 func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
+	if p.off() {
+		p.refuseOff(w, r, meter.OpenAIChat)
+		return
+	}
 	path, ok := p.checkPath(w, r, meter.OpenAIChat)
 	if !ok {
 		return
 	}
-	p.m.passthrough.Inc()
 	start := time.Now()
 	base, body, length := p.cfg.Upstream, io.Reader(r.Body), int64(-1)
 	held, streamed := int64(0), true
@@ -324,6 +331,12 @@ func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 		}
 		base = p.cfg.route(model, anthropicRequest(r))
 	}
+	if base == nil {
+		p.cfg.Budget.Release(held)
+		p.refuseOff(w, r, meter.OpenAIChat)
+		return
+	}
+	p.m.passthrough.Inc()
 	if streamed {
 		fullDuplex(w)
 	}
@@ -510,6 +523,12 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 		model = ""
 	}
 	base := p.cfg.route(model, anthropicRequest(r))
+	if base == nil {
+		p.m.inflight.Dec()
+		p.cfg.Budget.Release(x.held)
+		p.refuseOff(w, r, x.proto)
+		return
+	}
 	c := &flight{p: p, start: x.start, proto: x.proto, stream: x.stream, input: x.input}
 	c.ev = events.RequestEvent{V: events.Version, EventID: events.NewEventID(), TS: x.start.UTC(),
 		Model: x.model, Provider: x.proto.Provider(), Instance: base.Host, Stream: x.stream}

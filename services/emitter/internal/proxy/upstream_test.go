@@ -232,10 +232,17 @@ func TestRouteByDefaultAPI(t *testing.T) {
 		{"no route of that API", ant, "", []Route{{"llama", vllm}}, false, ant},
 		{"a narrower gpt route first", ant, "", []Route{{"gpt-oss-", vllm}, {"gpt-", oai}}, false, oai},
 		{"a narrower claude route first", oai, "", []Route{{"claude-3-", vllm}, {"claude", ant}}, true, ant},
+		// EMITTER_UPSTREAM_URL=none: a request naming no model goes to its API's route, or nowhere.
+		{"no default, OpenAI's request to the gpt route", nil, "", []Route{{"gpt-", oai}, {"claude-", ant}}, false, oai},
+		{"no default, Anthropic's request to the claude route", nil, "", []Route{{"gpt-", oai}, {"claude-", ant}}, true, ant},
+		{"no default, no route of that API", nil, "", []Route{{"claude-", ant}}, false, nil},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c := Config{Upstream: tt.def, UpstreamAPI: tt.api, Routes: tt.routes}
 			if got := c.route("", tt.anthropic); got != tt.want {
+				if got == nil || tt.want == nil {
+					t.Fatalf("went to %v, want %v", got, tt.want)
+				}
 				t.Fatalf("went to %s, want %s", got, tt.want)
 			}
 		})

@@ -1,0 +1,147 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/emitter/internal/fakellm"
+)
+
+// TestConfigUpstreamNone: EMITTER_UPSTREAM_URL=none, in any case, turns the proxy off; a
+// value that is no URL says so, and any other bad URL keeps its error.
+func TestConfigUpstreamNone(t *testing.T) {
+	for _, v := range []string{"none", "NONE", " None "} {
+		cfg, err := parseConfig(map[string]string{"EMITTER_UPSTREAM_URL": v})
+		if err != nil {
+			t.Fatalf("%q: %v", v, err)
+		}
+		if cfg.proxyConfig(nil).Upstream != nil {
+			t.Fatalf("%q does not turn the proxy off", v)
+		}
+	}
+	if _, err := parseConfig(map[string]string{"EMITTER_UPSTREAM_URL": "none", "EMITTER_UPSTREAMS": "claude-=https://api.anthropic.com"}); err != nil {
+		t.Fatalf("none beside routes: %v", err)
+	}
+	for _, tt := range []struct{ name, key, value, want string }{
+		{"off is not none", "EMITTER_UPSTREAM_URL", "off", "must be http:// or https:// with a host, or none (in any case) to turn the proxy off"},
+		{"no scheme", "EMITTER_UPSTREAM_URL", "api.openai.com", "or none (in any case) to turn the proxy off"},
+		// deploy/compose.yaml's placeholder: its message is quoted in deploy/README.md.
+		{"compose's placeholder", "EMITTER_UPSTREAM_URL", "unset://TOKENSCOPE_UPSTREAM_URL", `EMITTER_UPSTREAM_URL: upstream URL "unset://TOKENSCOPE_UPSTREAM_URL" must be http:// or https:// with a host`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parseConfig(map[string]string{tt.key: tt.value})
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error %v, want %q", err, tt.want)
+			}
+			if strings.Contains(tt.value, "://") && strings.Contains(err.Error(), "none") {
+				t.Fatalf("error %v mentions none for a URL", err)
+			}
+		})
+	}
+	_, err := parseConfig(map[string]string{"EMITTER_UPSTREAM_URL": "none", "EMITTER_UPSTREAM_API": "openai"})
+	if err == nil || !strings.Contains(err.Error(), "EMITTER_UPSTREAM_API") {
+		t.Fatalf("EMITTER_UPSTREAM_API beside none: %v", err)
+	}
+}
+
+// refusedOff posts to a proxied path and checks the 503 and its error shape.
+func refusedOff(t *testing.T, method, url, body string, anthropic bool) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var e struct {
+		Type  string
+		Error struct{ Type, Message, Code string }
+	}
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Content-Type") != "application/json" || json.Unmarshal(b, &e) != nil ||
+		!strings.Contains(e.Error.Message, "EMITTER_UPSTREAM_URL=none") {
+		t.Fatalf("%s %s: %d %s", method, url, resp.StatusCode, b)
+	}
+	if anthropic && (e.Type != "error" || e.Error.Type != "api_error") || !anthropic && e.Error.Code != "proxy_off" {
+		t.Fatalf("%s %s: not in its API's error shape: %s", method, url, b)
+	}
+}
+
+func ingestFive(t *testing.T, base string) {
+	t.Helper()
+	var nd strings.Builder
+	ts := time.Now().UTC().Format(events.TimeLayout)
+	for i := range 5 {
+		fmt.Fprintf(&nd, `{"v":1,"event_id":"ev-%d","ts":%q,"model":"m","scene":"s","env":"e","input_tokens":1,"output_tokens":1,"ttft_ms":1,"total_ms":2,"status":"ok"}`+"\n", i, ts)
+	}
+	resp, err := http.Post(base+"/v1/events", "application/x-ndjson", strings.NewReader(nd.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var a struct{ Accepted int }
+	_ = json.NewDecoder(resp.Body).Decode(&a)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || a.Accepted != 5 {
+		t.Fatalf("ingest %d accepted %d", resp.StatusCode, a.Accepted)
+	}
+}
+
+// TestServeProxyOff: with EMITTER_UPSTREAM_URL=none the emitter is ready with no upstream
+// (serveRig waits for /readyz), every proxied route answers 503 in its API's error shape
+// and publishes nothing, and the ingest stores what it is given.
+func TestServeProxyOff(t *testing.T) {
+	base, js, stop := serveRig(t, "EMITTER_UPSTREAM_URL=none")
+	defer stop()
+	refusedOff(t, http.MethodPost, base+"/v1/chat/completions", `{"model":"gpt-4o","stream":true,"messages":[]}`, false)
+	refusedOff(t, http.MethodPost, base+"/v1/responses", `{"model":"gpt-4o","input":"hi"}`, false)
+	refusedOff(t, http.MethodPost, base+"/v1/messages", `{"model":"claude-sonnet-4","max_tokens":4,"messages":[]}`, true)
+	refusedOff(t, http.MethodGet, base+"/v1/models", "", false)
+	ingestFive(t, base)
+	waitMsgs(t, js, 5)
+	if n := metric(t, base, "emitter_events_emitted_total"); n != 0 {
+		t.Fatalf("the refused requests published %v events", n)
+	}
+	if n := metric(t, base, `emitter_proxy_refused_total{reason="proxy_off"}`); n != 4 {
+		t.Fatalf("emitter_proxy_refused_total{reason=\"proxy_off\"} = %v, want 4", n)
+	}
+}
+
+// TestServeProxyOffWithRoutes: EMITTER_UPSTREAM_URL=none beside EMITTER_UPSTREAMS proxies
+// the models the routes name, and answers 503 for the others.
+func TestServeProxyOffWithRoutes(t *testing.T) {
+	fake := httptest.NewServer(fakellm.New(fakellm.Options{TTFT: time.Millisecond, Tokens: 4}))
+	defer fake.Close()
+	base, js, stop := serveRig(t, "EMITTER_UPSTREAM_URL=none", "EMITTER_UPSTREAMS=gpt-="+fake.URL)
+	defer stop()
+	resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"gpt-4o","max_tokens":4,"messages":[{"role":"user","content":"a"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("routed model: %d %s", resp.StatusCode, b)
+	}
+	// The OpenAI SDK's model list goes to the gpt- route.
+	resp, err = http.Get(base + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /v1/models: %d", resp.StatusCode)
+	}
+	refusedOff(t, http.MethodPost, base+"/v1/chat/completions", `{"model":"llama-3","messages":[]}`, false)
+	refusedOff(t, http.MethodPost, base+"/v1/messages", `{"model":"claude-sonnet-4","max_tokens":4,"messages":[]}`, true)
+	waitMsgs(t, js, 1) // the routed request's event only
+	if n := metric(t, base, `emitter_proxy_refused_total{reason="proxy_off"}`); n != 2 {
+		t.Fatalf("emitter_proxy_refused_total{reason=\"proxy_off\"} = %v, want 2", n)
+	}
+}
