@@ -139,3 +139,42 @@ func TestLogsHideUpstreamSecrets(t *testing.T) {
 		t.Fatalf("logs %s: want the upstream's host without its secrets", all)
 	}
 }
+
+// TestLogsProxyOff: with EMITTER_UPSTREAM_URL=none the start log says the proxy is off, and
+// the serving line's upstream is none.
+func TestLogsProxyOff(t *testing.T) {
+	ns := testbed.NATS(t)
+	addr := freeAddr(t)
+	var logs lockedBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, nil, []string{"HTTP_ADDR=" + addr, "NATS_URL=" + ns.ClientURL(), "EMITTER_UPSTREAM_URL=none",
+			"EMITTER_OTLP_HTTP_ADDR=off", "EMITTER_OTLP_GRPC_ADDR=off"}, &bytes.Buffer{}, &logs)
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if resp, err := http.Get("http://" + addr + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("emitter not ready in 10s")
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	var off, serving bool
+	for _, l := range logs.lines(t) {
+		msg, _ := l["msg"].(string)
+		off = off || strings.HasPrefix(msg, "the proxy is off (EMITTER_UPSTREAM_URL=none)")
+		serving = serving || msg == "serving" && l["upstream"] == "none"
+	}
+	if !off || !serving {
+		t.Fatalf("start log does not say the proxy is off:\n%v", logs.lines(t))
+	}
+}

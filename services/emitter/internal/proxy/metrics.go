@@ -69,7 +69,7 @@ func newMetrics(reg prometheus.Registerer, maxLabels int) *metrics {
 		overflows: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "meter_overflows_total",
 			Help: "Responses with an SSE event longer than EMITTER_MAX_SSE_EVENT_BYTES (or a body over 8 MiB), passed to the client as it came: unread, the event marked meter_overflow, or, a Responses API event, read as it passed."}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "refused_total",
-			Help: "Requests refused with 400 before going upstream, by reason: a path whose segments an upstream could read otherwise (dot_segment, encoded_slash)."}, []string{"reason"}),
+			Help: "Requests refused before going upstream, by reason: a path whose segments an upstream could read otherwise (dot_segment, encoded_slash: 400), or no upstream for it, EMITTER_UPSTREAM_URL=none and no EMITTER_UPSTREAMS route (proxy_off: 503)."}, []string{"reason"}),
 		framing: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "ambiguous_framing_total",
 			Help: "Request heads whose framing a server and a proxy in front could read differently, by problem: their connection is closed after the answer (transfer_encoding_http10: refused with 400)."}, []string{"problem"}),
 		unparsed: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "unparsed_bodies_total",
