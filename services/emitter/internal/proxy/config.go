@@ -112,9 +112,10 @@ func DefaultAPI(u *url.URL) string {
 	return APIOpenAI
 }
 
-// route is where a request goes, nil for nowhere (no default upstream, no route): by its model when the proxy read one, by its API otherwise
+// route is where a request goes: by its model when the proxy read one, by its API otherwise
 // (a model list, a batch, a body it did not read), so that neither provider gets the
-// other's key. A request of the API the default upstream serves goes there; one of the other
+// other's key; nil where neither the default upstream (EMITTER_UPSTREAM_URL=none) nor a
+// route takes it. A request of the API the default upstream serves goes there; one of the other
 // API goes where a model named claude-… (Anthropic's) or gpt-… (OpenAI's) goes, which is the
 // default upstream when no route takes it.
 func (c *Config) route(model string, anthropic bool) *url.URL {
