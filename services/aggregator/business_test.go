@@ -413,8 +413,8 @@ func TestBusinessQueriesCountWhole(t *testing.T) {
 		// c-noturn rated by its latest thumbs (both up): satisfied at 0.75.
 		{"cost per satisfied conversation", "cost_per_satisfied_conversation.sql", with("satisfied_at", "0.75"), rows(
 			[]any{"chat", 2.0, (3*cost(100) + 3*cost(5000)) / 2, 1.0, 1.0, 3 * cost(100)})},
-		// 7 latest verdicts (one inline, one on a conversation), 3 superseded.
-		{"coverage", "feedback_coverage.sql", with("from", dt(base.Add(-time.Hour)), "to", dt(time.Now().Add(time.Hour))), rows([]any{7.0, 0.0, 0.0, 1.0, 1.0, 3.0})},
+		// 7 latest verdicts (one inline, one on a conversation, whose env is found), 3 superseded.
+		{"coverage", "feedback_coverage.sql", with("from", dt(base.Add(-time.Hour)), "to", dt(time.Now().Add(time.Hour))), rows([]any{7.0, 0.0, 0.0, 1.0, 1.0, 3.0, 0.0, 0.0})},
 	}
 	if i := slices.IndexFunc(checks, func(c struct {
 		name, file string

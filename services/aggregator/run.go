@@ -120,6 +120,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return nil
 	})
 	var kerr error
+	reg := &termRegisterer{Registerer: srv.Registry()}
 	for {
 		if err := l.Acquire(ctx); err != nil {
 			if ctx.Err() != nil {
@@ -140,7 +141,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 			keepDone <- err
 		}()
 		var unsettled bool
-		err = counting(runCtx, cfg, logger, srv, srvErr, nc, js, db, buckets, prices, metrics, pipes, l.Held(), &unsettled)
+		err = counting(runCtx, cfg, logger, srv, srvErr, nc, js, db, buckets, prices, metrics, pipes, reg, l.Held(), &unsettled)
 		stopKeep()
 		kerr = <-keepDone
 		cancelRun()
@@ -164,7 +165,11 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		}
 		// Lost: this term's pipelines have stopped and what they held is dropped. Nothing of it
 		// was acknowledged (the consumer acknowledges nothing) nor saved in the floor, so the
-		// next term, started from the floor and the ledger as at a start, reads it again.
+		// next term, started from the floor and the ledger as at a start, reads it again. Its
+		// publisher, outbox sweeper and watermarks leave /metrics, as they are not in a process
+		// that never held the lease: a watermark left at the lost term's would age while
+		// another process publishes.
+		reg.release()
 		logger.Warn("waiting for the lease again; counting starts again from the floor once it is held")
 	}
 	if derr := drain(nc); derr != nil {
@@ -183,9 +188,8 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 // they and the rollup publisher have stopped; unsettled tells whether one left a write
 // unfinished.
 func counting(ctx context.Context, cfg Config, logger *slog.Logger, srv *ops.Server, srvErr <-chan error, nc *nats.Conn, js jetstream.JetStream, db *chdb.DB,
-	buckets events.Buckets, prices *price.Table, metrics *pipeline.Metrics, current *termPipes, held context.Context, unsettled *bool) error {
+	buckets events.Buckets, prices *price.Table, metrics *pipeline.Metrics, current *termPipes, reg *termRegisterer, held context.Context, unsettled *bool) error {
 	var err error
-	reg := termRegisterer{srv.Registry()}
 	pub := bus.NewPublisher(js, bus.PublisherOptions{Buffer: cfg.Agg.PublishBuffer, Namespace: "aggregator"}, reg, logger)
 	deps := pipeline.Deps{JS: js, NC: nc, CH: db.Conn(), Publisher: pub, Metrics: metrics, Logger: logger}
 	if cfg.Agg.StoreRequests {
@@ -310,20 +314,40 @@ func (t *termPipes) get() []*pipeline.Pipeline {
 
 // termRegisterer registers the metrics of what a term of the lease makes (the publisher, the
 // outbox sweeper, the watermarks) in place of those of the term before: they count from 0
-// again, as after a restart.
-type termRegisterer struct{ prometheus.Registerer }
+// again, as after a restart. release unregisters them once the term has ended, so that a
+// process standing by exposes none of them.
+type termRegisterer struct {
+	prometheus.Registerer
+	mu  sync.Mutex
+	cur []prometheus.Collector
+}
 
-func (r termRegisterer) Register(c prometheus.Collector) error {
+func (r *termRegisterer) Register(c prometheus.Collector) error {
 	err := r.Registerer.Register(c)
 	var dup prometheus.AlreadyRegisteredError
 	if errors.As(err, &dup) {
 		r.Registerer.Unregister(dup.ExistingCollector)
 		err = r.Registerer.Register(c)
 	}
+	if err == nil {
+		r.mu.Lock()
+		r.cur = append(r.cur, c)
+		r.mu.Unlock()
+	}
 	return err
 }
 
-func (r termRegisterer) MustRegister(cs ...prometheus.Collector) {
+// release unregisters what the term registered.
+func (r *termRegisterer) release() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, c := range r.cur {
+		r.Registerer.Unregister(c)
+	}
+	r.cur = nil
+}
+
+func (r *termRegisterer) MustRegister(cs ...prometheus.Collector) {
 	for _, c := range cs {
 		if err := r.Register(c); err != nil {
 			panic(err)

@@ -238,9 +238,26 @@ func TestStandingByHoldsNothing(t *testing.T) {
 			t.Errorf("aggregator_%s{stream=\"tokens\"} = %v while standing by, want 0", name, v)
 		}
 	}
+	// Once the lost term has ended, its publisher, outbox sweeper and watermarks are gone, as
+	// in a process that never held the lease: a watermark frozen at the lost term's would age
+	// and fire an alert.
+	waitFor(t, 30*time.Second, "the lost term's watermark leaves /metrics", func() bool {
+		return metric(addr, "aggregator_watermark_published_timestamp_seconds") == -1
+	})
+	if v := gauge(addr, "aggregator_lease_held"); v != 0 {
+		t.Fatalf("aggregator_lease_held = %v with NATS cut off, want 0", v)
+	}
+	for _, series := range []string{"aggregator_watermarks_published_total", "aggregator_published_total"} {
+		if v := metric(addr, series); v != -1 {
+			t.Errorf("%s = %v while standing by, want no series", series, v)
+		}
+	}
 	relay.restore()
 	waitFor(t, 6*ttl, "the aggregator takes its lease back", func() bool { return gauge(addr, "aggregator_lease_held") == 1 })
 	waitFor(t, 10*time.Second, "the windows are open again", func() bool { return metric(addr, `aggregator_open_windows{stream="tokens"}`) > 0 })
+	if v := metric(addr, "aggregator_watermark_published_timestamp_seconds"); v == -1 {
+		t.Error("aggregator_watermark_published_timestamp_seconds has no series once the lease is held again")
+	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)

@@ -92,7 +92,7 @@ func TestVerdictEdges(t *testing.T) {
 		{"satisfaction_by_stall.sql", []float64{2, 1, 1}},
 		{"quality_by_scene_model.sql", []float64{2, 1, 0, 0, 0, 0}},
 		// given in the range: r1's two (one superseded), r2's first, r-old's (unknown)
-		{"feedback_coverage.sql", []float64{3, 0, 1, 0, 0, 1}},
+		{"feedback_coverage.sql", []float64{3, 0, 1, 0, 0, 1, 0, 0}},
 	} {
 		for _, res := range b.query(t, c.file, params) {
 			if len(res.r.Rows) == 0 {
@@ -308,6 +308,9 @@ func TestConversationVerdictsAcrossEnvs(t *testing.T) {
 		{from.Add(12 * time.Minute), id(7), "", "solo", "rating", 4.0, "user", "", "", ""},
 		// on a request: its conversation, prod's solo
 		{from.Add(12 * time.Minute), id(8), "e1", "", "thumbs", 1.0, "user", "", "", ""},
+		// on conversations no request carries: "gone" in no env, "solo" in staging
+		{from.Add(14 * time.Minute), id(9), "", "gone", "thumbs", 1.0, "user", "", "", ""},
+		{from.Add(14 * time.Minute), id(10), "", "solo", "thumbs", 0.0, "user", "staging", "chat", ""},
 	} {
 		b.insert(t, fbs, f...)
 	}
@@ -337,9 +340,10 @@ func TestConversationVerdictsAcrossEnvs(t *testing.T) {
 		{"conversations.sql", params, [][]any{{3.0, 1.0, 0.0, 0.0, 0.0}}},
 		// staging's turn 1 timed out, prod's did not: no retry
 		{"retries.sql", params, [][]any{{"chat", 3.0, 0.0, 0.0, 0.0}}},
-		// 8 verdicts, none superseded: prod's and staging's are of two conversations, and
-		// those without env apart
-		{"feedback_coverage.sql", with("to", to.Add(7*24*time.Hour).Format(time.DateTime)), [][]any{{8.0, 0.0, 0.0, 7.0, 0.0, 0.0}}},
+		// 10 verdicts, none superseded: prod's and staging's are of two conversations, and
+		// those without env apart; "1"'s two without env are of an id in two envs, which no
+		// query counts, and "gone"'s and staging's "solo" of no request's conversation
+		{"feedback_coverage.sql", with("to", to.Add(7*24*time.Hour).Format(time.DateTime)), [][]any{{10.0, 0.0, 0.0, 9.0, 0.0, 0.0, 2.0, 2.0}}},
 	} {
 		for _, res := range b.query(t, c.file, c.params) {
 			if len(res.r.Rows) != len(c.want) {
@@ -443,7 +447,7 @@ func TestRequestVerdictChangedWithConversation(t *testing.T) {
 		{"quality_by_bucket.sql", params, []float64{1, 1, 1, 1}},
 		{"cost_per_satisfied_conversation.sql", params, []float64{1, 0.1, 1, 1, 0.1}},
 		// one verdict, one superseded
-		{"feedback_coverage.sql", coverage, []float64{1, 0, 0, 0, 0, 1}},
+		{"feedback_coverage.sql", coverage, []float64{1, 0, 0, 0, 0, 1, 0, 0}},
 	} {
 		for _, res := range b.query(t, c.file, c.params) {
 			if len(res.r.Rows) != 1 {
@@ -602,7 +606,7 @@ func TestConversationVerdictWithoutEnvChanged(t *testing.T) {
 		{"quality_by_scene_model.sql", params, []float64{0, 0, 1, 4, 0, 0}},
 		{"cost_per_satisfied_conversation.sql", params, []float64{1, 0.1, 1, 1, 0.1}},
 		// one verdict on a conversation, one superseded
-		{"feedback_coverage.sql", coverage, []float64{1, 0, 0, 1, 0, 1}},
+		{"feedback_coverage.sql", coverage, []float64{1, 0, 0, 1, 0, 1, 0, 0}},
 	} {
 		for _, res := range b.query(t, c.file, c.params) {
 			if len(res.r.Rows) != 1 {

@@ -16,8 +16,8 @@
 -- conversation only, that conversation in the verdict's env; one without env (its sender did
 -- not know it), the conversation of its id in the one env that has it, and none where two
 -- envs do (among the requests read, 7 days either side of the range: a wider range can find
--- the id in a second env and leave out a verdict a narrower one counts; nothing counts those
--- left out, so give a conversation verdict its env).
+-- the id in a second env and leave out a verdict a narrower one counts; feedback_coverage.sql
+-- counts those left out, as conversation_env_ambiguous: give a conversation verdict its env).
 SELECT
     scene,
     count() AS conversations,

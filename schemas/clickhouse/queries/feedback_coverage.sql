@@ -9,23 +9,32 @@
 -- changed verdict, sent under an event_id of its own). A verdict on a conversation only rates
 -- its env and conversation_id (the same id in two envs is two conversations, as in
 -- conversations.sql); one without env rates the conversation of its id in the one env whose
--- requests (from 7 days before from) have it, and is counted apart where two envs do. Parameters:
--- from, to (DateTime, when the verdicts were given).
+-- requests (from 7 days before from) have it. The business queries leave out a verdict on a
+-- conversation only whose conversation they cannot find: conversation_env_ambiguous counts
+-- those without env whose id requests of two or more envs carry (each a verdict apart from
+-- those with an env), and conversation_unknown those whose conversation (the verdict's env,
+-- or for one without env any env, and its conversation_id) no request carries, both among the
+-- requests read (7 days before from up to to). Parameters: from, to (DateTime, when the
+-- verdicts were given).
 SELECT
     count() AS verdicts,
     sum(copies) - sum(ids) AS duplicate_rows,
     countIf(request_id != '' AND request_id NOT IN (SELECT event_id FROM requests WHERE ts >= {from:DateTime} - INTERVAL 7 DAY AND ts < {to:DateTime})) AS unknown_request,
     countIf(request_id = '') AS conversation_only,
     countIf(source = 'app') AS inline_scores,
-    sum(ids) - count() AS superseded
+    sum(ids) - count() AS superseded,
+    countIf(request_id = '' AND placed_env = '' AND envs >= 2) AS conversation_env_ambiguous,
+    countIf(request_id = '' AND NOT (placed_env = '' AND envs >= 2) AND (placed_env, conversation) NOT IN
+        (SELECT env, conversation_id FROM requests WHERE ts >= {from:DateTime} - INTERVAL 7 DAY AND ts < {to:DateTime} AND conversation_id != '')) AS conversation_unknown
 FROM
 (
-    SELECT request_id, source, count() AS copies, uniqExact(event_id) AS ids
+    SELECT request_id, if(request_id = '', conversation_id, '') AS conversation, if(request_id = '', env, '') AS placed_env, source,
+        max(env_count) AS envs, count() AS copies, uniqExact(event_id) AS ids
     FROM
     (
         -- a verdict on a conversation without env rates the conversation of its id in the one
         -- env whose requests (7 days before from to to) have it, as the business queries place it
-        SELECT request_id, conversation_id, if(verdict_env != '', verdict_env, only_env) AS env, name, source, event_id
+        SELECT request_id, conversation_id, if(verdict_env != '', verdict_env, if(env_count = 1, only_env, '')) AS env, name, source, event_id, env_count
         FROM
         (
             SELECT request_id, conversation_id, env AS verdict_env, name, source, event_id
@@ -34,12 +43,11 @@ FROM
         ) AS v
         ANY LEFT JOIN
         (
-            SELECT conversation_id, any(env) AS only_env
+            SELECT conversation_id, any(env) AS only_env, uniqExact(env) AS env_count
             FROM requests
             WHERE ts >= {from:DateTime} - INTERVAL 7 DAY AND ts < {to:DateTime} AND conversation_id != ''
             GROUP BY conversation_id
-            HAVING uniqExact(env) = 1
         ) AS e USING conversation_id
     )
-    GROUP BY request_id, if(request_id = '', conversation_id, ''), if(request_id = '', env, ''), name, source
+    GROUP BY request_id, conversation, placed_env, name, source
 )

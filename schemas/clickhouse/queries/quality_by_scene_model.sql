@@ -6,7 +6,8 @@
 -- conversations.sql; a verdict without env counts for the one env whose requests carry its
 -- conversation_id, and for none where two envs do: among the requests read, 7 days either
 -- side of the range, so a wider range can find the id in a second env and leave out a
--- verdict a narrower one counts; nothing counts those left out), and count for the scene of its first
+-- verdict a narrower one counts; feedback_coverage.sql counts those left out, as
+-- conversation_env_ambiguous), and count for the scene of its first
 -- request and the model of its last request (of the least and the greatest event_id among
 -- those of the same ts), in the range of its first request only, as conversations.sql counts it (its requests up to 7 days
 -- after to count; requests are read from 7 days before from), so that a conversation's
@@ -14,7 +15,7 @@
 -- conversation counts: one sent twice counts once, and one changed (sent again under an
 -- event_id of its own) counts with its last value only. Verdicts whose request or
 -- conversation is unknown are left out (feedback_coverage.sql counts those on an unknown
--- request as unknown_request). ANY LEFT JOIN keeps
+-- request as unknown_request, those on an unknown conversation as conversation_unknown). ANY LEFT JOIN keeps
 -- every verdict of a request on every engine. Parameters: layer (String: the layer of the
 -- requests read, gateway, engine or app), from, to (DateTime, of the rated requests).
 SELECT
