@@ -38,6 +38,9 @@ const (
 	burstWords       = 600
 	burstTokens      = 64
 	maxBurstClients  = 10_000
+	// maxBurstDuration bounds at, for and every, so that the times the burst computes
+	// (at + k×every + every) never overflow.
+	maxBurstDuration = 8760 * time.Hour
 )
 
 // ParseBurst reads at=40s,for=40s,every=2m,clients=192; a part left out keeps
@@ -66,7 +69,7 @@ func ParseBurst(s string) (Burst, error) {
 		if err != nil {
 			what := "a duration such as 40s"
 			if k == "clients" {
-				what = "a whole number"
+				what = fmt.Sprintf("a whole number from 1 to %d", maxBurstClients)
 			}
 			return b, fmt.Errorf("burst %q: %s=%q is not %s", s, k, v, what)
 		}
@@ -84,6 +87,10 @@ func (b Burst) Validate() error {
 		return fmt.Errorf("at=%s must not be negative", b.At)
 	case b.For <= 0:
 		return fmt.Errorf("for=%s must be positive", b.For)
+	case b.At > maxBurstDuration:
+		return fmt.Errorf("at=%s must be at most %s", b.At, maxBurstDuration)
+	case b.Every > maxBurstDuration:
+		return fmt.Errorf("every=%s must be at most %s", b.Every, maxBurstDuration)
 	case b.Every <= b.For:
 		return fmt.Errorf("every=%s must be longer than for=%s (the burst must end before the next one)", b.Every, b.For)
 	case b.Clients < 1 || b.Clients > maxBurstClients:

@@ -76,6 +76,7 @@ type testClock struct {
 	t        time.Time
 	sleeping chan time.Time
 	wake     chan struct{}
+	woke     chan struct{} // if set, told once the time is set to the wake's
 }
 
 func (c *testClock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
@@ -91,6 +92,9 @@ func (c *testClock) sleep(ctx context.Context, until time.Time) bool {
 		c.mu.Lock()
 		c.t = until
 		c.mu.Unlock()
+		if c.woke != nil {
+			c.woke <- struct{}{}
+		}
 		return true
 	case <-ctx.Done():
 		return false
@@ -144,9 +148,19 @@ func (s *holdingServer) newHold() chan struct{} {
 	return s.hold
 }
 
-type countingEmitter struct{ n atomic.Int64 }
+type countingEmitter struct {
+	n    atomic.Int64
+	mu   sync.Mutex
+	last *events.RequestEvent
+}
 
-func (e *countingEmitter) Emit(*events.RequestEvent, time.Time) error { e.n.Add(1); return nil }
+func (e *countingEmitter) Emit(ev *events.RequestEvent, _ time.Time) error {
+	e.n.Add(1)
+	e.mu.Lock()
+	e.last = ev
+	e.mu.Unlock()
+	return nil
+}
 
 // TestBurstSendsInItsWindows: through a proxy URL (here a server that holds each request
 // until told), the burst keeps Clients requests in flight from At, sends none before, none
@@ -233,7 +247,40 @@ func TestBurstSendsInItsWindows(t *testing.T) {
 	if got := em.n.Load(); got != 2*clients {
 		t.Errorf("%d events emitted, want one per request, %d", got, 2*clients)
 	}
+	// Each event is labelled as the replay's own (Run's) are.
+	if ev := em.last; ev == nil || ev.Model != "llama-3.1-70b" || ev.Scene != "default" || ev.Env != "dev" ||
+		ev.Status != events.StatusOK || ev.InputTokens != 950 || ev.Provider != meter.OpenAIChat.Provider() {
+		t.Errorf("burst event %+v: want model llama-3.1-70b, scene default, env dev, ok, 950 input tokens, provider %s", ev, meter.OpenAIChat.Provider())
+	}
 	if srv.badPath.Load() > 0 || srv.badPrompt.Load() > 0 {
 		t.Errorf("%d requests not to /v1/chat/completions, %d without the model or the shared prefix", srv.badPath.Load(), srv.badPrompt.Load())
+	}
+}
+
+// TestParseBurstBounds: durations so long that the next window's time overflows (and the
+// burst would wake at once, forever, and spin) and client counts past int are refused with
+// an error that names the part and its bound.
+func TestParseBurstBounds(t *testing.T) {
+	bad := func(s, part string) {
+		t.Helper()
+		if _, err := ParseBurst(s); err == nil || !strings.Contains(err.Error(), part) {
+			t.Errorf("ParseBurst(%q): error %v, want one naming %s", s, err, part)
+		}
+	}
+	bad("at=1h,for=1s,every=2562047h", "every=2562047h0m0s must be at most 8760h")
+	bad("at=2562047h", "at=2562047h0m0s must be at most 8760h")
+	bad("for=1000000h,every=1000001h", "at most 8760h")
+	bad("clients=99999999999999999999", `clients="99999999999999999999" is not a whole number from 1 to 10000`)
+	bad("clients=1e9", "from 1 to 10000")
+
+	// Within the bounds, the next time the burst wakes is always ahead of it.
+	b, err := ParseBurst("at=8760h,for=8759h,every=8760h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, elapsed := range []time.Duration{0, b.At, b.At + b.For, b.At + 1000*b.Every + b.For} {
+		if _, until := b.window(elapsed); until <= elapsed {
+			t.Errorf("window(%s): next change at %s, not after it", elapsed, until)
+		}
 	}
 }
