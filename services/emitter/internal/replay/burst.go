@@ -3,6 +3,7 @@ package replay
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -111,6 +112,21 @@ func (b Burst) window(elapsed time.Duration) (bool, time.Duration) {
 		return true, start + b.For
 	}
 	return false, start + b.Every
+}
+
+// BurstTimeout is how long a burst request may take, the CLI's burst's: an endpoint that
+// never answers holds the burst's clients (and delays its next window) this long at most.
+const BurstTimeout = 2 * time.Minute
+
+// NewBurstTarget is the burst's target: c's endpoint, protocol and key, on a client of its
+// own (the burst never takes the replay's connections) that opens at most one connection
+// per client, closes those left idle between windows, and gives up after BurstTimeout.
+func NewBurstTarget(c *llmclient.Client, stream bool, clients int) *Target {
+	tr := &http.Transport{MaxConnsPerHost: clients, MaxIdleConnsPerHost: clients, IdleConnTimeout: 90 * time.Second,
+		DisableCompression: true}
+	bc := *c
+	bc.HTTP = &http.Client{Transport: tr, Timeout: BurstTimeout}
+	return &Target{Client: &bc, Stream: stream, Concurrency: clients}
 }
 
 // RunBurst sends b's requests to t from start until ctx ends, with the labels of opts,

@@ -284,3 +284,103 @@ func TestParseBurstBounds(t *testing.T) {
 		}
 	}
 }
+
+// TestBurstTarget: the burst's client has connections of its own, at most one per client
+// (a slow endpoint cannot make it open more), and gives up on a request after
+// BurstTimeout, as the CLI's burst does, so that an endpoint that never answers holds its
+// clients for two minutes, not the replay's ten.
+func TestBurstTarget(t *testing.T) {
+	base := &llmclient.Client{BaseURL: "http://127.0.0.1:8080", APIKey: "k", Protocol: meter.Anthropic,
+		HTTP: &http.Client{Timeout: 600 * time.Second}}
+	tg := NewBurstTarget(base, true, 192)
+	if tg.Client == base || tg.Client.HTTP == base.HTTP {
+		t.Fatal("the burst shares the replay's client")
+	}
+	if tg.Client.BaseURL != base.BaseURL || tg.Client.APIKey != "k" || tg.Client.Protocol != meter.Anthropic || !tg.Stream {
+		t.Errorf("burst target %+v does not send as the replay does", tg.Client)
+	}
+	if tg.Client.HTTP.Timeout != BurstTimeout || BurstTimeout != 2*time.Minute {
+		t.Errorf("burst request timeout %s, want %s", tg.Client.HTTP.Timeout, 2*time.Minute)
+	}
+	tr, ok := tg.Client.HTTP.Transport.(*http.Transport)
+	if !ok || tr.MaxConnsPerHost != 192 || tr.MaxIdleConnsPerHost != 192 || tr.IdleConnTimeout <= 0 {
+		t.Errorf("burst transport %+v: want at most 192 connections, 192 idle, closed once idle", tr)
+	}
+}
+
+// TestBurstSlowEndpoint: against an endpoint that holds every request, the burst's requests
+// outlive their window but never pile up: the next window's clients start only once the
+// last window's requests ended, so no more than Clients are ever in flight; and the end
+// of the replay ends the requests held, and the burst, without the endpoint answering.
+func TestBurstSlowEndpoint(t *testing.T) {
+	const clients = 4
+	srv := &holdingServer{arrived: make(chan struct{}, 4*clients)}
+	hold := srv.newHold()
+	hs := httptest.NewServer(srv)
+	target := &Target{Client: &llmclient.Client{BaseURL: hs.URL + "/v1", Protocol: meter.OpenAIChat, HTTP: hs.Client()}}
+	b := Burst{At: 10 * time.Second, For: 5 * time.Second, Every: 20 * time.Second, Clients: clients}
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := &testClock{t: start, sleeping: make(chan time.Time), wake: make(chan struct{}), woke: make(chan struct{})}
+	var stats Stats
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runBurst(ctx, b, start, clock.now, clock.sleep, target, Options{Model: "llama-3.1-70b"}, &countingEmitter{}, &stats)
+	}()
+	asleep := func(want time.Duration) {
+		t.Helper()
+		select {
+		case until := <-clock.sleeping:
+			if got := until.Sub(start); got != want {
+				t.Fatalf("the burst sleeps until %s after the start, want %s", got, want)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the burst never slept until %s", want)
+		}
+	}
+	arrivals := func(n int) {
+		t.Helper()
+		for i := range n {
+			select {
+			case <-srv.arrived:
+			case <-time.After(30 * time.Second):
+				t.Fatalf("%d of the burst's %d requests reached the endpoint", i, n)
+			}
+		}
+	}
+	asleep(10 * time.Second)
+	clock.wake <- struct{}{}
+	<-clock.woke
+	asleep(15 * time.Second)
+	arrivals(clients)
+	clock.wake <- struct{}{} // the window closes with its requests held
+	<-clock.woke
+	// The held requests outlive the next window's start; when they end, the burst joins
+	// that window for what is left of it, with its clients only.
+	clock.mu.Lock()
+	clock.t = start.Add(31 * time.Second)
+	clock.mu.Unlock()
+	srv.newHold() // never let go
+	close(hold)
+	asleep(35 * time.Second)
+	arrivals(clients)
+	srv.mu.Lock()
+	most := srv.most
+	srv.mu.Unlock()
+	if most != clients || srv.total.Load() != 2*clients {
+		t.Fatalf("the endpoint held %d burst requests at once and got %d, want %d at once, %d in all", most, srv.total.Load(), clients, 2*clients)
+	}
+	// The replay ends while the endpoint holds the second window's requests.
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the burst did not end with the replay while the endpoint held its requests")
+	}
+	hs.Close() // returns once every request the endpoint held has ended
+	if got := stats.Burst.Load(); got != 2*clients {
+		t.Errorf("stats.Burst = %d, want %d", got, 2*clients)
+	}
+}
