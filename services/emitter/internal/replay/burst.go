@@ -86,8 +86,8 @@ func (b Burst) Validate() error {
 	switch {
 	case b.At < 0:
 		return fmt.Errorf("at=%s must not be negative", b.At)
-	case b.For <= 0:
-		return fmt.Errorf("for=%s must be positive", b.For)
+	case b.For < time.Second:
+		return fmt.Errorf("for=%s must be at least 1s", b.For)
 	case b.At > maxBurstDuration:
 		return fmt.Errorf("at=%s must be at most %s", b.At, maxBurstDuration)
 	case b.Every > maxBurstDuration:

@@ -272,6 +272,8 @@ func TestParseBurstBounds(t *testing.T) {
 	bad("for=1000000h,every=1000001h", "at most 8760h")
 	bad("clients=99999999999999999999", `clients="99999999999999999999" is not a whole number from 1 to 10000`)
 	bad("clients=1e9", "from 1 to 10000")
+	// Windows of nanoseconds would start and stop every client, back to back, without pause.
+	bad("at=0s,for=1ns,every=2ns", "for=1ns must be at least 1s")
 
 	// Within the bounds, the next time the burst wakes is always ahead of it.
 	b, err := ParseBurst("at=8760h,for=8759h,every=8760h")
