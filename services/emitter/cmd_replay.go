@@ -141,10 +141,7 @@ func runReplay(ctx context.Context, args []string, environ map[string]string, st
 		opts.Target = &replay.Target{Stream: *stream, Concurrency: *concurrency,
 			Client: &llmclient.Client{BaseURL: *url, APIKey: key, Protocol: proto, HTTP: &http.Client{Transport: tr, Timeout: 600 * time.Second}}}
 		if burst != nil {
-			// Connections of its own: the burst's clients never take the replay's.
-			btr := &http.Transport{MaxIdleConnsPerHost: burst.Clients, DisableCompression: true}
-			burstTarget = &replay.Target{Stream: *stream, Concurrency: burst.Clients,
-				Client: &llmclient.Client{BaseURL: *url, APIKey: key, Protocol: proto, HTTP: &http.Client{Transport: btr, Timeout: 600 * time.Second}}}
+			burstTarget = replay.NewBurstTarget(opts.Target.Client, *stream, burst.Clients)
 		}
 	}
 	if !(*feedback >= 0 && *feedback <= 1) || (*feedback > 0 && !*simulate && *turns == 0) {

@@ -3,6 +3,7 @@ package replay
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,6 +39,9 @@ const (
 	burstWords       = 600
 	burstTokens      = 64
 	maxBurstClients  = 10_000
+	// maxBurstDuration bounds at, for and every, so that the times the burst computes
+	// (at + k×every + every) never overflow.
+	maxBurstDuration = 8760 * time.Hour
 )
 
 // ParseBurst reads at=40s,for=40s,every=2m,clients=192; a part left out keeps
@@ -66,7 +70,7 @@ func ParseBurst(s string) (Burst, error) {
 		if err != nil {
 			what := "a duration such as 40s"
 			if k == "clients" {
-				what = "a whole number"
+				what = fmt.Sprintf("a whole number from 1 to %d", maxBurstClients)
 			}
 			return b, fmt.Errorf("burst %q: %s=%q is not %s", s, k, v, what)
 		}
@@ -82,8 +86,12 @@ func (b Burst) Validate() error {
 	switch {
 	case b.At < 0:
 		return fmt.Errorf("at=%s must not be negative", b.At)
-	case b.For <= 0:
-		return fmt.Errorf("for=%s must be positive", b.For)
+	case b.For < time.Second:
+		return fmt.Errorf("for=%s must be at least 1s", b.For)
+	case b.At > maxBurstDuration:
+		return fmt.Errorf("at=%s must be at most %s", b.At, maxBurstDuration)
+	case b.Every > maxBurstDuration:
+		return fmt.Errorf("every=%s must be at most %s", b.Every, maxBurstDuration)
 	case b.Every <= b.For:
 		return fmt.Errorf("every=%s must be longer than for=%s (the burst must end before the next one)", b.Every, b.For)
 	case b.Clients < 1 || b.Clients > maxBurstClients:
@@ -104,6 +112,21 @@ func (b Burst) window(elapsed time.Duration) (bool, time.Duration) {
 		return true, start + b.For
 	}
 	return false, start + b.Every
+}
+
+// BurstTimeout is how long a burst request may take, the CLI's burst's: an endpoint that
+// never answers holds the burst's clients (and delays its next window) this long at most.
+const BurstTimeout = 2 * time.Minute
+
+// NewBurstTarget is the burst's target: c's endpoint, protocol and key, on a client of its
+// own (the burst never takes the replay's connections) that opens at most one connection
+// per client, closes those left idle between windows, and gives up after BurstTimeout.
+func NewBurstTarget(c *llmclient.Client, stream bool, clients int) *Target {
+	tr := &http.Transport{MaxConnsPerHost: clients, MaxIdleConnsPerHost: clients, IdleConnTimeout: 90 * time.Second,
+		DisableCompression: true}
+	bc := *c
+	bc.HTTP = &http.Client{Transport: tr, Timeout: BurstTimeout}
+	return &Target{Client: &bc, Stream: stream, Concurrency: clients}
 }
 
 // RunBurst sends b's requests to t from start until ctx ends, with the labels of opts,

@@ -76,6 +76,7 @@ type testClock struct {
 	t        time.Time
 	sleeping chan time.Time
 	wake     chan struct{}
+	woke     chan struct{} // if set, told once the time is set to the wake's
 }
 
 func (c *testClock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
@@ -91,6 +92,9 @@ func (c *testClock) sleep(ctx context.Context, until time.Time) bool {
 		c.mu.Lock()
 		c.t = until
 		c.mu.Unlock()
+		if c.woke != nil {
+			c.woke <- struct{}{}
+		}
 		return true
 	case <-ctx.Done():
 		return false
@@ -144,9 +148,19 @@ func (s *holdingServer) newHold() chan struct{} {
 	return s.hold
 }
 
-type countingEmitter struct{ n atomic.Int64 }
+type countingEmitter struct {
+	n    atomic.Int64
+	mu   sync.Mutex
+	last *events.RequestEvent
+}
 
-func (e *countingEmitter) Emit(*events.RequestEvent, time.Time) error { e.n.Add(1); return nil }
+func (e *countingEmitter) Emit(ev *events.RequestEvent, _ time.Time) error {
+	e.n.Add(1)
+	e.mu.Lock()
+	e.last = ev
+	e.mu.Unlock()
+	return nil
+}
 
 // TestBurstSendsInItsWindows: through a proxy URL (here a server that holds each request
 // until told), the burst keeps Clients requests in flight from At, sends none before, none
@@ -233,7 +247,142 @@ func TestBurstSendsInItsWindows(t *testing.T) {
 	if got := em.n.Load(); got != 2*clients {
 		t.Errorf("%d events emitted, want one per request, %d", got, 2*clients)
 	}
+	// Each event is labelled as the replay's own (Run's) are.
+	if ev := em.last; ev == nil || ev.Model != "llama-3.1-70b" || ev.Scene != "default" || ev.Env != "dev" ||
+		ev.Status != events.StatusOK || ev.InputTokens != 950 || ev.Provider != meter.OpenAIChat.Provider() {
+		t.Errorf("burst event %+v: want model llama-3.1-70b, scene default, env dev, ok, 950 input tokens, provider %s", ev, meter.OpenAIChat.Provider())
+	}
 	if srv.badPath.Load() > 0 || srv.badPrompt.Load() > 0 {
 		t.Errorf("%d requests not to /v1/chat/completions, %d without the model or the shared prefix", srv.badPath.Load(), srv.badPrompt.Load())
+	}
+}
+
+// TestParseBurstBounds: durations so long that the next window's time overflows (and the
+// burst would wake at once, forever, and spin) and client counts past int are refused with
+// an error that names the part and its bound.
+func TestParseBurstBounds(t *testing.T) {
+	bad := func(s, part string) {
+		t.Helper()
+		if _, err := ParseBurst(s); err == nil || !strings.Contains(err.Error(), part) {
+			t.Errorf("ParseBurst(%q): error %v, want one naming %s", s, err, part)
+		}
+	}
+	bad("at=1h,for=1s,every=2562047h", "every=2562047h0m0s must be at most 8760h")
+	bad("at=2562047h", "at=2562047h0m0s must be at most 8760h")
+	bad("for=1000000h,every=1000001h", "at most 8760h")
+	bad("clients=99999999999999999999", `clients="99999999999999999999" is not a whole number from 1 to 10000`)
+	bad("clients=1e9", "from 1 to 10000")
+	// Windows of nanoseconds would start and stop every client, back to back, without pause.
+	bad("at=0s,for=1ns,every=2ns", "for=1ns must be at least 1s")
+
+	// Within the bounds, the next time the burst wakes is always ahead of it.
+	b, err := ParseBurst("at=8760h,for=8759h,every=8760h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, elapsed := range []time.Duration{0, b.At, b.At + b.For, b.At + 1000*b.Every + b.For} {
+		if _, until := b.window(elapsed); until <= elapsed {
+			t.Errorf("window(%s): next change at %s, not after it", elapsed, until)
+		}
+	}
+}
+
+// TestBurstTarget: the burst's client has connections of its own, at most one per client
+// (a slow endpoint cannot make it open more), and gives up on a request after
+// BurstTimeout, as the CLI's burst does, so that an endpoint that never answers holds its
+// clients for two minutes, not the replay's ten.
+func TestBurstTarget(t *testing.T) {
+	base := &llmclient.Client{BaseURL: "http://127.0.0.1:8080", APIKey: "k", Protocol: meter.Anthropic,
+		HTTP: &http.Client{Timeout: 600 * time.Second}}
+	tg := NewBurstTarget(base, true, 192)
+	if tg.Client == base || tg.Client.HTTP == base.HTTP {
+		t.Fatal("the burst shares the replay's client")
+	}
+	if tg.Client.BaseURL != base.BaseURL || tg.Client.APIKey != "k" || tg.Client.Protocol != meter.Anthropic || !tg.Stream {
+		t.Errorf("burst target %+v does not send as the replay does", tg.Client)
+	}
+	if tg.Client.HTTP.Timeout != BurstTimeout || BurstTimeout != 2*time.Minute {
+		t.Errorf("burst request timeout %s, want %s", tg.Client.HTTP.Timeout, 2*time.Minute)
+	}
+	tr, ok := tg.Client.HTTP.Transport.(*http.Transport)
+	if !ok || tr.MaxConnsPerHost != 192 || tr.MaxIdleConnsPerHost != 192 || tr.IdleConnTimeout <= 0 {
+		t.Errorf("burst transport %+v: want at most 192 connections, 192 idle, closed once idle", tr)
+	}
+}
+
+// TestBurstSlowEndpoint: against an endpoint that holds every request, the burst's requests
+// outlive their window but never pile up: the next window's clients start only once the
+// last window's requests ended, so no more than Clients are ever in flight; and the end
+// of the replay ends the requests held, and the burst, without the endpoint answering.
+func TestBurstSlowEndpoint(t *testing.T) {
+	const clients = 4
+	srv := &holdingServer{arrived: make(chan struct{}, 4*clients)}
+	hold := srv.newHold()
+	hs := httptest.NewServer(srv)
+	target := &Target{Client: &llmclient.Client{BaseURL: hs.URL + "/v1", Protocol: meter.OpenAIChat, HTTP: hs.Client()}}
+	b := Burst{At: 10 * time.Second, For: 5 * time.Second, Every: 20 * time.Second, Clients: clients}
+	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := &testClock{t: start, sleeping: make(chan time.Time), wake: make(chan struct{}), woke: make(chan struct{})}
+	var stats Stats
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runBurst(ctx, b, start, clock.now, clock.sleep, target, Options{Model: "llama-3.1-70b"}, &countingEmitter{}, &stats)
+	}()
+	asleep := func(want time.Duration) {
+		t.Helper()
+		select {
+		case until := <-clock.sleeping:
+			if got := until.Sub(start); got != want {
+				t.Fatalf("the burst sleeps until %s after the start, want %s", got, want)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the burst never slept until %s", want)
+		}
+	}
+	arrivals := func(n int) {
+		t.Helper()
+		for i := range n {
+			select {
+			case <-srv.arrived:
+			case <-time.After(30 * time.Second):
+				t.Fatalf("%d of the burst's %d requests reached the endpoint", i, n)
+			}
+		}
+	}
+	asleep(10 * time.Second)
+	clock.wake <- struct{}{}
+	<-clock.woke
+	asleep(15 * time.Second)
+	arrivals(clients)
+	clock.wake <- struct{}{} // the window closes with its requests held
+	<-clock.woke
+	// The held requests outlive the next window's start; when they end, the burst joins
+	// that window for what is left of it, with its clients only.
+	clock.mu.Lock()
+	clock.t = start.Add(31 * time.Second)
+	clock.mu.Unlock()
+	srv.newHold() // never let go
+	close(hold)
+	asleep(35 * time.Second)
+	arrivals(clients)
+	srv.mu.Lock()
+	most := srv.most
+	srv.mu.Unlock()
+	if most != clients || srv.total.Load() != 2*clients {
+		t.Fatalf("the endpoint held %d burst requests at once and got %d, want %d at once, %d in all", most, srv.total.Load(), clients, 2*clients)
+	}
+	// The replay ends while the endpoint holds the second window's requests.
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the burst did not end with the replay while the endpoint held its requests")
+	}
+	hs.Close() // returns once every request the endpoint held has ended
+	if got := stats.Burst.Load(); got != 2*clients {
+		t.Errorf("stats.Burst = %d, want %d", got, 2*clients)
 	}
 }
