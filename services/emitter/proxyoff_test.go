@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"strings"
 	"testing"
 	"time"
@@ -55,6 +57,12 @@ func TestConfigUpstreamNone(t *testing.T) {
 func refusedOff(t *testing.T, method, url, body string, anthropic bool) {
 	t.Helper()
 	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	refusedOffReq(t, req, anthropic)
+}
+
+func refusedOffReq(t *testing.T, req *http.Request, anthropic bool) {
+	t.Helper()
+	method, url := req.Method, req.URL
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -71,6 +79,11 @@ func refusedOff(t *testing.T, method, url, body string, anthropic bool) {
 	}
 	if anthropic && (e.Type != "error" || e.Error.Type != "api_error") || !anthropic && e.Error.Code != "proxy_off" {
 		t.Fatalf("%s %s: not in its API's error shape: %s", method, url, b)
+	}
+	// The OpenAI and Anthropic SDKs retry every 5xx unless told not to: the proxy stays off
+	// however often they ask.
+	if got := resp.Header.Get("X-Should-Retry"); got != "false" {
+		t.Fatalf("%s %s: X-Should-Retry %q, want false", method, url, got)
 	}
 }
 
@@ -140,8 +153,56 @@ func TestServeProxyOffWithRoutes(t *testing.T) {
 	}
 	refusedOff(t, http.MethodPost, base+"/v1/chat/completions", `{"model":"llama-3","messages":[]}`, false)
 	refusedOff(t, http.MethodPost, base+"/v1/messages", `{"model":"claude-sonnet-4","max_tokens":4,"messages":[]}`, true)
+	// Anthropic's model list: no claude- route. The passthrough counts what it forwards only.
+	req, _ := http.NewRequest(http.MethodGet, base+"/v1/models", nil)
+	req.Header.Set("Anthropic-Version", "2023-06-01")
+	refusedOffReq(t, req, true)
+	if n := metric(t, base, "emitter_proxy_passthrough_total"); n != 1 {
+		t.Fatalf("emitter_proxy_passthrough_total = %v, want 1 (the gpt- route's model list)", n)
+	}
 	waitMsgs(t, js, 1) // the routed request's event only
-	if n := metric(t, base, `emitter_proxy_refused_total{reason="proxy_off"}`); n != 2 {
-		t.Fatalf("emitter_proxy_refused_total{reason=\"proxy_off\"} = %v, want 2", n)
+	if n := metric(t, base, `emitter_proxy_refused_total{reason="proxy_off"}`); n != 3 {
+		t.Fatalf("emitter_proxy_refused_total{reason=\"proxy_off\"} = %v, want 3", n)
+	}
+}
+
+// TestServeProxyOffBodies: a refused request's body is left to net/http, which never holds
+// it: a small one is discarded and the connection serves the next request, a large one
+// (declared or chunked) gets its 503 before the emitter closes the connection.
+func TestServeProxyOffBodies(t *testing.T) {
+	base, _, stop := serveRig(t, "EMITTER_UPSTREAM_URL=none")
+	defer stop()
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	post := func(body io.Reader, length int64) (status int, reused bool) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", body)
+		req.ContentLength = length
+		req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+			GotConn: func(ci httptrace.GotConnInfo) { reused = ci.Reused }}))
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("%d bytes: %v", length, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, reused
+	}
+	small := `{"model":"gpt-4o","messages":[]}`
+	for i := range 3 {
+		status, reused := post(strings.NewReader(small), int64(len(small)))
+		if status != http.StatusServiceUnavailable || i > 0 && !reused {
+			t.Fatalf("small body %d: %d, connection reused %v", i, status, reused)
+		}
+	}
+	big := bytes.Repeat([]byte("x"), 8<<20)
+	if status, _ := post(bytes.NewReader(big), int64(len(big))); status != http.StatusServiceUnavailable {
+		t.Fatalf("8 MiB body: %d", status)
+	}
+	if status, _ := post(io.MultiReader(bytes.NewReader(big)), -1); status != http.StatusServiceUnavailable {
+		t.Fatalf("8 MiB chunked body: %d", status)
+	}
+	if n := metric(t, base, `emitter_proxy_refused_total{reason="proxy_off"}`); n != 5 {
+		t.Fatalf("emitter_proxy_refused_total{reason=\"proxy_off\"} = %v, want 5", n)
 	}
 }

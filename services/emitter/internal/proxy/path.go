@@ -85,6 +85,11 @@ func (p *Proxy) refuseOff(w http.ResponseWriter, r *http.Request, proto meter.Pr
 		msg = "no upstream for this request: EMITTER_UPSTREAM_URL=none, and no EMITTER_UPSTREAMS prefix matches its model"
 	}
 	w.Header().Set("Content-Type", "application/json")
+	// 503 says what it is, no upstream here; but the OpenAI and Anthropic SDKs retry every
+	// 5xx (501 too) with backoff unless the server says otherwise, and asking again changes
+	// nothing: the misconfigured app gets its error at once. A 404 would stop them too, read
+	// as a missing model or path (NotFoundError), which it is not.
+	w.Header().Set("X-Should-Retry", "false")
 	w.WriteHeader(http.StatusServiceUnavailable)
 	if proto == meter.Anthropic {
 		_, _ = io.WriteString(w, `{"type":"error","error":{"type":"api_error","message":`+strconv.Quote(msg)+`}}`)
