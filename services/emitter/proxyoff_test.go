@@ -2,12 +2,14 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -204,5 +206,31 @@ func TestServeProxyOffBodies(t *testing.T) {
 	}
 	if n := metric(t, base, `emitter_proxy_refused_total{reason="proxy_off"}`); n != 5 {
 		t.Fatalf("emitter_proxy_refused_total{reason=\"proxy_off\"} = %v, want 5", n)
+	}
+}
+
+// TestOfficialSDKsProxyOff: the OpenAI and Anthropic SDKs, with their default retries, get
+// the proxy-off 503 as an API error on their first request and do not ask again.
+func TestOfficialSDKsProxyOff(t *testing.T) {
+	needNode(t)
+	base, _, stop := serveRig(t, "EMITTER_UPSTREAM_URL=none")
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", "proxyoff.mjs", base)
+	cmd.Dir = sdkDir
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("node proxyoff.mjs: %v\n%s", err, stderr.String())
+	}
+	var got struct{ OpenAI, Anthropic struct{ Status int } }
+	if err := json.Unmarshal(out, &got); err != nil || got.OpenAI.Status != http.StatusServiceUnavailable || got.Anthropic.Status != http.StatusServiceUnavailable ||
+		!strings.Contains(string(out), `"code":"proxy_off"`) || !strings.Contains(string(out), `"code":"api_error"`) {
+		t.Fatalf("the SDKs saw %s", out)
+	}
+	if n := metric(t, base, `emitter_proxy_refused_total{reason="proxy_off"}`); n != 2 {
+		t.Fatalf("the SDKs sent %v requests, want 2: they retried a refusal (%s)", n, out)
 	}
 }
