@@ -56,13 +56,13 @@ func TestConfigUpstreamNone(t *testing.T) {
 }
 
 // refusedOff posts to a proxied path and checks the 503 and its error shape.
-func refusedOff(t *testing.T, method, url, body string, anthropic bool) {
+func refusedOff(t *testing.T, method, url, body string, anthropic bool) (message string) {
 	t.Helper()
 	req, _ := http.NewRequest(method, url, strings.NewReader(body))
-	refusedOffReq(t, req, anthropic)
+	return refusedOffReq(t, req, anthropic)
 }
 
-func refusedOffReq(t *testing.T, req *http.Request, anthropic bool) {
+func refusedOffReq(t *testing.T, req *http.Request, anthropic bool) (message string) {
 	t.Helper()
 	method, url := req.Method, req.URL
 	resp, err := http.DefaultClient.Do(req)
@@ -87,6 +87,7 @@ func refusedOffReq(t *testing.T, req *http.Request, anthropic bool) {
 	if got := resp.Header.Get("X-Should-Retry"); got != "false" {
 		t.Fatalf("%s %s: X-Should-Retry %q, want false", method, url, got)
 	}
+	return e.Error.Message
 }
 
 func ingestFive(t *testing.T, base string) {
@@ -153,18 +154,27 @@ func TestServeProxyOffWithRoutes(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("GET /v1/models: %d", resp.StatusCode)
 	}
-	refusedOff(t, http.MethodPost, base+"/v1/chat/completions", `{"model":"llama-3","messages":[]}`, false)
+	// The answer names what no route took: the model, or the API of a request naming none.
+	if msg := refusedOff(t, http.MethodPost, base+"/v1/chat/completions", `{"model":"llama-3","messages":[]}`, false); !strings.Contains(msg, `"llama-3"`) {
+		t.Fatalf("the refusal does not name the model: %s", msg)
+	}
+	// The model is the client's bytes: the answer stays JSON (refusedOff decodes it), and short.
+	if msg := refusedOff(t, http.MethodPost, base+"/v1/chat/completions", `{"model":"x\u0000\"\u00ff`+strings.Repeat("y", 4096)+`","messages":[]}`, false); len(msg) > 400 {
+		t.Fatalf("the refusal quotes %d bytes", len(msg))
+	}
 	refusedOff(t, http.MethodPost, base+"/v1/messages", `{"model":"claude-sonnet-4","max_tokens":4,"messages":[]}`, true)
 	// Anthropic's model list: no claude- route. The passthrough counts what it forwards only.
 	req, _ := http.NewRequest(http.MethodGet, base+"/v1/models", nil)
 	req.Header.Set("Anthropic-Version", "2023-06-01")
-	refusedOffReq(t, req, true)
+	if msg := refusedOffReq(t, req, true); !strings.Contains(msg, "names no model") || !strings.Contains(msg, "claude-") {
+		t.Fatalf("the refusal of a request naming no model does not say which route it wanted: %s", msg)
+	}
 	if n := metric(t, base, "emitter_proxy_passthrough_total"); n != 1 {
 		t.Fatalf("emitter_proxy_passthrough_total = %v, want 1 (the gpt- route's model list)", n)
 	}
 	waitMsgs(t, js, 1) // the routed request's event only
-	if n := metric(t, base, `emitter_proxy_refused_total{reason="proxy_off"}`); n != 3 {
-		t.Fatalf("emitter_proxy_refused_total{reason=\"proxy_off\"} = %v, want 3", n)
+	if n := metric(t, base, `emitter_proxy_refused_total{reason="proxy_off"}`); n != 4 {
+		t.Fatalf("emitter_proxy_refused_total{reason=\"proxy_off\"} = %v, want 4", n)
 	}
 }
 
