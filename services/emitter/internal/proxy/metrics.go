@@ -65,7 +65,7 @@ func newMetrics(reg prometheus.Registerer, maxLabels int) *metrics {
 			Help:    "Time to the first content event of successful streamed requests.",
 			Buckets: []float64{.05, .1, .25, .5, 1, 2, 5, 10, 30, 60}}, []string{"provider", "model"}),
 		passthrough: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "passthrough_total",
-			Help: "Requests to other upstream paths (model lists, token counting) forwarded without measuring."}),
+			Help: "Requests to other upstream paths (model lists, token counting) forwarded without measuring; those no upstream takes (EMITTER_UPSTREAM_URL=none) are in emitter_proxy_refused_total{reason=\"proxy_off\"}."}),
 		overflows: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "meter_overflows_total",
 			Help: "Responses with an SSE event longer than EMITTER_MAX_SSE_EVENT_BYTES (or a body over 8 MiB), passed to the client as it came: unread, the event marked meter_overflow, or, a Responses API event, read as it passed."}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "emitter", Subsystem: "proxy", Name: "refused_total",

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/url"
@@ -16,6 +17,9 @@ const (
 	refusedEncodedSlash = "encoded_slash"
 	refusedProxyOff     = "proxy_off" // no upstream: EMITTER_UPSTREAM_URL=none and no route for the model
 )
+
+// maxRefusedModel is as much of a model a proxy-off answer quotes.
+const maxRefusedModel = 200
 
 var refusedReasons = []string{refusedDotSegment, refusedEncodedSlash, refusedProxyOff}
 
@@ -74,23 +78,41 @@ func refuse(w http.ResponseWriter, proto meter.Protocol, msg string) {
 }
 
 // refuseOff answers 503 to a request no upstream takes: EMITTER_UPSTREAM_URL=none, and no
-// EMITTER_UPSTREAMS route for its model. Nothing went upstream: no event is published.
-func (p *Proxy) refuseOff(w http.ResponseWriter, r *http.Request, proto meter.Protocol) {
+// EMITTER_UPSTREAMS route for model (empty: the request names none, and goes by its API).
+// Nothing went upstream: no event is published.
+func (p *Proxy) refuseOff(w http.ResponseWriter, r *http.Request, proto meter.Protocol, model string) {
 	p.m.refused.WithLabelValues(refusedProxyOff).Inc()
-	if anthropicRequest(r) {
+	anthropic := anthropicRequest(r)
+	if anthropic {
 		proto = meter.Anthropic
 	}
 	msg := "the emitter's proxy is off (EMITTER_UPSTREAM_URL=none): it takes events on POST /v1/events, POST /v1/feedback and OTLP only"
-	if len(p.cfg.Routes) > 0 {
-		msg = "no upstream for this request: EMITTER_UPSTREAM_URL=none, and no EMITTER_UPSTREAMS prefix matches its model"
+	switch {
+	case len(p.cfg.Routes) == 0:
+	case model != "":
+		if len(model) > maxRefusedModel {
+			model = model[:maxRefusedModel] + "…"
+		}
+		q, _ := json.Marshal(model)
+		msg = "no upstream for the model " + string(q) + ": EMITTER_UPSTREAM_URL=none, and no EMITTER_UPSTREAMS prefix matches it"
+	case anthropic:
+		msg = "no upstream for this request, which names no model: EMITTER_UPSTREAM_URL=none, and Anthropic's API goes to the EMITTER_UPSTREAMS route of claude-, which there is not"
+	default:
+		msg = "no upstream for this request, which names no model: EMITTER_UPSTREAM_URL=none, and OpenAI's API goes to the EMITTER_UPSTREAMS route of gpt-, which there is not"
 	}
+	body, _ := json.Marshal(msg) // the model is the client's: any bytes
 	w.Header().Set("Content-Type", "application/json")
+	// 503 says what it is, no upstream here; but the OpenAI and Anthropic SDKs retry every
+	// 5xx (501 too) with backoff unless the server says otherwise, and asking again changes
+	// nothing: the misconfigured app gets its error at once. A 404 would stop them too, read
+	// as a missing model or path (NotFoundError), which it is not.
+	w.Header().Set("X-Should-Retry", "false")
 	w.WriteHeader(http.StatusServiceUnavailable)
 	if proto == meter.Anthropic {
-		_, _ = io.WriteString(w, `{"type":"error","error":{"type":"api_error","message":`+strconv.Quote(msg)+`}}`)
+		_, _ = io.WriteString(w, `{"type":"error","error":{"type":"api_error","message":`+string(body)+`}}`)
 		return
 	}
-	_, _ = io.WriteString(w, `{"error":{"message":`+strconv.Quote(msg)+`,"type":"upstream_error","param":null,"code":"proxy_off"}}`)
+	_, _ = io.WriteString(w, `{"error":{"message":`+string(body)+`,"type":"upstream_error","param":null,"code":"proxy_off"}}`)
 }
 
 // off reports whether no request can go upstream: EMITTER_UPSTREAM_URL=none and no routes.

@@ -245,7 +245,7 @@ type exchange struct {
 
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, proto meter.Protocol) {
 	if p.off() {
-		p.refuseOff(w, r, proto)
+		p.refuseOff(w, r, proto, "")
 		return
 	}
 	path, ok := p.checkPath(w, r, proto)
@@ -300,7 +300,7 @@ func isIdentity(enc string) bool { return enc == "" || strings.EqualFold(enc, "i
 // (Config.route).
 func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 	if p.off() {
-		p.refuseOff(w, r, meter.OpenAIChat)
+		p.refuseOff(w, r, meter.OpenAIChat, "")
 		return
 	}
 	path, ok := p.checkPath(w, r, meter.OpenAIChat)
@@ -309,7 +309,7 @@ func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 	}
 	start := time.Now()
 	base, body, length := p.cfg.Upstream, io.Reader(r.Body), int64(-1)
-	held, streamed := int64(0), true
+	held, streamed, model := int64(0), true, ""
 	if len(p.cfg.Routes) > 0 {
 		head, rest, h, err := p.readBody(r)
 		if err != nil {
@@ -317,7 +317,6 @@ func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		held = h
-		model := ""
 		switch {
 		case head != nil:
 			if info, ok := readRequest(head); ok && isIdentity(r.Header.Get("Content-Encoding")) {
@@ -333,7 +332,7 @@ func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 	}
 	if base == nil {
 		p.cfg.Budget.Release(held)
-		p.refuseOff(w, r, meter.OpenAIChat)
+		p.refuseOff(w, r, meter.OpenAIChat, model)
 		return
 	}
 	p.m.passthrough.Inc()
@@ -526,7 +525,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 	if base == nil {
 		p.m.inflight.Dec()
 		p.cfg.Budget.Release(x.held)
-		p.refuseOff(w, r, x.proto)
+		p.refuseOff(w, r, x.proto, model)
 		return
 	}
 	c := &flight{p: p, start: x.start, proto: x.proto, stream: x.stream, input: x.input}
