@@ -334,10 +334,12 @@ func TestComposeSettings(t *testing.T) {
 }
 
 // TestComposeUpstream: compose.yaml's emitter has no upstream until TOKENSCOPE_UPSTREAM_URL
-// names one, and without it stops at start with an error naming the knob, rather than
-// proxying every request to nothing (an empty EMITTER_UPSTREAM_URL would be the emitter's
-// own default, 127.0.0.1:8081 in its container). The demo's override points it at the fake
-// LLM, whatever TOKENSCOPE_UPSTREAM_URL says, so that the demo's load stays off real APIs.
+// names one: without it the proxy is off (none), and the real emitter takes that setting and
+// goes on to NATS, rather than proxying every request to nothing (an empty
+// EMITTER_UPSTREAM_URL would be the emitter's own default, 127.0.0.1:8081 in its container).
+// The demo files point it at the fake LLM and leave no per-model route, whatever
+// TOKENSCOPE_UPSTREAM_URL and TOKENSCOPE_UPSTREAMS say, so that the demo's load stays off
+// real APIs.
 func TestComposeUpstream(t *testing.T) {
 	bin := buildService(t, t.TempDir(), "emitter")
 	for _, environ := range []map[string]string{nil, {"TOKENSCOPE_UPSTREAM_URL": ""}} {
@@ -348,13 +350,20 @@ func TestComposeUpstream(t *testing.T) {
 				env[k] = *v
 			}
 		}
-		out := runEmitter(t, bin, nil, env)
-		if !strings.Contains(out, "EMITTER_UPSTREAM_URL") || !strings.Contains(out, "TOKENSCOPE_UPSTREAM_URL") {
-			t.Errorf("TOKENSCOPE_UPSTREAM_URL=%q: EMITTER_UPSTREAM_URL=%q: the emitter's error names neither the variable nor the knob:\n%s",
-				environ["TOKENSCOPE_UPSTREAM_URL"], env["EMITTER_UPSTREAM_URL"], out)
+		if env["EMITTER_UPSTREAM_URL"] != "none" {
+			t.Errorf("TOKENSCOPE_UPSTREAM_URL=%q: EMITTER_UPSTREAM_URL=%q, want none (the proxy off)", environ["TOKENSCOPE_UPSTREAM_URL"], env["EMITTER_UPSTREAM_URL"])
 		}
-		if strings.Contains(out, "NATS") {
-			t.Errorf("without an upstream the emitter got as far as NATS:\n%s", out)
+		env["NATS_URL"] = "nats://127.0.0.1:1" // stop it at its first step past the settings
+		out := runEmitter(t, bin, nil, env)
+		if !strings.Contains(out, "cannot connect to NATS") || strings.Contains(out, "EMITTER_UPSTREAM") {
+			t.Errorf("TOKENSCOPE_UPSTREAM_URL=%q: the emitter did not take its upstream setting and go on to NATS:\n%s",
+				environ["TOKENSCOPE_UPSTREAM_URL"], out)
+		}
+	}
+	for _, environ := range []map[string]string{nil, {"TOKENSCOPE_UPSTREAMS": "llama-=https://api.example.com"}} {
+		demo := loadComposeFiles(t, environ, demoFiles...)
+		if r := demo.Services["emitter"].Environment["EMITTER_UPSTREAMS"]; r != nil && *r != "" {
+			t.Errorf("demo, TOKENSCOPE_UPSTREAMS=%q: EMITTER_UPSTREAMS=%q, want no route", environ["TOKENSCOPE_UPSTREAMS"], *r)
 		}
 	}
 	for _, environ := range []map[string]string{nil, {"TOKENSCOPE_UPSTREAM_URL": "https://api.openai.com"}} {

@@ -190,18 +190,19 @@ func TestComposePrices(t *testing.T) {
 		}
 	}
 
-	// compose.demo.yaml replaces the price table's mount and the emitter's upstream (the fake
-	// LLM, TestComposeUpstream), and nothing else.
+	// compose.demo.yaml replaces the price table's mount and the emitter's upstreams (the fake
+	// LLM, no per-model route: TestComposeUpstream), and nothing else.
 	target := *base.Services["aggregator"].Environment["AGG_PRICES"]
 	others := func(s types.ServiceConfig) types.ServiceConfig {
 		s.Volumes = slices.DeleteFunc(slices.Clone(s.Volumes), func(v types.ServiceVolumeConfig) bool { return v.Target == target })
 		s.Environment = maps.Clone(s.Environment)
 		delete(s.Environment, "EMITTER_UPSTREAM_URL")
+		delete(s.Environment, "EMITTER_UPSTREAMS")
 		return s
 	}
 	for _, name := range base.ServiceNames() {
 		if !reflect.DeepEqual(others(base.Services[name]), others(demo.Services[name])) {
-			t.Errorf("compose.demo.yaml changes %s beyond the price table's mount and the emitter's upstream", name)
+			t.Errorf("compose.demo.yaml changes %s beyond the price table's mount and the emitter's upstreams", name)
 		}
 	}
 	if !slices.Equal(base.ServiceNames(), demo.ServiceNames()) || !reflect.DeepEqual(base.Volumes, demo.Volumes) {

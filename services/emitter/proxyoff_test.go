@@ -36,8 +36,7 @@ func TestConfigUpstreamNone(t *testing.T) {
 	for _, tt := range []struct{ name, key, value, want string }{
 		{"off is not none", "EMITTER_UPSTREAM_URL", "off", "must be http:// or https:// with a host, or none (in any case) to turn the proxy off"},
 		{"no scheme", "EMITTER_UPSTREAM_URL", "api.openai.com", "or none (in any case) to turn the proxy off"},
-		// deploy/compose.yaml's placeholder: its message is quoted in deploy/README.md.
-		{"compose's placeholder", "EMITTER_UPSTREAM_URL", "unset://TOKENSCOPE_UPSTREAM_URL", `EMITTER_UPSTREAM_URL: upstream URL "unset://TOKENSCOPE_UPSTREAM_URL" must be http:// or https:// with a host`},
+		{"another scheme", "EMITTER_UPSTREAM_URL", "ftp://up.example", `EMITTER_UPSTREAM_URL: upstream URL "ftp://up.example" must be http:// or https:// with a host`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := parseConfig(map[string]string{tt.key: tt.value})
