@@ -39,11 +39,17 @@ type Incident struct {
 // DefaultIncident overruns the engine for 40 s of every 2 minutes, the first 40 s in.
 var DefaultIncident = Incident{At: 40 * time.Second, For: 40 * time.Second, Every: 2 * time.Minute}
 
+// maxIncidentTime bounds at and every, so that the times active adds up never overflow (a
+// wrapped time would have the burst start and stop without pause).
+const maxIncidentTime = 8760 * time.Hour
+
 // Validate names the bad field.
 func (in Incident) Validate() error {
 	switch {
-	case in.At < 0 || in.For <= 0 || in.Every <= in.For:
-		return fmt.Errorf("incident at %s for %s every %s: want at ≥ 0, for > 0 and every > for", in.At, in.For, in.Every)
+	case in.At < 0 || in.For < time.Second || in.Every <= in.For:
+		return fmt.Errorf("incident at %s for %s every %s: want at ≥ 0, for ≥ 1s and every > for", in.At, in.For, in.Every)
+	case in.At > maxIncidentTime || in.Every > maxIncidentTime:
+		return fmt.Errorf("incident at %s every %s: want each at most %s", in.At, in.Every, maxIncidentTime)
 	}
 	return nil
 }

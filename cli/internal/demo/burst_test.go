@@ -26,7 +26,11 @@ func TestIncidentActive(t *testing.T) {
 }
 
 func TestIncidentValidate(t *testing.T) {
-	for _, in := range []Incident{{At: -1, For: time.Second, Every: time.Minute}, {For: 0, Every: time.Minute}, {For: time.Minute, Every: time.Minute}} {
+	for _, in := range []Incident{{At: -1, For: time.Second, Every: time.Minute}, {For: 0, Every: time.Minute}, {For: time.Minute, Every: time.Minute},
+		// a window under a second starts and stops the clients without pause
+		{For: time.Nanosecond, Every: 2 * time.Nanosecond},
+		// times past a year could wrap when added up: the burst would spin
+		{At: time.Hour, For: time.Second, Every: 2562047 * time.Hour}, {At: 2562047 * time.Hour, For: time.Second, Every: time.Minute}} {
 		if in.Validate() == nil {
 			t.Errorf("%+v: want an error", in)
 		}
