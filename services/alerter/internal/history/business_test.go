@@ -1,17 +1,13 @@
 package history_test
 
 import (
-	"context"
 	"fmt"
 	"math"
 	"sort"
 	"testing"
 	"time"
 
-	"github.com/tokenscope/tokenscope/pkg/chdb"
 	"github.com/tokenscope/tokenscope/pkg/events"
-	"github.com/tokenscope/tokenscope/pkg/testbed"
-	"github.com/tokenscope/tokenscope/schemas"
 	"github.com/tokenscope/tokenscope/services/alerter/internal/baseline"
 	"github.com/tokenscope/tokenscope/services/alerter/internal/engine"
 	"github.com/tokenscope/tokenscope/services/alerter/internal/history"
@@ -57,17 +53,7 @@ func completionWindow(start time.Time, done, quit uint64) engine.Window {
 // the windows of 9 and 9 (proxy's 18) under it; at
 // most three windows share a baseline step, so both keep every value for the median.
 func TestCompletionHistoryMatchesLive(t *testing.T) {
-	cfg := testbed.ClickHouse(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	db, err := chdb.Open(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if _, err := db.Migrate(ctx, schemas.Migrations()); err != nil {
-		t.Fatal(err)
-	}
+	ctx, db, _ := history.OpenMigrated(t)
 	newEngine := func() *engine.Engine {
 		e, err := engine.New(rules.NewSet(), baseline.Options{Step: 5 * time.Minute, Slot: 30 * time.Minute, Days: 7, Location: time.UTC, SplitWeekends: true}, time.Hour)
 		if err != nil {

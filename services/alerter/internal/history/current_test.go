@@ -1,7 +1,6 @@
 package history
 
 import (
-	"context"
 	"fmt"
 	"sort"
 	"strings"
@@ -18,17 +17,7 @@ import (
 // (chDB) over the same rows and requires the same answers (the merged t-digest percentiles
 // within 5 %: current servers read singleton centroids exactly where 18.16 interpolates).
 func TestBaselineQueriesOnCurrent(t *testing.T) {
-	cfg := testbed.ClickHouse(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	db, err := chdb.Open(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if _, err := db.Migrate(ctx, schemas.Migrations()); err != nil {
-		t.Fatal(err)
-	}
+	ctx, db, cfg := OpenMigrated(t)
 	start := time.Now().UTC().Truncate(time.Hour).Add(-2 * time.Hour)
 	tb, err := db.Conn().PrepareBatch(ctx, `INSERT INTO token_rollups (window_start, window_seconds, kind, env, scene, model,
 		instance, bucket, requests, errors, timeouts, output_tokens, ttft_count, ttft_means, ttft_weights)`)

@@ -1,15 +1,11 @@
 package history_test
 
 import (
-	"context"
 	"math"
 	"testing"
 	"time"
 
-	"github.com/tokenscope/tokenscope/pkg/chdb"
 	"github.com/tokenscope/tokenscope/pkg/events"
-	"github.com/tokenscope/tokenscope/pkg/testbed"
-	"github.com/tokenscope/tokenscope/schemas"
 	"github.com/tokenscope/tokenscope/services/alerter/internal/engine"
 	"github.com/tokenscope/tokenscope/services/alerter/internal/history"
 )
@@ -31,17 +27,7 @@ func (f fakeEngineBaselines) MergeEngine(k engine.EngineKey, t time.Time, v engi
 // correction merge bucket by bucket before the p95 is read off them, queue depth is
 // weighted by up samples, windows fall into baseline steps, a window all down is left out.
 func TestLoadEngineBaselines(t *testing.T) {
-	cfg := testbed.ClickHouse(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	db, err := chdb.Open(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if _, err := db.Migrate(ctx, schemas.Migrations()); err != nil {
-		t.Fatal(err)
-	}
+	ctx, db, _ := history.OpenMigrated(t)
 	b, err := db.Conn().PrepareBatch(ctx, `INSERT INTO engine_rollups (window_start, window_seconds, kind, host, engine, name, model,
 		samples, up_samples, down_samples, queue_depth_avg, queue_time_le, queue_time_counts, queue_time_count, prefill_le, prefill_counts, prefill_count)`)
 	if err != nil {

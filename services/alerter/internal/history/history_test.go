@@ -11,10 +11,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokenscope/tokenscope/pkg/bus"
-	"github.com/tokenscope/tokenscope/pkg/chdb"
 	"github.com/tokenscope/tokenscope/pkg/events"
 	"github.com/tokenscope/tokenscope/pkg/testbed"
-	"github.com/tokenscope/tokenscope/schemas"
 	"github.com/tokenscope/tokenscope/services/alerter/internal/engine"
 	"github.com/tokenscope/tokenscope/services/alerter/internal/history"
 	"github.com/tokenscope/tokenscope/services/alerter/internal/rules"
@@ -52,17 +50,7 @@ func (f *fakeBaselines) MergeHost(h string, t time.Time, m rules.Metric, n uint6
 // merge into one value per window (counts summed, percentiles from merged centroids), a
 // correction row adds its counts, and tokens join GPU rows by instance = host.
 func TestLoadBaselines(t *testing.T) {
-	cfg := testbed.ClickHouse(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	db, err := chdb.Open(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if _, err := db.Migrate(ctx, schemas.Migrations()); err != nil {
-		t.Fatal(err)
-	}
+	ctx, db, _ := history.OpenMigrated(t)
 	step0 := time.Date(2026, 3, 2, 10, 0, 0, 0, time.UTC)
 	tb, err := db.Conn().PrepareBatch(ctx, `INSERT INTO token_rollups (window_start, window_seconds, kind, env, scene, model,
 		instance, bucket, requests, errors, timeouts, output_tokens, ttft_count, ttft_means, ttft_weights)`)
@@ -223,17 +211,7 @@ func (f fakeBusiness) MergeBusiness(k engine.SceneKey, t time.Time, m rules.Metr
 // the engine does: a scene whose app reports completion only as verdicts (behind the gateway
 // proxy) has a baseline, and one reporting both ways sums them per window.
 func TestLoadCompletionBaselines(t *testing.T) {
-	cfg := testbed.ClickHouse(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	db, err := chdb.Open(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if _, err := db.Migrate(ctx, schemas.Migrations()); err != nil {
-		t.Fatal(err)
-	}
+	ctx, db, _ := history.OpenMigrated(t)
 	fb, err := db.Conn().PrepareBatch(ctx, `INSERT INTO feedback_rollups (window_start, window_seconds, kind, env, scene, model, name, source, count, positive)`)
 	if err != nil {
 		t.Fatal(err)
