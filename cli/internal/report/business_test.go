@@ -196,6 +196,84 @@ func toFloat(v any) float64 {
 	return math.NaN()
 }
 
+// numbers is a row's numeric columns as floats, its strings left out.
+func numbers(row []any) []float64 {
+	var got []float64
+	for _, v := range row {
+		if _, ok := v.(string); !ok {
+			got = append(got, toFloat(v))
+		}
+	}
+	return got
+}
+
+// rowMatches: row has want's columns, its strings equal to want's and its numbers within
+// 1e-9 of want's float64s.
+func rowMatches(row, want []any) bool {
+	if len(row) != len(want) {
+		return false
+	}
+	for j, w := range want {
+		switch x := w.(type) {
+		case string:
+			if row[j] != x {
+				return false
+			}
+		case float64:
+			if !(math.Abs(toFloat(row[j])-x) <= 1e-9) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// oneRow is a query file, its parameters and the numbers of the one row it answers.
+type oneRow struct {
+	file   string
+	params map[string]string
+	want   []float64 // the first row's numbers
+}
+
+// coverageParams are params with to moved a week later, as the tests run
+// feedback_coverage.sql.
+func coverageParams(params map[string]string, to time.Time) map[string]string {
+	coverage := maps.Clone(params)
+	coverage["to"] = to.Add(7 * 24 * time.Hour).Format(time.DateTime)
+	return coverage
+}
+
+// expectOneRow runs file with params on both servers and requires one row whose numeric
+// columns are want.
+func (b business) expectOneRow(t *testing.T, file string, params map[string]string, want []float64) {
+	t.Helper()
+	for _, res := range b.query(t, file, params) {
+		if len(res.r.Rows) != 1 {
+			t.Errorf("%s on %s: %v, want one row", file, res.server, res.r.Rows)
+			continue
+		}
+		if got := numbers(res.r.Rows[0]); !slices.Equal(got, want) {
+			t.Errorf("%s on %s: %v, want %v", file, res.server, res.r.Rows[0], want)
+		}
+	}
+}
+
+// expectConversations runs conversations.sql with params on both servers and requires one
+// row whose first columns are want, each within 1e-9.
+func (b business) expectConversations(t *testing.T, params map[string]string, want []float64) {
+	t.Helper()
+	for _, res := range b.query(t, "conversations.sql", params) {
+		if len(res.r.Rows) != 1 {
+			t.Fatalf("conversations.sql on %s: %v, want %v", res.server, res.r.Rows, want)
+		}
+		for i, w := range want {
+			if got := toFloat(res.r.Rows[0][i]); math.Abs(got-w) > 1e-9 {
+				t.Errorf("conversations.sql on %s: %s = %v, want %v", res.server, res.r.Columns[i].Name, got, w)
+			}
+		}
+	}
+}
+
 // TestConversationIDAcrossEnvs: the same conversation id in two envs (staging numbering its
 // conversations as prod does) is two conversations, on 18.16 and on the current engine: each
 // with its own turns and outcome, not merged.
@@ -228,12 +306,7 @@ func TestConversationIDAcrossEnvs(t *testing.T) {
 				t.Fatalf("%s on %s: %d rows, want %d: %v", c.file, res.server, len(res.r.Rows), len(c.want), res.r.Rows)
 			}
 			for i, w := range c.want {
-				var got []float64
-				for _, v := range res.r.Rows[i] {
-					if _, ok := v.(string); !ok {
-						got = append(got, toFloat(v))
-					}
-				}
+				got := numbers(res.r.Rows[i])
 				for j := range w {
 					if j >= len(got) || math.Abs(got[j]-w[j]) > 1e-9 {
 						t.Errorf("%s on %s: row %d %v, want %v", c.file, res.server, i, res.r.Rows[i], w)
@@ -351,16 +424,7 @@ func TestConversationVerdictsAcrossEnvs(t *testing.T) {
 				continue
 			}
 			for i, w := range c.want {
-				ok := len(res.r.Rows[i]) == len(w)
-				for j := 0; ok && j < len(w); j++ {
-					switch x := w[j].(type) {
-					case string:
-						ok = res.r.Rows[i][j] == x
-					case float64:
-						ok = math.Abs(toFloat(res.r.Rows[i][j])-x) <= 1e-9
-					}
-				}
-				if !ok {
+				if !rowMatches(res.r.Rows[i], w) {
 					t.Errorf("%s on %s: row %d %v, want %v", c.file, res.server, i, res.r.Rows[i], w)
 				}
 			}
@@ -406,13 +470,7 @@ func TestSameSecondTies(t *testing.T) {
 		{"conversations.sql", []float64{20, 1, 10, 0, 1}},
 	} {
 		for _, res := range b.query(t, c.file, params) {
-			var got []float64
-			for _, v := range res.r.Rows[0] {
-				if _, ok := v.(string); !ok {
-					got = append(got, toFloat(v))
-				}
-			}
-			if !slices.Equal(got, c.want) {
+			if got := numbers(res.r.Rows[0]); !slices.Equal(got, c.want) {
 				t.Errorf("%s on %s: %v, want %v", c.file, res.server, res.r.Rows, c.want)
 			}
 		}
@@ -434,13 +492,8 @@ func TestRequestVerdictChangedWithConversation(t *testing.T) {
 	b.insert(t, fbs, from.Add(20*time.Minute), "0195a000-0000-7000-8000-000000000002", "r1", "c", "thumbs", 1.0, "user", "prod", "chat", "m")
 	params := map[string]string{"from": from.Format(time.DateTime), "to": to.Format(time.DateTime), "layer": "gateway",
 		"name": "thumbs", "satisfied_at": "1"}
-	coverage := maps.Clone(params)
-	coverage["to"] = to.Add(7 * 24 * time.Hour).Format(time.DateTime)
-	for _, c := range []struct {
-		file   string
-		params map[string]string
-		want   []float64 // the first row's numbers
-	}{
+	coverage := coverageParams(params, to)
+	for _, c := range []oneRow{
 		{"satisfaction_by_ttft_band.sql", params, []float64{1, 1, 1}},
 		{"satisfaction_by_stall.sql", params, []float64{1, 1, 1}},
 		{"quality_by_scene_model.sql", params, []float64{1, 1, 0, 0, 0, 0}},
@@ -449,21 +502,7 @@ func TestRequestVerdictChangedWithConversation(t *testing.T) {
 		// one verdict, one superseded
 		{"feedback_coverage.sql", coverage, []float64{1, 0, 0, 0, 0, 1, 0, 0}},
 	} {
-		for _, res := range b.query(t, c.file, c.params) {
-			if len(res.r.Rows) != 1 {
-				t.Errorf("%s on %s: %v, want one row", c.file, res.server, res.r.Rows)
-				continue
-			}
-			var got []float64
-			for _, v := range res.r.Rows[0] {
-				if _, ok := v.(string); !ok {
-					got = append(got, toFloat(v))
-				}
-			}
-			if !slices.Equal(got, c.want) {
-				t.Errorf("%s on %s: %v, want %v", c.file, res.server, res.r.Rows[0], c.want)
-			}
-		}
+		b.expectOneRow(t, c.file, c.params, c.want)
 	}
 }
 
@@ -497,16 +536,7 @@ func TestConversationAcrossScenes(t *testing.T) {
 		{"cost_per_satisfied_conversation.sql", []any{"chat", 10.0, 0.2, 10.0, 10.0, 0.2}},
 	} {
 		for _, res := range b.query(t, c.file, params) {
-			ok := len(res.r.Rows) == 1 && len(res.r.Rows[0]) == len(c.want)
-			for j := 0; ok && j < len(c.want); j++ {
-				switch x := c.want[j].(type) {
-				case string:
-					ok = res.r.Rows[0][j] == x
-				case float64:
-					ok = math.Abs(toFloat(res.r.Rows[0][j])-x) <= 1e-9
-				}
-			}
-			if !ok {
+			if len(res.r.Rows) != 1 || !rowMatches(res.r.Rows[0], c.want) {
 				t.Errorf("%s on %s: %v, want one row %v", c.file, res.server, res.r.Rows, c.want)
 			}
 		}
@@ -564,15 +594,7 @@ func TestConversationSceneIsItsFirstRequest(t *testing.T) {
 		for _, res := range b.query(t, c.file, params) {
 			ok := len(res.r.Rows) == len(c.want)
 			for i := 0; ok && i < len(c.want); i++ {
-				ok = len(res.r.Rows[i]) == len(c.want[i])
-				for j := 0; ok && j < len(c.want[i]); j++ {
-					switch x := c.want[i][j].(type) {
-					case string:
-						ok = res.r.Rows[i][j] == x
-					case float64:
-						ok = math.Abs(toFloat(res.r.Rows[i][j])-x) <= 1e-9
-					}
-				}
+				ok = rowMatches(res.r.Rows[i], c.want[i])
 			}
 			if !ok {
 				t.Errorf("%s on %s: %v, want %v", c.file, res.server, res.r.Rows, c.want)
@@ -596,33 +618,14 @@ func TestConversationVerdictWithoutEnvChanged(t *testing.T) {
 	b.insert(t, fbs, from.Add(20*time.Minute), "0195a000-0000-7000-8000-000000000002", "", "solo", "rating", 4.0, "user", "prod", "", "")
 	params := map[string]string{"from": from.Format(time.DateTime), "to": to.Format(time.DateTime), "layer": "gateway",
 		"name": "rating", "satisfied_at": "4"}
-	coverage := maps.Clone(params)
-	coverage["to"] = to.Add(7 * 24 * time.Hour).Format(time.DateTime)
-	for _, c := range []struct {
-		file   string
-		params map[string]string
-		want   []float64 // the first row's numbers
-	}{
+	coverage := coverageParams(params, to)
+	for _, c := range []oneRow{
 		{"quality_by_scene_model.sql", params, []float64{0, 0, 1, 4, 0, 0}},
 		{"cost_per_satisfied_conversation.sql", params, []float64{1, 0.1, 1, 1, 0.1}},
 		// one verdict on a conversation, one superseded
 		{"feedback_coverage.sql", coverage, []float64{1, 0, 0, 1, 0, 1, 0, 0}},
 	} {
-		for _, res := range b.query(t, c.file, c.params) {
-			if len(res.r.Rows) != 1 {
-				t.Errorf("%s on %s: %v, want one row", c.file, res.server, res.r.Rows)
-				continue
-			}
-			var got []float64
-			for _, v := range res.r.Rows[0] {
-				if _, ok := v.(string); !ok {
-					got = append(got, toFloat(v))
-				}
-			}
-			if !slices.Equal(got, c.want) {
-				t.Errorf("%s on %s: %v, want %v", c.file, res.server, res.r.Rows[0], c.want)
-			}
-		}
+		b.expectOneRow(t, c.file, c.params, c.want)
 	}
 }
 
@@ -666,16 +669,7 @@ func TestCompletionFromVerdicts(t *testing.T) {
 	params := map[string]string{"from": from.Format(time.DateTime), "to": from.Add(time.Hour).Format(time.DateTime), "layer": "gateway"}
 	// 5 conversations of 6 turns; a, c, e completed, b abandoned, d unknown
 	want := []float64{5, 1.2, 3, 1, 0.75}
-	for _, res := range b.query(t, "conversations.sql", params) {
-		if len(res.r.Rows) != 1 {
-			t.Fatalf("conversations.sql on %s: %v, want %v", res.server, res.r.Rows, want)
-		}
-		for i, w := range want {
-			if got := toFloat(res.r.Rows[0][i]); math.Abs(got-w) > 1e-9 {
-				t.Errorf("conversations.sql on %s: %s = %v, want %v", res.server, res.r.Columns[i].Name, got, w)
-			}
-		}
-	}
+	b.expectConversations(t, params, want)
 }
 
 // TestCompletionVerdictValues: a task_completed verdict's value decides by its sign, as the
@@ -696,14 +690,5 @@ func TestCompletionVerdictValues(t *testing.T) {
 	params := map[string]string{"from": from.Format(time.DateTime), "to": from.Add(time.Hour).Format(time.DateTime), "layer": "gateway"}
 	// conversations, avg_turns, completed, abandoned, completion_rate
 	want := []float64{4, 1, 2, 2, 0.5}
-	for _, res := range b.query(t, "conversations.sql", params) {
-		if len(res.r.Rows) != 1 {
-			t.Fatalf("conversations.sql on %s: %v, want %v", res.server, res.r.Rows, want)
-		}
-		for i, w := range want {
-			if got := toFloat(res.r.Rows[0][i]); math.Abs(got-w) > 1e-9 {
-				t.Errorf("conversations.sql on %s: %s = %v, want %v", res.server, res.r.Columns[i].Name, got, w)
-			}
-		}
-	}
+	b.expectConversations(t, params, want)
 }
