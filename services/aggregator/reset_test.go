@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"io"
 	"math/rand/v2"
 	"net"
 	"sync"
@@ -18,10 +17,8 @@ import (
 // flaky link does to the aggregator's NATS connection. Whatever sat in the dying connection
 // is gone.
 type resettingRelay struct {
+	relayConns
 	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
 	resets int
 	done   chan struct{}
 	wg     sync.WaitGroup
@@ -33,7 +30,7 @@ func startResettingRelay(t testing.TB, target string) *resettingRelay {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &resettingRelay{ln: ln, target: target, conns: map[net.Conn]struct{}{}, done: make(chan struct{})}
+	r := &resettingRelay{relayConns: relayConns{target: target, conns: map[net.Conn]struct{}{}}, ln: ln, done: make(chan struct{})}
 	r.wg.Add(1)
 	go r.accept()
 	t.Cleanup(r.close)
@@ -55,33 +52,8 @@ func (r *resettingRelay) accept() {
 		if err != nil {
 			return
 		}
-		up, err := net.Dial("tcp", r.target)
-		if err != nil {
-			c.Close()
-			continue
-		}
-		r.mu.Lock()
-		r.conns[c], r.conns[up] = struct{}{}, struct{}{}
-		r.mu.Unlock()
-		pipe := func(dst, src net.Conn) {
-			_, _ = io.Copy(dst, src)
-			r.drop(dst)
-			r.drop(src)
-		}
-		go pipe(up, c)
-		go pipe(c, up)
+		r.forward(c)
 	}
-}
-
-// drop resets a connection: SO_LINGER 0 makes close send RST and discard what is unsent.
-func (r *resettingRelay) drop(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.SetLinger(0)
-	}
-	_ = c.Close()
-	r.mu.Lock()
-	delete(r.conns, c)
-	r.mu.Unlock()
 }
 
 func (r *resettingRelay) resetLoop(every time.Duration) {
@@ -94,10 +66,7 @@ func (r *resettingRelay) resetLoop(every time.Duration) {
 		case <-time.After(every/2 + time.Duration(rnd.Int64N(int64(every)))):
 		}
 		r.mu.Lock()
-		conns := make([]net.Conn, 0, len(r.conns))
-		for c := range r.conns {
-			conns = append(conns, c)
-		}
+		conns := r.heldLocked()
 		if len(conns) > 0 {
 			r.resets++
 		}

@@ -8,7 +8,6 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
@@ -16,10 +15,8 @@ import (
 // cuttableRelay forwards TCP connections to target until cut: then it resets every
 // connection it holds and refuses new ones until restored (NATS away for a while).
 type cuttableRelay struct {
+	relayConns
 	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
 	cutOff bool
 }
 
@@ -29,7 +26,7 @@ func startCuttableRelay(t testing.TB, target string) *cuttableRelay {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &cuttableRelay{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	r := &cuttableRelay{relayConns: relayConns{target: target, conns: map[net.Conn]struct{}{}}, ln: ln}
 	go r.accept()
 	t.Cleanup(func() {
 		ln.Close()
@@ -53,41 +50,14 @@ func (r *cuttableRelay) accept() {
 			c.Close()
 			continue
 		}
-		up, err := net.Dial("tcp", r.target)
-		if err != nil {
-			c.Close()
-			continue
-		}
-		r.mu.Lock()
-		r.conns[c], r.conns[up] = struct{}{}, struct{}{}
-		r.mu.Unlock()
-		pipe := func(dst, src net.Conn) {
-			_, _ = io.Copy(dst, src)
-			r.drop(dst)
-			r.drop(src)
-		}
-		go pipe(up, c)
-		go pipe(c, up)
+		r.forward(c)
 	}
-}
-
-func (r *cuttableRelay) drop(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		_ = tc.SetLinger(0)
-	}
-	_ = c.Close()
-	r.mu.Lock()
-	delete(r.conns, c)
-	r.mu.Unlock()
 }
 
 func (r *cuttableRelay) cut() {
 	r.mu.Lock()
 	r.cutOff = true
-	conns := make([]net.Conn, 0, len(r.conns))
-	for c := range r.conns {
-		conns = append(conns, c)
-	}
+	conns := r.heldLocked()
 	r.mu.Unlock()
 	for _, c := range conns {
 		r.drop(c)
@@ -100,6 +70,21 @@ func (r *cuttableRelay) restore() {
 	r.mu.Unlock()
 }
 
+// runLeasedThrough runs the aggregator with vars, its NATS through relay and its HTTP on a
+// free address, and waits until it holds the lease. It returns that address, what stops the
+// run (the end of the test does too) and where run's error comes.
+func runLeasedThrough(t *testing.T, relay *cuttableRelay, vars envVars) (addr string, cancel context.CancelFunc, done <-chan error) {
+	t.Helper()
+	addr = freeAddr(t)
+	vars["NATS_URL"], vars["HTTP_ADDR"] = relay.url(), addr
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	errc := make(chan error, 1)
+	go func() { errc <- run(ctx, vars.get, testWriter{t}) }()
+	waitFor(t, 30*time.Second, "the aggregator holds the lease", func() bool { return gauge(addr, "aggregator_lease_held") == 1 })
+	return addr, cancel, errc
+}
+
 // TestLeaseTakenBackTermAfterTerm cuts the only aggregator off NATS past its fence four
 // times: each time it stops counting and takes its lease back, without exiting, panicking
 // on its metrics or staying unready, and without keeping what the lost term ran (goroutines,
@@ -108,15 +93,8 @@ func TestLeaseTakenBackTermAfterTerm(t *testing.T) {
 	b := newBed(t)
 	relay := startCuttableRelay(t, strings.TrimPrefix(b.natsURL, "nats://"))
 	const ttl = 2 * time.Second
-	addr := freeAddr(t)
 	// Every pipeline: each term makes them all again.
-	vars := leaseVars(b, envVars{"AGG_LEASE_TTL": ttl.String(), "AGG_GPU": "true", "AGG_ENGINE": "true", "AGG_FEEDBACK": "true"})
-	vars["NATS_URL"], vars["HTTP_ADDR"] = relay.url(), addr
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, vars.get, testWriter{t}) }()
-	waitFor(t, 30*time.Second, "the aggregator holds the lease", func() bool { return gauge(addr, "aggregator_lease_held") == 1 })
+	addr, cancel, done := runLeasedThrough(t, relay, leaseVars(b, envVars{"AGG_LEASE_TTL": ttl.String(), "AGG_GPU": "true", "AGG_ENGINE": "true", "AGG_FEEDBACK": "true"}))
 
 	var total uint64
 	publish := func(n int) {
@@ -217,14 +195,7 @@ func TestStandingByHoldsNothing(t *testing.T) {
 	b := newBed(t)
 	relay := startCuttableRelay(t, strings.TrimPrefix(b.natsURL, "nats://"))
 	const ttl = 2 * time.Second
-	addr := freeAddr(t)
-	vars := leaseVars(b, envVars{"AGG_LEASE_TTL": ttl.String(), "AGG_LATENESS": "30s"})
-	vars["NATS_URL"], vars["HTTP_ADDR"] = relay.url(), addr
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, vars.get, testWriter{t}) }()
-	waitFor(t, 30*time.Second, "the aggregator holds the lease", func() bool { return gauge(addr, "aggregator_lease_held") == 1 })
+	addr, cancel, done := runLeasedThrough(t, relay, leaseVars(b, envVars{"AGG_LEASE_TTL": ttl.String(), "AGG_LATENESS": "30s"}))
 	b.publish(t, spreadEvents(500, time.Now().UTC()))
 	b.waitRows(t, time.Minute, 500, "SELECT count() FROM requests")
 	waitFor(t, 10*time.Second, "the windows are open", func() bool {
