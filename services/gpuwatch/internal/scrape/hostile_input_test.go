@@ -13,6 +13,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/tokenscope/tokenscope/pkg/events"
 )
 
 // TestRedirectToOtherHost: an engine's endpoint that redirects to another host (a
@@ -140,18 +142,13 @@ func TestSeriesFlood(t *testing.T) {
 		}
 		return b.String()
 	}
-	eng := newEngine(t, body(0))
-	pub := &fakePublisher{}
-	s := New([]Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, Options{Host: "gpu-node-3", Interval: time.Second,
-		Timeout: 20 * time.Second, MaxBytes: 64 << 20, MaxModels: 16}, prometheus.NewRegistry(), discard())
+	sc := newVLLMScrape(t, body(0), 0)
 	for tick := range 3 {
-		eng.set(body(tick))
-		s.Tick(context.Background(), t0.Add(time.Duration(tick)*time.Second))
-		if smp := one(t, pub.take(t)); !smp.Up || smp.Running == nil || *smp.Running != 3 {
+		if smp := sc.at(t, tick, body(tick)); !smp.Up || smp.Running == nil || *smp.Running != 3 {
 			t.Fatalf("tick %d: sample %s, want up with running 3", tick, jsonOf(smp))
 		}
 	}
-	tg := s.targets[0]
+	tg := sc.s.targets[0]
 	if len(tg.cache.entries) > DefaultMaxSeries || len(tg.series) > 2*DefaultMaxSeries {
 		t.Errorf("after 3 scrapes of %d series: %d cached, %d tracked; want at most %d and %d", 3*DefaultMaxSeries,
 			len(tg.cache.entries), len(tg.series), DefaultMaxSeries, 2*DefaultMaxSeries)
@@ -163,7 +160,7 @@ func TestSeriesFlood(t *testing.T) {
 	if held < DefaultMaxSeries/2 {
 		t.Errorf("one family may hold %d series of %d", held, DefaultMaxSeries)
 	}
-	if v, want := testutil.ToFloat64(s.m.dropped.WithLabelValues("vllm", "series_over_limit")), float64((3*DefaultMaxSeries-held)+3*DefaultMaxSeries+(3*DefaultMaxSeries-held)); v != want {
+	if v, want := testutil.ToFloat64(sc.s.m.dropped.WithLabelValues("vllm", "series_over_limit")), float64((3*DefaultMaxSeries-held)+3*DefaultMaxSeries+(3*DefaultMaxSeries-held)); v != want {
 		t.Errorf("engine_series_dropped_total{series_over_limit} = %v, want %v", v, want)
 	}
 }
@@ -185,18 +182,13 @@ func TestSeriesFloodAfterModel(t *testing.T) {
 		fmt.Fprintf(&b, "vllm:generation_tokens_total{model_name=\"m\"} %d\n", 10*tick)
 		return b.String()
 	}
-	eng := newEngine(t, body(0, 0))
-	pub := &fakePublisher{}
-	s := New([]Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, Options{Host: "gpu-node-3", Interval: time.Second,
-		Timeout: 20 * time.Second, MaxBytes: 64 << 20, MaxModels: 16}, prometheus.NewRegistry(), discard())
+	sc := newVLLMScrape(t, body(0, 0), 0)
 	for tick := range 4 {
 		flood := 0
 		if tick >= 2 {
 			flood = 2 * DefaultMaxSeries
 		}
-		eng.set(body(tick, flood))
-		s.Tick(context.Background(), t0.Add(time.Duration(tick)*time.Second))
-		smp := one(t, pub.take(t))
+		smp := sc.at(t, tick, body(tick, flood))
 		if tick == 0 {
 			continue
 		}
@@ -204,7 +196,7 @@ func TestSeriesFloodAfterModel(t *testing.T) {
 			t.Errorf("tick %d (flood of %d series before it): sample %s, want generation_tokens 10", tick, flood, jsonOf(smp))
 		}
 	}
-	if n := len(s.targets[0].cache.entries); n > DefaultMaxSeries {
+	if n := len(sc.s.targets[0].cache.entries); n > DefaultMaxSeries {
 		t.Errorf("%d series cached, want at most %d", n, DefaultMaxSeries)
 	}
 }
@@ -228,18 +220,13 @@ func TestSeriesLeftOutNotCountedWhole(t *testing.T) {
 		fmt.Fprintf(&b, "vllm:time_to_first_token_seconds_count{model_name=\"m\"} %d\nvllm:time_to_first_token_seconds_sum{model_name=\"m\"} %d\n", v/10, v/10)
 		return b.String()
 	}
-	eng := newEngine(t, body(1000, DefaultMaxSeries))
-	pub := &fakePublisher{}
-	s := New([]Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, Options{Host: "gpu-node-3", Interval: time.Second,
-		Timeout: 20 * time.Second, MaxBytes: 64 << 20, MaxModels: 16}, prometheus.NewRegistry(), discard())
+	sc := newVLLMScrape(t, body(1000, DefaultMaxSeries), 0)
 	for tick, want := range []float64{-1, -1, 0, 10, 10} { // -1: no reading wanted
 		flood := 0
 		if tick == 0 {
 			flood = DefaultMaxSeries
 		}
-		eng.set(body(1000+10*tick, flood))
-		s.Tick(context.Background(), t0.Add(time.Duration(tick)*time.Second))
-		smp := one(t, pub.take(t))
+		smp := sc.at(t, tick, body(1000+10*tick, flood))
 		got := -1.0
 		if smp.PromptTokens != nil {
 			got = *smp.PromptTokens
@@ -411,14 +398,9 @@ func TestSeriesFloodAtStart(t *testing.T) {
 		b.WriteString("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 3\n")
 		return b.String()
 	}
-	eng := newEngine(t, body(0))
-	pub := &fakePublisher{}
-	s := New([]Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, Options{Host: "gpu-node-3", Interval: time.Second,
-		Timeout: 20 * time.Second, MaxBytes: 64 << 20, MaxModels: 16, MaxSeries: limit}, prometheus.NewRegistry(), discard())
+	sc := newVLLMScrape(t, body(0), limit)
 	for tick := range 3 {
-		eng.set(body(tick))
-		s.Tick(context.Background(), t0.Add(time.Duration(tick)*time.Second))
-		smp := one(t, pub.take(t))
+		smp := sc.at(t, tick, body(tick))
 		if smp.Running == nil || *smp.Running != 3 {
 			t.Errorf("tick %d: sample %s, want running 3", tick, jsonOf(smp))
 		}
@@ -432,10 +414,10 @@ func TestSeriesFloodAtStart(t *testing.T) {
 			t.Errorf("tick %d: sample %s, want generation_tokens 10", tick, jsonOf(smp))
 		}
 	}
-	if n := len(s.targets[0].cache.entries); n > limit {
+	if n := len(sc.s.targets[0].cache.entries); n > limit {
 		t.Errorf("%d series cached, want at most %d", n, limit)
 	}
-	checkHeld(t, s.targets[0].cache)
+	checkHeld(t, sc.s.targets[0].cache)
 }
 
 // TestMalformedKeepsHeldSeries: a malformed exposition, broken after a flood of new series
@@ -458,23 +440,20 @@ func TestMalformedKeepsHeldSeries(t *testing.T) {
 		fmt.Fprintf(&b, "vllm:prompt_tokens_total{model_name=\"m\"} %d\n", v)
 		return b.String()
 	}
-	eng := newEngine(t, body(100, false, false))
-	pub := &fakePublisher{}
-	s := New([]Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, Options{Host: "gpu-node-3", Interval: time.Second,
-		Timeout: 20 * time.Second, MaxBytes: 64 << 20, MaxModels: 16, MaxSeries: limit}, prometheus.NewRegistry(), discard())
-	s.Tick(context.Background(), t0)
-	pub.take(t)
-	eng.set(body(200, true, true))
-	s.Tick(context.Background(), t0.Add(time.Second))
-	if smp := one(t, pub.take(t)); smp.Up || smp.Error != "malformed" {
+	sc := newVLLMScrape(t, body(100, false, false), limit)
+	sc.s.Tick(context.Background(), t0)
+	sc.pub.take(t)
+	sc.eng.set(body(200, true, true))
+	sc.s.Tick(context.Background(), t0.Add(time.Second))
+	if smp := one(t, sc.pub.take(t)); smp.Up || smp.Error != "malformed" {
 		t.Fatalf("malformed scrape: sample %s, want up false, malformed", jsonOf(smp))
 	}
-	eng.set(body(300, true, false))
-	s.Tick(context.Background(), t0.Add(2*time.Second))
-	if smp := one(t, pub.take(t)); smp.PromptTokens == nil || *smp.PromptTokens != 200 {
+	sc.eng.set(body(300, true, false))
+	sc.s.Tick(context.Background(), t0.Add(2*time.Second))
+	if smp := one(t, sc.pub.take(t)); smp.PromptTokens == nil || *smp.PromptTokens != 200 {
 		t.Errorf("after the malformed scrape: sample %s, want prompt_tokens 200", jsonOf(smp))
 	}
-	checkHeld(t, s.targets[0].cache)
+	checkHeld(t, sc.s.targets[0].cache)
 }
 
 // TestSeriesLimitCutsNoHistogramShort: where a family's share of the series limit runs out
@@ -500,19 +479,14 @@ func TestSeriesLimitCutsNoHistogramShort(t *testing.T) {
 		b.WriteString("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 3\n")
 		return b.String()
 	}
-	eng := newEngine(t, body(0))
-	pub := &fakePublisher{}
-	s := New([]Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, Options{Host: "gpu-node-3", Interval: time.Second,
-		Timeout: 20 * time.Second, MaxBytes: 64 << 20, MaxModels: 16, MaxSeries: limit}, prometheus.NewRegistry(), discard())
+	sc := newVLLMScrape(t, body(0), limit)
 	for tick := range 3 {
-		eng.set(body(tick))
-		s.Tick(context.Background(), t0.Add(time.Duration(tick)*time.Second))
-		smp := one(t, pub.take(t))
+		smp := sc.at(t, tick, body(tick))
 		if smp.TTFT != nil && smp.TTFT.Count != 0 && smp.TTFT.Sum != 3 {
 			t.Errorf("tick %d: ttft %+v, want none (its sum left out by the limit) or sum 3", tick, smp.TTFT)
 		}
 	}
-	checkHeld(t, s.targets[0].cache)
+	checkHeld(t, sc.s.targets[0].cache)
 }
 
 // TestNewSeriesBesideFloodCountsFromZero: while the limit leaves out series of one family
@@ -535,16 +509,38 @@ func TestNewSeriesBesideFloodCountsFromZero(t *testing.T) {
 		b.WriteString("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 3\n")
 		return b.String()
 	}
-	eng := newEngine(t, body(0))
-	pub := &fakePublisher{}
-	s := New([]Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, Options{Host: "gpu-node-3", Interval: time.Second,
-		Timeout: 20 * time.Second, MaxBytes: 64 << 20, MaxModels: 16, MaxSeries: limit}, prometheus.NewRegistry(), discard())
+	sc := newVLLMScrape(t, body(0), limit)
 	for tick, want := range []float64{-1, 10, 15, 15} { // -1: the model's first scrape
-		eng.set(body(tick))
-		s.Tick(context.Background(), t0.Add(time.Duration(tick)*time.Second))
-		smp := one(t, pub.take(t))
+		smp := sc.at(t, tick, body(tick))
 		if want >= 0 && (smp.GenerationTokens == nil || *smp.GenerationTokens != want) {
 			t.Errorf("tick %d: sample %s, want generation_tokens %v", tick, jsonOf(smp), want)
 		}
 	}
+}
+
+// vllmScrape is a scraper of one vLLM engine on gpu-node-3, the fake engine it scrapes and
+// what it publishes.
+type vllmScrape struct {
+	eng *fakeEngine
+	pub *fakePublisher
+	s   *Scraper
+}
+
+// newVLLMScrape serves body on a fake vLLM engine and scrapes it with a series limit of
+// maxSeries (0: the default).
+func newVLLMScrape(t *testing.T, body string, maxSeries int) vllmScrape {
+	t.Helper()
+	eng := newEngine(t, body)
+	pub := &fakePublisher{}
+	s := New([]Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, Options{Host: "gpu-node-3", Interval: time.Second,
+		Timeout: 20 * time.Second, MaxBytes: 64 << 20, MaxModels: 16, MaxSeries: maxSeries}, prometheus.NewRegistry(), discard())
+	return vllmScrape{eng, pub, s}
+}
+
+// at serves body, scrapes at tick seconds past t0 and returns the one sample published.
+func (v vllmScrape) at(t *testing.T, tick int, body string) events.EngineSample {
+	t.Helper()
+	v.eng.set(body)
+	v.s.Tick(context.Background(), t0.Add(time.Duration(tick)*time.Second))
+	return one(t, v.pub.take(t))
 }
