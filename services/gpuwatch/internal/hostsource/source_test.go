@@ -277,6 +277,24 @@ func TestNewFailsWithoutProc(t *testing.T) {
 	}
 }
 
+// writeHostAndContainerLinks returns what writes the fixture's interfaces at root as a
+// container that has a network namespace of its own sees them: host's as PID 1's
+// (proc/1/net/dev), container's as its own (proc/net/dev).
+func writeHostAndContainerLinks(t *testing.T, root string) func(host, container map[string][2]uint64) {
+	t.Helper()
+	init := filepath.Join(root, "proc", "1", "net")
+	if err := os.MkdirAll(init, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return func(host, container map[string][2]uint64) {
+		writeLinks(t, root, host)
+		if err := os.Rename(filepath.Join(root, "proc", "net", "dev"), filepath.Join(init, "dev")); err != nil {
+			t.Fatal(err)
+		}
+		writeLinks(t, root, container)
+	}
+}
+
 // TestHostProcInContainer: the host's /proc mounted in a container that has a network
 // namespace of its own (GPUWATCH_PROC_ROOT=/host/proc). There /host/proc/net/dev is the
 // reader's namespace, the container's (procfs resolves net through self), whose eth0 is a
@@ -285,18 +303,8 @@ func TestNewFailsWithoutProc(t *testing.T) {
 // as the host's, is what the host sample would hold otherwise.
 func TestHostProcInContainer(t *testing.T) {
 	root := fixture(t)
-	init := filepath.Join(root, "proc", "1", "net")
-	if err := os.MkdirAll(init, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	self := map[string][2]uint64{"lo": {100, 100}, "eth0": {1000, 2000}}
-	both := func(host, container map[string][2]uint64) {
-		writeLinks(t, root, host)
-		if err := os.Rename(filepath.Join(root, "proc", "net", "dev"), filepath.Join(init, "dev")); err != nil {
-			t.Fatal(err)
-		}
-		writeLinks(t, root, container)
-	}
+	both := writeHostAndContainerLinks(t, root)
 	both(links, self)
 	s, _ := open(t, root)
 	s.Read(t0)
@@ -318,19 +326,9 @@ func TestHostProcInContainer(t *testing.T) {
 // describes, are read, as they were before PID 1's were.
 func TestHostPIDWithContainerSys(t *testing.T) {
 	root := fixture(t)
-	init := filepath.Join(root, "proc", "1", "net")
-	if err := os.MkdirAll(init, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	host := map[string][2]uint64{"lo": {100, 100}, "eno1": {5e11, 2e11}, "cni0": {4e10, 3e10}, "veth9f": {4e10, 3e10}, "tunl0": {1e9, 1e9}}
 	self := map[string][2]uint64{"lo": {100, 100}, "eth0": {1000, 2000}}
-	both := func(host, container map[string][2]uint64) {
-		writeLinks(t, root, host)
-		if err := os.Rename(filepath.Join(root, "proc", "net", "dev"), filepath.Join(init, "dev")); err != nil {
-			t.Fatal(err)
-		}
-		writeLinks(t, root, container)
-	}
+	both := writeHostAndContainerLinks(t, root)
 	both(host, self)
 	s, _ := open(t, root)
 	s.Read(t0)
