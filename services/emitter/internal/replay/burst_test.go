@@ -79,6 +79,19 @@ type testClock struct {
 	woke     chan struct{} // if set, told once the time is set to the wake's
 }
 
+// waitAsleep waits for the burst to sleep and requires it to sleep until want after start.
+func (c *testClock) waitAsleep(t *testing.T, start time.Time, want time.Duration) {
+	t.Helper()
+	select {
+	case until := <-c.sleeping:
+		if got := until.Sub(start); got != want {
+			t.Fatalf("the burst sleeps until %s after the start, want %s", got, want)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the burst never slept until %s", want)
+	}
+}
+
 func (c *testClock) now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
 
 func (c *testClock) sleep(ctx context.Context, until time.Time) bool {
@@ -110,6 +123,18 @@ type holdingServer struct {
 	inFlight, most     int
 	total              atomic.Int64
 	badPath, badPrompt atomic.Int64
+}
+
+// waitArrivals waits for n requests to reach s, named where in the failure.
+func (s *holdingServer) waitArrivals(t *testing.T, n int, where string) {
+	t.Helper()
+	for i := range n {
+		select {
+		case <-s.arrived:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%d of the burst's %d requests reached %s", i, n, where)
+		}
+	}
 }
 
 func (s *holdingServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -188,28 +213,6 @@ func TestBurstSendsInItsWindows(t *testing.T) {
 		<-done
 	})
 
-	asleep := func(want time.Duration) {
-		t.Helper()
-		select {
-		case until := <-clock.sleeping:
-			if got := until.Sub(start); got != want {
-				t.Fatalf("the burst sleeps until %s after the start, want %s", got, want)
-			}
-		case <-time.After(30 * time.Second):
-			t.Fatalf("the burst never slept until %s", want)
-		}
-	}
-	arrivals := func(n int) {
-		t.Helper()
-		for i := range n {
-			select {
-			case <-srv.arrived:
-			case <-time.After(30 * time.Second):
-				t.Fatalf("%d of the burst's %d requests reached the proxy", i, n)
-			}
-		}
-	}
-
 	between := func(round int) {
 		t.Helper()
 		// Asleep until the next window: every request of the earlier windows has ended.
@@ -224,19 +227,19 @@ func TestBurstSendsInItsWindows(t *testing.T) {
 		}
 	}
 	for round, at := range []time.Duration{10 * time.Second, 30 * time.Second} {
-		asleep(at)
+		clock.waitAsleep(t, start, at)
 		between(round)
 		hold := srv.newHold()
 		clock.wake <- struct{}{}
 		// In the window: every client's request is in flight at once.
-		asleep(at + b.For)
-		arrivals(clients)
+		clock.waitAsleep(t, start, at+b.For)
+		srv.waitArrivals(t, clients, "the proxy")
 		// The window closes while they are held; each client sends no more once its
 		// request ends.
 		clock.wake <- struct{}{}
 		close(hold)
 	}
-	asleep(50 * time.Second)
+	clock.waitAsleep(t, start, 50*time.Second)
 	between(2)
 	if got := stats.Burst.Load(); got != 2*clients {
 		t.Errorf("stats.Burst = %d, want %d", got, 2*clients)
@@ -331,32 +334,11 @@ func TestBurstSlowEndpoint(t *testing.T) {
 		defer close(done)
 		runBurst(ctx, b, start, clock.now, clock.sleep, target, Options{Model: "llama-3.1-70b"}, &countingEmitter{}, &stats)
 	}()
-	asleep := func(want time.Duration) {
-		t.Helper()
-		select {
-		case until := <-clock.sleeping:
-			if got := until.Sub(start); got != want {
-				t.Fatalf("the burst sleeps until %s after the start, want %s", got, want)
-			}
-		case <-time.After(30 * time.Second):
-			t.Fatalf("the burst never slept until %s", want)
-		}
-	}
-	arrivals := func(n int) {
-		t.Helper()
-		for i := range n {
-			select {
-			case <-srv.arrived:
-			case <-time.After(30 * time.Second):
-				t.Fatalf("%d of the burst's %d requests reached the endpoint", i, n)
-			}
-		}
-	}
-	asleep(10 * time.Second)
+	clock.waitAsleep(t, start, 10*time.Second)
 	clock.wake <- struct{}{}
 	<-clock.woke
-	asleep(15 * time.Second)
-	arrivals(clients)
+	clock.waitAsleep(t, start, 15*time.Second)
+	srv.waitArrivals(t, clients, "the endpoint")
 	clock.wake <- struct{}{} // the window closes with its requests held
 	<-clock.woke
 	// The held requests outlive the next window's start; when they end, the burst joins
@@ -366,8 +348,8 @@ func TestBurstSlowEndpoint(t *testing.T) {
 	clock.mu.Unlock()
 	srv.newHold() // never let go
 	close(hold)
-	asleep(35 * time.Second)
-	arrivals(clients)
+	clock.waitAsleep(t, start, 35*time.Second)
+	srv.waitArrivals(t, clients, "the endpoint")
 	srv.mu.Lock()
 	most := srv.most
 	srv.mu.Unlock()
