@@ -8,6 +8,30 @@ import (
 	"github.com/tokenscope/tokenscope/pkg/events"
 )
 
+// resolvedOnce runs a tracker over windows of a minute from t0, one observation of key or
+// none (nil) in each, and returns the one alert it resolves.
+func resolvedOnce(t *testing.T, t0 time.Time, windows []*Observation) events.Alert {
+	t.Helper()
+	tr := New(time.Hour)
+	var resolved []events.Alert
+	for i, o := range windows {
+		start := t0.Add(time.Duration(i) * time.Minute)
+		tr.Begin(start)
+		if o != nil {
+			tr.Observe(key, *o)
+		}
+		for _, a := range tr.End(start.Add(time.Minute)) {
+			if a.State == events.AlertResolved {
+				resolved = append(resolved, a)
+			}
+		}
+	}
+	if len(resolved) != 1 {
+		t.Fatalf("resolved %d times, want once", len(resolved))
+	}
+	return resolved[0]
+}
+
 // TestResolvedCarriesTheWindowThatResolvedIt: a resolved alert's value, threshold and
 // baseline are those of one window, the latest judged normal, and the level it was judged
 // by, so "resolved" never comes with a value beyond the threshold shown; a series gone
@@ -44,24 +68,7 @@ func TestResolvedCarriesTheWindowThatResolvedIt(t *testing.T) {
 			150, 100, 0, 2, events.ResolvedWithinSLA, "150, but no series it serves breaks its TTFT p95 SLA"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			tr := New(time.Hour)
-			var resolved []events.Alert
-			for i, o := range tc.windows {
-				start := t0.Add(time.Duration(i) * time.Minute)
-				tr.Begin(start)
-				if o != nil {
-					tr.Observe(key, *o)
-				}
-				for _, a := range tr.End(start.Add(time.Minute)) {
-					if a.State == events.AlertResolved {
-						resolved = append(resolved, a)
-					}
-				}
-			}
-			if len(resolved) != 1 {
-				t.Fatalf("resolved %d times, want once", len(resolved))
-			}
-			a := resolved[0]
+			a := resolvedOnce(t, t0, tc.windows)
 			if a.Value != tc.wantValue || a.Threshold != tc.wantThr || a.BaselineCenter != tc.wantCenter || a.ResolveReason != tc.wantReason {
 				t.Errorf("resolved value %v threshold %v center %v reason %q, want %v %v %v %q", a.Value, a.Threshold, a.BaselineCenter, a.ResolveReason,
 					tc.wantValue, tc.wantThr, tc.wantCenter, tc.wantReason)
@@ -183,24 +190,7 @@ func TestResolvedSummaryMatchesItsWindows(t *testing.T) {
 			events.ResolvedSilent, "40 back at or below 90 (baseline mean 50, σ 25) on prod/chat/m/0-499; 1 window(s) had no value to judge", "then"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			tr := New(time.Hour)
-			var resolved []events.Alert
-			for i, o := range tc.windows {
-				start := t0.Add(time.Duration(i) * time.Minute)
-				tr.Begin(start)
-				if o != nil {
-					tr.Observe(key, *o)
-				}
-				for _, a := range tr.End(start.Add(time.Minute)) {
-					if a.State == events.AlertResolved {
-						resolved = append(resolved, a)
-					}
-				}
-			}
-			if len(resolved) != 1 {
-				t.Fatalf("resolved %d times, want once", len(resolved))
-			}
-			a := resolved[0]
+			a := resolvedOnce(t, t0, tc.windows)
 			if a.ResolveReason != tc.wantReason || !strings.HasSuffix(a.Summary, tc.want) || strings.Contains(a.Summary, tc.not) {
 				t.Errorf("reason %q summary %q, want %q ending %q and not containing %q", a.ResolveReason, a.Summary, tc.wantReason, tc.want, tc.not)
 			}
