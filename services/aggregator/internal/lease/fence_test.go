@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokenscope/tokenscope/pkg/testbed"
@@ -55,16 +56,7 @@ func TestDeletedLeaseNotTakenBeforeHolderStops(t *testing.T) {
 	if err := a.Acquire(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	js, _ := jetstream.New(nc)
-	kv, err := js.KeyValue(t.Context(), Bucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := kv.Watch(t.Context(), "agg", jetstream.UpdatesOnly())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer w.Stop()
+	kv, w := watchLease(t, nc)
 	keepDone := make(chan error, 1)
 	go func() { keepDone <- a.Keep(t.Context()) }()
 	got := acquired(t.Context(), b)
@@ -210,4 +202,21 @@ func TestWaitForIsBounded(t *testing.T) {
 			t.Errorf("waitFor(15s, %q) = %s, want %s", c.held, got, c.want)
 		}
 	}
+}
+
+// watchLease returns the lease bucket and a watch of the key "agg"'s updates from now on,
+// stopped at the test's end.
+func watchLease(t *testing.T, nc *nats.Conn) (jetstream.KeyValue, jetstream.KeyWatcher) {
+	t.Helper()
+	js, _ := jetstream.New(nc)
+	kv, err := js.KeyValue(t.Context(), Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := kv.Watch(t.Context(), "agg", jetstream.UpdatesOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Stop() })
+	return kv, w
 }

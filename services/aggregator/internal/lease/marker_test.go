@@ -33,16 +33,7 @@ func TestRemovedLeaseWaitsForTheHolderTTL(t *testing.T) {
 			if err := a.Acquire(t.Context()); err != nil {
 				t.Fatal(err)
 			}
-			js, _ := jetstream.New(nc)
-			kv, err := js.KeyValue(t.Context(), Bucket)
-			if err != nil {
-				t.Fatal(err)
-			}
-			w, err := kv.Watch(t.Context(), "agg", jetstream.UpdatesOnly())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer w.Stop()
+			kv, w := watchLease(t, nc)
 			keepDone := make(chan error, 1)
 			go func() { keepDone <- a.Keep(t.Context()) }()
 			<-w.Updates() // a renewal: the next is 2 s away

@@ -16,17 +16,7 @@ func TestResponsesLongAnswer(t *testing.T) {
 	stream := "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"" + text[:100] + "\"}\n\n" +
 		"event: response.output_text.done\ndata: {\"type\":\"response.output_text.done\",\"text\":\"" + text + "\"}\n\n" +
 		"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"status\":\"completed\",\"output\":[{\"type\":\"message\",\"content\":[{\"type\":\"output_text\",\"text\":\"" + text + "\"}]}],\"usage\":{\"input_tokens\":9,\"output_tokens\":1000}}}\n\n"
-	m := New(OpenAIResponses, true, t0)
-	m.SetMaxEvent(1 << 10)
-	m.SetInputEstimate(7)
-	for i, ev := range splitEvents([]byte(stream)) {
-		m.Feed(ev, t0.Add(time.Duration(i+1)*time.Millisecond), nil)
-	}
-	m.Flush(t0.Add(10*time.Millisecond), nil)
-	r := m.Result(t0.Add(10 * time.Millisecond))
-	if st, code := r.Status(true); st != events.StatusOK || r.Usage != (Usage{9, 1000, 0}) {
-		t.Fatalf("status %s %q usage %+v estimated %v, want ok {9 1000 0}", st, code, r.Usage, r.Estimated)
-	}
+	wantCompletedPastLimit(t, stream)
 }
 
 // TestResponsesLargeImageEvent: the image_generation tool streams each partial image as one
@@ -38,6 +28,13 @@ func TestResponsesLargeImageEvent(t *testing.T) {
 	stream := "event: response.image_generation_call.partial_image\ndata: {\"type\":\"response.image_generation_call.partial_image\",\"partial_image_index\":0,\"partial_image_b64\":\"" + img + "\"}\n\n" +
 		"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"here\"}\n\n" +
 		"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"status\":\"completed\",\"output\":[{\"type\":\"image_generation_call\",\"result\":\"" + img + "\"}],\"usage\":{\"input_tokens\":9,\"output_tokens\":1000}}}\n\n"
+	wantCompletedPastLimit(t, stream)
+}
+
+// wantCompletedPastLimit meters a Responses stream event by event under a 1 KiB event
+// limit and wants it ok, with its response.completed's usage (9 in, 1000 out).
+func wantCompletedPastLimit(t *testing.T, stream string) {
+	t.Helper()
 	m := New(OpenAIResponses, true, t0)
 	m.SetMaxEvent(1 << 10)
 	m.SetInputEstimate(7)
