@@ -38,6 +38,10 @@ import (
 //	                     http.Server, in this test binary's child process
 //	nethttp              net/http's floor without ReverseProxy: a handler that forwards the
 //	                     request with http.Transport and copies the answer, flushing each read
+//	floor                a bare byte relay on one epoll loop (BENCH_PROXY=floor): no HTTP
+//	floor-http           the same loop doing what a measuring proxy must per request (parse
+//	                     both heads and the body, meter the chunks, publish the event), built
+//	                     as nginx is, with no net/http and no goroutine per request
 //
 // Every emitter publishes each request's event to one nats-server, in its own process too, so
 // its CPU time per request is the event's cost on NATS; only one peer is driven at a time.
@@ -198,7 +202,7 @@ func startPeers(b *testing.B, names []string, natsURL, upstream string, env ...s
 			peers = append(peers, startNginx(b, name, workers, upstream))
 		case name == "caddy":
 			peers = append(peers, startCaddy(b, upstream))
-		case name == "revproxy" || name == "nethttp":
+		case name == "revproxy" || name == "nethttp" || name == "floor" || name == "floor-http":
 			c, pprof := startChildAs(b, name, natsURL, "http://"+upstream, env...)
 			peers = append(peers, &peer{name: name, addr: strings.TrimPrefix(c.base, "http://"), pprof: pprof,
 				pids: func() []int { return []int{c.pid} }})
