@@ -634,13 +634,31 @@ func testSlowClientIsNotAnIdleUpstream(t *testing.T, transport bool) {
 	if _, err := resp.Body.Read(make([]byte, 1024)); err != nil {
 		t.Fatal(err)
 	}
-	// The client reads no more: once the proxy's socket to it is full, the proxy's writes
-	// wait, and the client keeps them waiting past the idle timeout.
+	// The client reads no more: once the proxy's socket to it is full and the client's
+	// kernel takes no more bytes either, the proxy's writes wait, and the client keeps them
+	// waiting past the idle timeout. The client's kernel may still take a few bytes as it
+	// compacts its buffer, letting a write through and the proxy read on: a pause counts
+	// only if no byte went through in all of it.
 	proxySide := <-toClient
-	waitFor(t, "the proxy's socket to the client fills", func() bool { return sendBufferFull(t, proxySide) })
-	time.Sleep(idle + time.Second)
-	if !sendBufferFull(t, proxySide) {
-		t.Fatal("the proxy's socket to the client took more bytes while the client read none")
+	stalled := func() bool {
+		if !sendBufferFull(t, proxySide) {
+			return false
+		}
+		acked := bytesAcked(t, proxySide)
+		time.Sleep(200 * time.Millisecond)
+		return bytesAcked(t, proxySide) == acked
+	}
+	paused := false
+	for range 4 {
+		waitFor(t, "the proxy's socket to the client fills and stalls", stalled)
+		acked := bytesAcked(t, proxySide)
+		time.Sleep(idle + time.Second)
+		if paused = bytesAcked(t, proxySide) == acked; paused {
+			break
+		}
+	}
+	if !paused {
+		t.Fatal("the proxy's socket to the client kept taking bytes while the client read none")
 	}
 	n, err := io.Copy(io.Discard, resp.Body)
 	if err != nil || n < chunks*int64(len(chunk))-1024 {
