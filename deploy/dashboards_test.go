@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -784,6 +785,11 @@ func toFloat(v any) (float64, error) {
 		return float64(v), nil
 	case json.Number:
 		return v.Float64()
+	case *float64: // a Nullable column's
+		if v == nil {
+			return 0, errors.New("NULL is not a number")
+		}
+		return *v, nil
 	}
 	return 0, fmt.Errorf("%T is not a number", v)
 }

@@ -382,6 +382,10 @@ func TestBusinessQueriesCountWhole(t *testing.T) {
 						if got := num(t, res.Rows[i][j]); math.IsNaN(got) || !near(got, x, 1e-9) {
 							t.Fatalf("row %d, %s: %v, want %v", i, res.Columns[j].Name, res.Rows[i], w)
 						}
+					case nil:
+						if res.Rows[i][j] != nil {
+							t.Fatalf("row %d, %s: %v, want NULL", i, res.Columns[j].Name, res.Rows[i])
+						}
 					}
 				}
 			}
@@ -394,11 +398,11 @@ func TestBusinessQueriesCountWhole(t *testing.T) {
 	}{
 		// c-noturn: 3 turns, completed; c-after: 2 turns, every request; c-before: not here.
 		{"conversations", "conversations.sql", params, rows([]any{2.0, 2.5, 1.0, 0.0, 1.0})},
-		{"7 days either side", "conversations.sql", with("layer", "app"), rows([]any{2.0, 1.5, 0.0, 0.0, 0.0})},
+		{"7 days either side", "conversations.sql", with("layer", "app"), rows([]any{2.0, 1.5, 0.0, 0.0, nil})},
 		{"cost 7 days either side", "cost_per_conversation.sql", with("layer", "app"), rows(
 			[]any{"prod", "c-long", 2.0, 2.0, 0.4, 0.0, 0.0},
 			[]any{"prod", "c-silent", 1.0, 1.0, 0.1, 0.0, 0.0})},
-		{"no conversation", "conversations.sql", with("from", dt(base.Add(2*time.Hour)), "to", dt(base.Add(3*time.Hour))), rows([]any{0.0, 0.0, 0.0, 0.0, 0.0})},
+		{"no conversation", "conversations.sql", with("from", dt(base.Add(2*time.Hour)), "to", dt(base.Add(3*time.Hour))), rows([]any{0.0, 0.0, 0.0, 0.0, nil})},
 		{"cost per conversation", "cost_per_conversation.sql", params, rows(
 			[]any{"prod", "c-after", 3.0, 2.0, 3 * cost(5000), 15000.0, 30.0},
 			[]any{"prod", "c-noturn", 3.0, 3.0, 3 * cost(100), 300.0, 30.0})},

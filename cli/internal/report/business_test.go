@@ -16,7 +16,8 @@ import (
 )
 
 // TestConversationsWithoutConversations: over a range without conversations, on 18.16 and on
-// the current engine, conversations.sql answers one row of zeros, never NaN.
+// the current engine, conversations.sql answers one row of zeros, never NaN, and no completion
+// rate (NULL): no outcome is known, which a rate of 0 would read as every task failed.
 func TestConversationsWithoutConversations(t *testing.T) {
 	b := openBusiness(t)
 	params := map[string]string{"from": "2026-03-02 10:00:00", "to": "2026-03-02 11:00:00", "layer": "gateway"}
@@ -31,6 +32,12 @@ func TestConversationsWithoutConversations(t *testing.T) {
 			t.Fatalf("%s: %d rows, want 1", res.server, len(res.r.Rows))
 		}
 		for i, v := range res.r.Rows[0] {
+			if res.r.Columns[i].Name == "completion_rate" {
+				if v != nil {
+					t.Errorf("%s: completion_rate = %v (%T), want NULL", res.server, v, v)
+				}
+				continue
+			}
 			f, ok := v.(float64)
 			if !ok {
 				switch x := v.(type) {
@@ -207,8 +214,8 @@ func numbers(row []any) []float64 {
 	return got
 }
 
-// rowMatches: row has want's columns, its strings equal to want's and its numbers within
-// 1e-9 of want's float64s.
+// rowMatches: row has want's columns, its strings equal to want's, its numbers within 1e-9 of
+// want's float64s and NULL where want has nil.
 func rowMatches(row, want []any) bool {
 	if len(row) != len(want) {
 		return false
@@ -221,6 +228,10 @@ func rowMatches(row, want []any) bool {
 			}
 		case float64:
 			if !(math.Abs(toFloat(row[j])-x) <= 1e-9) {
+				return false
+			}
+		case nil:
+			if row[j] != nil {
 				return false
 			}
 		}
@@ -410,7 +421,8 @@ func TestConversationVerdictsAcrossEnvs(t *testing.T) {
 			{"staging", "1", 1.0, 1.0, 0.3, 0.0, 0.0},
 			{"prod", "1", 1.0, 1.0, 0.1, 0.0, 0.0},
 			{"prod", "solo", 1.0, 1.0, 0.05, 0.0, 0.0}}},
-		{"conversations.sql", params, [][]any{{3.0, 1.0, 0.0, 0.0, 0.0}}},
+		// no outcome known: no completion rate
+		{"conversations.sql", params, [][]any{{3.0, 1.0, 0.0, 0.0, nil}}},
 		// staging's turn 1 timed out, prod's did not: no retry
 		{"retries.sql", params, [][]any{{"chat", 3.0, 0.0, 0.0, 0.0}}},
 		// 10 verdicts, none superseded: prod's and staging's are of two conversations, and
@@ -589,7 +601,7 @@ func TestConversationSceneIsItsFirstRequest(t *testing.T) {
 		{"cost_per_satisfied_conversation.sql", [][]any{{"chat", 6.0, 0.3, 6.0, 6.0, 0.3}}},
 		// turn 1 of each timed out in chat, then asked again in search
 		{"retries.sql", [][]any{{"chat", 6.0, 6.0, 6.0, 1.0}}},
-		{"conversations.sql", [][]any{{6.0, 2.0, 0.0, 0.0, 0.0}}},
+		{"conversations.sql", [][]any{{6.0, 2.0, 0.0, 0.0, nil}}},
 	} {
 		for _, res := range b.query(t, c.file, params) {
 			ok := len(res.r.Rows) == len(c.want)

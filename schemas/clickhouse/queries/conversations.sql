@@ -9,8 +9,9 @@
 -- one without env for the conversation of its id in the one env that has it (none where two
 -- envs do), as in cost_per_satisfied_conversation.sql; verdicts given up to 7 days after the
 -- range count. Conversations with neither count in conversations and avg_turns only;
--- completion_rate is completed / (completed + abandoned), and 0 when no conversation's
--- outcome is known (read completed + abandoned before the rate). An app reports completion
+-- completion_rate is completed / (completed + abandoned), and NULL when no conversation's
+-- outcome is known (no rate, rather than a rate of 0 that reads as every task failed; a
+-- dashboard leaves the point out). An app reports completion
 -- one way: where a request carries an outcome, the conversation's verdicts are not read.
 -- A conversation belongs to the range of its first
 -- request and counts whole: its requests up to 7 days after to count too, and one whose
@@ -28,7 +29,7 @@ SELECT
     if(count() = 0, 0, avg(turns)) AS avg_turns,
     countIf(outcome = 'completed') AS completed,
     countIf(outcome = 'abandoned') AS abandoned,
-    if(countIf(outcome != '') = 0, 0, countIf(outcome = 'completed') / countIf(outcome != '')) AS completion_rate
+    if(countIf(outcome != '') = 0, NULL, countIf(outcome = 'completed') / countIf(outcome != '')) AS completion_rate
 FROM
 (
     SELECT conversation_id, turns,
