@@ -105,7 +105,8 @@ func newCounters() counters {
 
 // Read returns the host's readings at now, the tick; version, time and host are the
 // caller's to set. A reading that cannot be read is nil; so are the rates of the first
-// tick, and of the first tick after one whose read failed.
+// tick, of the first tick after one whose read failed, and of a tick that has none of the
+// previous tick's devices.
 func (s *Source) Read(now time.Time) events.HostSample {
 	var smp events.HostSample
 	s.readMemory(&smp)
@@ -241,16 +242,19 @@ func (s *Source) hasDevice(class, name string) bool {
 
 // advance sums, over the entries in both c.cur and c.prev, how far each pair of counters
 // moved, makes c.cur the previous read and returns the sums and the seconds since the
-// previous read (ok false when there was none). An entry seen for the first time (a disk
-// plugged in, an interface created) adds nothing: its counts are not this tick's.
+// previous read (ok false when there was none, or when no entry is in both: every device
+// of the previous read is gone, and 0 would be a rate never measured). An entry seen for
+// the first time (a disk plugged in, an interface created) adds nothing: its counts are
+// not this tick's.
 func (c *counters) advance(now time.Time, width int, resets prometheus.Counter) (a, b, dt float64, ok bool) {
 	if !c.at.IsZero() && now.After(c.at) {
-		dt, ok = now.Sub(c.at).Seconds(), true
+		dt = now.Sub(c.at).Seconds()
 		for name, cur := range c.cur {
 			prev, seen := c.prev[name]
 			if !seen {
 				continue
 			}
+			ok = true
 			da, wa := delta(prev[0], cur[0], width)
 			db, wb := delta(prev[1], cur[1], width)
 			if wa || wb {

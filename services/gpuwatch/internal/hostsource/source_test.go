@@ -338,3 +338,32 @@ func TestHostPIDWithContainerSys(t *testing.T) {
 		t.Errorf("net_rx_bps %g, want %g, the container's eth0 (the host's NIC, bridge and veth summed: 3e6)", got, 1e6)
 	}
 }
+
+// TestNothingToCompare: a reading whose devices of the previous tick are all gone (a NIC
+// driver reloaded, its interfaces back under other names; the disks swapped) has no rate
+// that tick, as at the first: there is nothing to subtract, and 0 B/s would be a reading
+// never taken. The next tick has rates again.
+func TestNothingToCompare(t *testing.T) {
+	root := fixture(t)
+	s, _ := open(t, root)
+	s.Read(t0)
+	for _, rename := range [][2]string{{"eth0", "ens5f0"}, {"ib0", "ibp12s0"}} {
+		if err := os.Rename(filepath.Join(root, "sys", "class", "net", rename[0]), filepath.Join(root, "sys", "class", "net", rename[1])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := map[string][2]uint64{"lo": links["lo"], "docker0": links["docker0"], "veth1a2b": links["veth1a2b"],
+		"ens5f0": links["eth0"], "ibp12s0": links["ib0"]}
+	writeLinks(t, root, l)
+	smp := s.Read(t0.Add(time.Second))
+	if smp.NetRxBps != nil || smp.NetTxBps != nil {
+		t.Fatalf("net rates %v, %v with no interface read at both ticks; want none", *smp.NetRxBps, *smp.NetTxBps)
+	}
+	if val(t, "disk_read_bps", smp.DiskReadBps) != 0 || val(t, "delta_seconds", smp.DeltaSeconds) != 1 {
+		t.Fatalf("the disks' rates lost beside it: %+v", smp)
+	}
+	writeLinks(t, root, add(l, map[string][2]uint64{"ens5f0": {100, 10}}))
+	if got := val(t, "net_rx_bps", s.Read(t0.Add(2*time.Second)).NetRxBps); got != 100 {
+		t.Fatalf("net_rx_bps %g at the next tick, want 100", got)
+	}
+}
