@@ -44,6 +44,7 @@ type Source struct {
 
 	disk  counters // sectors read and written, per whole disk
 	net   counters // bytes received and sent, per interface
+	nics  bool     // an interface backed by a device has been read: the others are never the host's network
 	fails [3]string
 }
 
@@ -185,9 +186,10 @@ func (s *Source) readDisk(now time.Time) (r, w, dt float64, ok bool) {
 }
 
 // readNet returns the bytes per second received and sent since the previous tick on the
-// interfaces backed by a device; where none is (a container's network namespace, whose
-// eth0 is a veth), on every interface but lo. Bridges, veths and tunnels are left out
-// otherwise, for the traffic they carry crosses a device too and would count twice.
+// interfaces backed by a device; where none ever was (a container's network namespace,
+// whose eth0 is a veth), on every interface but lo. Bridges, veths and tunnels are left out
+// otherwise, for the traffic they carry crosses a device too and would count twice: on a
+// host whose NICs are gone for a while (their driver reloaded) they are not its network.
 func (s *Source) readNet(now time.Time) (rx, tx, dt float64, ok bool) {
 	dev, err := guarded(s.netDev)
 	if err != nil {
@@ -201,7 +203,10 @@ func (s *Source) readNet(now time.Time) (rx, tx, dt float64, ok bool) {
 			s.net.cur[name] = [2]uint64{l.RxBytes, l.TxBytes}
 		}
 	}
-	if len(s.net.cur) == 0 {
+	switch {
+	case len(s.net.cur) > 0:
+		s.nics = true
+	case !s.nics:
 		for name, l := range dev {
 			if name != "lo" {
 				s.net.cur[name] = [2]uint64{l.RxBytes, l.TxBytes}
@@ -209,7 +214,11 @@ func (s *Source) readNet(now time.Time) (rx, tx, dt float64, ok bool) {
 		}
 	}
 	if len(s.net.cur) == 0 {
-		s.fail(2, readingNetwork, errors.New("no network interface but lo"))
+		err := errors.New("no network interface but lo")
+		if s.nics {
+			err = errors.New("no network interface backed by a device any more")
+		}
+		s.fail(2, readingNetwork, err)
 		s.net.at = time.Time{}
 		return 0, 0, 0, false
 	}

@@ -367,3 +367,30 @@ func TestNothingToCompare(t *testing.T) {
 		t.Fatalf("net_rx_bps %g at the next tick, want 100", got)
 	}
 }
+
+// TestDevicesGone: a host whose NICs are gone for a while (their driver unloaded for an
+// update) has no network rate then, counted as a failed read: the bridges and veths left,
+// whose traffic is the containers' and counted twice, are not the host's network. A
+// namespace that never had an interface with a device still reads its own (see
+// TestContainerNetwork).
+func TestDevicesGone(t *testing.T) {
+	root := fixture(t)
+	s, _ := open(t, root)
+	s.Read(t0)
+	gone := map[string][2]uint64{"lo": links["lo"], "docker0": links["docker0"], "veth1a2b": links["veth1a2b"]}
+	for _, i := range []string{"eth0", "ib0"} {
+		if err := os.RemoveAll(filepath.Join(root, "sys", "class", "net", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 1; i <= 2; i++ {
+		gone = add(gone, map[string][2]uint64{"docker0": {1e6, 1e6}, "veth1a2b": {1e6, 1e6}})
+		writeLinks(t, root, gone)
+		if smp := s.Read(t0.Add(time.Duration(i) * time.Second)); smp.NetRxBps != nil {
+			t.Fatalf("tick %d: net_rx_bps %g with every NIC gone: the bridge's and veth's traffic, not the host's", i, *smp.NetRxBps)
+		}
+	}
+	if got := testutil.ToFloat64(s.m.errors.WithLabelValues(readingNetwork)); got != 2 {
+		t.Fatalf("network errors %g, want 2", got)
+	}
+}
