@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -543,4 +544,47 @@ func (v vllmScrape) at(t *testing.T, tick int, body string) events.EngineSample 
 	v.eng.set(body)
 	v.s.Tick(context.Background(), t0.Add(time.Duration(tick)*time.Second))
 	return one(t, v.pub.take(t))
+}
+
+// TestHistogramBadBucketCount: a bucket count that is no count (NaN, or below zero) makes
+// the histogram series malformed, counted, its last good value kept: it poisons neither the
+// delta of the other engine core's series beside it at that scrape, nor its own delta at
+// the next.
+func TestHistogramBadBucketCount(t *testing.T) {
+	hist := func(core, b1 string, n int) string {
+		return fmt.Sprintf(`vllm:time_to_first_token_seconds_bucket{engine="%s",le="0.5",model_name="m"} %s
+vllm:time_to_first_token_seconds_bucket{engine="%s",le="+Inf",model_name="m"} %d
+vllm:time_to_first_token_seconds_count{engine="%s",model_name="m"} %d
+vllm:time_to_first_token_seconds_sum{engine="%s",model_name="m"} %d
+`, core, b1, core, n, core, n, core, n)
+	}
+	head := "# TYPE vllm:time_to_first_token_seconds histogram\n"
+	for _, bad := range []string{"NaN", "-1"} {
+		t.Run(bad, func(t *testing.T) {
+			eng := newEngine(t, head+hist("0", "10", 10)+hist("1", "10", 10))
+			pub := &fakePublisher{}
+			s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 4)
+			s.Tick(context.Background(), t0)
+			eng.set(head + hist("0", bad, 12) + hist("1", "11", 11))
+			s.Tick(context.Background(), t0.Add(time.Second))
+			eng.set(head + hist("0", "14", 14) + hist("1", "12", 12))
+			s.Tick(context.Background(), t0.Add(2*time.Second))
+			got := pub.take(t)
+			if len(got) != 3 {
+				t.Fatalf("%d samples", len(got))
+			}
+			want := []*events.HistogramDelta{
+				{Le: []float64{0.5}, Counts: []float64{1, 0}, Sum: 1, Count: 1}, // core 1 alone
+				{Le: []float64{0.5}, Counts: []float64{5, 0}, Sum: 5, Count: 5}, // core 0 from 10, core 1 from 11
+			}
+			for i, w := range want {
+				if g := got[i+1].TTFT; !reflect.DeepEqual(g, w) {
+					t.Errorf("tick %d: ttft %s, want %s", i+1, jsonOf(g), jsonOf(w))
+				}
+			}
+			if v := testutil.ToFloat64(s.m.dropped.WithLabelValues("vllm", "histogram_malformed")); v != 1 {
+				t.Errorf("histogram_malformed = %v, want 1", v)
+			}
+		})
+	}
 }

@@ -924,7 +924,8 @@ func cumulative(h *dto.Histogram) (*cumHist, string) {
 		}
 		c := float64(b.GetCumulativeCount()) + b.GetCumulativeCountFloat()
 		n := len(ch.le)
-		if math.IsNaN(ub) || math.IsInf(ub, 0) || (n > 0 && ub == ch.le[n-1]) || (n > 0 && c < ch.cum[n-1]) || c > ch.count {
+		// !(c >= 0) is a count that is NaN or negative: the comparisons with its neighbours let both pass
+		if math.IsNaN(ub) || math.IsInf(ub, 0) || (n > 0 && ub == ch.le[n-1]) || !(c >= 0) || (n > 0 && c < ch.cum[n-1]) || c > ch.count {
 			return nil, "histogram_malformed"
 		}
 		ch.le = append(ch.le, ub)
