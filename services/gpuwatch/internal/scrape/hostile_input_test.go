@@ -588,3 +588,32 @@ vllm:time_to_first_token_seconds_sum{engine="%s",model_name="m"} %d
 		})
 	}
 }
+
+// TestHistogramWithoutSum: a histogram series exposed without its _sum is malformed and
+// counted, not read with a sum of 0, which would publish a mean of 0 where none was
+// measured.
+func TestHistogramWithoutSum(t *testing.T) {
+	hist := func(n int) string {
+		return fmt.Sprintf(`# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{le="0.5",model_name="m"} %d
+vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} %d
+vllm:time_to_first_token_seconds_count{model_name="m"} %d
+`, n, n, n)
+	}
+	eng := newEngine(t, hist(10))
+	pub := &fakePublisher{}
+	s, _ := newScraper(t, []Target{{Engine: "vllm", Name: "vllm", URL: eng.URL}}, pub, 4)
+	s.Tick(context.Background(), t0)
+	eng.set(hist(12))
+	s.Tick(context.Background(), t0.Add(time.Second))
+	got := pub.take(t)
+	if len(got) != 2 {
+		t.Fatalf("%d samples", len(got))
+	}
+	if got[1].TTFT != nil {
+		t.Errorf("ttft %s from a histogram without a sum; want none", jsonOf(got[1].TTFT))
+	}
+	if v := testutil.ToFloat64(s.m.dropped.WithLabelValues("vllm", "histogram_malformed")); v != 2 {
+		t.Errorf("histogram_malformed = %v, want 2 (one per scrape)", v)
+	}
+}

@@ -895,9 +895,10 @@ func (s *Scraper) readHist(t *target, st *state, f field, name, created string, 
 	st.has[f] = true
 }
 
-// cumulative returns h as exposed, or nil and the reason it cannot be read.
+// cumulative returns h as exposed, or nil and the reason it cannot be read. One without
+// its _sum cannot be read: a sum of 0 would be a mean never measured.
 func cumulative(h *dto.Histogram) (*cumHist, string) {
-	if h == nil {
+	if h == nil || h.SampleSum == nil {
 		return nil, "histogram_malformed"
 	}
 	bs := h.GetBucket()
