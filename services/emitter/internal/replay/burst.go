@@ -159,18 +159,21 @@ func runBurst(ctx context.Context, b Burst, start time.Time, now func() time.Tim
 			}
 			continue
 		}
+		// A client sends no request once the window's end has come, whether or not the
+		// window's context is cancelled yet.
+		end := start.Add(until)
 		wctx, closeWindow := context.WithCancel(ctx)
 		var wg sync.WaitGroup
 		for c := range b.Clients {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				for i := 0; wctx.Err() == nil; i++ {
+				for i := 0; wctx.Err() == nil && now().Before(end); i++ {
 					burstOne(ctx, wctx, t, opts, c*1_000_003+i, emit, stats)
 				}
 			}()
 		}
-		sleep(ctx, start.Add(until))
+		sleep(ctx, end)
 		closeWindow()
 		wg.Wait()
 	}

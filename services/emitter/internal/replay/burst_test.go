@@ -199,7 +199,7 @@ func TestBurstSendsInItsWindows(t *testing.T) {
 	target := &Target{Client: &llmclient.Client{BaseURL: hs.URL + "/v1", Protocol: meter.OpenAIChat, HTTP: hs.Client()}}
 	b := Burst{At: 10 * time.Second, For: 5 * time.Second, Every: 20 * time.Second, Clients: clients}
 	start := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	clock := &testClock{t: start, sleeping: make(chan time.Time), wake: make(chan struct{})}
+	clock := &testClock{t: start, sleeping: make(chan time.Time), wake: make(chan struct{}), woke: make(chan struct{})}
 	var stats Stats
 	em := &countingEmitter{}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -231,12 +231,14 @@ func TestBurstSendsInItsWindows(t *testing.T) {
 		between(round)
 		hold := srv.newHold()
 		clock.wake <- struct{}{}
+		<-clock.woke
 		// In the window: every client's request is in flight at once.
 		clock.waitAsleep(t, start, at+b.For)
 		srv.waitArrivals(t, clients, "the proxy")
 		// The window closes while they are held; each client sends no more once its
 		// request ends.
 		clock.wake <- struct{}{}
+		<-clock.woke
 		close(hold)
 	}
 	clock.waitAsleep(t, start, 50*time.Second)
