@@ -12,6 +12,7 @@ import (
 // feedResponses meters a Responses stream with the limit given (0: the default), fed in
 // pieces of step bytes, and returns the result and the most the meter held.
 func feedResponses(stream string, limit, step int) (r Result, held int) {
+	freshScratches()
 	m := New(OpenAIResponses, true, t0)
 	m.SetMaxEvent(limit)
 	m.SetInputEstimate(7)
