@@ -138,60 +138,79 @@ type spanAttrs struct {
 	// labels set on the span itself, with the rank of the key that gave each (lower wins)
 	env, scene, instance, tenant                 string
 	envRank, sceneRank, instanceRank, tenantRank int
+
+	// twice is the first key read given twice, "" when none is: OTLP's attribute keys are
+	// unique, and readers differ on which of two they take (pdata's Get, and so the
+	// Collector, the first; a loop over them the last).
+	twice string
 }
 
 func (a *spanAttrs) read(l *Labels, attrs pcommon.Map) {
 	a.envRank, a.sceneRank, a.instanceRank, a.tenantRank = -1, -1, -1, -1
 	genAIKeys := l.genAIKeys()
+	var seen uint32         // the keys of the fields read, one bit each
+	var labelSeen [4]uint64 // the label keys read, by their rank
 	for k, v := range attrs.All() {
+		var bit uint32
 		switch k {
 		case attrResponseModel:
-			a.responseModel = strOf(v)
+			a.responseModel, bit = strOf(v), 1<<0
 		case attrRequestModel:
-			a.requestModel = strOf(v)
+			a.requestModel, bit = strOf(v), 1<<1
 		case attrProvider:
-			a.provider = strOf(v)
+			a.provider, bit = strOf(v), 1<<2
 		case attrSystem:
-			a.system = strOf(v)
+			a.system, bit = strOf(v), 1<<3
 		case attrConversation:
-			a.conversation = strOf(v)
+			a.conversation, bit = strOf(v), 1<<4
 		case attrErrorType:
-			a.errorType = strOf(v)
+			a.errorType, bit = strOf(v), 1<<5
 		case attrStream:
+			bit = 1 << 6
 			if v.Type() == pcommon.ValueTypeBool {
 				a.stream, a.hasStream = v.Bool(), true
 			}
 		case attrPromptTokens:
-			a.prompt, a.hasPrompt = v, true
+			a.prompt, a.hasPrompt, bit = v, true, 1<<7
 		case attrCompletionTokens:
-			a.completion, a.hasCompletion = v, true
+			a.completion, a.hasCompletion, bit = v, true, 1<<8
 		case attrInputTokens:
-			a.input, a.hasInput = v, true
+			a.input, a.hasInput, bit = v, true, 1<<9
 		case attrOutputTokens:
-			a.output, a.hasOutput = v, true
+			a.output, a.hasOutput, bit = v, true, 1<<10
 		case attrCacheReadTokens:
-			a.cacheRead, a.hasCacheRead = v, true
+			a.cacheRead, a.hasCacheRead, bit = v, true, 1<<11
 		case attrQueue:
-			a.queue, a.hasQueue = v, true
+			a.queue, a.hasQueue, bit = v, true, 1<<12
 		case attrTTFT:
-			a.ttft, a.hasTTFT = v, true
+			a.ttft, a.hasTTFT, bit = v, true, 1<<13
 		case attrE2E:
-			a.e2e, a.hasE2E = v, true
+			a.e2e, a.hasE2E, bit = v, true, 1<<14
 		case attrPrefill:
-			a.prefill, a.hasPrefill = v, true
+			a.prefill, a.hasPrefill, bit = v, true, 1<<15
 		case attrDecode:
-			a.decode, a.hasDecode = v, true
+			a.decode, a.hasDecode, bit = v, true, 1<<16
 		case attrFirstChunk:
-			a.firstChunk, a.hasFirstChunk = v, true
+			a.firstChunk, a.hasFirstChunk, bit = v, true, 1<<17
+		case attrOperation:
+			bit = 1 << 18 // read by Classify
+			fallthrough
 		default:
 			if !genAIKeys && strings.HasPrefix(k, "gen_ai.") {
-				continue // the conventions' other attributes are no label's keys
+				break // the conventions' other attributes are no label's keys
 			}
-			rankLabel(&a.env, &a.envRank, l.Env, k, v)
-			rankLabel(&a.scene, &a.sceneRank, l.Scene, k, v)
-			rankLabel(&a.instance, &a.instanceRank, l.Instance, k, v)
-			rankLabel(&a.tenant, &a.tenantRank, l.Tenant, k, v)
+			twice := rankLabel(&a.env, &a.envRank, &labelSeen[0], l.Env, k, v)
+			twice = rankLabel(&a.scene, &a.sceneRank, &labelSeen[1], l.Scene, k, v) || twice
+			twice = rankLabel(&a.instance, &a.instanceRank, &labelSeen[2], l.Instance, k, v) || twice
+			twice = rankLabel(&a.tenant, &a.tenantRank, &labelSeen[3], l.Tenant, k, v) || twice
+			if twice && a.twice == "" {
+				a.twice = k
+			}
 		}
+		if seen&bit != 0 && a.twice == "" {
+			a.twice = k
+		}
+		seen |= bit
 	}
 }
 
@@ -221,16 +240,22 @@ func (a *spanAttrs) other(key string) (pcommon.Value, bool) {
 	return a.output, a.hasOutput
 }
 
-// rankLabel keeps v as the label when k is one of its keys, ranked before the one kept.
-func rankLabel(dst *string, rank *int, keys []string, k string, v pcommon.Value) {
+// rankLabel keeps v as the label when k is one of its keys, ranked before the one kept,
+// and reports whether k was met before: seen has a bit for each of the first 64 keys.
+func rankLabel(dst *string, rank *int, seen *uint64, keys []string, k string, v pcommon.Value) (twice bool) {
 	for i, key := range keys {
 		if key == k {
+			if i < 64 {
+				twice = *seen&(1<<i) != 0
+				*seen |= 1 << i
+			}
 			if s := strOf(v); s != "" && (*rank < 0 || i < *rank) {
 				*dst, *rank = s, i
 			}
-			return
+			return twice
 		}
 	}
+	return false
 }
 
 func strOf(v pcommon.Value) string {
@@ -267,6 +292,9 @@ func (l *Labels) Map(res Resource, span ptrace.Span, kind Kind, ev *events.Reque
 	spanMs := float64(end-start) / 1e6
 	var a spanAttrs
 	a.read(l, span.Attributes())
+	if a.twice != "" {
+		return fieldErr(a.twice, events.ErrOutOfRange, "given twice: attribute keys are unique")
+	}
 
 	ev.Env, ev.Scene, ev.Instance, ev.Tenant = res.env, res.scene, res.instance, res.tenant
 	if a.envRank >= 0 {

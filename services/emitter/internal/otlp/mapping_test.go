@@ -1,6 +1,7 @@
 package otlp
 
 import (
+	"bytes"
 	"errors"
 	"math"
 	"reflect"
@@ -10,6 +11,7 @@ import (
 
 	"go.opentelemetry.io/collector/pdata/pcommon"
 	"go.opentelemetry.io/collector/pdata/ptrace"
+	"go.opentelemetry.io/collector/pdata/ptrace/ptraceotlp"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
 )
@@ -306,6 +308,69 @@ func TestMapLabelsAndStatus(t *testing.T) {
 			}
 			if ev.Status != tc.want || ev.ErrorCode != tc.code {
 				t.Fatalf("status %q code %q", ev.Status, ev.ErrorCode)
+			}
+		})
+	}
+}
+
+// withTwice returns span as decoded from the wire with key given twice among its
+// attributes, first as first sets it and then as second does: pdata's API keeps keys
+// unique, but a request may hold one more than once.
+func withTwice(t *testing.T, span ptrace.Span, key string, first, second func(a pcommon.Map, key string)) ptrace.Span {
+	t.Helper()
+	stand := key[:len(key)-1] + "#" // the same length on the wire, renamed once encoded
+	td := ptrace.NewTraces()
+	sp := td.ResourceSpans().AppendEmpty().ScopeSpans().AppendEmpty().Spans().AppendEmpty()
+	span.CopyTo(sp)
+	first(sp.Attributes(), key)
+	second(sp.Attributes(), stand)
+	b, err := ptraceotlp.NewExportRequestFromTraces(td).MarshalProto()
+	if err != nil {
+		t.Fatal(err)
+	}
+	er := ptraceotlp.NewExportRequest()
+	if err := er.UnmarshalProto(bytes.ReplaceAll(b, []byte(stand), []byte(key))); err != nil {
+		t.Fatal(err)
+	}
+	return er.Traces().ResourceSpans().At(0).ScopeSpans().At(0).Spans().At(0)
+}
+
+// TestMapRefusesAttributeGivenTwice: OTLP's attribute keys are unique, and readers differ
+// on which of two they take (pdata's Get, and so the Collector, the first), so a span with
+// one the mapping reads given twice is refused, naming it, rather than read with either.
+func TestMapRefusesAttributeGivenTwice(t *testing.T) {
+	putInt := func(n int64) func(pcommon.Map, string) { return func(a pcommon.Map, k string) { a.PutInt(k, n) } }
+	putStr := func(s string) func(pcommon.Map, string) { return func(a pcommon.Map, k string) { a.PutStr(k, s) } }
+	for _, tc := range []struct {
+		name          string
+		key           string
+		first, second func(pcommon.Map, string)
+	}{
+		{"token count", "gen_ai.usage.output_tokens", putInt(40), putInt(5000)},
+		{"model", "gen_ai.response.model", putStr("gpt-4o"), putStr("gpt-4o-mini")},
+		{"operation", "gen_ai.operation.name", putStr("chat"), putStr("embeddings")},
+		{"label", "tokenscope.scene", putStr("checkout"), putStr("refunds")},
+		{"label, first not a string", "tokenscope.env", putInt(1), putStr("prod")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			span := ptrace.NewSpan()
+			genaiSpan(span)
+			span = withTwice(t, span, tc.key, tc.first, tc.second)
+			n := 0
+			for k := range span.Attributes().All() {
+				if k == tc.key {
+					n++
+				}
+			}
+			if n != 2 {
+				t.Fatalf("%s %d times in the span, want twice", tc.key, n)
+			}
+			labels := DefaultLabels()
+			var ev events.RequestEvent
+			err := labels.Map(labels.Resource(resource()), span, Classify(span), &ev)
+			var fe *events.FieldError
+			if !errors.Is(err, events.ErrInvalidEvent) || !errors.As(err, &fe) || fe.Field != tc.key {
+				t.Fatalf("err %v, want the span refused naming %s (event %+v)", err, tc.key, ev)
 			}
 		})
 	}
