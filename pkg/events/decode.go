@@ -413,7 +413,13 @@ func (d *decodeState) scores(field string) ([]Score, error) {
 			case d.i < len(d.s) && (d.s[d.i] == '-' || ('0' <= d.s[d.i] && d.s[d.i] <= '9')):
 				if v, err = d.float(field); err != nil {
 					if fe, ok := err.(*FieldError); ok {
-						fe.Field = field + "." + name // which score, as Validate names it
+						// Which score, as Validate names it; a name Validate would refuse
+						// is quoted and bounded, as any other value from a client.
+						if checkFeedbackName(field, name) == nil {
+							fe.Field = field + "." + name
+						} else {
+							fe.Detail = quoteBounded(name) + ": " + fe.Detail
+						}
 					}
 					return nil, err
 				}

@@ -154,3 +154,22 @@ func TestDecoderScoresAllocateOnce(t *testing.T) {
 		t.Fatalf("Decode+ValidateAt of an event with scores allocates %v times, want 1", n)
 	}
 }
+
+// TestScoreErrorBoundsTheName: a score whose number cannot be read is named in the error
+// only by a name that passes the rules; any other is quoted, bounded, as every value from a
+// client is, so a huge or binary name cannot make the answer or the dead letter carry it.
+func TestScoreErrorBoundsTheName(t *testing.T) {
+	name := strings.Repeat("x", 100_000) + `\n\u001b[31m`
+	data := withScores(t, `{"`+name+`":1e400}`)
+	dec := events.NewDecoder(64)
+	for _, decode := range []func([]byte, *events.RequestEvent) error{events.UnmarshalRequest, dec.Decode} {
+		var ev events.RequestEvent
+		err := decode(data, &ev)
+		if !errors.Is(err, events.ErrOutOfRange) {
+			t.Fatalf("got error %v, want %v", err, events.ErrOutOfRange)
+		}
+		if msg := err.Error(); len(msg) > 512 || strings.ContainsAny(msg, "\n\x1b") {
+			t.Fatalf("error of %d bytes, or with a control character: %.200q", len(msg), msg)
+		}
+	}
+}
