@@ -283,28 +283,78 @@ func (h *Handler) ingest(ctx context.Context, body []byte, now time.Time, wait *
 
 // array handles the items of a JSON array one at a time: a slice of every item beside the
 // body would hold ten times a body of millions of tiny items ("{}", numbers). The array is
-// checked whole first, so a malformed one publishes none of its events.
+// checked whole first, so a malformed one publishes none of its events. Each item is
+// handled where it lies in the body, as NDJSON lines are: the strings an event holds alias
+// memory nothing writes to while the batch runs.
 func (b *batch) array(body []byte) error {
-	if !json.Valid(body) {
-		var v []struct{}
-		return json.Unmarshal(body, &v) // the syntax error, found before anything is decoded
+	if err := items(body, nil); err != nil {
+		return err
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('[') {
-		var v []struct{}
-		return json.Unmarshal(body, &v) // valid JSON that is not an array cannot start with '['
-	}
-	// Each item is handled where it lies in the body, as NDJSON lines are: the strings an
-	// event holds alias memory nothing writes to while the batch runs.
-	var skip json.RawMessage
-	for i := 0; dec.More(); i++ {
-		start := dec.InputOffset()
-		if err := dec.Decode(&skip); err != nil {
-			return err // cannot happen in valid JSON
+	i := 0
+	return items(body, func(item []byte) { b.item(i, item); i++ })
+}
+
+// maxValidDepth is the nesting encoding/json reads: an item nested deeper is not checked
+// with json.Valid, which would refuse it, and so the whole array, though it is JSON. The
+// event decoder refuses it alone (nested too deeply), as it does on an NDJSON line.
+const maxValidDepth = 10_000
+
+// jsonSpace is the white space JSON allows between values.
+const jsonSpace = " \t\r\n"
+
+// items calls f, when not nil, with each item of the JSON array body, which begins with '['.
+// The items are found by the brackets outside strings, so no nesting is too deep to find
+// them, and each one nested no deeper than maxValidDepth is checked with json.Valid.
+func items(body []byte, f func(item []byte)) error {
+	n, start, depth, deepest := 0, 1, 0, 0
+	end := func(i int) error {
+		item, checked := bytes.Trim(body[start:i], jsonSpace), deepest <= maxValidDepth
+		start, deepest = i+1, 0
+		if f != nil {
+			f(item)
+		} else if checked && !json.Valid(item) {
+			return fmt.Errorf("item %d: %w", n, json.Unmarshal(item, new(json.RawMessage)))
 		}
-		b.item(i, bytes.TrimLeft(body[start:dec.InputOffset()], " \t\r\n,"))
+		n++
+		return nil
 	}
-	return nil
+	for i := 1; i < len(body); i++ {
+		switch body[i] {
+		case '"':
+			for i++; i < len(body) && body[i] != '"'; i++ {
+				if body[i] == '\\' {
+					i++
+				}
+			}
+		case '[', '{':
+			depth++
+			deepest = max(deepest, depth)
+		case '}':
+			if depth == 0 {
+				return fmt.Errorf("unexpected '}' at offset %d", i)
+			}
+			depth--
+		case ']':
+			if depth > 0 {
+				depth--
+				break
+			}
+			if len(bytes.Trim(body[i+1:], jsonSpace)) > 0 {
+				return fmt.Errorf("data after the array at offset %d", i+1)
+			}
+			if n == 0 && len(bytes.Trim(body[start:i], jsonSpace)) == 0 {
+				return nil // []
+			}
+			return end(i)
+		case ',':
+			if depth == 0 {
+				if err := end(i); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return errors.New("unexpected end of the array")
 }
 
 // batch is the work on one request's events.

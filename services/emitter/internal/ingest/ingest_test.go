@@ -124,6 +124,7 @@ func event(id string) string {
 }
 
 func TestIngest(t *testing.T) {
+	deep := `{"x":` + strings.Repeat("[", 10_001) + strings.Repeat("]", 10_001) + `}`
 	bad := `{"v":1,"event_id":"bad","ts":"2026-03-01T11:59:00.000Z","model":"m","scene":"chat","env":"prod","input_tokens":10,"output_tokens":5,"ttft_ms":500,"total_ms":300,"status":"ok"}`
 	tests := []struct {
 		name      string
@@ -139,6 +140,10 @@ func TestIngest(t *testing.T) {
 		{"pretty-printed event", "{\n  \"v\": 1,\n" + event("a")[7:], "", false, 202, 1, 0, ""},
 		{"array", "[" + event("a") + "," + bad + "," + event("b") + "]", "", false, 202, 2, 1, "ttft_ms is above total_ms"},
 		{"ndjson", event("a") + "\n\n" + event("b") + "\n" + bad + "\n{oops\n", "", false, 202, 2, 2, "malformed"},
+		// Valid JSON, nested deeper than encoding/json reads: refused alone, as on a line.
+		{"array, an item nested past 10,000", "[" + event("a") + "," + deep + "," + event("b") + "]", "", false, 202, 2, 1, "nested too deeply"},
+		{"array, brackets in strings", "[" + strings.Replace(event("a"), `{"v":1`, `{"note":"]},\\\"[{","v":1`, 1) + "," + event("b") + "]", "", false, 202, 2, 0, ""},
+		{"ndjson, a line nested past 10,000", event("a") + "\n" + deep + "\n" + event("b"), "", false, 202, 2, 1, "nested too deeply"},
 		{"none valid", bad, "", false, 400, 0, 1, "ttft_ms"},
 		// A direct publisher is told, not silently cut: it can fix what it sends.
 		{"label too long", strings.Replace(event("a"), `"scene":"chat"`, `"scene":"`+strings.Repeat("s", 1024)+`"`, 1), "", false, 400, 0, 1, "scene: too long"},
