@@ -164,7 +164,9 @@ func (a *spanAttrs) read(l *Labels, attrs pcommon.Map) {
 		case attrConversation:
 			a.conversation, bit = strOf(v), 1<<4
 		case attrErrorType:
-			a.errorType, bit = strOf(v), 1<<5
+			// A string by the conventions; any other value says as much that the call
+			// failed, and is the error code as text.
+			a.errorType, bit = v.AsString(), 1<<5
 		case attrStream:
 			bit = 1 << 6
 			if v.Type() == pcommon.ValueTypeBool {

@@ -287,6 +287,8 @@ func TestMapLabelsAndStatus(t *testing.T) {
 		{"timeout", ptrace.StatusCodeError, events.StatusTimeout, "timeout"},
 		{"APITimeoutError", ptrace.StatusCodeError, events.StatusTimeout, "APITimeoutError"},
 		{"asyncio.CancelledError", ptrace.StatusCodeError, events.StatusCanceled, "asyncio.CancelledError"},
+		// Not a string, as the conventions have it, but an error all the same.
+		{"int 500", ptrace.StatusCodeUnset, events.StatusError, "500"},
 	} {
 		t.Run("error "+tc.errType, func(t *testing.T) {
 			span := ptrace.NewSpan()
@@ -295,7 +297,11 @@ func TestMapLabelsAndStatus(t *testing.T) {
 			a := span.Attributes()
 			a.Remove("gen_ai.usage.input_tokens") // a failed call may have no usage
 			a.Remove("gen_ai.usage.output_tokens")
-			if tc.errType != "" {
+			switch tc.errType {
+			case "":
+			case "int 500":
+				a.PutInt("error.type", 500)
+			default:
 				a.PutStr("error.type", tc.errType)
 			}
 			labels := DefaultLabels()
