@@ -829,7 +829,7 @@ func checkToken(r *events.TokenRollup) error {
 		return fmt.Errorf("%w: window_seconds=%d must be 1 to %d", errInvalidRollup, r.WindowSeconds, maxWindowSeconds)
 	case r.Env == "" || r.Scene == "" || r.Model == "":
 		return fmt.Errorf("%w: env, scene and model are required", errInvalidRollup)
-	case r.Errors+r.Timeouts > r.Requests:
+	case r.Errors > r.Requests || r.Timeouts > r.Requests-r.Errors: // a sum could wrap around
 		return fmt.Errorf("%w: errors %d + timeouts %d exceed requests %d", errInvalidRollup, r.Errors, r.Timeouts, r.Requests)
 	case r.Completed > r.Requests || r.Abandoned > r.Requests-r.Completed:
 		return fmt.Errorf("%w: completed %d + abandoned %d exceed requests %d", errInvalidRollup, r.Completed, r.Abandoned, r.Requests)
@@ -887,7 +887,7 @@ func checkEngine(r *events.EngineRollup) error {
 		return fmt.Errorf("%w: window_seconds=%d must be 1 to %d", errInvalidRollup, r.WindowSeconds, maxWindowSeconds)
 	case r.Host == "" || r.Name == "":
 		return fmt.Errorf("%w: host and name are required", errInvalidRollup)
-	case r.UpSamples+r.DownSamples != r.Samples:
+	case r.UpSamples > r.Samples || r.DownSamples != r.Samples-r.UpSamples: // a sum could wrap around
 		return fmt.Errorf("%w: up_samples %d + down_samples %d are not samples %d", errInvalidRollup, r.UpSamples, r.DownSamples, r.Samples)
 	}
 	for _, f := range []struct {

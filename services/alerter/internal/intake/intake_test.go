@@ -637,3 +637,38 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// TestRollupCountsThatWrapAround: counts whose sum wraps around a uint64 (errors 2⁶⁴−1 and
+// timeouts 1 sum to 0) are invalid, as counts that exceed their total are: taken, the
+// window's error rate was 1.8·10¹⁸ and an engine's 2⁶⁴−1 down scrapes out of 0 samples
+// made it down.
+func TestRollupCountsThatWrapAround(t *testing.T) {
+	dl := &dead{}
+	in := New(nil, &recorder{}, &sink{}, &memCheckpoint{}, dl, Options{Settle: time.Second}, prometheus.NewRegistry(), discard)
+	start := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	now := start.Add(20 * time.Second)
+	const max64 = ^uint64(0)
+	for _, tc := range []struct {
+		name, subject string
+		v             any
+	}{
+		{"errors and timeouts", "rollup.tokens.prod.chat", events.TokenRollup{V: 1, WindowStart: start, WindowSeconds: 15, Kind: events.KindWindow,
+			Env: "prod", Scene: "chat", Model: "m", Bucket: "0-499", Requests: 10, Errors: max64, Timeouts: 1}},
+		{"up and down samples", "rollup.engine.h", events.EngineRollup{V: 1, WindowStart: start, WindowSeconds: 15, Kind: events.KindWindow,
+			Host: "h", Name: "vllm", Samples: 0, UpSamples: 1, DownSamples: max64}},
+	} {
+		data, err := json.Marshal(tc.v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := &msg{subject: tc.subject, data: data}
+		before := len(dl.msgs)
+		in.Add(m, now)
+		if !m.termd || len(dl.msgs) != before+1 || dl.msgs[before].Header.Get("Tokenscope-Reason") != "invalid" {
+			t.Errorf("%s wrapping around: terminated %v, %d dead letters", tc.name, m.termd, len(dl.msgs)-before)
+		}
+	}
+	if in.Pending() != 0 {
+		t.Errorf("%d windows gathering, want none", in.Pending())
+	}
+}
