@@ -152,6 +152,15 @@ func Parse(data []byte) (*Set, error) {
 			return nil, fmt.Errorf("%w: a second YAML document at line %d: the rules are one document, without \"---\" between sections", ErrInvalidRules, next.Line)
 		}
 	}
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err == nil { // it parsed once already
+		if line, path, ok := nullKey(&root, nil); ok {
+			if path != "" {
+				path = " (" + path + ")"
+			}
+			return nil, fmt.Errorf("%w: line %d%s: a key is null (~, null or none): its entry would be ignored; quote a name such as 'null'", ErrInvalidRules, line, oneLine(path))
+		}
+	}
 	s := NewSet()
 	if f.Defaults != nil {
 		if err := f.Defaults.apply(&s.Default, "defaults", false); err != nil {
@@ -176,6 +185,32 @@ func Parse(data []byte) (*Set, error) {
 		s.Scenes[name] = &r
 	}
 	return s, nil
+}
+
+// nullKey returns the line and the key path of the first mapping key under n that is null
+// (~, null or none), which yaml.v3 drops with its value without a word: a scene written
+// null: would get no rules. Aliases are not followed: what they name is walked where it is
+// defined.
+func nullKey(n *yaml.Node, at []string) (int, string, bool) {
+	switch n.Kind {
+	case yaml.DocumentNode, yaml.SequenceNode:
+		for _, c := range n.Content {
+			if line, path, ok := nullKey(c, at); ok {
+				return line, path, true
+			}
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			if k.Kind == yaml.ScalarNode && k.ShortTag() == "!!null" {
+				return k.Line, strings.Join(at, "."), true
+			}
+			if line, path, ok := nullKey(v, append(at[:len(at):len(at)], k.Value)); ok {
+				return line, path, true
+			}
+		}
+	}
+	return 0, "", false
 }
 
 // maxYAMLErrors is how many of yaml.v3's messages yamlError words; the rest are counted.

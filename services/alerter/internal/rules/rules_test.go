@@ -141,6 +141,13 @@ func TestParseErrors(t *testing.T) {
 		{"bad for", "defaults:\n  engine:\n    down: {for: soon}\n", "invalid rules"},
 		{"negative for", "defaults:\n  engine:\n    down: {for: -1m}\n", "defaults.engine.down.for"},
 		{"engine severity", "defaults:\n  engine:\n    down: {severity: page}\n", "defaults.engine.down.severity"},
+		// yaml.v3 drops an entry whose key is null without a word, KnownFields or not: a
+		// scene written null: got no rules, and a setting under ~ was not read.
+		{"null scene", "scenes:\n  null:\n    static:\n      ttft_p95: {warning: 100}\n", "line 2 (scenes): a key is null"},
+		{"tilde scene", "scenes:\n  chat: {}\n  ~: {for: 7}\n", "line 3 (scenes): a key is null"},
+		{"null field", "defaults:\n  dynamic:\n    ttft_p95:\n      ~: 3\n", "line 4 (defaults.dynamic.ttft_p95): a key is null"},
+		{"null metric", "defaults:\n  static:\n    Null: {warning: 3}\n", "line 3 (defaults.static): a key is null"},
+		{"null section", "~:\n  for: 3\n", "line 1: a key is null"},
 		{"no floor under the median", "defaults:\n  dynamic:\n    error_rate: {min_change: 0, min_delta: 0}\n", "defaults.dynamic.error_rate.min_delta: min_change and min_delta are both 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -273,5 +280,16 @@ func TestParseErrorsBounded(t *testing.T) {
 		!strings.HasPrefix(msg, "invalid rules: line 4 (defaults.dynamic.ttft_p95.x0): field x0 is unknown") ||
 		!strings.HasSuffix(msg, fmt.Sprintf("; and %d more", 5000-maxYAMLErrors)) {
 		t.Errorf("err (%d bytes) lists %d errors: %.300s … %s", len(msg), n, msg, msg[max(len(msg)-100, 0):])
+	}
+}
+
+// TestQuotedNullScene: a scene named null, quoted, is a scene like any other.
+func TestQuotedNullScene(t *testing.T) {
+	s, err := Parse([]byte("scenes:\n  'null': {for: 7}\n  \"~\": {for: 8}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.For("null").For != 7 || s.For("~").For != 8 {
+		t.Errorf("scenes %v, want null with for 7 and ~ with for 8", s.Scenes)
 	}
 }
