@@ -209,8 +209,10 @@ func (e *Engine) groupEngines(w Window) {
 			a.hist = e.engines.Series(key)
 		}
 		if a.recent == nil {
+			// Bounded as the engines' baselines are: past ALERTER_MAX_SERIES a new engine
+			// has no recent reference (its hint waits for a baseline).
 			a.recent = e.recent[key]
-			if a.recent == nil {
+			if limit := e.engines.Options().MaxSeries; a.recent == nil && (limit == 0 || len(e.recent) < limit) {
 				a.recent = &recentRing{}
 				e.recent[key] = a.recent
 			}

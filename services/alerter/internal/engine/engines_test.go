@@ -1,11 +1,13 @@
 package engine_test
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/alerter/internal/baseline"
 	"github.com/tokenscope/tokenscope/services/alerter/internal/engine"
 	"github.com/tokenscope/tokenscope/services/alerter/internal/rules"
 )
@@ -305,5 +307,29 @@ func TestTTFTHintBaselineIgnoresYesterdaysIncident(t *testing.T) {
 	}
 	if c := tt.EngineCause; c.Cause != events.CauseQueueTime || c.Reference != "baseline" || c.QueueRefMs > 300 {
 		t.Errorf("cause %+v, want queue time against a baseline of about 285 ms", c)
+	}
+}
+
+// TestEngineRecentBounded: the recent windows kept as the TTFT hint's reference are bounded
+// by ALERTER_MAX_SERIES, as the engines' baselines are. A flood of engine models (a new
+// model label in every window) kept one for each until it had been gone 120 windows.
+func TestEngineRecentBounded(t *testing.T) {
+	e, err := engine.New(rules.NewSet(), baseline.Options{Step: 5 * time.Minute, Slot: 30 * time.Minute, Days: 7, Location: time.UTC, MaxSeries: 10}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	for i := range 20 {
+		start := t0.Add(time.Duration(i) * 15 * time.Second)
+		w := engine.Window{Start: start, Seconds: 15}
+		for j := range 50 {
+			r := engRow(start, 15, "gpu1", 1, 0.5, 0, 10, 0.01, 0.2)
+			r.Model = "m" + strconv.Itoa(i*50+j)
+			w.Engines = append(w.Engines, r)
+		}
+		e.Evaluate(w)
+	}
+	if n := e.RecentLen(); n > 10 {
+		t.Errorf("%d engines' recent windows kept, want at most ALERTER_MAX_SERIES (10)", n)
 	}
 }
