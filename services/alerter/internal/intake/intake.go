@@ -6,17 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/alerter/internal/deadletter"
 	"github.com/tokenscope/tokenscope/services/alerter/internal/engine"
 )
 
@@ -40,9 +39,7 @@ type Checkpoint interface {
 }
 
 // DeadLetter takes a message no consumer can use; a *nats.Conn is one.
-type DeadLetter interface {
-	PublishMsg(m *nats.Msg) error
-}
+type DeadLetter = deadletter.Publisher
 
 // Options tune the intake.
 type Options struct {
@@ -741,40 +738,11 @@ func (in *Intake) reject(m jetstream.Msg, reason string, err error) {
 	}
 	in.skipped.WithLabelValues(reason).Inc()
 	if in.dead != nil {
-		dl := &nats.Msg{Subject: events.SubjectInvalid, Data: m.Data(), Header: nats.Header{}}
-		dl.Header.Set("Tokenscope-Source", "alerter")
-		dl.Header.Set("Tokenscope-Subject", m.Subject())
-		dl.Header.Set("Tokenscope-Reason", reason)
-		dl.Header.Set("Tokenscope-Error", err.Error())
-		truncateDeadLetter(dl, in.dead)
-		_ = in.dead.PublishMsg(dl)
+		_ = deadletter.Publish(in.dead, m.Subject(), m.Data(), reason, err)
 	}
 	if err := m.Term(); err != nil {
 		in.ackErrors.Inc()
 	}
-}
-
-// truncateDeadLetter cuts the data of dl so that it fits the server's payload limit with its
-// headers, where dead says that limit (a *nats.Conn does): with them the message can be over
-// it, and would be refused. The headers, the reason among them, are kept, and
-// Tokenscope-Truncated says the size of the message.
-func truncateDeadLetter(dl *nats.Msg, dead DeadLetter) {
-	mp, ok := dead.(interface{ MaxPayload() int64 })
-	if !ok {
-		return
-	}
-	size := len("NATS/1.0\r\n\r\n") + len("Tokenscope-Truncated: 20 digits at most\r\n")
-	for k, vs := range dl.Header {
-		for _, v := range vs {
-			size += len(k) + len(v) + len(": \r\n")
-		}
-	}
-	room := int(mp.MaxPayload()) - size
-	if len(dl.Data) <= room {
-		return
-	}
-	dl.Header.Set("Tokenscope-Truncated", strconv.Itoa(len(dl.Data)))
-	dl.Data = dl.Data[:max(room, 0)]
 }
 
 var errInvalidRollup = errors.New("invalid rollup")

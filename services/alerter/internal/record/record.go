@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenscope/tokenscope/pkg/events"
+	"github.com/tokenscope/tokenscope/services/alerter/internal/deadletter"
 )
 
 // rowStore is the alerts table; *Store is the ClickHouse one.
@@ -23,9 +24,7 @@ type rowStore interface {
 }
 
 // DeadLetter takes a message no consumer can use; a *nats.Conn is one.
-type DeadLetter interface {
-	PublishMsg(m *nats.Msg) error
-}
+type DeadLetter = deadletter.Publisher
 
 // Options tune a Recorder; zero values take the defaults.
 type Options struct {
@@ -344,12 +343,7 @@ func truncate(s string) string {
 func (r *Recorder) reject(m jetstream.Msg, reason string, err error) {
 	r.skipped.WithLabelValues(reason).Inc()
 	if r.dead != nil {
-		dl := &nats.Msg{Subject: events.SubjectInvalid, Data: m.Data(), Header: nats.Header{}}
-		dl.Header.Set("Tokenscope-Source", "alerter")
-		dl.Header.Set("Tokenscope-Subject", m.Subject())
-		dl.Header.Set("Tokenscope-Reason", reason)
-		dl.Header.Set("Tokenscope-Error", err.Error())
-		_ = r.dead.PublishMsg(dl)
+		_ = deadletter.Publish(r.dead, m.Subject(), m.Data(), reason, err)
 	}
 	if err := m.Term(); err != nil {
 		r.ackErrs.Inc()

@@ -1,11 +1,14 @@
 package record
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -178,5 +181,44 @@ func TestBadAlertsDeadLettered(t *testing.T) {
 		if got := testutil.ToFloat64(r.skipped.WithLabelValues(reason)); got != want {
 			t.Errorf("skipped{%s} = %v, want %v", reason, got, want)
 		}
+	}
+}
+
+// limitedDead is a dead-letter subject on a server with a payload limit, which refuses a
+// message over it as a *nats.Conn does.
+type limitedDead struct {
+	dead
+	max int64
+}
+
+func (d *limitedDead) MaxPayload() int64 { return d.max }
+
+func (d *limitedDead) PublishMsg(m *nats.Msg) error {
+	size := len("NATS/1.0\r\n\r\n") + len(m.Data)
+	for k, vs := range m.Header {
+		for _, v := range vs {
+			size += len(k) + len(v) + len(": \r\n")
+		}
+	}
+	if int64(size) > d.max {
+		return nats.ErrMaxPayload
+	}
+	return d.dead.PublishMsg(m)
+}
+
+// TestDeadLetterOverThePayloadLimit: an alert message near the payload limit that cannot
+// make a row is dead-lettered with its reason and as much of its data as fits; with the
+// headers added it was over the limit, refused, and lost.
+func TestDeadLetterOverThePayloadLimit(t *testing.T) {
+	dl := &limitedDead{max: 1024}
+	r := New(nil, &table{rows: map[Key]int{}}, dl, Options{}, prometheus.NewRegistry(), discard)
+	bad := &msg{data: []byte(`{"v":1,"summary":"` + strings.Repeat("x", 1000)), seq: 1}
+	r.save(context.Background(), msgs(bad))
+	if bad.termd != 1 || len(dl.msgs) != 1 {
+		t.Fatalf("terminated %d, %d dead letters", bad.termd, len(dl.msgs))
+	}
+	if m := dl.msgs[0]; m.Header.Get("Tokenscope-Reason") != reasonMalformed || m.Header.Get("Tokenscope-Truncated") != strconv.Itoa(len(bad.data)) ||
+		!bytes.HasPrefix(bad.data, m.Data) || len(m.Data) < 700 {
+		t.Errorf("dead letter headers %v, %d bytes of data", m.Header, len(m.Data))
 	}
 }
