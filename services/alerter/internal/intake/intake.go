@@ -782,6 +782,12 @@ func checkLabels(labels ...string) error {
 	return nil
 }
 
+// errVersion refuses a rollup of another contract version than this alerter reads (its
+// schema's const), or of none: read as version 1, its figures could mean something else.
+func errVersion(v int) error {
+	return fmt.Errorf("%w: v=%d, want %d", errInvalidRollup, v, events.Version)
+}
+
 func checkKind(kind string) error {
 	if kind != events.KindWindow && kind != events.KindCorrection {
 		return fmt.Errorf("%w: kind %q is neither %s nor %s", errInvalidRollup, kind, events.KindWindow, events.KindCorrection)
@@ -791,6 +797,8 @@ func checkKind(kind string) error {
 
 func checkToken(r *events.TokenRollup) error {
 	switch {
+	case r.V != events.Version:
+		return errVersion(r.V)
 	case r.WindowStart.IsZero():
 		return fmt.Errorf("%w: window_start is missing", errInvalidRollup)
 	case r.WindowSeconds <= 0 || r.WindowSeconds > maxWindowSeconds:
@@ -815,6 +823,8 @@ func checkToken(r *events.TokenRollup) error {
 
 func checkFeedback(r *events.FeedbackRollup) error {
 	switch {
+	case r.V != events.Version:
+		return errVersion(r.V)
 	case r.WindowStart.IsZero():
 		return fmt.Errorf("%w: window_start is missing", errInvalidRollup)
 	case r.WindowSeconds <= 0 || r.WindowSeconds > maxWindowSeconds:
@@ -832,6 +842,8 @@ func checkFeedback(r *events.FeedbackRollup) error {
 
 func checkGPU(r *events.GPURollup) error {
 	switch {
+	case r.V != events.Version:
+		return errVersion(r.V)
 	case r.WindowStart.IsZero():
 		return fmt.Errorf("%w: window_start is missing", errInvalidRollup)
 	case r.WindowSeconds <= 0 || r.WindowSeconds > maxWindowSeconds:
@@ -849,6 +861,8 @@ func checkGPU(r *events.GPURollup) error {
 
 func checkEngine(r *events.EngineRollup) error {
 	switch {
+	case r.V != events.Version:
+		return errVersion(r.V)
 	case r.WindowStart.IsZero():
 		return fmt.Errorf("%w: window_start is missing", errInvalidRollup)
 	case r.WindowSeconds <= 0 || r.WindowSeconds > maxWindowSeconds:

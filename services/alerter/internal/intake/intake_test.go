@@ -672,3 +672,41 @@ func TestRollupCountsThatWrapAround(t *testing.T) {
 		t.Errorf("%d windows gathering, want none", in.Pending())
 	}
 }
+
+// TestRollupVersion: a rollup of another contract version than 1 (its schema's const), or
+// of none, is invalid, dead-lettered naming v, in every kind; it was evaluated as if it were
+// version 1.
+func TestRollupVersion(t *testing.T) {
+	dl := &dead{}
+	in := New(nil, &recorder{}, &sink{}, &memCheckpoint{}, dl, Options{Settle: time.Second}, prometheus.NewRegistry(), discard)
+	start := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	now := start.Add(20 * time.Second)
+	for _, v := range []int{0, 2} {
+		for _, kind := range []string{"tokens", "gpu", "engine", "feedback"} {
+			var r any
+			switch kind {
+			case "tokens":
+				r = events.TokenRollup{V: v, WindowStart: start, WindowSeconds: 15, Kind: events.KindWindow, Env: "prod", Scene: "chat", Model: "m", Bucket: "0-499", Requests: 1}
+			case "gpu":
+				r = events.GPURollup{V: v, WindowStart: start, WindowSeconds: 15, Kind: events.KindWindow, Host: "h"}
+			case "engine":
+				r = events.EngineRollup{V: v, WindowStart: start, WindowSeconds: 15, Kind: events.KindWindow, Host: "h", Name: "vllm"}
+			case "feedback":
+				r = events.FeedbackRollup{V: v, WindowStart: start, WindowSeconds: 15, Kind: events.KindWindow, Name: "thumbs"}
+			}
+			data, err := json.Marshal(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := &msg{subject: "rollup." + kind + ".x.y", data: data}
+			before := len(dl.msgs)
+			in.Add(m, now)
+			if !m.termd || len(dl.msgs) != before+1 || !strings.Contains(dl.msgs[before].Header.Get("Tokenscope-Error"), "v=") {
+				t.Errorf("%s rollup of v %d: terminated %v, %d dead letters", kind, v, m.termd, len(dl.msgs)-before)
+			}
+		}
+	}
+	if in.Pending() != 0 {
+		t.Errorf("%d windows gathering, want none", in.Pending())
+	}
+}
