@@ -87,15 +87,15 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	eng.Restore(restored)
 	since := now.Add(-time.Duration(cfg.BaselineDays)*24*time.Hour - cfg.Slot)
-	loaded, err := history.LoadBaselines(ctx, db.Conn(), eng, since, now.Add(time.Minute), cfg.BaselineStep)
+	loaded, err := history.LoadBaselines(ctx, db.Conn(), eng, since, now.Add(time.Minute), cfg.BaselineStep, bopts.Location)
 	if err != nil {
 		return err
 	}
-	engineCells, engineThrough, err := history.LoadEngineBaselines(ctx, db.Conn(), eng, since, now.Add(time.Minute), cfg.BaselineStep)
+	engineCells, engineThrough, err := history.LoadEngineBaselines(ctx, db.Conn(), eng, since, now.Add(time.Minute), cfg.BaselineStep, bopts.Location)
 	if err != nil {
 		return err
 	}
-	sceneCells, sceneThrough, err := history.LoadBusinessBaselines(ctx, db.Conn(), eng, rs, since, now.Add(time.Minute), cfg.BaselineStep)
+	sceneCells, sceneThrough, err := history.LoadBusinessBaselines(ctx, db.Conn(), eng, rs, since, now.Add(time.Minute), cfg.BaselineStep, bopts.Location)
 	if err != nil {
 		return err
 	}

@@ -43,7 +43,7 @@ HAVING req > 0`
 
 // Then per baseline step: count, mean, population variance and a few values of each.
 const seriesCells = `
-SELECT env, scene, model, bucket, layer, toUInt32(intDiv(toUInt32(window_start), %d) * %d) AS step, max(window_start) AS last,
+SELECT env, scene, model, bucket, layer, %s AS step, max(window_start) AS last,
     countIf(ttft_n > 0), avgIf(ttft, ttft_n > 0), varPopIf(ttft, ttft_n > 0), groupArrayIf(3)(ttft, ttft_n > 0),
     countIf(tpot_n > 0), avgIf(tpot, tpot_n > 0), varPopIf(tpot, tpot_n > 0), groupArrayIf(3)(tpot, tpot_n > 0),
     countIf(total_n > 0), avgIf(total, total_n > 0), varPopIf(total, total_n > 0), groupArrayIf(3)(total, total_n > 0),
@@ -58,7 +58,7 @@ GROUP BY env, scene, model, bucket, layer, step`
 // them twice); utilisation weighted by samples over GPUs and corrections. Current servers require
 // the joined subqueries to be named.
 const hostCells = `
-SELECT host, toUInt32(intDiv(toUInt32(window_start), %d) * %d) AS step, max(window_start) AS last,
+SELECT host, %s AS step, max(window_start) AS last,
     countIf(util > 0), avgIf(tps / util, util > 0), varPopIf(tps / util, util > 0), groupArrayIf(3)(tps / util, util > 0),
     countIf(energy > 0), avgIf(out / energy, energy > 0), varPopIf(out / energy, energy > 0), groupArrayIf(3)(out / energy, energy > 0)
 FROM (
@@ -78,6 +78,25 @@ FROM (
 )
 GROUP BY host, step`
 
+// stepExpr is the SQL of the start of the baseline step holding window_start: a step of
+// the time of day in loc, as the engine learns windows into (baseline.Store.StepOf). Where
+// loc's offset from UTC is no multiple of the step (India, +05:30, with hour steps) the
+// steps start that far past a multiple of it in UTC. The offset is loc's at `at`: a change
+// of offset for summer time by a multiple of the step (an hour, as nearly everywhere)
+// moves no step.
+func stepExpr(step time.Duration, loc *time.Location, at time.Time) string {
+	sec, shift := stepShift(step, loc, at)
+	return fmt.Sprintf("toUInt32(intDiv(toUInt32(window_start) + %d, %d) * %d - %d)", shift, sec, sec, shift)
+}
+
+// stepShift returns the step in seconds and how far, in seconds, a step of the time of day
+// in loc starts before a multiple of it in UTC.
+func stepShift(step time.Duration, loc *time.Location, at time.Time) (sec, shift int64) {
+	sec = int64(step / time.Second)
+	_, off := at.In(loc).Zone()
+	return sec, (int64(off)%sec + sec) % sec
+}
+
 type stat struct {
 	n      uint64
 	mean   float64
@@ -85,11 +104,12 @@ type stat struct {
 	sample []float64
 }
 
-// LoadBaselines reads the cells of windows starting in [since, until) into b.
-func LoadBaselines(ctx context.Context, conn driver.Conn, b Baselines, since, until time.Time, step time.Duration) (Loaded, error) {
+// LoadBaselines reads the cells of windows starting in [since, until) into b, in steps of
+// the time of day in loc.
+func LoadBaselines(ctx context.Context, conn driver.Conn, b Baselines, since, until time.Time, step time.Duration, loc *time.Location) (Loaded, error) {
 	var out Loaded
-	sec := int64(step / time.Second)
-	q := fmt.Sprintf(seriesCells, sec, sec, since.Unix(), until.Unix())
+	steps := stepExpr(step, loc, until)
+	q := fmt.Sprintf(seriesCells, steps, since.Unix(), until.Unix())
 	rows, err := conn.Query(ctx, q)
 	if err != nil {
 		return out, fmt.Errorf("cannot query token_rollups for baselines: %w", err)
@@ -123,7 +143,7 @@ func LoadBaselines(ctx context.Context, conn driver.Conn, b Baselines, since, un
 		return out, fmt.Errorf("cannot read token_rollups baselines: %w", err)
 	}
 
-	q = fmt.Sprintf(hostCells, sec, sec, since.Unix(), until.Unix(), since.Unix(), until.Unix())
+	q = fmt.Sprintf(hostCells, steps, since.Unix(), until.Unix(), since.Unix(), until.Unix())
 	rows, err = conn.Query(ctx, q)
 	if err != nil {
 		return out, fmt.Errorf("cannot query gpu_rollups for baselines: %w", err)

@@ -29,7 +29,7 @@ type BusinessBaselines interface {
 // and a few values.
 const (
 	satisfactionCells = `
-SELECT env, scene, toUInt32(intDiv(toUInt32(window_start), %d) * %d) AS step, max(window_start) AS last,
+SELECT env, scene, %s AS step, max(window_start) AS last,
     count(), avg(v), varPop(v), groupArray(3)(v)
 FROM (
     SELECT window_start, env, scene, sum(positive) / sum(count) AS v, sum(count) AS n
@@ -41,7 +41,7 @@ FROM (
 GROUP BY env, scene, step`
 
 	completionCells = `
-SELECT env, scene, toUInt32(intDiv(toUInt32(window_start), %d) * %d) AS step, max(window_start) AS last,
+SELECT env, scene, %s AS step, max(window_start) AS last,
     count(), avg(v), varPop(v), groupArray(3)(v)
 FROM (
     SELECT window_start, env, scene, sum(done) / (sum(done) + sum(quit)) AS v, sum(done) + sum(quit) AS n
@@ -85,8 +85,8 @@ func minCount(rs *rules.Set, m rules.Metric) (string, []any) {
 
 // LoadBusinessBaselines reads the satisfaction and completion-rate cells of windows starting
 // in [since, until) into b, and returns how many it read and the start of the latest window.
-func LoadBusinessBaselines(ctx context.Context, conn driver.Conn, b BusinessBaselines, rs *rules.Set, since, until time.Time, step time.Duration) (int, time.Time, error) {
-	sec := int64(step / time.Second)
+func LoadBusinessBaselines(ctx context.Context, conn driver.Conn, b BusinessBaselines, rs *rules.Set, since, until time.Time, step time.Duration, loc *time.Location) (int, time.Time, error) {
+	steps := stepExpr(step, loc, until)
 	cells, through := 0, time.Time{}
 	for _, q := range []struct {
 		m     rules.Metric
@@ -94,10 +94,10 @@ func LoadBusinessBaselines(ctx context.Context, conn driver.Conn, b BusinessBase
 		sql   func(minSQL string) string
 	}{
 		{rules.Satisfaction, "feedback_rollups", func(min string) string {
-			return fmt.Sprintf(satisfactionCells, sec, sec, since.Unix(), until.Unix(), rules.SatisfactionFeedback, min)
+			return fmt.Sprintf(satisfactionCells, steps, since.Unix(), until.Unix(), rules.SatisfactionFeedback, min)
 		}},
 		{rules.CompletionRate, "token_rollups and feedback_rollups", func(min string) string {
-			return fmt.Sprintf(completionCells, sec, sec, since.Unix(), until.Unix(), since.Unix(), until.Unix(), rules.CompletionFeedback, min)
+			return fmt.Sprintf(completionCells, steps, since.Unix(), until.Unix(), since.Unix(), until.Unix(), rules.CompletionFeedback, min)
 		}},
 	} {
 		minSQL, args := minCount(rs, q.m)

@@ -105,7 +105,7 @@ func TestCompletionHistoryMatchesLive(t *testing.T) {
 	if err := tb.Send(); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := history.LoadBusinessBaselines(ctx, db.Conn(), loaded, rules.NewSet(), now.AddDate(0, 0, -8), now, 5*time.Minute); err != nil {
+	if _, _, err := history.LoadBusinessBaselines(ctx, db.Conn(), loaded, rules.NewSet(), now.AddDate(0, 0, -8), now, 5*time.Minute, time.UTC); err != nil {
 		t.Fatal(err)
 	}
 

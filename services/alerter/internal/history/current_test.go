@@ -125,10 +125,10 @@ func TestBaselineQueriesOnCurrent(t *testing.T) {
 	for _, c := range []struct {
 		q    string
 		keys int
-	}{{fmt.Sprintf(seriesCells, 600, 600, since, until), 6}, {fmt.Sprintf(hostCells, 600, 600, since, until, since, until), 2},
+	}{{fmt.Sprintf(seriesCells, stepExpr(10*time.Minute, time.UTC, time.Now()), since, until), 6}, {fmt.Sprintf(hostCells, stepExpr(10*time.Minute, time.UTC, time.Now()), since, until, since, until), 2},
 		{fmt.Sprintf(engineRows, since, until), 5},
-		{fmt.Sprintf(satisfactionCells, 600, 600, since, until, rules.SatisfactionFeedback, business(rules.Satisfaction, "")), 3},
-		{fmt.Sprintf(completionCells, 600, 600, since, until, since, until, rules.CompletionFeedback, business(rules.CompletionRate, "")), 3}} {
+		{fmt.Sprintf(satisfactionCells, stepExpr(10*time.Minute, time.UTC, time.Now()), since, until, rules.SatisfactionFeedback, business(rules.Satisfaction, "")), 3},
+		{fmt.Sprintf(completionCells, stepExpr(10*time.Minute, time.UTC, time.Now()), since, until, since, until, rules.CompletionFeedback, business(rules.CompletionRate, "")), 3}} {
 		q := c.q
 		want, err := testbed.Query(ctx, db.Conn(), q)
 		if err != nil {

@@ -88,10 +88,10 @@ func (c *cellAcc) add(v float64) {
 
 // LoadEngineBaselines reads the engine cells of windows starting in [since, until) into b
 // and returns how many cells it merged and the start of the latest window read.
-func LoadEngineBaselines(ctx context.Context, conn driver.Conn, b EngineBaselines, since, until time.Time, step time.Duration) (int, time.Time, error) {
+func LoadEngineBaselines(ctx context.Context, conn driver.Conn, b EngineBaselines, since, until time.Time, step time.Duration, loc *time.Location) (int, time.Time, error) {
 	var through time.Time
 	cellsN := 0
-	sec := int64(step / time.Second)
+	sec, shift := stepShift(step, loc, until) // steps of the time of day in loc (stepExpr)
 	rows, err := conn.Query(ctx, fmt.Sprintf(engineRows, since.Unix(), until.Unix()))
 	if err != nil {
 		return 0, through, fmt.Errorf("cannot query engine_rollups for baselines: %w", err)
@@ -108,7 +108,7 @@ func LoadEngineBaselines(ctx context.Context, conn driver.Conn, b EngineBaseline
 		if cellStep == math.MinInt64 {
 			return
 		}
-		at := time.Unix(cellStep*sec, 0).UTC()
+		at := time.Unix(cellStep*sec-shift, 0).UTC()
 		for i, v := range []engine.EngineValue{engine.EngineQueueDepth, engine.EngineQueueTimeP95, engine.EnginePrefillP95} {
 			if c := &acc[i]; c.n > 0 {
 				b.MergeEngine(cellKey, at, v, c.n, c.mean, c.m2/float64(c.n), c.sample)
@@ -121,7 +121,7 @@ func LoadEngineBaselines(ctx context.Context, conn driver.Conn, b EngineBaseline
 		if cur == nil || cur.up == 0 {
 			return
 		}
-		st := cur.start.Unix() / sec
+		st := (cur.start.Unix() + shift) / sec
 		if cur.key != cellKey || st != cellStep {
 			flushCell()
 			cellKey, cellStep = cur.key, st

@@ -62,7 +62,7 @@ func TestLoadEngineBaselines(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := fakeEngineBaselines{}
-	n, through, err := history.LoadEngineBaselines(ctx, db.Conn(), got, t0.Add(-time.Hour), t0.Add(time.Hour), 5*time.Minute)
+	n, through, err := history.LoadEngineBaselines(ctx, db.Conn(), got, t0.Add(-time.Hour), t0.Add(time.Hour), 5*time.Minute, time.UTC)
 	if err != nil {
 		t.Fatal(err)
 	}

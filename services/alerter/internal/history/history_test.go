@@ -105,7 +105,7 @@ func TestLoadBaselines(t *testing.T) {
 	}
 
 	f := &fakeBaselines{series: map[engine.SeriesKey]map[rules.Metric][]cell{}, hosts: map[string]map[rules.Metric][]cell{}}
-	loaded, err := history.LoadBaselines(ctx, db.Conn(), f, step0.Add(-time.Hour), step0.Add(time.Hour), 5*time.Minute)
+	loaded, err := history.LoadBaselines(ctx, db.Conn(), f, step0.Add(-time.Hour), step0.Add(time.Hour), 5*time.Minute, time.UTC)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +259,7 @@ func TestLoadCompletionBaselines(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := fakeBusiness{}
-	if _, _, err := history.LoadBusinessBaselines(ctx, db.Conn(), f, rs, step0.Add(-time.Hour), step0.Add(time.Hour), 5*time.Minute); err != nil {
+	if _, _, err := history.LoadBusinessBaselines(ctx, db.Conn(), f, rs, step0.Add(-time.Hour), step0.Add(time.Hour), 5*time.Minute, time.UTC); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range []struct {
