@@ -782,10 +782,24 @@ func checkLabels(labels ...string) error {
 	return nil
 }
 
-// errVersion refuses a rollup of another contract version than this alerter reads (its
-// schema's const), or of none: read as version 1, its figures could mean something else.
-func errVersion(v int) error {
-	return fmt.Errorf("%w: v=%d, want %d", errInvalidRollup, v, events.Version)
+// checkWindow checks what every rollup has: its contract version (its schema's const: read
+// as version 1, the figures of another could mean something else), and a window of at most a
+// day that starts at a multiple of its length, as every aggregator's tumbling windows do.
+// A rollup of a window starting elsewhere made a window of its own between two real ones, in
+// which every other series was absent: each pending alert started again and each firing
+// one counted a normal window.
+func checkWindow(v int, start time.Time, seconds int) error {
+	switch {
+	case v != events.Version:
+		return fmt.Errorf("%w: v=%d, want %d", errInvalidRollup, v, events.Version)
+	case start.IsZero():
+		return fmt.Errorf("%w: window_start is missing", errInvalidRollup)
+	case seconds <= 0 || seconds > maxWindowSeconds:
+		return fmt.Errorf("%w: window_seconds=%d must be 1 to %d", errInvalidRollup, seconds, maxWindowSeconds)
+	case start.Nanosecond() != 0 || start.Unix()%int64(seconds) != 0:
+		return fmt.Errorf("%w: window_start %s is not a multiple of window_seconds=%d", errInvalidRollup, start.UTC().Format(time.RFC3339Nano), seconds)
+	}
+	return nil
 }
 
 func checkKind(kind string) error {
@@ -796,13 +810,10 @@ func checkKind(kind string) error {
 }
 
 func checkToken(r *events.TokenRollup) error {
+	if err := checkWindow(r.V, r.WindowStart, r.WindowSeconds); err != nil {
+		return err
+	}
 	switch {
-	case r.V != events.Version:
-		return errVersion(r.V)
-	case r.WindowStart.IsZero():
-		return fmt.Errorf("%w: window_start is missing", errInvalidRollup)
-	case r.WindowSeconds <= 0 || r.WindowSeconds > maxWindowSeconds:
-		return fmt.Errorf("%w: window_seconds=%d must be 1 to %d", errInvalidRollup, r.WindowSeconds, maxWindowSeconds)
 	case r.Env == "" || r.Scene == "" || r.Model == "":
 		return fmt.Errorf("%w: env, scene and model are required", errInvalidRollup)
 	case r.Errors > r.Requests || r.Timeouts > r.Requests-r.Errors: // a sum could wrap around
@@ -822,13 +833,10 @@ func checkToken(r *events.TokenRollup) error {
 }
 
 func checkFeedback(r *events.FeedbackRollup) error {
+	if err := checkWindow(r.V, r.WindowStart, r.WindowSeconds); err != nil {
+		return err
+	}
 	switch {
-	case r.V != events.Version:
-		return errVersion(r.V)
-	case r.WindowStart.IsZero():
-		return fmt.Errorf("%w: window_start is missing", errInvalidRollup)
-	case r.WindowSeconds <= 0 || r.WindowSeconds > maxWindowSeconds:
-		return fmt.Errorf("%w: window_seconds=%d must be 1 to %d", errInvalidRollup, r.WindowSeconds, maxWindowSeconds)
 	case r.Name == "":
 		return fmt.Errorf("%w: name is required", errInvalidRollup)
 	case r.Positive > r.Count:
@@ -841,13 +849,10 @@ func checkFeedback(r *events.FeedbackRollup) error {
 }
 
 func checkGPU(r *events.GPURollup) error {
+	if err := checkWindow(r.V, r.WindowStart, r.WindowSeconds); err != nil {
+		return err
+	}
 	switch {
-	case r.V != events.Version:
-		return errVersion(r.V)
-	case r.WindowStart.IsZero():
-		return fmt.Errorf("%w: window_start is missing", errInvalidRollup)
-	case r.WindowSeconds <= 0 || r.WindowSeconds > maxWindowSeconds:
-		return fmt.Errorf("%w: window_seconds=%d must be 1 to %d", errInvalidRollup, r.WindowSeconds, maxWindowSeconds)
 	case r.Host == "":
 		return fmt.Errorf("%w: host is required", errInvalidRollup)
 	case r.UtilAvg < 0 || r.UtilAvg > 100 || r.EnergyJ < 0:
@@ -860,13 +865,10 @@ func checkGPU(r *events.GPURollup) error {
 }
 
 func checkEngine(r *events.EngineRollup) error {
+	if err := checkWindow(r.V, r.WindowStart, r.WindowSeconds); err != nil {
+		return err
+	}
 	switch {
-	case r.V != events.Version:
-		return errVersion(r.V)
-	case r.WindowStart.IsZero():
-		return fmt.Errorf("%w: window_start is missing", errInvalidRollup)
-	case r.WindowSeconds <= 0 || r.WindowSeconds > maxWindowSeconds:
-		return fmt.Errorf("%w: window_seconds=%d must be 1 to %d", errInvalidRollup, r.WindowSeconds, maxWindowSeconds)
 	case r.Host == "" || r.Name == "":
 		return fmt.Errorf("%w: host and name are required", errInvalidRollup)
 	case r.UpSamples > r.Samples || r.DownSamples != r.Samples-r.UpSamples: // a sum could wrap around

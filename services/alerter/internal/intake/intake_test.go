@@ -429,8 +429,8 @@ func TestEngineRollupsJoinTheirWindow(t *testing.T) {
 func TestRollupFromTheFarFuture(t *testing.T) {
 	rec, sk, cp, dl := &recorder{}, &sink{}, &memCheckpoint{}, &dead{}
 	in := New(nil, rec, sk, cp, dl, Options{Settle: time.Second}, prometheus.NewRegistry(), discard)
-	now := time.Date(2026, 3, 3, 12, 0, 20, 0, time.UTC)
-	w0 := now.Add(-20 * time.Second)
+	now := time.Date(2026, 3, 3, 12, 0, 15, 0, time.UTC)
+	w0 := now.Add(-15 * time.Second)
 	future := tokenMsg(t, time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC), events.KindWindow)
 	ahead := tokenMsg(t, now.Add(time.Hour), events.KindWindow)
 	near := tokenMsg(t, now.Add(5*time.Minute), events.KindWindow) // a clock a few minutes ahead
@@ -708,5 +708,49 @@ func TestRollupVersion(t *testing.T) {
 	}
 	if in.Pending() != 0 {
 		t.Errorf("%d windows gathering, want none", in.Pending())
+	}
+}
+
+// TestRollupWindowNotAligned: a rollup whose window does not start at a multiple of its
+// window_seconds (as every aggregator's tumbling windows do) is invalid, in every kind.
+// Taken, it made a window of its own between two real ones, in which every other series was
+// absent: each pending alert started again and each firing one counted a normal window, so
+// a client publishing such rollups held off every alert.
+func TestRollupWindowNotAligned(t *testing.T) {
+	rec, dl := &recorder{}, &dead{}
+	in := New(nil, rec, &sink{}, &memCheckpoint{}, dl, Options{Settle: time.Second}, prometheus.NewRegistry(), discard)
+	w0 := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
+	now := w0.Add(time.Minute)
+	for _, start := range []time.Time{w0.Add(7 * time.Second), w0.Add(500 * time.Millisecond)} {
+		for _, kind := range []string{"tokens", "gpu", "engine", "feedback"} {
+			var r any
+			switch kind {
+			case "tokens":
+				r = events.TokenRollup{V: 1, WindowStart: start, WindowSeconds: 15, Kind: events.KindWindow, Env: "prod", Scene: "chat", Model: "m", Bucket: "0-499", Requests: 1}
+			case "gpu":
+				r = events.GPURollup{V: 1, WindowStart: start, WindowSeconds: 15, Kind: events.KindWindow, Host: "h"}
+			case "engine":
+				r = events.EngineRollup{V: 1, WindowStart: start, WindowSeconds: 15, Kind: events.KindWindow, Host: "h", Name: "vllm"}
+			case "feedback":
+				r = events.FeedbackRollup{V: 1, WindowStart: start, WindowSeconds: 15, Kind: events.KindWindow, Name: "thumbs"}
+			}
+			data, err := json.Marshal(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m := &msg{subject: "rollup." + kind + ".x.y", data: data}
+			before := len(dl.msgs)
+			in.Add(m, now)
+			if !m.termd || len(dl.msgs) != before+1 || !strings.Contains(dl.msgs[before].Header.Get("Tokenscope-Error"), "window_seconds") {
+				t.Errorf("%s rollup of a window at %s: terminated %v, %d dead letters", kind, start.Format("15:04:05.000"), m.termd, len(dl.msgs)-before)
+			}
+		}
+	}
+	for _, start := range []time.Time{w0, w0.Add(15 * time.Second)} {
+		in.Add(tokenMsg(t, start, events.KindWindow), now)
+	}
+	in.Flush(context.Background(), now.Add(time.Minute))
+	if len(rec.windows) != 2 {
+		t.Errorf("%d windows evaluated, want the 2 aligned ones", len(rec.windows))
 	}
 }
