@@ -111,9 +111,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err != nil {
 		return err
 	}
-	evaluated, err := cp.Load(ctx)
+	evaluated, err := cp.Load(ctx, time.Now())
 	if errors.Is(err, checkpoint.ErrInvalid) {
-		logger.Warn("ignoring an unreadable checkpoint; windows past the ack floor are evaluated again", "err", err)
+		logger.Warn("ignoring a checkpoint that is unreadable or ahead of the clock; windows past the ack floor are evaluated again", "err", err)
 	} else if err != nil {
 		return err
 	}

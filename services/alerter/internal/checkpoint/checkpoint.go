@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokenscope/tokenscope/pkg/bus"
+	"github.com/tokenscope/tokenscope/pkg/events"
 )
 
 // Bucket is the key-value bucket the alerter keeps its checkpoints in, one key per durable
@@ -46,8 +47,14 @@ func ensure(ctx context.Context, js jetstream.JetStream, replicas int) (jetstrea
 	return bus.EnsureKeyValue(ctx, js, Bucket, "tokenscope alerter: latest window evaluated and delivered, per consumer", replicas)
 }
 
-// Load returns the stored window start, or the zero time when none is stored.
-func (c *KV) Load(ctx context.Context) (time.Time, error) {
+// maxAhead is how far ahead of the clock a stored window start may be: the intake takes
+// windows that start at most this far ahead of it (2 × events.MaxClockSkew).
+const maxAhead = 2 * events.MaxClockSkew
+
+// Load returns the stored window start, or the zero time when none is stored. One more than
+// maxAhead ahead of now (stored while the clocks ran ahead, since set right) is invalid:
+// taken, every window up to it would count as late until the clock caught up.
+func (c *KV) Load(ctx context.Context, now time.Time) (time.Time, error) {
 	e, err := c.kv.Get(ctx, c.key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return time.Time{}, nil
@@ -58,6 +65,10 @@ func (c *KV) Load(ctx context.Context) (time.Time, error) {
 	var v value
 	if err := json.Unmarshal(e.Value(), &v); err != nil || v.V != 1 {
 		return time.Time{}, fmt.Errorf("%w %s/%s: %q", ErrInvalid, Bucket, c.key, truncate(e.Value()))
+	}
+	if ahead := v.WindowStart.Sub(now); ahead > maxAhead {
+		return time.Time{}, fmt.Errorf("%w %s/%s: window_start %s is %s ahead of the clock (at most %s)", ErrInvalid, Bucket, c.key,
+			v.WindowStart.UTC().Format(time.RFC3339), ahead.Round(time.Second), maxAhead)
 	}
 	return v.WindowStart, nil
 }
