@@ -257,7 +257,7 @@ func TestShutdownDeliversWindowInFlight(t *testing.T) {
 	if i := b.info(t); i.NumAckPending != 0 || i.AckFloor.Stream != seq {
 		t.Errorf("ack floor %d with %d unacknowledged, want %d and 0", i.AckFloor.Stream, i.NumAckPending, seq)
 	}
-	if got, err := cp.Load(b.ctx); err != nil || !got.Equal(w0) {
+	if got, err := cp.Load(b.ctx, time.Now()); err != nil || !got.Equal(w0) {
 		t.Errorf("checkpoint %s (%v), want %s", got, err, w0)
 	}
 }
