@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"io"
@@ -130,5 +131,72 @@ func TestBodyBudgetReleasedOnEveryPath(t *testing.T) {
 	r.cap.next(t)
 	if held := r.p.cfg.Budget.Held(); held != 0 {
 		t.Fatalf("%d bytes still held", held)
+	}
+}
+
+// TestStalledBodyAnswered408: a client that stops sending the body the proxy reads before it
+// goes upstream (a measured request's, a routed passthrough's), or a chunked body that never
+// ends, is answered 408 once nothing of it has arrived for the idle timeout, and gives its
+// memory back to the budget the proxy shares with ingest and OTLP; nothing went upstream, so
+// no event is published. A body that keeps arriving, however slowly, goes upstream whole, one
+// over the parse limit too, for longer than the idle timeout in all.
+func TestStalledBodyAnswered408(t *testing.T) {
+	const idle = 300 * time.Millisecond
+	budget := reqbody.NewBudget(64<<20, nil)
+	r := newRig(t, fakellm.Options{Tokens: 2}, func(c *Config) { c.Budget, c.BodyIdle, c.MaxParseBytes = budget, idle, 4<<10 })
+	body := chatBody(false, "")
+	big := `{"model":"gpt-4o","max_tokens":2,"messages":[{"role":"user","content":"` + strings.Repeat("w", 8<<10) + `"}]}`
+	chunk := func(s string) string { return fmt.Sprintf("%x\r\n%s\r\n", len(s), s) }
+	for _, tc := range []struct {
+		name   string
+		head   string
+		pieces []string
+		want   int
+	}{
+		{"stops sending", fmt.Sprintf("Content-Length: %d\r\n", len(body)), []string{body[:10]}, http.StatusRequestTimeout},
+		{"chunked, never ends", "Transfer-Encoding: chunked\r\n", []string{fmt.Sprintf("%x\r\n%s\r\n", len(body), body)}, http.StatusRequestTimeout},
+		{"slow but steady", fmt.Sprintf("Content-Length: %d\r\n", len(body)), []string{body[:10], body[10:20], body[20:30], body[30:]}, http.StatusOK},
+		{"over the limit, slow but steady", fmt.Sprintf("Content-Length: %d\r\n", len(big)),
+			[]string{big[:10], big[10:5000], big[5000:6000], big[6000:7000], big[7000:]}, http.StatusOK},
+		{"chunked, over the limit, slow but steady", "Transfer-Encoding: chunked\r\n",
+			[]string{chunk(big[:5000]), chunk(big[5000:6000]), chunk(big[6000:7000]), chunk(big[7000:]) + "0\r\n\r\n"}, http.StatusOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := net.Dial("tcp", r.proxy.Listener.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%s\r\n", chatPath, tc.head)
+			for _, p := range tc.pieces {
+				time.Sleep(idle / 3)
+				if _, err := io.WriteString(c, p); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_ = c.SetReadDeadline(time.Now().Add(idle + 5*time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("no answer: %v (held %d)", err, budget.Held())
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tc.want || (tc.want == http.StatusRequestTimeout && !resp.Close) {
+				t.Fatalf("status %d (connection closed: %v), want %d", resp.StatusCode, resp.Close, tc.want)
+			}
+			if tc.want == http.StatusOK {
+				if ev := r.cap.next(t); ev.Status != events.StatusOK {
+					t.Fatalf("event %s %q", ev.Status, ev.ErrorCode)
+				}
+			}
+			for i := 0; budget.Held() != 0 && i < 100; i++ {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if budget.Held() != 0 {
+				t.Fatalf("%d bytes of the budget still held", budget.Held())
+			}
+		})
+	}
+	if n := len(r.cap.ch); n != 0 {
+		t.Fatalf("%d events more than the requests that went upstream", n)
 	}
 }

@@ -42,6 +42,9 @@ type Config struct {
 	// stream once it waited that long for its next request; 0: DefaultClientIdleTimeout.
 	// The HTTP server's own http.Server.IdleTimeout should be the same.
 	ClientIdleTimeout time.Duration
+	// BodyIdle is how long a request body read before it goes upstream may send nothing
+	// before it is answered 408; 0: reqbody.IdleTimeout.
+	BodyIdle time.Duration
 }
 
 // DefaultClientIdleTimeout is Config.ClientIdleTimeout's default.

@@ -62,14 +62,14 @@ func (p *Proxy) checkPath(w http.ResponseWriter, r *http.Request, proto meter.Pr
 		return escaped, true
 	}
 	p.m.refused.WithLabelValues(reason).Inc()
-	refuse(w, proto, msg+": "+escaped)
+	refuse(w, proto, http.StatusBadRequest, msg+": "+escaped)
 	return "", false
 }
 
-// refuse answers 400 in the protocol's shape of an invalid request.
-func refuse(w http.ResponseWriter, proto meter.Protocol, msg string) {
+// refuse answers status (4xx) in the protocol's shape of an invalid request.
+func refuse(w http.ResponseWriter, proto meter.Protocol, status int, msg string) {
 	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusBadRequest)
+	w.WriteHeader(status)
 	if proto == meter.Anthropic {
 		_, _ = io.WriteString(w, `{"type":"error","error":{"type":"invalid_request_error","message":`+strconv.Quote(msg)+`}}`)
 		return

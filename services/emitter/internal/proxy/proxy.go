@@ -201,12 +201,14 @@ func (p *Proxy) handler(proto meter.Protocol) http.Handler {
 // readBody reads the body up to the parse limit, in memory reserved from the budget that all
 // bodies share until their upstream answers (release). Past the limit, or when the budget
 // has no room for the body, the body is forwarded as a stream and not parsed. held is what
-// the caller must release, even for a body forwarded unparsed.
-func (p *Proxy) readBody(r *http.Request) (head []byte, rest io.Reader, held int64, err error) {
+// the caller must release, even for a body forwarded unparsed. A body of which nothing
+// arrives for the idle timeout is given up (reqbody.ErrStalled): it would hold its
+// connection and its memory for as long as the client kept it open.
+func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) (head []byte, rest io.Reader, held int64, err error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, nil, 0, nil
 	}
-	buf, held, err := reqbody.Read(r.Body, r.ContentLength, p.cfg.MaxParseBytes, p.cfg.Budget)
+	buf, held, err := reqbody.ReadRequest(w, r, p.cfg.MaxParseBytes, p.cfg.Budget, p.cfg.BodyIdle)
 	switch {
 	case err == nil:
 		return buf, nil, held, nil
@@ -219,6 +221,8 @@ func (p *Proxy) readBody(r *http.Request) (head []byte, rest io.Reader, held int
 		p.cfg.Budget.Release(held)
 		return nil, nil, 0, err
 	}
+	// The rest goes upstream as it comes, for as long as the upstream takes it.
+	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
 	rest = r.Body
 	if len(buf) > 0 {
 		rest = io.MultiReader(bytes.NewReader(buf), r.Body)
@@ -254,11 +258,11 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, proto meter.Protoc
 	}
 	x := exchange{start: time.Now(), proto: proto, model: unknownModel, path: path}
 	p.m.inflight.Inc() // until the flight closes
-	head, rest, held, err := p.readBody(r)
+	head, rest, held, err := p.readBody(w, r)
 	if err != nil {
-		// The client's body broke off: nothing went upstream, nothing to measure.
+		// The client's body broke off or stalled: nothing went upstream, nothing to measure.
 		p.m.inflight.Dec()
-		http.Error(w, "cannot read the request body", http.StatusBadRequest)
+		badBody(w, proto, err)
 		return
 	}
 	x.body, x.rest, x.unread, x.held = head, rest, rest != nil, held
@@ -311,9 +315,9 @@ func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 	base, body, length := p.cfg.Upstream, io.Reader(r.Body), int64(-1)
 	held, streamed, model := int64(0), true, ""
 	if len(p.cfg.Routes) > 0 {
-		head, rest, h, err := p.readBody(r)
+		head, rest, h, err := p.readBody(w, r)
 		if err != nil {
-			http.Error(w, "cannot read the request body", http.StatusBadRequest)
+			badBody(w, meter.OpenAIChat, err)
 			return
 		}
 		held = h
@@ -406,6 +410,17 @@ func (p *Proxy) passthrough(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+}
+
+// badBody answers a request whose body could not be read: 408 when it stalled, 400 when it
+// broke off.
+func badBody(w http.ResponseWriter, proto meter.Protocol, err error) {
+	if errors.Is(err, reqbody.ErrStalled) {
+		w.Header().Set("Connection", "close")
+		refuse(w, proto, http.StatusRequestTimeout, "the request body stalled: "+err.Error())
+		return
+	}
+	http.Error(w, "cannot read the request body", http.StatusBadRequest)
 }
 
 // fullDuplex lets the request's body go on being read, upstream, once the answer's head is
