@@ -236,7 +236,6 @@ type exchange struct {
 	proto  meter.Protocol
 	path   string // escaped, as checked
 	stream bool
-	known  bool // the body was read: stream says whether the client asked for a stream
 	strip  bool
 	model  string
 	named  bool // model is the body's, not unknownModel
@@ -268,7 +267,6 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, proto meter.Protoc
 	x.body, x.rest, x.unread, x.held = head, rest, rest != nil, held
 	if head != nil && isIdentity(r.Header.Get("Content-Encoding")) {
 		if info, ok := readRequest(head); ok {
-			x.known = true
 			if info.Model != "" {
 				x.model, x.named = info.Model, true
 			}
@@ -620,9 +618,10 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, x *exchange) {
 
 	c.status, c.body = resp.StatusCode, resp.Body
 	ok := resp.StatusCode < 300
-	// A request whose body was not read (too large, compressed) is measured by its answer:
-	// an event stream is one.
-	c.sse = (x.stream || !x.known) && ok && meter.IsEventStream(resp.Header.Get("Content-Type"))
+	// An answer is measured as what it is: an event stream is one, for a request whose body
+	// was not read (too large, compressed) too, and for one whose stream member is no JSON
+	// true, which an upstream may take for it all the same (pydantic's lax bool: 1, "true").
+	c.sse = ok && meter.IsEventStream(resp.Header.Get("Content-Type"))
 	if c.sse {
 		c.ev.Stream = true
 	}

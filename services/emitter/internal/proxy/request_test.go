@@ -460,6 +460,40 @@ func testUnreadStreamMeasuredAsOne(t *testing.T, transport bool) {
 	}
 }
 
+// TestStreamAnswerToANonBooleanStream: an upstream may take a stream member that is no JSON
+// true for one (pydantic's lax bool, which vLLM and SGLang read with: 1, "true"), and answer
+// with a stream. It is measured as the stream it is, ok with the usage reported, not as a
+// body that fails to parse.
+func TestStreamAnswerToANonBooleanStream(t *testing.T) {
+	bothClients(t, testStreamAnswerToANonBooleanStream)
+}
+
+func testStreamAnswerToANonBooleanStream(t *testing.T, transport bool) {
+	const stream = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n" +
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n"
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, stream)
+	}))
+	t.Cleanup(up.Close)
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream, _ = ParseUpstream(up.URL) })
+	if transport {
+		r.viaTransport()
+	}
+	for _, v := range []string{`1`, `"true"`} {
+		via := call(t, r.proxy.URL, chatPath, `{"model":"gpt-4o","stream":`+v+`,"messages":[{"role":"user","content":"hi"}]}`, nil)
+		if via.err != nil || via.status != 200 || string(via.body) != stream {
+			t.Fatalf("stream %s: status %d %v %q", v, via.status, via.err, via.body)
+		}
+		ev := r.cap.next(t)
+		if ev.Status != events.StatusOK || !ev.Stream || ev.InputTokens != 9 || ev.OutputTokens != 1 || ev.TokensEstimated {
+			t.Fatalf("stream %s: event %s %q stream %v, tokens %d/%d estimated %v; want ok, a stream, 9/1 as reported",
+				v, ev.Status, ev.ErrorCode, ev.Stream, ev.InputTokens, ev.OutputTokens, ev.TokensEstimated)
+		}
+	}
+}
+
 // TestUnreadBodyOutlivesTheHead: a request body forwarded as it comes (over
 // EMITTER_MAX_PARSE_BYTES, or any unmeasured upload) may still be read, upstream, once the
 // answer's head has gone to the client: http.Transport reads it to its end after sending it,
