@@ -791,16 +791,19 @@ func (c *flight) settle() {
 		p.m.overflows.Inc()
 	}
 	ok := c.status < 300
+	// A client that hangs up once it has the terminal event ([DONE], message_stop) has the
+	// whole answer: what the upstream sends after it (the body's end) is nothing to it.
+	whole := gone && writeErr == nil && res.Done
 	switch {
 	case errors.Is(cause, errShutdown) && (readErr != nil || writeErr != nil):
 		ev.Status, ev.ErrorCode = events.StatusError, CodeShutdown
-	case writeErr != nil || (readErr != nil && gone):
+	case writeErr != nil || (readErr != nil && gone && !whole):
 		ev.Status, ev.ErrorCode = events.StatusCanceled, CodeClientGone
 	case errors.Is(cause, errStreamIdle):
 		ev.Status, ev.ErrorCode = events.StatusTimeout, CodeStreamIdle
 	case !ok:
 		ev.Status, ev.ErrorCode = events.StatusError, strconv.Itoa(c.status)
-	case readErr != nil:
+	case readErr != nil && !whole:
 		ev.Status, ev.ErrorCode = events.StatusError, CodeUpstreamDisconnect
 	case rl.badGzip != nil:
 		ev.Status, ev.ErrorCode = events.StatusError, CodeMalformedGzip

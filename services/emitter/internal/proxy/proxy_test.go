@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"compress/gzip"
 	"context"
@@ -954,6 +955,84 @@ func TestModelListsWithSDKs(t *testing.T) {
 				if name, key, _ := strings.Cut(k, " "); !strings.Contains(key, map[string]string{"openai": "sk-openai-test", "anthropic": "sk-ant-test"}[name]) {
 					t.Fatalf("an upstream got another provider's key: %s", k)
 				}
+			}
+		})
+	}
+}
+
+// TestClientLeavesAfterTheTerminalEvent: a client that hangs up once it has read the
+// stream's terminal event ([DONE], message_stop), before the upstream ends the body, as one
+// that stops reading at [DONE] does, got the whole answer: its event is ok, with the usage
+// reported, on net/http and detached alike. One that hangs up before it is canceled.
+func TestClientLeavesAfterTheTerminalEvent(t *testing.T) {
+	bothClients(t, testClientLeavesAfterTheTerminalEvent)
+}
+
+func testClientLeavesAfterTheTerminalEvent(t *testing.T, transport bool) {
+	const (
+		chat = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n" +
+			"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n"
+		anthropic = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":9,\"output_tokens\":1}}}\n\n" +
+			"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"}}\n\n" +
+			"event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":1}}\n\n" +
+			"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+	)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		rc := http.NewResponseController(w)
+		s := chat
+		if r.URL.Path == messagesPath {
+			s = anthropic
+		}
+		first, rest, _ := strings.Cut(s, "\n\n")
+		_, _ = io.WriteString(w, first+"\n\n")
+		_ = rc.Flush()
+		if d, err := time.ParseDuration(r.Header.Get("X-Test-Wait")); err == nil {
+			time.Sleep(d) // past the detach: the proxy relays the stream itself
+		}
+		_, _ = io.WriteString(w, rest)
+		_ = rc.Flush()
+		select { // the body's end comes later, or never: the client is gone by then
+		case <-time.After(2 * time.Second):
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(up.Close)
+	r := newRig(t, fakellm.Options{}, func(c *Config) { c.Upstream, _ = ParseUpstream(up.URL) })
+	if transport {
+		r.viaTransport()
+	}
+	for _, tt := range []struct {
+		name, path, body, stop string
+		wait                   time.Duration
+		want                   events.Status
+	}{
+		{"chat", chatPath, chatBody(true, ""), "data: [DONE]", 0, events.StatusOK},
+		{"chat, detached", chatPath, chatBody(true, ""), "data: [DONE]", time.Second, events.StatusOK},
+		{"messages", messagesPath, `{"model":"claude-sonnet-4-5","stream":true,"max_tokens":5,"messages":[]}`, `data: {"type":"message_stop"}`, 0, events.StatusOK},
+		{"messages, detached", messagesPath, `{"model":"claude-sonnet-4-5","stream":true,"max_tokens":5,"messages":[]}`, `data: {"type":"message_stop"}`, time.Second, events.StatusOK},
+		{"before the terminal event", chatPath, chatBody(true, ""), `data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}`, 300 * time.Millisecond, events.StatusCanceled},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			req, _ := http.NewRequest(http.MethodPost, r.proxy.URL+tt.path, strings.NewReader(tt.body))
+			req.Header.Set("X-Test-Wait", tt.wait.String())
+			tr := &http.Transport{DisableCompression: true}
+			defer tr.CloseIdleConnections()
+			resp, err := (&http.Client{Transport: tr}).Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sc := bufio.NewScanner(resp.Body)
+			for sc.Scan() && sc.Text() != tt.stop {
+			}
+			resp.Body.Close() // the rest unread: the connection is closed
+			ev := r.cap.next(t)
+			if ev.Status != tt.want {
+				t.Fatalf("event %s %q, want %s", ev.Status, ev.ErrorCode, tt.want)
+			}
+			if tt.want == events.StatusOK && (ev.InputTokens != 9 || ev.OutputTokens != 1 || ev.TokensEstimated || !ev.Stream) {
+				t.Fatalf("tokens %d/%d estimated %v stream %v, want 9/1 as reported", ev.InputTokens, ev.OutputTokens, ev.TokensEstimated, ev.Stream)
 			}
 		})
 	}
