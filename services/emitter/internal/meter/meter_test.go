@@ -866,3 +866,20 @@ func FuzzMeterProtocols(f *testing.F) {
 		}
 	})
 }
+
+// TestEmptyBody: a 2xx answer to a non-streamed request whose body is empty is none of the
+// protocol's JSON, which the client's SDK fails to decode: malformed_body, not ok.
+func TestEmptyBody(t *testing.T) {
+	for _, proto := range []Protocol{OpenAIChat, OpenAICompletions, Anthropic, OpenAIResponses} {
+		m := New(proto, false, t0)
+		m.SetInputEstimate(5)
+		m.Feed(nil, t0, nil)
+		r := m.Result(t0.Add(time.Second))
+		if st, code := r.Status(false); st != events.StatusError || code != CodeMalformedBody {
+			t.Errorf("%v: status %s %q, want error %q", proto, st, code, CodeMalformedBody)
+		}
+		if r.Usage != (Usage{Input: 5}) || !r.Estimated {
+			t.Errorf("%v: usage %+v estimated %v, want the input estimate", proto, r.Usage, r.Estimated)
+		}
+	}
+}

@@ -135,12 +135,13 @@ func (r *Result) Fill(ev *events.RequestEvent) {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// parseBody reads a non-streamed body, whole, as the provider's clients read it.
+// parseBody reads a non-streamed body, whole, as the provider's clients read it. An empty
+// one is no JSON either: the clients fail to decode it.
 func (m *Meter) parseBody(end time.Time) {
-	if m.bodyOver || len(m.body) == 0 {
+	if m.bodyOver {
 		return
 	}
-	if !json.Valid(m.body) {
+	if len(m.body) == 0 || !json.Valid(m.body) {
 		m.malformed++
 		return
 	}
