@@ -241,7 +241,9 @@ func (w *windows[K, S]) Drain() []*Unit[K, S] {
 
 // Flushed records that the events through seq of the windows starting at starts are stored, so that events of those
 // windows redelivered after a restart are skipped. Old entries are forgotten once the
-// watermark is far past them.
+// watermark is far past them, and once seq has passed them: an entry read at start that
+// reaches further into the replay still has events to skip, late ones of an old window
+// among the current events (a correction stored before the restart).
 func (w *windows[K, S]) Flushed(starts []time.Time, seq uint64, now time.Time) {
 	for _, t := range starts {
 		start := t.UnixNano()
@@ -249,15 +251,15 @@ func (w *windows[K, S]) Flushed(starts []time.Time, seq uint64, now time.Time) {
 		w.written[start] = true
 	}
 	horizon := w.watermark(now.UnixNano()) - 2*(w.window+w.late) - int64(time.Hour)
-	for start := range w.done {
-		if start < horizon {
+	for start, through := range w.done {
+		if start < horizon && through <= seq {
 			delete(w.done, start)
 			delete(w.written, start)
 		}
 	}
 	for width, done := range w.other {
-		for start := range done {
-			if start < horizon {
+		for start, through := range done {
+			if start < horizon && through <= seq {
 				delete(done, start)
 			}
 		}
