@@ -38,6 +38,7 @@ type GPUUnit = Unit[GPUKey, GPUStats]
 
 type lastReading struct {
 	ts     int64
+	seq    uint64  // its stream position
 	energy float64 // the counter, when the GPU has one
 	hasE   bool
 }
@@ -85,7 +86,7 @@ func (a *GPUAggregator) Add(s *events.GPUSample, seq uint64, now time.Time) Resu
 	u, res := a.route(ts, ts, seq, now.UnixNano())
 	// A skipped sample was counted in a window stored before a restart, its delta with it:
 	// it only primes the previous reading, so the next sample's delta is whole.
-	prev, seen := a.remember(k, s, ts)
+	prev, seen := a.remember(k, s, ts, seq)
 	if res == Skipped {
 		return res
 	}
@@ -133,22 +134,35 @@ func (a *GPUAggregator) Add(s *events.GPUSample, seq uint64, now time.Time) Resu
 		if d := *s.EnergyJ - prev.energy; d >= 0 { // a negative delta is a counter reset
 			st.EnergyJ += d
 		}
+		holdPrevious(u, prev)
 	case s.EnergyJ == nil && s.PowerW != nil && ts-prev.ts <= maxIntegrationGap:
 		st.EnergyJ += *s.PowerW * float64(ts-prev.ts) / 1e9
+		holdPrevious(u, prev)
 	}
 	return res
+}
+
+// holdPrevious makes u hold the position of the reading its energy was taken from, so that
+// the floor stays before it: a restart from the floor replays that reading (skipped, in its
+// stored window, it primes the previous reading again) and takes the same energy. Without it
+// the replay began at the open window's first sample, which had no previous reading, and
+// the interval before it was lost.
+func holdPrevious(u *GPUUnit, prev lastReading) {
+	if prev.seq > 0 {
+		u.MinSeq = min(u.MinSeq, prev.seq)
+	}
 }
 
 // remember keeps s as its GPU's last reading when it is the latest and carries energy or
 // power, and returns the reading before it. A sample with neither (a GPU whose NVML reads
 // hung publishes its identity alone, before the late sample of the tick it was reading) is
 // nothing to take a delta or integrate from.
-func (a *GPUAggregator) remember(k GPUKey, s *events.GPUSample, ts int64) (prev lastReading, seen bool) {
+func (a *GPUAggregator) remember(k GPUKey, s *events.GPUSample, ts int64, seq uint64) (prev lastReading, seen bool) {
 	prev, seen = a.last[k]
 	if seen && ts <= prev.ts || s.EnergyJ == nil && s.PowerW == nil {
 		return prev, seen
 	}
-	r := lastReading{ts: ts}
+	r := lastReading{ts: ts, seq: seq}
 	if s.EnergyJ != nil {
 		r.energy, r.hasE = *s.EnergyJ, true
 	}
