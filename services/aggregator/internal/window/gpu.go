@@ -53,6 +53,11 @@ type GPUAggregator struct {
 	windows[GPUKey, GPUStats]
 	cfg  Config
 	last map[GPUKey]lastReading
+	// primed holds, per GPU, the position of a last reading taken from a sample the replay
+	// skipped, until a sample of the GPU is counted in a window (which then holds what it
+	// needs, see holdPrevious): the floor stays before it, so that another start before then
+	// replays it too.
+	primed map[GPUKey]uint64
 }
 
 // NewGPU returns a GPUAggregator; done is as for New.
@@ -61,8 +66,9 @@ func NewGPU(cfg Config, done map[time.Time]uint64) *GPUAggregator {
 		windows: newWindows[GPUKey, GPUStats](cfg.Window, cfg.Lateness, done,
 			func() *GPUStats { return &GPUStats{} },
 			func(s *GPUStats) { *s = GPUStats{} }),
-		cfg:  cfg,
-		last: map[GPUKey]lastReading{},
+		cfg:    cfg,
+		last:   map[GPUKey]lastReading{},
+		primed: map[GPUKey]uint64{},
 	}
 }
 
@@ -88,6 +94,12 @@ func (a *GPUAggregator) Add(s *events.GPUSample, seq uint64, now time.Time) Resu
 	// it only primes the previous reading, so the next sample's delta is whole.
 	prev, seen := a.remember(k, s, ts, seq)
 	if res == Skipped {
+		if r, ok := a.last[k]; ok && r.seq == seq {
+			if _, ok := a.primed[k]; !ok {
+				k = GPUKey{Host: strings.Clone(k.Host), GPUIndex: k.GPUIndex, GPUUUID: strings.Clone(k.GPUUUID)}
+			}
+			a.primed[k] = seq
+		}
 		return res
 	}
 	st := a.stats(u, k, func(k GPUKey) GPUKey {
@@ -139,7 +151,22 @@ func (a *GPUAggregator) Add(s *events.GPUSample, seq uint64, now time.Time) Resu
 		st.EnergyJ += *s.PowerW * float64(ts-prev.ts) / 1e9
 		holdPrevious(u, prev)
 	}
+	if len(a.primed) > 0 && (s.EnergyJ != nil || s.PowerW != nil) {
+		delete(a.primed, k) // u holds this sample, the GPU's reading now or one before it
+	}
 	return res
+}
+
+// Held returns the lowest stream position held by a window not yet handed out, or by a
+// reading a replay primed (see primed); see windows.Held.
+func (a *GPUAggregator) Held() (minSeq uint64, ok bool) {
+	minSeq, ok = a.windows.Held()
+	for _, seq := range a.primed {
+		if !ok || seq < minSeq {
+			minSeq, ok = seq, true
+		}
+	}
+	return minSeq, ok
 }
 
 // holdPrevious makes u hold the position of the reading its energy was taken from, so that
@@ -212,6 +239,7 @@ func (a *GPUAggregator) ForgetIdle(now time.Time) {
 	for k, r := range a.last {
 		if r.ts < horizon {
 			delete(a.last, k)
+			delete(a.primed, k)
 		}
 	}
 }
