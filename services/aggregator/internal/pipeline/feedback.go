@@ -45,17 +45,7 @@ func NewFeedback(ctx context.Context, o Options, cfg window.Config, dedup int, d
 		if stored.seqs, err = sk.StoredFeedback(ctx, floor+1, math.MaxUint64); err != nil {
 			return err
 		}
-		ids.reset()
-		var newestFirst []idSeq
-		if err := sk.RecentFeedbackIDs(ctx, dedup, func(ev *events.FeedbackEvent, seq uint64) {
-			newestFirst = append(newestFirst, idSeq{ids.hash(ev.EventID), ids.verdict(ev), seq})
-		}); err != nil {
-			return err
-		}
-		for i := len(newestFirst) - 1; i >= 0; i-- {
-			ids.add(newestFirst[i].h, newestFirst[i].verdict, newestFirst[i].seq)
-		}
-		return nil
+		return ids.load(ctx, sk.RecentFeedbackIDs, floor)
 	})
 	if err != nil {
 		return nil, err
@@ -115,6 +105,30 @@ func (r *recentIDs) verdict(ev *events.FeedbackEvent) uint64 {
 }
 
 func (r *recentIDs) len() int { return len(r.first) }
+
+// readRecent calls f with the verdict and stream position of the latest n stored feedback
+// events at or before position through, newest first (sink.ClickHouse.RecentFeedbackIDs).
+type readRecent func(ctx context.Context, n int, through uint64, f func(ev *events.FeedbackEvent, seq uint64)) error
+
+// load fills r, emptied, with what it held when the pipeline had processed through floor:
+// the ids of the last verdicts counted up to it. The replay from the floor then adds the
+// later ones in stream order, as they were added the first time, so that each message is
+// judged as it was. Filled from the latest verdicts stored, also those after the floor, r
+// would have forgotten the oldest ids that these pushed out, and a verdict sent again after
+// the floor with one of those ids would be counted a second time.
+func (r *recentIDs) load(ctx context.Context, read readRecent, floor uint64) error {
+	r.reset()
+	var newestFirst []idSeq
+	if err := read(ctx, r.max, floor, func(ev *events.FeedbackEvent, seq uint64) {
+		newestFirst = append(newestFirst, idSeq{r.hash(ev.EventID), r.verdict(ev), seq})
+	}); err != nil {
+		return err
+	}
+	for i := len(newestFirst) - 1; i >= 0; i-- {
+		r.add(newestFirst[i].h, newestFirst[i].verdict, newestFirst[i].seq)
+	}
+	return nil
+}
 
 func (r *recentIDs) reset() {
 	clear(r.first)

@@ -101,11 +101,11 @@ func (c *ClickHouse) StoredFeedback(ctx context.Context, lo, hi uint64) ([]uint6
 }
 
 // RecentFeedbackIDs calls f with the verdict (event_id, request_id, conversation_id, name,
-// source, value) and stream position of this consumer's latest n stored feedback events,
-// newest first, so that a restart remembers which verdicts it has already counted. ev is
-// reused between calls.
-func (c *ClickHouse) RecentFeedbackIDs(ctx context.Context, n int, f func(ev *events.FeedbackEvent, seq uint64)) error {
-	rows, err := c.conn.Query(fullRead(ctx), "SELECT event_id, request_id, conversation_id, name, source, value, stream_seq FROM feedback WHERE consumer = ? ORDER BY stream_seq DESC LIMIT ?", c.consumer, uint64(n))
+// source, value) and stream position of this consumer's latest n stored feedback events at or
+// before stream position through, newest first, so that a restart remembers which verdicts
+// it had counted by then. ev is reused between calls.
+func (c *ClickHouse) RecentFeedbackIDs(ctx context.Context, n int, through uint64, f func(ev *events.FeedbackEvent, seq uint64)) error {
+	rows, err := c.conn.Query(fullRead(ctx), "SELECT event_id, request_id, conversation_id, name, source, value, stream_seq FROM feedback WHERE consumer = ? AND stream_seq <= ? ORDER BY stream_seq DESC LIMIT ?", c.consumer, through, uint64(n))
 	if err != nil {
 		return fmt.Errorf("cannot read the stored feedback ids: %w", err)
 	}
