@@ -170,11 +170,11 @@ type feedbackStage struct {
 	lastFolded uint64
 }
 
-func (s *feedbackStage) handle(data []byte, seq uint64, now time.Time) (result, error) {
+func (s *feedbackStage) handle(data []byte, seq uint64, now, stored time.Time) (result, error) {
 	if err := s.dec.DecodeFeedback(data, &s.ev); err != nil {
 		return 0, err
 	}
-	if err := s.ev.ValidateAt(now); err != nil {
+	if err := s.ev.ValidateAt(stored); err != nil {
 		return 0, err
 	}
 	// The first position of an id decides, so a replay judges every message as before. A

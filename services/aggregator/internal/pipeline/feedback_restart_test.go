@@ -111,7 +111,7 @@ func TestFeedbackExactlyOnceAcrossRestarts(t *testing.T) {
 				}
 				for seq := floor + 1; seq <= uint64(len(msgs)); seq++ {
 					now := t0.Add(msgs[seq-1].when + delay)
-					s.handle(msgs[seq-1].data, seq, now)
+					s.handle(msgs[seq-1].data, seq, now, t0.Add(msgs[seq-1].when))
 					last = seq
 					if r.IntN(10) == 0 {
 						flush(now)

@@ -54,14 +54,16 @@ func TestNoWriteOnceHeldSaysLost(t *testing.T) {
 // inWatermarkStage is a stage in the watermark that holds nothing.
 type inWatermarkStage struct{}
 
-func (inWatermarkStage) handle([]byte, uint64, time.Time) (result, error) { return resAdded, nil }
-func (inWatermarkStage) cut(time.Time, uint64) flush                      { return &countedFlush{} }
-func (inWatermarkStage) held() (uint64, bool)                             { return 0, false }
-func (inWatermarkStage) buffered() int                                    { return 0 }
-func (inWatermarkStage) full() bool                                       { return false }
-func (inWatermarkStage) observe(time.Time)                                {}
-func (inWatermarkStage) inWatermark() bool                                { return true }
-func (inWatermarkStage) resume(time.Time)                                 {}
+func (inWatermarkStage) handle([]byte, uint64, time.Time, time.Time) (result, error) {
+	return resAdded, nil
+}
+func (inWatermarkStage) cut(time.Time, uint64) flush { return &countedFlush{} }
+func (inWatermarkStage) held() (uint64, bool)        { return 0, false }
+func (inWatermarkStage) buffered() int               { return 0 }
+func (inWatermarkStage) full() bool                  { return false }
+func (inWatermarkStage) observe(time.Time)           {}
+func (inWatermarkStage) inWatermark() bool           { return true }
+func (inWatermarkStage) resume(time.Time)            {}
 
 // unreachableJS answers no look-up: its context ended (the lease lost while the pipelines
 // were being set up).

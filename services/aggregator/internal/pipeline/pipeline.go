@@ -39,8 +39,11 @@ type Options struct {
 
 // stage is what differs between the pipelines: tokens, feedback, and the samples' (samples.go).
 type stage interface {
-	// handle decodes, validates and routes one message at stream position seq.
-	handle(data []byte, seq uint64, now time.Time) (result, error)
+	// handle decodes, validates and routes one message at stream position seq, stored by
+	// JetStream at stored. The message is validated as of stored, not now: a replay after
+	// a restart then judges it as the first reading did (an event too far ahead of the clock
+	// stays invalid however late it is read again).
+	handle(data []byte, seq uint64, now, stored time.Time) (result, error)
 	// cut moves every closed window (and buffered request events) into a flush.
 	cut(now time.Time, seqThrough uint64) flush
 	// held returns the lowest stream position still held.
@@ -340,7 +343,7 @@ func (p *Pipeline) waitRoom(ctx context.Context) {
 }
 
 func (p *Pipeline) process(msg jetstream.Msg) {
-	seq, consumer, ok := ackInfo(msg)
+	seq, stored, consumer, ok := ackInfo(msg)
 	if !ok {
 		p.m.invalid.WithLabelValues("no_metadata").Inc()
 		return
@@ -359,7 +362,12 @@ func (p *Pipeline) process(msg jetstream.Msg) {
 		p.m.redelivered.Inc()
 		return
 	}
-	res, err := p.stage.handle(msg.Data(), seq, p.opts.Clock())
+	now := p.opts.Clock()
+	at := now
+	if stored > 0 {
+		at = time.Unix(0, stored)
+	}
+	res, err := p.stage.handle(msg.Data(), seq, now, at)
 	switch {
 	case err != nil:
 		p.deadLetter(msg, seq, err)
@@ -746,10 +754,11 @@ func (p *Pipeline) saveFloor(ctx context.Context, floor uint64) {
 	p.m.ackFloor.Set(float64(floor))
 }
 
-// ackInfo reads the stream sequence and the consumer's name from a JetStream reply subject
-// without allocating: $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.… (or the longer form
-// with domain and account hash, where they are the sixth and eighth tokens).
-func ackInfo(msg jetstream.Msg) (seq uint64, consumer string, ok bool) {
+// ackInfo reads the stream sequence, when the stream stored the message (unix ns, 0 when
+// unknown) and the consumer's name from a JetStream reply subject without allocating:
+// $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<time>.… (or the longer form with
+// domain and account hash, where they are the sixth, eighth and tenth tokens).
+func ackInfo(msg jetstream.Msg) (seq uint64, stored int64, consumer string, ok bool) {
 	reply := msg.Reply()
 	var tokens [12]string
 	n := 0
@@ -764,19 +773,20 @@ func ackInfo(msg jetstream.Msg) (seq uint64, consumer string, ok bool) {
 		reply = reply[i+1:]
 		n++
 	}
-	var s string
+	var s, tm string
 	switch {
 	case n == 9:
-		consumer, s = tokens[3], tokens[5]
+		consumer, s, tm = tokens[3], tokens[5], tokens[7]
 	case n >= 11:
-		consumer, s = tokens[5], tokens[7]
+		consumer, s, tm = tokens[5], tokens[7], tokens[9]
 	default:
 		md, err := msg.Metadata()
 		if err != nil {
-			return 0, "", false
+			return 0, 0, "", false
 		}
-		return md.Sequence.Stream, md.Consumer, true
+		return md.Sequence.Stream, md.Timestamp.UnixNano(), md.Consumer, true
 	}
 	v, err := strconv.ParseUint(s, 10, 64)
-	return v, consumer, err == nil
+	stored, _ = strconv.ParseInt(tm, 10, 64)
+	return v, max(stored, 0), consumer, err == nil
 }

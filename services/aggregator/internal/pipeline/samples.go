@@ -146,11 +146,11 @@ type sampleStage[S any, K comparable, V, R any, A sampleAggregator[S, K, V, R]] 
 	m      *metrics
 }
 
-func (s *sampleStage[S, K, V, R, A]) handle(data []byte, seq uint64, now time.Time) (result, error) {
+func (s *sampleStage[S, K, V, R, A]) handle(data []byte, seq uint64, now, stored time.Time) (result, error) {
 	if err := s.kind.decode(data, &s.sample); err != nil {
 		return 0, err
 	}
-	if err := s.kind.validate(&s.sample, now); err != nil {
+	if err := s.kind.validate(&s.sample, stored); err != nil {
 		return 0, err
 	}
 	switch s.agg.Add(&s.sample, seq, now) {

@@ -169,11 +169,11 @@ type tokenStage struct {
 	lastFolded uint64
 }
 
-func (s *tokenStage) handle(data []byte, seq uint64, now time.Time) (result, error) {
+func (s *tokenStage) handle(data []byte, seq uint64, now, stored time.Time) (result, error) {
 	if err := s.dec.Decode(data, &s.ev); err != nil {
 		return 0, err
 	}
-	if err := s.ev.ValidateAt(now); err != nil {
+	if err := s.ev.ValidateAt(stored); err != nil {
 		return 0, err
 	}
 	p := s.agg.Price(&s.ev)
