@@ -506,23 +506,9 @@ func TestRollupWindowSecondsBounded(t *testing.T) {
 	in := New(nil, &recorder{}, &sink{}, &memCheckpoint{}, dl, Options{Settle: time.Second}, prometheus.NewRegistry(), discard)
 	start := time.Date(2026, 3, 3, 12, 0, 0, 0, time.UTC)
 	now := start.Add(20 * time.Second)
+	seconds := map[string]int{"tokens": 1e12, "gpu": 86401, "engine": 1e12, "feedback": 1e12}
 	for _, kind := range []string{"tokens", "gpu", "engine", "feedback"} {
-		var v any
-		switch kind {
-		case "tokens":
-			v = events.TokenRollup{V: 1, WindowStart: start, WindowSeconds: 1e12, Kind: events.KindWindow, Env: "prod", Scene: "chat", Model: "m", Bucket: "0-499", Requests: 1}
-		case "gpu":
-			v = events.GPURollup{V: 1, WindowStart: start, WindowSeconds: 86401, Kind: events.KindWindow, Host: "h"}
-		case "engine":
-			v = events.EngineRollup{V: 1, WindowStart: start, WindowSeconds: 1e12, Kind: events.KindWindow, Host: "h", Name: "vllm"}
-		case "feedback":
-			v = events.FeedbackRollup{V: 1, WindowStart: start, WindowSeconds: 1e12, Kind: events.KindWindow, Name: "thumbs"}
-		}
-		data, err := json.Marshal(v)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := &msg{subject: "rollup." + kind + ".x.y", data: data}
+		m := &msg{subject: "rollup." + kind + ".x.y", data: rollupOf(t, kind, 1, start, seconds[kind])}
 		in.Add(m, now)
 		if !m.termd {
 			t.Errorf("%s rollup of window_seconds beyond a day taken", kind)
@@ -533,6 +519,28 @@ func TestRollupWindowSecondsBounded(t *testing.T) {
 	if day.termd || len(dl.msgs) != 4 {
 		t.Fatalf("a 15 s window terminated %v; %d dead letters", day.termd, len(dl.msgs))
 	}
+}
+
+// rollupOf is a window rollup of kind (tokens, gpu, engine or feedback) of version v, over
+// the window of seconds from start, that carries only what the kind requires.
+func rollupOf(t *testing.T, kind string, v int, start time.Time, seconds int) []byte {
+	t.Helper()
+	var r any
+	switch kind {
+	case "tokens":
+		r = events.TokenRollup{V: v, WindowStart: start, WindowSeconds: seconds, Kind: events.KindWindow, Env: "prod", Scene: "chat", Model: "m", Bucket: "0-499", Requests: 1}
+	case "gpu":
+		r = events.GPURollup{V: v, WindowStart: start, WindowSeconds: seconds, Kind: events.KindWindow, Host: "h"}
+	case "engine":
+		r = events.EngineRollup{V: v, WindowStart: start, WindowSeconds: seconds, Kind: events.KindWindow, Host: "h", Name: "vllm"}
+	default:
+		r = events.FeedbackRollup{V: v, WindowStart: start, WindowSeconds: seconds, Kind: events.KindWindow, Name: "thumbs"}
+	}
+	data, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
 }
 
 // TestRollupLabelsBounded: a label longer than the event contract allows (which no
@@ -683,22 +691,7 @@ func TestRollupVersion(t *testing.T) {
 	now := start.Add(20 * time.Second)
 	for _, v := range []int{0, 2} {
 		for _, kind := range []string{"tokens", "gpu", "engine", "feedback"} {
-			var r any
-			switch kind {
-			case "tokens":
-				r = events.TokenRollup{V: v, WindowStart: start, WindowSeconds: 15, Kind: events.KindWindow, Env: "prod", Scene: "chat", Model: "m", Bucket: "0-499", Requests: 1}
-			case "gpu":
-				r = events.GPURollup{V: v, WindowStart: start, WindowSeconds: 15, Kind: events.KindWindow, Host: "h"}
-			case "engine":
-				r = events.EngineRollup{V: v, WindowStart: start, WindowSeconds: 15, Kind: events.KindWindow, Host: "h", Name: "vllm"}
-			case "feedback":
-				r = events.FeedbackRollup{V: v, WindowStart: start, WindowSeconds: 15, Kind: events.KindWindow, Name: "thumbs"}
-			}
-			data, err := json.Marshal(r)
-			if err != nil {
-				t.Fatal(err)
-			}
-			m := &msg{subject: "rollup." + kind + ".x.y", data: data}
+			m := &msg{subject: "rollup." + kind + ".x.y", data: rollupOf(t, kind, v, start, 15)}
 			before := len(dl.msgs)
 			in.Add(m, now)
 			if !m.termd || len(dl.msgs) != before+1 || !strings.Contains(dl.msgs[before].Header.Get("Tokenscope-Error"), "v=") {
@@ -723,22 +716,7 @@ func TestRollupWindowNotAligned(t *testing.T) {
 	now := w0.Add(time.Minute)
 	for _, start := range []time.Time{w0.Add(7 * time.Second), w0.Add(500 * time.Millisecond)} {
 		for _, kind := range []string{"tokens", "gpu", "engine", "feedback"} {
-			var r any
-			switch kind {
-			case "tokens":
-				r = events.TokenRollup{V: 1, WindowStart: start, WindowSeconds: 15, Kind: events.KindWindow, Env: "prod", Scene: "chat", Model: "m", Bucket: "0-499", Requests: 1}
-			case "gpu":
-				r = events.GPURollup{V: 1, WindowStart: start, WindowSeconds: 15, Kind: events.KindWindow, Host: "h"}
-			case "engine":
-				r = events.EngineRollup{V: 1, WindowStart: start, WindowSeconds: 15, Kind: events.KindWindow, Host: "h", Name: "vllm"}
-			case "feedback":
-				r = events.FeedbackRollup{V: 1, WindowStart: start, WindowSeconds: 15, Kind: events.KindWindow, Name: "thumbs"}
-			}
-			data, err := json.Marshal(r)
-			if err != nil {
-				t.Fatal(err)
-			}
-			m := &msg{subject: "rollup." + kind + ".x.y", data: data}
+			m := &msg{subject: "rollup." + kind + ".x.y", data: rollupOf(t, kind, 1, start, 15)}
 			before := len(dl.msgs)
 			in.Add(m, now)
 			if !m.termd || len(dl.msgs) != before+1 || !strings.Contains(dl.msgs[before].Header.Get("Tokenscope-Error"), "window_seconds") {
