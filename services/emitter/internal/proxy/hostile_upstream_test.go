@@ -79,14 +79,16 @@ func TestBegunPerProtocol(t *testing.T) {
 		sse    bool
 		pieces []string
 	}{
-		"chat":              {false, true, []string{role, "", content}},
-		"anthropic":         {false, true, []string{aStart, "", aContent}},
-		"responses":         {false, true, []string{rStart, "", rDelta + rDone}},
-		"responses gzip":    {true, true, []string{rStart, "", rDelta + rDone}},
-		"responses body":    {true, false, []string{"", `{"object":"response","status":"completed","output":[],"usage":{"input_tokens":3,"output_tokens":1}}`}},
-		"stall after first": {true, true, []string{rStart + rDelta, "", rDone}},
-		"raw":               {false, false, []string{"", `{"data":[]}`}},
-		"raw stall":         {false, false, []string{`{"data":`, "", `[]}`}},
+		"chat":                      {false, true, []string{role, "", content}},
+		"anthropic":                 {false, true, []string{aStart, "", aContent}},
+		"responses":                 {false, true, []string{rStart, "", rDelta + rDone}},
+		"responses gzip":            {true, true, []string{rStart, "", rDelta + rDone}},
+		"responses body":            {true, false, []string{"", `{"object":"response","status":"completed","output":[],"usage":{"input_tokens":3,"output_tokens":1}}`}},
+		"stall after first":         {true, true, []string{rStart + rDelta, "", rDone}},
+		"silent after [DONE]":       {false, true, []string{role + content, ""}},
+		"silent after message_stop": {false, true, []string{aStart + aContent, ""}},
+		"raw":                       {false, false, []string{"", `{"data":[]}`}},
+		"raw stall":                 {false, false, []string{`{"data":`, "", `[]}`}},
 	}
 	bothClients(t, func(t *testing.T, transport bool) {
 		up := hostileScript(t, cases)
@@ -109,10 +111,13 @@ func TestBegunPerProtocol(t *testing.T) {
 			{"responses gzip", responsesPath, `{"model":"gpt-5","stream":true,"input":"hi"}`, events.StatusOK, ""},
 			{"responses body", responsesPath, `{"model":"gpt-5","input":"hi"}`, events.StatusOK, ""},
 			{"stall after first", responsesPath, `{"model":"gpt-5","stream":true,"input":"hi"}`, events.StatusTimeout, CodeStreamIdle},
+			// Silent once the answer is whole, the body never ended: it is ended for the client.
+			{"silent after [DONE]", chatPath, chatBody(true, ""), events.StatusOK, ""},
+			{"silent after message_stop", messagesPath, `{"model":"claude-haiku","max_tokens":4,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, events.StatusOK, ""},
 		} {
 			t.Run(c.name, func(t *testing.T) {
 				via := call(t, r.proxy.URL, c.path, c.body, map[string]string{"X-Case": c.name})
-				if via.status != 200 {
+				if via.status != 200 || (c.status == events.StatusOK && via.err != nil) {
 					t.Fatalf("client: %d %v", via.status, via.err)
 				}
 				ev := r.cap.next(t)

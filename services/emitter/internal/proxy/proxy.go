@@ -778,28 +778,30 @@ func (c *flight) settle() {
 	cause := context.Cause(c.ctx)
 	gone := errors.Is(cause, errClientGone)
 	readErr, writeErr := rl.body.err, rl.writeErr
-	if (readErr != nil || (rl.badGzip != nil && c.strip)) && writeErr == nil && !gone {
+	res := c.m.Result(end)
+	// A client that has the terminal event ([DONE], message_stop) has the whole answer: what
+	// the upstream does after it is nothing to a client that hung up, nor to one reading on
+	// while the upstream falls silent instead of ending the body (that body is ended for it).
+	idleAfterEnd := errors.Is(cause, errStreamIdle) && writeErr == nil && res.Done
+	whole := (gone && writeErr == nil && res.Done) || idleAfterEnd
+	if (readErr != nil || (rl.badGzip != nil && c.strip)) && writeErr == nil && !gone && !idleAfterEnd {
 		// The upstream broke off, or its stream cannot be decoded for the client: break the
 		// client's connection too, so its SDK sees the failure it would have seen talking
 		// to the upstream directly.
 		rl.out.abort()
 	}
 	ev := &c.ev
-	res := c.m.Result(end)
 	res.Fill(ev)
 	if res.Overflows > 0 {
 		p.m.overflows.Inc()
 	}
 	ok := c.status < 300
-	// A client that hangs up once it has the terminal event ([DONE], message_stop) has the
-	// whole answer: what the upstream sends after it (the body's end) is nothing to it.
-	whole := gone && writeErr == nil && res.Done
 	switch {
 	case errors.Is(cause, errShutdown) && (readErr != nil || writeErr != nil):
 		ev.Status, ev.ErrorCode = events.StatusError, CodeShutdown
 	case writeErr != nil || (readErr != nil && gone && !whole):
 		ev.Status, ev.ErrorCode = events.StatusCanceled, CodeClientGone
-	case errors.Is(cause, errStreamIdle):
+	case errors.Is(cause, errStreamIdle) && !whole:
 		ev.Status, ev.ErrorCode = events.StatusTimeout, CodeStreamIdle
 	case !ok:
 		ev.Status, ev.ErrorCode = events.StatusError, strconv.Itoa(c.status)
